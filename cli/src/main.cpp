@@ -1,0 +1,118 @@
+// distplan: plans, simulates and validates distributed training layouts. JSON in, JSON out.
+// Exit codes: 0 success, 2 invalid input (JSON error object on stderr), 1 internal failure.
+#include <algorithm>
+#include <cstdio>
+#include <exception>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <sstream>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "command.h"
+#include "distplan/planner/error.h"
+#include "distplan/planner/presets.h"
+#include "distplan/planner/scenario_json.h"
+
+namespace distplan::cli {
+
+std::vector<CommandSpec>& command_registry() {
+  static std::vector<CommandSpec> registry;
+  return registry;
+}
+
+void add_common_options(CLI::App& cmd, CommonOptions& opts, bool input_optional) {
+  auto* in = cmd.add_option("input", opts.input,
+                            input_optional ? "Scenario JSON file, or - for stdin (default: the "
+                                             "embedded Llama-2-70B on 64 x H100 scenario)"
+                                           : "Scenario JSON file, or - for stdin");
+  if (!input_optional) in->required();
+  cmd.add_option("--hf-config", opts.hf_config,
+                 "Hugging Face config.json whose model replaces the scenario's model");
+  cmd.add_option("--format", opts.format, "Output: json (default) or table")
+      ->transform(CLI::CheckedTransformer(
+          std::map<std::string, Format>{{"json", Format::json}, {"table", Format::table}},
+          CLI::ignore_case));
+}
+
+namespace {
+
+std::string read_all(std::istream& in) {
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+std::string read_file_text(const std::string& path, const std::string& what) {
+  if (path == "-") return read_all(std::cin);
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw InputError("", "cannot open " + what + " '" + path + "'");
+  return read_all(f);
+}
+
+}  // namespace
+
+nlohmann::json read_document(const CommonOptions& opts) {
+  if (opts.input.empty()) return parse_json_text(default_scenario_text());
+  return parse_json_text(read_file_text(opts.input, "input file"));
+}
+
+Scenario read_scenario(const CommonOptions& opts, const nlohmann::json& doc,
+                       std::initializer_list<std::string_view> extra_keys) {
+  if (opts.hf_config.empty()) return scenario_from_json(doc, extra_keys);
+  nlohmann::json hf;
+  try {
+    hf = parse_json_text(read_file_text(opts.hf_config, "--hf-config file"));
+  } catch (const InputError& e) {
+    throw InputError("/model/hf_config", std::string("--hf-config: ") + e.what());
+  }
+  nlohmann::json patched = doc;
+  if (!patched.is_object()) throw InputError("", "the scenario must be a JSON object");
+  patched["model"] = nlohmann::json{{"hf_config", hf}};
+  return scenario_from_json(patched, extra_keys);
+}
+
+void write_json(const nlohmann::json& doc) {
+  std::cout << doc.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
+}
+
+}  // namespace distplan::cli
+
+namespace {
+
+void print_input_error(const distplan::InputError& e) {
+  nlohmann::json err = {
+      {"error", {{"code", "invalid_input"}, {"path", e.path()}, {"message", e.what()}}}};
+  std::cerr << err.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"distplan: plan, simulate and validate distributed training layouts"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "distplan 0.1.0");
+  auto& registry = distplan::cli::command_registry();
+  std::sort(registry.begin(), registry.end(),
+            [](const auto& a, const auto& b) { return a.order < b.order; });
+  for (const auto& c : registry) c.install(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::Success& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return 2;
+  } catch (const distplan::InputError& e) {
+    print_input_error(e);
+    return 2;
+  } catch (const std::bad_alloc&) {
+    std::cerr << R"({"error": {"code": "internal", "message": "out of memory"}})" << '\n';
+    return 1;
+  } catch (const std::exception& e) {
+    nlohmann::json err = {{"error", {{"code", "internal"}, {"message", e.what()}}}};
+    std::cerr << err.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
+    return 1;
+  }
+  return 0;
+}

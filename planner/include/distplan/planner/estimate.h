@@ -1,0 +1,122 @@
+// The planner's answer for one scenario: memory per pipeline stage by category, communication per
+// collective, FLOPs, per-stage costs for the simulator, and an analytic step time.
+// Every figure is per GPU unless its name says otherwise. Derivations: docs/memory.md,
+// docs/communication.md, docs/flops.md, docs/time.md.
+#pragma once
+
+#include <string_view>
+#include <vector>
+
+#include "distplan/planner/spec.h"
+#include "distplan/planner/units.h"
+
+namespace distplan {
+
+struct StageMemory {
+  int stage = 0;
+  Count first_layer = 0;  // layers [first_layer, end_layer) (with interleaving: of the first chunk)
+  Count end_layer = 0;
+  Count num_layers = 0;   // transformer layers on this GPU (all its chunks)
+  Count parameters = 0;   // parameters one GPU of this stage holds before ZeRO-3 sharding
+  double inflight_microbatches = 0;  // peak micro-batches with saved activations (stage-equivalents)
+  Count inflight_chunks = 0;         // the same in (micro-batch, chunk) pairs; = above when v = 1
+  Bytes activation_bytes_per_microbatch = 0;  // one micro-batch through all of this GPU's layers
+  Bytes weights_bytes = 0;
+  Bytes gradients_bytes = 0;
+  Bytes optimizer_bytes = 0;
+  Bytes activations_bytes = 0;
+  Bytes buffers_bytes = 0;
+  Bytes runtime_bytes = 0;
+  Bytes total_bytes = 0;
+  bool operator==(const StageMemory&) const = default;
+};
+
+struct MemoryEstimate {
+  Bytes capacity_bytes = 0;
+  Bytes peak_bytes = 0;
+  int peak_stage = 0;
+  bool fits = false;
+  std::vector<StageMemory> stages;
+  bool operator==(const MemoryEstimate&) const = default;
+};
+
+enum class Group { dp, dp_replicate, tp, pp, embedding };
+enum class CollectiveOp { all_reduce, reduce_scatter, all_gather, send_recv };
+enum class Link { intra_node, inter_node };
+[[nodiscard]] std::string_view to_string(Group v) noexcept;
+[[nodiscard]] std::string_view to_string(CollectiveOp v) noexcept;
+[[nodiscard]] std::string_view to_string(Link v) noexcept;
+
+/// Ring wire bytes one GPU sends for one call with buffer size S on a group of n
+/// (nccl-tests' bus-bandwidth factors; docs/communication.md).
+[[nodiscard]] Bytes ring_wire_bytes(CollectiveOp op, Bytes buffer_bytes, Count group_size) noexcept;
+
+struct Collective {
+  Group group = Group::dp;
+  CollectiveOp op = CollectiveOp::all_reduce;
+  Link link = Link::intra_node;
+  std::string_view what;  // e.g. "gradients", "layer activations (forward)"
+  Count group_size = 1;
+  Bytes bytes_per_call = 0;  // buffer handed to the collective
+  Count calls_per_step = 0;
+  Bytes wire_bytes_per_gpu_per_step = 0;
+  Seconds seconds_per_step = 0;  // alpha-beta time of all calls, before overlap
+  bool operator==(const Collective&) const = default;
+};
+
+struct CommunicationEstimate {
+  Bytes wire_bytes_per_gpu_per_step = 0;
+  std::vector<Collective> collectives;  // for the busiest GPU (per entry: the stage that sends most)
+  bool operator==(const CommunicationEstimate&) const = default;
+};
+
+struct ComputeEstimate {
+  Flops model_flops_per_step = 0;     // the model's forward + backward, all GPUs
+  Flops hardware_flops_per_step = 0;  // plus recomputation, all GPUs
+  bool operator==(const ComputeEstimate&) const = default;
+};
+
+/// Time of one micro-batch through one GPU of a stage (all its chunks together; a chunk takes 1/v),
+/// the figures the simulator schedules. Includes the TP collectives, which sit on the critical path.
+struct StageCosts {
+  Seconds forward = 0;
+  Seconds backward_input = 0;   // backward w.r.t. activations (B in the zero-bubble paper)
+  Seconds backward_weight = 0;  // backward w.r.t. weights (W)
+  Seconds recompute = 0;        // forward recomputation inside the backward (included in backward_input)
+  Seconds tp_communication = 0; // TP collectives per micro-batch (forward + backward), included above
+  Seconds p2p = 0;              // one activation send to the next stage (or a gradient to the previous)
+  Seconds zero3_gather = 0;     // ZeRO-3 parameter all-gathers per micro-batch (forward + backward)
+  Seconds grad_reduce = 0;      // DP/ZeRO gradient reduction per step
+  Seconds param_gather = 0;     // ZeRO-1/2 parameter all-gather after the optimizer step
+  Seconds optimizer = 0;        // optimizer step (memory bound)
+  bool operator==(const StageCosts&) const = default;
+};
+
+struct TimeEstimate {
+  Seconds step_seconds = 0;
+  double tokens_per_second = 0;
+  double mfu = 0;              // model FLOPs / (step time * GPUs * dense peak)
+  double bubble_fraction = 0;  // idle share of the stages' time inside the step
+  Seconds compute_seconds = 0; // busy time of the slowest stage
+  Seconds bubble_seconds = 0;
+  Seconds exposed_communication_seconds = 0;
+  Seconds optimizer_seconds = 0;
+  bool operator==(const TimeEstimate&) const = default;
+};
+
+struct Estimate {
+  Count parameters = 0;         // the model's, unpadded vocab
+  Count padded_vocab_size = 0;
+  Count num_microbatches = 0;   // per pipeline per step
+  MemoryEstimate memory;
+  CommunicationEstimate communication;
+  ComputeEstimate compute;
+  std::vector<StageCosts> stage_costs;
+  TimeEstimate time;
+  bool operator==(const Estimate&) const = default;
+};
+
+/// Estimates a validated scenario (validate_scenario() must have accepted it).
+[[nodiscard]] Estimate estimate(const Scenario& scenario);
+
+}  // namespace distplan

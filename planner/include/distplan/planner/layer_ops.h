@@ -1,0 +1,104 @@
+// The layer op table: one transformer layer as an ordered list of ops, each with its parameters,
+// FLOPs, the tensors it saves for backward and the collective it needs under tensor parallelism.
+// Activation memory and FLOPs are sums over this table; the GPU backend implements these ops and
+// saves exactly these tensors. Derivation and sources: docs/layer_ops.md.
+//
+// Dimension letters: b micro-batch size, s sequence length, h hidden size, a attention heads,
+// kv key/value heads, d = h/a head dim, f ffn hidden size, V vocab size, t tensor-parallel size.
+#pragma once
+
+#include <array>
+#include <string_view>
+
+#include "distplan/planner/spec.h"
+#include "distplan/planner/units.h"
+
+namespace distplan {
+
+enum class OpKind {
+  norm,            // LayerNorm or RMSNorm
+  linear,          // a GEMM with a weight (and optional bias)
+  attention_core,  // softmax(QK^T/sqrt(d)) V, causal, incl. rotary on q and k when enabled
+  activation,      // GeLU, or SwiGLU's silu(gate) * up
+  dropout,         // residual dropout after attention / MLP
+  residual_add,
+};
+
+/// How a tensor or weight is split across the t ranks of a tensor-parallel group.
+enum class TpShard {
+  replicated,  // every TP rank holds all of it
+  tp,          // split t ways by tensor parallelism (heads, or the ffn dimension)
+  sp,          // split t ways along the sequence only when sequence parallelism is on
+};
+
+/// Megatron's TP linear flavours (Shoeybi et al. 2019, sec. 3).
+enum class LinearKind { none, column_parallel, row_parallel };
+
+/// A tensor an op keeps alive from its forward to its backward.
+/// Elements per micro-batch = b * s * (per_token + per_token_per_key * s) before TP/SP sharding.
+struct SavedTensor {
+  std::string_view name;
+  Count per_token = 0;          // elements per token
+  Count per_token_per_key = 0;  // elements per token per key position (a for the s x s scores)
+  Bytes bytes_per_element = 2;
+  TpShard shard = TpShard::replicated;
+  bool dropped_by_selective = false;  // recomputed under selective recompute (Korthikanti sec. 5)
+};
+
+inline constexpr int kMaxSavedPerOp = 4;
+
+struct LayerOp {
+  OpKind kind = OpKind::norm;
+  std::string_view name;
+  LinearKind linear = LinearKind::none;
+  Count in_features = 0;   // linear: full (unsharded) input width
+  Count out_features = 0;  // linear: full (unsharded) output width
+  Count weight_params = 0; // full (unsharded) parameter count of the weight
+  Count bias_params = 0;   // full (unsharded) parameter count of the bias
+  TpShard param_shard = TpShard::replicated;  // weight and bias: tp for column/row weights
+  TpShard bias_shard = TpShard::replicated;   // row-parallel biases stay replicated
+  // Matmul FLOPs per token of the micro-batch, unsharded: forward, backward w.r.t. the input,
+  // backward w.r.t. the weight. Attention core FLOPs grow with s: fwd = flops_per_token_per_key*s.
+  Flops forward_flops_per_token = 0;
+  Flops forward_flops_per_token_per_key = 0;
+  Flops backward_input_factor = 1.0;  // backward-input FLOPs = factor * forward
+  Flops backward_weight_factor = 0.0; // backward-weight FLOPs = factor * forward
+  std::array<SavedTensor, kMaxSavedPerOp> saved{};
+  int num_saved = 0;
+};
+
+inline constexpr int kMaxLayerOps = 16;
+
+/// One transformer layer: ops in forward order.
+struct LayerTable {
+  std::array<LayerOp, kMaxLayerOps> ops{};
+  int num_ops = 0;
+  [[nodiscard]] const LayerOp* begin() const { return ops.data(); }
+  [[nodiscard]] const LayerOp* end() const { return ops.data() + num_ops; }
+};
+
+/// Builds the table for a model and training recipe (dropout, attention kind, dtype).
+[[nodiscard]] LayerTable build_layer_table(const ModelSpec& model, const TrainingSpec& training);
+
+/// Parameters of one full (unsharded) layer.
+[[nodiscard]] Count layer_parameters(const LayerTable& table) noexcept;
+/// Parameters of one layer held by one TP rank (column/row weights split t ways).
+[[nodiscard]] Count layer_parameters_per_tp_rank(const LayerTable& table, Count tp) noexcept;
+
+/// Bytes one layer saves for backward for one micro-batch on one GPU.
+/// Korthikanti et al. 2022, Table 2, generalised to GQA, SwiGLU, flash attention and no dropout.
+/// Full recompute keeps only the layer input (the row "full activation recomputation").
+[[nodiscard]] Bytes layer_activation_bytes(const LayerTable& table, const ModelSpec& model,
+                                           const TrainingSpec& training, Count tp,
+                                           bool sequence_parallel, Recompute recompute) noexcept;
+
+/// Per-layer matmul FLOPs for one micro-batch of b sequences (all TP ranks together).
+struct LayerFlops {
+  Flops forward = 0;
+  Flops backward_input = 0;
+  Flops backward_weight = 0;
+  Flops selective_recompute = 0;  // forward FLOPs of the ops selective recompute re-runs
+};
+[[nodiscard]] LayerFlops layer_flops(const LayerTable& table, Count micro_batch, Count seq) noexcept;
+
+}  // namespace distplan

@@ -1,0 +1,34 @@
+// How a layout places work: layers per pipeline stage, micro-batches in flight per stage, and
+// which link each parallel group's collectives cross (Megatron-LM rank order,
+// rank = tp + TP*(dp + DP*pp); docs/layout.md).
+#pragma once
+
+#include <vector>
+
+#include "distplan/planner/estimate.h"
+#include "distplan/planner/spec.h"
+
+namespace distplan {
+
+/// Transformer layers on each pipeline stage (all chunks of a stage together), length pp.
+/// The explicit `parallel.layers_per_stage` when given, else an even split.
+[[nodiscard]] std::vector<Count> stage_layer_counts(const Scenario& s);
+
+/// Peak (micro-batch, chunk) activation sets alive on `stage` for a schedule with closed form:
+/// GPipe m*v; 1F1B and ZB-H1 min(p - stage, m); ZB-H2 min(2(p - stage) - 1, m);
+/// interleaved 1F1B min(2(p - stage - 1) + (v - 1)p + 1, m*v) (Megatron-LM's warm-up count + 1).
+[[nodiscard]] Count inflight_chunks(Schedule schedule, Count pp, Count virtual_stages, Count stage,
+                                    Count num_microbatches) noexcept;
+
+/// Ranks spanned by a group and the link its collectives cross.
+[[nodiscard]] Count group_size(const Scenario& s, Group g) noexcept;
+[[nodiscard]] Link group_link(const Scenario& s, Group g) noexcept;
+
+/// Vocab size after padding for the vocab-parallel embedding (Megatron's
+/// make-vocab-size-divisible-by): a multiple of vocab_pad_multiple * tp.
+[[nodiscard]] Count padded_vocab(const Scenario& s) noexcept;
+
+/// Parameter count of the whole model (unpadded vocab, tp = 1).
+[[nodiscard]] Count model_parameters(const ModelSpec& m);
+
+}  // namespace distplan

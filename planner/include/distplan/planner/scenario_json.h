@@ -1,0 +1,38 @@
+// JSON (de)serialisation of scenarios and estimates. Kept apart from the value types so the core
+// headers never include nlohmann/json. Parsing is strict: unknown fields, wrong types and
+// out-of-range values throw InputError naming the JSON pointer of the field.
+#pragma once
+
+#include <initializer_list>
+#include <string_view>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "distplan/planner/estimate.h"
+#include "distplan/planner/spec.h"
+
+namespace distplan {
+
+/// Parses a JSON document; malformed text throws InputError at path "".
+[[nodiscard]] nlohmann::json parse_json_text(std::string_view text);
+
+/// Builds a scenario from a document (`model`, `cluster`, `training`, `parallel`, `assumptions`),
+/// fills defaults and validates it. Top-level keys in `extra_keys` are left to the caller
+/// (e.g. "costs" for simulate, "search" for search); any other unknown key is an error.
+[[nodiscard]] Scenario scenario_from_json(const nlohmann::json& doc,
+                                          std::initializer_list<std::string_view> extra_keys = {});
+
+/// Maps a Hugging Face config.json (Llama, Mistral, Qwen2, GPT-2, GPT-NeoX) to a model.
+/// `path` is where the object sits in the input document, for error messages.
+[[nodiscard]] ModelSpec model_from_hf_config(const nlohmann::json& cfg, std::string_view path);
+
+/// The scenario with every default filled in (the `scenario` echoed by every command).
+[[nodiscard]] nlohmann::json to_json(const Scenario& s);
+[[nodiscard]] nlohmann::json to_json(const ModelSpec& m);
+[[nodiscard]] nlohmann::json to_json(const GpuSpec& g);
+[[nodiscard]] nlohmann::json to_json(const ParallelSpec& p);
+
+/// The `distplan.plan/v1` document.
+[[nodiscard]] nlohmann::json plan_to_json(const Scenario& s, const Estimate& e);
+
+}  // namespace distplan

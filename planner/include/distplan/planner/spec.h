@@ -1,0 +1,140 @@
+// Scenario value types: the model, the cluster, the training recipe and the parallel layout.
+// Field names mirror the JSON contract (shared API.md); JSON lives in scenario_json.h.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "distplan/planner/units.h"
+
+namespace distplan {
+
+enum class Mlp { gelu, swiglu };
+enum class Norm { layernorm, rmsnorm };
+enum class PositionEmbedding { learned, rotary };
+enum class DType { fp32, fp16, bf16 };
+enum class Optimizer { adamw, adam, sgd };
+enum class Attention { flash, standard };
+enum class Recompute { none, selective, full };
+enum class Schedule { gpipe, one_f_one_b, interleaved_1f1b, zb_h1, zb_h2 };
+
+[[nodiscard]] std::string_view to_string(Mlp v) noexcept;
+[[nodiscard]] std::string_view to_string(Norm v) noexcept;
+[[nodiscard]] std::string_view to_string(PositionEmbedding v) noexcept;
+[[nodiscard]] std::string_view to_string(DType v) noexcept;
+[[nodiscard]] std::string_view to_string(Optimizer v) noexcept;
+[[nodiscard]] std::string_view to_string(Attention v) noexcept;
+[[nodiscard]] std::string_view to_string(Recompute v) noexcept;
+[[nodiscard]] std::string_view to_string(Schedule v) noexcept;
+[[nodiscard]] constexpr Bytes bytes_of(DType d) noexcept { return d == DType::fp32 ? 4 : 2; }
+
+/// A decoder-only transformer. Shapes: h = hidden_size, a = num_attention_heads,
+/// h/a = head dim, kv = num_kv_heads (GQA when kv < a), f = ffn_hidden_size, V = vocab_size.
+struct ModelSpec {
+  std::string name;  // preset name, or "custom"
+  Count num_layers = 0;
+  Count hidden_size = 0;
+  Count num_attention_heads = 0;
+  Count num_kv_heads = 0;
+  Count ffn_hidden_size = 0;
+  Count vocab_size = 0;
+  Mlp mlp = Mlp::gelu;
+  Norm norm = Norm::layernorm;
+  PositionEmbedding position_embedding = PositionEmbedding::learned;
+  Count max_position_embeddings = 0;  // used when position_embedding is learned
+  bool tied_embeddings = false;
+  bool bias = false;  // biases on the linear layers
+  bool operator==(const ModelSpec&) const = default;
+
+  [[nodiscard]] Count head_dim() const noexcept { return hidden_size / num_attention_heads; }
+  [[nodiscard]] Count kv_hidden() const noexcept { return head_dim() * num_kv_heads; }
+};
+
+/// Dense (non-sparse) peak throughput of one GPU per compute dtype.
+struct PeakFlops {
+  FlopsPerSecond fp32 = 0;  // plain FP32 (non-tensor-core) unless the preset says otherwise
+  FlopsPerSecond tf32 = 0;
+  FlopsPerSecond fp16 = 0;
+  FlopsPerSecond bf16 = 0;
+  bool operator==(const PeakFlops&) const = default;
+};
+
+struct GpuSpec {
+  std::string name;
+  Bytes memory_bytes = 0;
+  PeakFlops peak_flops;
+  BytesPerSecond memory_bandwidth = 0;             // HBM, bytes/s
+  BytesPerSecond intra_node_bandwidth = 0;         // per GPU, one direction (NVLink / xGMI)
+  BytesPerSecond inter_node_bandwidth = 0;         // per GPU, one direction (NIC)
+  bool operator==(const GpuSpec&) const = default;
+};
+
+struct ClusterSpec {
+  GpuSpec gpu;
+  Count num_gpus = 0;
+  Count gpus_per_node = 0;
+  BytesPerSecond intra_node_bandwidth = 0;  // defaults to the GPU preset's
+  BytesPerSecond inter_node_bandwidth = 0;  // defaults to the GPU preset's
+  Seconds intra_node_latency = 0;
+  Seconds inter_node_latency = 0;
+  Bytes runtime_reserve_bytes = 0;  // CUDA context, NCCL, allocator reserve per GPU
+  bool operator==(const ClusterSpec&) const = default;
+};
+
+struct TrainingSpec {
+  Count seq_length = 0;
+  Count global_batch_size = 0;  // sequences per optimizer step
+  Count micro_batch_size = 1;
+  DType precision = DType::bf16;
+  Optimizer optimizer = Optimizer::adamw;
+  DType grad_accumulation_dtype = DType::bf16;  // defaults to the compute dtype
+  Attention attention = Attention::flash;
+  double dropout = 0.0;
+  bool operator==(const TrainingSpec&) const = default;
+};
+
+struct ParallelSpec {
+  Count tp = 1;
+  Count pp = 1;
+  Count dp = 1;
+  int zero_stage = 0;
+  Count fsdp_shard_size = 0;  // ZeRO shard group size; defaults to dp (hybrid when < dp)
+  bool sequence_parallel = false;
+  Recompute recompute = Recompute::none;
+  Schedule schedule = Schedule::one_f_one_b;
+  Count virtual_stages = 1;
+  std::vector<Count> layers_per_stage;  // explicit split, one entry per stage; empty = even
+  bool operator==(const ParallelSpec&) const = default;
+};
+
+/// Named, overridable modelling assumptions (docs/assumptions.md gives each one's source).
+struct Assumptions {
+  double compute_efficiency = 0.5;       // achieved / peak FLOP/s for the layer GEMMs
+  double communication_efficiency = 0.8; // achieved / nominal link bandwidth (bus bandwidth)
+  Bytes dp_bucket_bytes = 25 * 1024 * 1024;  // gradient bucket for ZeRO-2/3 reduce-scatter
+  Count zero3_prefetch_layers = 1;           // gathered layers kept live beyond the current one
+  bool overlap_grad_reduce = true;           // DP gradient reduction overlaps the last backward
+  bool overlap_param_gather = true;          // ZeRO-3 gathers overlap compute (prefetch)
+  Count vocab_pad_multiple = 1;              // vocab padded to a multiple of this × tp
+  bool operator==(const Assumptions&) const = default;
+};
+
+struct Scenario {
+  ModelSpec model;
+  ClusterSpec cluster;
+  TrainingSpec training;
+  ParallelSpec parallel;
+  Assumptions assumptions;
+  bool operator==(const Scenario&) const = default;
+
+  [[nodiscard]] Count num_microbatches() const noexcept {
+    return training.global_batch_size / (training.micro_batch_size * parallel.dp);
+  }
+  [[nodiscard]] Count shard_size() const noexcept {
+    return parallel.fsdp_shard_size > 0 ? parallel.fsdp_shard_size : parallel.dp;
+  }
+};
+
+}  // namespace distplan
