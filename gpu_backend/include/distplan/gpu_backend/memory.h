@@ -1,0 +1,50 @@
+// Tracking allocator: every tensor the backend allocates is tagged with one of DESIGN.md's memory
+// categories; live and peak bytes are recorded per tag at the size requested, and the joint peak of
+// their sum. Allocator rounding or caching is never counted here (reported apart as reserve).
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <string_view>
+
+#include "distplan/planner/units.h"
+
+namespace distplan::backend {
+
+enum class MemoryTag { weights, gradients, optimizer, activations, buffers };
+inline constexpr int kNumMemoryTags = 5;
+[[nodiscard]] std::string_view to_string(MemoryTag t) noexcept;
+
+enum class Device { cpu, cuda };
+
+/// Live and peak bytes per tag plus the joint peak (peak of the sum over tags).
+struct MemoryStats {
+  std::array<Bytes, kNumMemoryTags> live{};
+  std::array<Bytes, kNumMemoryTags> peak{};
+  Bytes live_total = 0;
+  Bytes peak_total = 0;
+  [[nodiscard]] Bytes peak_of(MemoryTag t) const noexcept { return peak[static_cast<int>(t)]; }
+  [[nodiscard]] Bytes live_of(MemoryTag t) const noexcept { return live[static_cast<int>(t)]; }
+};
+
+class TrackingAllocator {
+ public:
+  explicit TrackingAllocator(Device device = Device::cpu) : device_(device) {}
+  TrackingAllocator(const TrackingAllocator&) = delete;
+  TrackingAllocator& operator=(const TrackingAllocator&) = delete;
+
+  /// Allocates `bytes` (zero-filled) on the allocator's device, counted under `tag`.
+  [[nodiscard]] void* allocate(Bytes bytes, MemoryTag tag);
+  void deallocate(void* ptr, Bytes bytes, MemoryTag tag) noexcept;
+
+  [[nodiscard]] const MemoryStats& stats() const noexcept { return stats_; }
+  [[nodiscard]] Device device() const noexcept { return device_; }
+  /// Restarts peak tracking from the current live bytes (start of a measured step).
+  void reset_peaks() noexcept;
+
+ private:
+  Device device_;
+  MemoryStats stats_;
+};
+
+}  // namespace distplan::backend
