@@ -14,7 +14,8 @@ namespace {
 
 void install_plan(CLI::App& app) {
   auto opts = std::make_shared<CommonOptions>();
-  auto* cmd = app.add_subcommand("plan", "Memory per stage, communication, FLOPs and time of a layout");
+  auto* cmd =
+      app.add_subcommand("plan", "Memory per stage, communication, FLOPs and time of a layout");
   add_common_options(*cmd, *opts, /*input_optional=*/true);
   cmd->callback([opts] {
     const nlohmann::json doc = read_document(*opts);

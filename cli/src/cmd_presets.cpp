@@ -1,8 +1,8 @@
 // distplan presets: the model and GPU presets compiled in from data/.
 #include <iostream>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include "command.h"
 #include "distplan/planner/presets.h"
@@ -23,12 +23,14 @@ void install_presets(CLI::App& app) {
       nlohmann::json out = {{"schema", "distplan.presets/v1"}};
       for (const auto& p : model_presets()) {
         auto m = to_json(*find_model_preset(p.name));
-        out["models"].push_back({{"name", p.name}, {"description", p.description},
-                                 {"source", p.source}, {"model", m}});
+        out["models"].push_back(
+            {{"name", p.name}, {"description", p.description}, {"source", p.source}, {"model", m}});
       }
       for (const auto& p : gpu_presets()) {
-        out["gpus"].push_back({{"name", p.name}, {"description", p.description},
-                               {"source", p.source}, {"gpu", to_json(*find_gpu_preset(p.name))}});
+        out["gpus"].push_back({{"name", p.name},
+                               {"description", p.description},
+                               {"source", p.source},
+                               {"gpu", to_json(*find_gpu_preset(p.name))}});
       }
       write_json(out);
       return;

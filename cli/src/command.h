@@ -21,7 +21,7 @@ enum class Format { json, table };
 
 /// Options every scenario-reading command shares.
 struct CommonOptions {
-  std::string input;  // file path, "-" for stdin, empty for the embedded default (plan only)
+  std::string input;      // file path, "-" for stdin, empty for the embedded default (plan only)
   std::string hf_config;  // --hf-config FILE: replaces the model by a Hugging Face config.json
   Format format = Format::json;
 };
@@ -51,5 +51,7 @@ struct Registrar {
 
 }  // namespace distplan::cli
 
-#define DISTPLAN_REGISTER_COMMAND(name, order, fn) \
-  static const ::distplan::cli::Registrar distplan_register_##name{(order), (fn)}
+#define DISTPLAN_REGISTER_COMMAND(name, order, fn)                   \
+  static const ::distplan::cli::Registrar distplan_register_##name { \
+    (order), (fn)                                                    \
+  }

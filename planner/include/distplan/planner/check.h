@@ -3,11 +3,11 @@
 #pragma once
 
 namespace distplan::detail {
-[[noreturn]] void check_failed(const char* expr, const char* msg, const char* func, const char* file,
-                               int line);
+[[noreturn]] void check_failed(const char* expr, const char* msg, const char* func,
+                               const char* file, int line);
 }  // namespace distplan::detail
 
-#define DISTPLAN_CHECK(expr, msg)                                                         \
-  do {                                                                                    \
+#define DISTPLAN_CHECK(expr, msg)                                                              \
+  do {                                                                                         \
     if (!(expr)) ::distplan::detail::check_failed(#expr, (msg), __func__, __FILE__, __LINE__); \
   } while (0)

@@ -16,10 +16,11 @@ struct StageMemory {
   int stage = 0;
   Count first_layer = 0;  // layers [first_layer, end_layer) (with interleaving: of the first chunk)
   Count end_layer = 0;
-  Count num_layers = 0;   // transformer layers on this GPU (all its chunks)
-  Count parameters = 0;   // parameters one GPU of this stage holds before ZeRO-3 sharding
-  double inflight_microbatches = 0;  // peak micro-batches with saved activations (stage-equivalents)
-  Count inflight_chunks = 0;         // the same in (micro-batch, chunk) pairs; = above when v = 1
+  Count num_layers = 0;  // transformer layers on this GPU (all its chunks)
+  Count parameters = 0;  // parameters one GPU of this stage holds before ZeRO-3 sharding
+  double inflight_microbatches =
+      0;                      // peak micro-batches with saved activations (stage-equivalents)
+  Count inflight_chunks = 0;  // the same in (micro-batch, chunk) pairs; = above when v = 1
   Bytes activation_bytes_per_microbatch = 0;  // one micro-batch through all of this GPU's layers
   Bytes weights_bytes = 0;
   Bytes gradients_bytes = 0;
@@ -66,7 +67,8 @@ struct Collective {
 
 struct CommunicationEstimate {
   Bytes wire_bytes_per_gpu_per_step = 0;
-  std::vector<Collective> collectives;  // for the busiest GPU (per entry: the stage that sends most)
+  std::vector<Collective>
+      collectives;  // for the busiest GPU (per entry: the stage that sends most)
   bool operator==(const CommunicationEstimate&) const = default;
 };
 
@@ -77,27 +79,29 @@ struct ComputeEstimate {
 };
 
 /// Time of one micro-batch through one GPU of a stage (all its chunks together; a chunk takes 1/v),
-/// the figures the simulator schedules. Includes the TP collectives, which sit on the critical path.
+/// the figures the simulator schedules. Includes the TP collectives, which sit on the critical
+/// path.
 struct StageCosts {
   Seconds forward = 0;
   Seconds backward_input = 0;   // backward w.r.t. activations (B in the zero-bubble paper)
   Seconds backward_weight = 0;  // backward w.r.t. weights (W)
-  Seconds recompute = 0;        // forward recomputation inside the backward (included in backward_input)
-  Seconds tp_communication = 0; // TP collectives per micro-batch (forward + backward), included above
-  Seconds p2p = 0;              // one activation send to the next stage (or a gradient to the previous)
-  Seconds zero3_gather = 0;     // ZeRO-3 parameter all-gathers per micro-batch (forward + backward)
-  Seconds grad_reduce = 0;      // DP/ZeRO gradient reduction per step
-  Seconds param_gather = 0;     // ZeRO-1/2 parameter all-gather after the optimizer step
-  Seconds optimizer = 0;        // optimizer step (memory bound)
+  Seconds recompute = 0;  // forward recomputation inside the backward (included in backward_input)
+  Seconds tp_communication =
+      0;            // TP collectives per micro-batch (forward + backward), included above
+  Seconds p2p = 0;  // one activation send to the next stage (or a gradient to the previous)
+  Seconds zero3_gather = 0;  // ZeRO-3 parameter all-gathers per micro-batch (forward + backward)
+  Seconds grad_reduce = 0;   // DP/ZeRO gradient reduction per step
+  Seconds param_gather = 0;  // ZeRO-1/2 parameter all-gather after the optimizer step
+  Seconds optimizer = 0;     // optimizer step (memory bound)
   bool operator==(const StageCosts&) const = default;
 };
 
 struct TimeEstimate {
   Seconds step_seconds = 0;
   double tokens_per_second = 0;
-  double mfu = 0;              // model FLOPs / (step time * GPUs * dense peak)
-  double bubble_fraction = 0;  // idle share of the stages' time inside the step
-  Seconds compute_seconds = 0; // busy time of the slowest stage
+  double mfu = 0;               // model FLOPs / (step time * GPUs * dense peak)
+  double bubble_fraction = 0;   // idle share of the stages' time inside the step
+  Seconds compute_seconds = 0;  // busy time of the slowest stage
   Seconds bubble_seconds = 0;
   Seconds exposed_communication_seconds = 0;
   Seconds optimizer_seconds = 0;
@@ -105,9 +109,9 @@ struct TimeEstimate {
 };
 
 struct Estimate {
-  Count parameters = 0;         // the model's, unpadded vocab
+  Count parameters = 0;  // the model's, unpadded vocab
   Count padded_vocab_size = 0;
-  Count num_microbatches = 0;   // per pipeline per step
+  Count num_microbatches = 0;  // per pipeline per step
   MemoryEstimate memory;
   CommunicationEstimate communication;
   ComputeEstimate compute;

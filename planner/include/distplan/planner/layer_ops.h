@@ -45,24 +45,24 @@ struct SavedTensor {
   bool dropped_by_selective = false;  // recomputed under selective recompute (Korthikanti sec. 5)
 };
 
-inline constexpr int kMaxSavedPerOp = 4;
+inline constexpr int kMaxSavedPerOp = 6;
 
 struct LayerOp {
   OpKind kind = OpKind::norm;
   std::string_view name;
   LinearKind linear = LinearKind::none;
-  Count in_features = 0;   // linear: full (unsharded) input width
-  Count out_features = 0;  // linear: full (unsharded) output width
-  Count weight_params = 0; // full (unsharded) parameter count of the weight
-  Count bias_params = 0;   // full (unsharded) parameter count of the bias
+  Count in_features = 0;                      // linear: full (unsharded) input width
+  Count out_features = 0;                     // linear: full (unsharded) output width
+  Count weight_params = 0;                    // full (unsharded) parameter count of the weight
+  Count bias_params = 0;                      // full (unsharded) parameter count of the bias
   TpShard param_shard = TpShard::replicated;  // weight and bias: tp for column/row weights
   TpShard bias_shard = TpShard::replicated;   // row-parallel biases stay replicated
   // Matmul FLOPs per token of the micro-batch, unsharded: forward, backward w.r.t. the input,
   // backward w.r.t. the weight. Attention core FLOPs grow with s: fwd = flops_per_token_per_key*s.
   Flops forward_flops_per_token = 0;
   Flops forward_flops_per_token_per_key = 0;
-  Flops backward_input_factor = 1.0;  // backward-input FLOPs = factor * forward
-  Flops backward_weight_factor = 0.0; // backward-weight FLOPs = factor * forward
+  Flops backward_input_factor = 1.0;   // backward-input FLOPs = factor * forward
+  Flops backward_weight_factor = 0.0;  // backward-weight FLOPs = factor * forward
   std::array<SavedTensor, kMaxSavedPerOp> saved{};
   int num_saved = 0;
 };
@@ -99,6 +99,7 @@ struct LayerFlops {
   Flops backward_weight = 0;
   Flops selective_recompute = 0;  // forward FLOPs of the ops selective recompute re-runs
 };
-[[nodiscard]] LayerFlops layer_flops(const LayerTable& table, Count micro_batch, Count seq) noexcept;
+[[nodiscard]] LayerFlops layer_flops(const LayerTable& table, Count micro_batch,
+                                     Count seq) noexcept;
 
 }  // namespace distplan

@@ -12,9 +12,9 @@ namespace distplan {
 
 /// A single change to the layout and the peak memory it saves, for "what would make it fit".
 struct FitSuggestion {
-  std::string change;   // "ZeRO-2", "selective recompute", "tp=8", ...
-  Scenario scenario;    // the changed scenario
-  Bytes peak_bytes = 0; // its peak
+  std::string change;    // "ZeRO-2", "selective recompute", "tp=8", ...
+  Scenario scenario;     // the changed scenario
+  Bytes peak_bytes = 0;  // its peak
   Bytes saving_bytes = 0;
   bool fits = false;
 };

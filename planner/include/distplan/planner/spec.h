@@ -28,7 +28,9 @@ enum class Schedule { gpipe, one_f_one_b, interleaved_1f1b, zb_h1, zb_h2 };
 [[nodiscard]] std::string_view to_string(Attention v) noexcept;
 [[nodiscard]] std::string_view to_string(Recompute v) noexcept;
 [[nodiscard]] std::string_view to_string(Schedule v) noexcept;
-[[nodiscard]] constexpr Bytes bytes_of(DType d) noexcept { return d == DType::fp32 ? 4 : 2; }
+[[nodiscard]] constexpr Bytes bytes_of(DType d) noexcept {
+  return d == DType::fp32 ? 4 : 2;
+}
 
 /// A decoder-only transformer. Shapes: h = hidden_size, a = num_attention_heads,
 /// h/a = head dim, kv = num_kv_heads (GQA when kv < a), f = ffn_hidden_size, V = vocab_size.
@@ -65,9 +67,10 @@ struct GpuSpec {
   std::string name;
   Bytes memory_bytes = 0;
   PeakFlops peak_flops;
-  BytesPerSecond memory_bandwidth = 0;             // HBM, bytes/s
-  BytesPerSecond intra_node_bandwidth = 0;         // per GPU, one direction (NVLink / xGMI)
-  BytesPerSecond inter_node_bandwidth = 0;         // per GPU, one direction (NIC)
+  BytesPerSecond memory_bandwidth = 0;      // HBM, bytes/s
+  BytesPerSecond intra_node_bandwidth = 0;  // per GPU, one direction (NVLink / xGMI)
+  BytesPerSecond inter_node_bandwidth = 0;  // per GPU, one direction (NIC)
+  Count gpus_per_node = 8;                  // the usual node of this GPU (cluster default)
   bool operator==(const GpuSpec&) const = default;
 };
 
@@ -111,13 +114,12 @@ struct ParallelSpec {
 
 /// Named, overridable modelling assumptions (docs/assumptions.md gives each one's source).
 struct Assumptions {
-  double compute_efficiency = 0.5;       // achieved / peak FLOP/s for the layer GEMMs
-  double communication_efficiency = 0.8; // achieved / nominal link bandwidth (bus bandwidth)
-  Bytes dp_bucket_bytes = 25 * 1024 * 1024;  // gradient bucket for ZeRO-2/3 reduce-scatter
-  Count zero3_prefetch_layers = 1;           // gathered layers kept live beyond the current one
-  bool overlap_grad_reduce = true;           // DP gradient reduction overlaps the last backward
-  bool overlap_param_gather = true;          // ZeRO-3 gathers overlap compute (prefetch)
-  Count vocab_pad_multiple = 1;              // vocab padded to a multiple of this × tp
+  double compute_efficiency = 0.5;        // achieved / peak FLOP/s for the layer GEMMs
+  double communication_efficiency = 0.8;  // achieved / nominal link bandwidth (bus bandwidth)
+  Count zero3_prefetch_layers = 1;        // gathered units kept live beyond the current one
+  bool overlap_grad_reduce = true;        // DP gradient reduction overlaps the last backward
+  bool overlap_param_gather = true;       // ZeRO-3 gathers overlap compute (prefetch)
+  Count vocab_pad_multiple = 1;           // vocab padded to a multiple of this × tp
   bool operator==(const Assumptions&) const = default;
 };
 

@@ -1,4 +1,5 @@
-// Unit-carrying aliases used across distplan. JSON carries bytes and seconds; people see GiB and ms.
+// Unit-carrying aliases used across distplan. JSON carries bytes and seconds; people see GiB and
+// ms.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +19,8 @@ using FlopsPerSecond = double;
 using BytesPerSecond = double;
 
 inline constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-inline constexpr double to_gib(Bytes b) { return static_cast<double>(b) / kGiB; }
+inline constexpr double to_gib(Bytes b) {
+  return static_cast<double>(b) / kGiB;
+}
 
 }  // namespace distplan

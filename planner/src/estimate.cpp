@@ -1,0 +1,599 @@
+// The planner's estimate: memory (docs/memory.md), communication (docs/communication.md),
+// FLOPs (docs/flops.md) and analytic time (docs/time.md) of one scenario.
+#include "distplan/planner/estimate.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "distplan/planner/check.h"
+#include "distplan/planner/layer_ops.h"
+#include "distplan/planner/layout.h"
+
+namespace distplan {
+
+Bytes ring_wire_bytes(CollectiveOp op, Bytes buffer_bytes, Count n) noexcept {
+  // nccl-tests, doc/PERFORMANCE.md: a ring all-reduce sends 2(n-1)/n of the buffer per rank,
+  // reduce-scatter and all-gather (n-1)/n; point-to-point sends the buffer once.
+  using Wide = __int128;
+  switch (op) {
+    case CollectiveOp::all_reduce:
+      return static_cast<Bytes>(Wide{buffer_bytes} * 2 * (n - 1) / n);
+    case CollectiveOp::reduce_scatter:
+    case CollectiveOp::all_gather:
+      return static_cast<Bytes>(Wide{buffer_bytes} * (n - 1) / n);
+    case CollectiveOp::send_recv:
+      return buffer_bytes;
+  }
+  return 0;
+}
+
+namespace {
+
+Count ceil_div(Count a, Count b) noexcept {
+  return (a + b - 1) / b;
+}
+
+// Bytes of optimizer state per parameter: the ZeRO paper's K (Rajbhandari et al. 2020, sec. 3.1):
+// fp32 master weights (mixed precision only) plus Adam's m and v, or SGD's momentum.
+Bytes optimizer_bytes_per_param(const TrainingSpec& t) noexcept {
+  const Bytes master = t.precision == DType::fp32 ? 0 : 4;
+  const Bytes states = t.optimizer == Optimizer::sgd ? 4 : 8;
+  return master + states;
+}
+
+FlopsPerSecond dense_peak(const GpuSpec& g, DType d) noexcept {
+  switch (d) {
+    case DType::bf16:
+      return g.peak_flops.bf16;
+    case DType::fp16:
+      return g.peak_flops.fp16;
+    case DType::fp32:
+      return g.peak_flops.tf32 > 0 ? g.peak_flops.tf32 : g.peak_flops.fp32;
+  }
+  return 0;
+}
+
+// The parameter groups ("units") a stage holds: its layers, the embedding on the first stage,
+// the final norm and LM head on the last. ZeRO shards, gathers and reduces unit by unit.
+struct Unit {
+  std::string_view name;
+  Count params = 0;  // per TP rank
+  Count count = 0;   // how many such units the stage holds
+};
+
+struct StageUnits {
+  Unit layer, embedding, head;
+  [[nodiscard]] Count params() const noexcept {
+    return layer.params * layer.count + embedding.params * embedding.count +
+           head.params * head.count;
+  }
+};
+
+class Estimator {
+ public:
+  explicit Estimator(const Scenario& s)
+      : s_(s),
+        m_(s.model),
+        t_(s.training),
+        p_(s.parallel),
+        table_(build_layer_table(s.model, s.training)),
+        layers_(stage_layer_counts(s)) {}
+
+  Estimate run() {
+    Estimate e;
+    e.parameters = model_parameters(m_);
+    e.padded_vocab_size = padded_vocab(s_);
+    e.num_microbatches = s_.num_microbatches();
+    vocab_ = e.padded_vocab_size;
+    nmb_ = e.num_microbatches;
+    memory(e);
+    compute(e);
+    communication_and_costs(e);
+    time(e);
+    return e;
+  }
+
+ private:
+  [[nodiscard]] Bytes cb() const noexcept { return bytes_of(t_.precision); }
+  [[nodiscard]] Bytes gb() const noexcept { return bytes_of(t_.grad_accumulation_dtype); }
+  [[nodiscard]] Count shard() const noexcept { return p_.zero_stage == 0 ? 1 : s_.shard_size(); }
+  [[nodiscard]] Count padded(Count u) const noexcept {
+    return p_.zero_stage == 0 ? u : ceil_div(u, shard()) * shard();
+  }
+  [[nodiscard]] Count act_tokens() const noexcept { return t_.micro_batch_size * t_.seq_length; }
+  // One micro-batch's hidden states b*s*h in the compute dtype: the TP collective buffer.
+  [[nodiscard]] Bytes hidden_bytes() const noexcept { return act_tokens() * m_.hidden_size * cb(); }
+
+  [[nodiscard]] StageUnits units(int stage) const noexcept {
+    const Count h = m_.hidden_size;
+    const Count tp = p_.tp;
+    const bool first = stage == 0;
+    const bool last = stage == p_.pp - 1;
+    StageUnits u;
+    u.layer = {"layers", layer_parameters_per_tp_rank(table_, tp),
+               layers_[static_cast<std::size_t>(stage)]};
+    if (first) {
+      Count emb = vocab_ * h / tp;  // vocab-parallel embedding (Shoeybi et al. 2019, sec. 3)
+      if (m_.position_embedding == PositionEmbedding::learned)
+        emb += m_.max_position_embeddings * h;
+      u.embedding = {"embedding", emb, 1};
+    }
+    if (last) {
+      Count head = m_.norm == Norm::layernorm ? 2 * h : h;  // final norm
+      // Untied: the LM head's own weight. Tied across stages: Megatron-LM keeps a copy of the
+      // word embedding on the last stage and all-reduces its gradient with the first.
+      if (!m_.tied_embeddings || p_.pp > 1) head += vocab_ * h / tp;
+      u.head = {"lm_head", head, 1};
+    }
+    return u;
+  }
+
+  // Memory ------------------------------------------------------------------------------------
+  void memory(Estimate& e) {
+    const Count pp = p_.pp;
+    const Count v = p_.virtual_stages;
+    const Count tp = p_.tp;
+    const Count h = m_.hidden_size;
+    const bool sp = p_.sequence_parallel;
+    const Bytes act_layer = layer_activation_bytes(table_, m_, t_, tp, sp, p_.recompute);
+    const Bytes act_layer_full = layer_activation_bytes(table_, m_, t_, tp, sp, Recompute::none);
+    const Bytes opt_k = optimizer_bytes_per_param(t_);
+    const Count S = shard();
+
+    MemoryEstimate& mem = e.memory;
+    mem.capacity_bytes = s_.cluster.gpu.memory_bytes;
+    mem.stages.resize(static_cast<std::size_t>(pp));
+    Count first_layer = 0;
+    for (int st = 0; st < pp; ++st) {
+      StageMemory& sm = mem.stages[static_cast<std::size_t>(st)];
+      const StageUnits u = units(st);
+      sm.stage = st;
+      sm.num_layers = u.layer.count;
+      if (v == 1) {
+        sm.first_layer = first_layer;
+        sm.end_layer = first_layer + u.layer.count;
+        first_layer = sm.end_layer;
+      } else {
+        const Count per_chunk = u.layer.count / v;
+        sm.first_layer = st * per_chunk;
+        sm.end_layer = sm.first_layer + per_chunk;
+      }
+      sm.parameters = u.params();
+
+      Count full = 0, sharded = 0, largest_unit = 0;
+      for (const Unit* x : {&u.layer, &u.embedding, &u.head}) {
+        if (x->count == 0) continue;
+        full += padded(x->params) * x->count;
+        sharded += ceil_div(x->params, S) * x->count;
+        largest_unit = std::max(largest_unit, padded(x->params));
+      }
+      switch (p_.zero_stage) {
+        case 0:
+          sm.weights_bytes = full * cb();
+          sm.gradients_bytes = full * gb();
+          sm.optimizer_bytes = full * opt_k;
+          break;
+        case 1:
+          sm.weights_bytes = full * cb();
+          sm.gradients_bytes = full * gb();
+          sm.optimizer_bytes = sharded * opt_k;
+          break;
+        case 2:
+          sm.weights_bytes = full * cb();
+          sm.gradients_bytes = sharded * gb();
+          sm.optimizer_bytes = sharded * opt_k;
+          break;
+        default:
+          sm.weights_bytes = sharded * cb();
+          sm.gradients_bytes = sharded * gb();
+          sm.optimizer_bytes = sharded * opt_k;
+          break;
+      }
+
+      // Activations: per micro-batch through this GPU's layers, times what is in flight.
+      Bytes extra = 0;
+      const Bytes token_h = act_tokens() * h;
+      if (st == 0 && t_.dropout > 0)
+        extra += sp ? token_h / tp : token_h;  // embedding dropout mask
+      if (st == pp - 1)
+        extra += 2 * (sp ? token_h * cb() / tp : token_h * cb());  // final norm, LM head inputs
+      sm.activation_bytes_per_microbatch = u.layer.count * act_layer + extra;
+      sm.inflight_chunks = inflight_chunks(p_.schedule, pp, v, st, nmb_);
+      sm.inflight_microbatches = static_cast<double>(sm.inflight_chunks) / static_cast<double>(v);
+      const Count inflight_mb = std::min(nmb_, ceil_div(sm.inflight_chunks, v));
+      sm.activations_bytes =
+          sm.inflight_chunks * (u.layer.count / v) * act_layer + inflight_mb * extra;
+      if (p_.recompute == Recompute::full && u.layer.count > 0) {
+        sm.activations_bytes += act_layer_full;  // the layer being recomputed in backward
+      }
+
+      // Buffers.
+      Bytes buffers = 0;
+      if (st == pp - 1) {
+        // Logits in the compute dtype plus their fp32 softmax for the vocab-parallel loss,
+        // kept from the last stage's forward to its backward.
+        const Bytes logits = act_tokens() * (vocab_ / tp) * (cb() + 4);
+        const Count live = p_.schedule == Schedule::gpipe ? nmb_ : 1;
+        buffers += logits * live;
+      }
+      if (S > 1 && p_.zero_stage == 2) buffers += largest_unit * gb();  // unit gradient before RS
+      if (S > 1 && p_.zero_stage == 3) {
+        const Count units_held = u.layer.count + u.embedding.count + u.head.count;
+        const Count live = std::min(units_held, 1 + s_.assumptions.zero3_prefetch_layers);
+        buffers += live * largest_unit * cb() + largest_unit * gb();
+      }
+      sm.buffers_bytes = buffers;
+      sm.runtime_bytes = s_.cluster.runtime_reserve_bytes;
+      sm.total_bytes = sm.weights_bytes + sm.gradients_bytes + sm.optimizer_bytes +
+                       sm.activations_bytes + sm.buffers_bytes + sm.runtime_bytes;
+      if (sm.total_bytes > mem.peak_bytes) {
+        mem.peak_bytes = sm.total_bytes;
+        mem.peak_stage = st;
+      }
+    }
+    mem.fits = mem.peak_bytes <= mem.capacity_bytes;
+  }
+
+  // FLOPs -------------------------------------------------------------------------------------
+  void compute(Estimate& e) {
+    // Per micro-batch, all TP ranks together (Narayanan et al. 2021, eq. 3 derivation).
+    lf_ = layer_flops(table_, t_.micro_batch_size, t_.seq_length);
+    head_fwd_ = 2.0 * static_cast<double>(act_tokens()) * static_cast<double>(m_.hidden_size) *
+                static_cast<double>(vocab_);
+    const double mbs_per_step = static_cast<double>(nmb_ * p_.dp);
+    const double L = static_cast<double>(m_.num_layers);
+    const double model =
+        L * (lf_.forward + lf_.backward_input + lf_.backward_weight) + 3 * head_fwd_;
+    double recompute = 0;
+    if (p_.recompute == Recompute::full) recompute = L * lf_.forward;
+    if (p_.recompute == Recompute::selective) recompute = L * lf_.selective_recompute;
+    e.compute.model_flops_per_step = mbs_per_step * model;
+    e.compute.hardware_flops_per_step = mbs_per_step * (model + recompute);
+  }
+
+  // Communication and per-stage costs -----------------------------------------------------------
+  [[nodiscard]] Seconds collective_seconds(Group g, CollectiveOp op, Bytes bytes,
+                                           Count calls) const {
+    const Count n = group_size(s_, g);
+    if (n <= 1 || calls == 0) return 0;
+    const bool intra = group_link(s_, g) == Link::intra_node;
+    const ClusterSpec& c = s_.cluster;
+    const double bw = (intra ? c.intra_node_bandwidth : c.inter_node_bandwidth) *
+                      s_.assumptions.communication_efficiency;
+    const Seconds alpha = intra ? c.intra_node_latency : c.inter_node_latency;
+    // Ring: 2(n-1) latency steps for all-reduce, n-1 for reduce-scatter / all-gather, 1 for p2p.
+    const double steps = op == CollectiveOp::all_reduce  ? 2.0 * static_cast<double>(n - 1)
+                         : op == CollectiveOp::send_recv ? 1.0
+                                                         : static_cast<double>(n - 1);
+    const double wire = static_cast<double>(ring_wire_bytes(op, bytes, n));
+    return static_cast<double>(calls) * (steps * alpha + wire / bw);
+  }
+
+  void add(std::vector<Collective>& out, Group g, CollectiveOp op, std::string_view what,
+           Bytes bytes, Count calls) const {
+    const Count n = group_size(s_, g);
+    if (n <= 1 || calls <= 0 || bytes <= 0) return;
+    Collective c;
+    c.group = g;
+    c.op = op;
+    c.link = group_link(s_, g);
+    c.what = what;
+    c.group_size = n;
+    c.bytes_per_call = bytes;
+    c.calls_per_step = calls;
+    c.wire_bytes_per_gpu_per_step = ring_wire_bytes(op, bytes, n) * calls;
+    c.seconds_per_step = collective_seconds(g, op, bytes, calls);
+    out.push_back(c);
+  }
+
+  // TP collectives of one micro-batch through one layer (Korthikanti et al. 2022, sec. 4.2.2):
+  // without SP, g (all-reduce) after attention_out and mlp_out forward, and f's all-reduce of the
+  // input gradients of qkv and mlp_in backward. With SP, each all-reduce becomes an all-gather
+  // and a reduce-scatter, and backward all-gathers the saved sharded inputs of qkv and mlp_in
+  // again. Full recompute replays the forward collectives in backward.
+  struct TpCalls {
+    Count all_reduce = 0, all_gather = 0, reduce_scatter = 0;
+    Count fwd_all_reduce = 0, fwd_all_gather = 0, fwd_reduce_scatter = 0;
+  };
+  [[nodiscard]] TpCalls tp_layer_calls() const noexcept {
+    TpCalls c;
+    const bool full = p_.recompute == Recompute::full;
+    if (!p_.sequence_parallel) {
+      c.fwd_all_reduce = 2;
+      c.all_reduce = 4 + (full ? 2 : 0);
+    } else {
+      c.fwd_all_gather = 2;
+      c.fwd_reduce_scatter = 2;
+      c.all_gather = 6 + (full ? 2 : 0);
+      c.reduce_scatter = 4 + (full ? 2 : 0);
+    }
+    return c;
+  }
+
+  void stage_collectives(int st, std::vector<Collective>& out) const {
+    out.clear();
+    const StageUnits u = units(st);
+    const Count m = nmb_;
+    const Count v = p_.virtual_stages;
+    const Count pp = p_.pp;
+    const Count S = shard();
+    const Bytes act = hidden_bytes();
+    const Unit* all_units[] = {&u.layer, &u.embedding, &u.head};
+    static constexpr std::string_view kGrad[] = {"gradients (layers)", "gradients (embedding)",
+                                                 "gradients (lm head)"};
+    static constexpr std::string_view kParam[] = {"parameters (layers)", "parameters (embedding)",
+                                                  "parameters (lm head)"};
+    static constexpr std::string_view kGather[] = {"parameters (layers, forward+backward)",
+                                                   "parameters (embedding, forward+backward)",
+                                                   "parameters (lm head, forward+backward)"};
+
+    // Data parallel / ZeRO, unit by unit (docs/communication.md).
+    for (int i = 0; i < 3; ++i) {
+      const Unit& x = *all_units[i];
+      if (x.count == 0) continue;
+      const Bytes full_g = padded(x.params) * gb();
+      const Bytes full_w = padded(x.params) * cb();
+      switch (p_.zero_stage) {
+        case 0:
+          add(out, Group::dp, CollectiveOp::all_reduce, kGrad[i], full_g, x.count);
+          break;
+        case 1:
+          add(out, Group::dp, CollectiveOp::reduce_scatter, kGrad[i], full_g, x.count);
+          add(out, Group::dp, CollectiveOp::all_gather, kParam[i], full_w, x.count);
+          break;
+        case 2:
+          add(out, Group::dp, CollectiveOp::reduce_scatter, kGrad[i], full_g, x.count * m);
+          add(out, Group::dp, CollectiveOp::all_gather, kParam[i], full_w, x.count);
+          break;
+        default:
+          add(out, Group::dp, CollectiveOp::all_gather, kGather[i], full_w, 2 * x.count * m);
+          add(out, Group::dp, CollectiveOp::reduce_scatter, kGrad[i], full_g, x.count * m);
+          break;
+      }
+      if (p_.zero_stage > 0) {
+        // Hybrid sharding: shards are all-reduced across the replicas once per step.
+        add(out, Group::dp_replicate, CollectiveOp::all_reduce, kGrad[i],
+            ceil_div(x.params, S) * gb(), x.count);
+      }
+    }
+
+    // Tensor parallel.
+    const TpCalls c = tp_layer_calls();
+    const Count L = u.layer.count;
+    add(out, Group::tp, CollectiveOp::all_reduce, "layer activations", act, c.all_reduce * L * m);
+    add(out, Group::tp, CollectiveOp::all_gather, "layer activations", act, c.all_gather * L * m);
+    add(out, Group::tp, CollectiveOp::reduce_scatter, "layer activations", act,
+        c.reduce_scatter * L * m);
+    if (st == 0) {
+      // Vocab-parallel embedding: partial lookups summed (all-reduce, or reduce-scatter into the
+      // sequence-parallel region).
+      add(out, Group::tp,
+          p_.sequence_parallel ? CollectiveOp::reduce_scatter : CollectiveOp::all_reduce,
+          "embedding output", act, m);
+    }
+    if (st == pp - 1) {
+      if (p_.sequence_parallel) {
+        // Gather the final norm's output for the vocab-parallel LM head; in backward, gather it
+        // again and reduce-scatter its gradient.
+        add(out, Group::tp, CollectiveOp::all_gather, "lm head input", act, 2 * m);
+        add(out, Group::tp, CollectiveOp::reduce_scatter, "lm head input gradient", act, m);
+      } else {
+        add(out, Group::tp, CollectiveOp::all_reduce, "lm head input gradient", act, m);
+      }
+      // Vocab-parallel cross-entropy: max, target logit and sum of exponentials, fp32 per token.
+      add(out, Group::tp, CollectiveOp::all_reduce, "cross-entropy statistics", act_tokens() * 4,
+          3 * m);
+    }
+
+    // Pipeline: activations forward to the next chunk, gradients back to the previous one.
+    if (pp > 1) {
+      const Bytes p2p = p_.sequence_parallel ? act / p_.tp : act;
+      const Count fwd_sends = st == pp - 1 ? m * (v - 1) : m * v;
+      const Count bwd_sends = st == 0 ? m * (v - 1) : m * v;
+      add(out, Group::pp, CollectiveOp::send_recv, "activations (forward)", p2p, fwd_sends);
+      add(out, Group::pp, CollectiveOp::send_recv, "gradients (backward)", p2p, bwd_sends);
+      if (m_.tied_embeddings && (st == 0 || st == pp - 1)) {
+        add(out, Group::embedding, CollectiveOp::all_reduce, "tied embedding gradients",
+            vocab_ * m_.hidden_size / p_.tp * gb(), 1);
+      }
+    }
+  }
+
+  void communication_and_costs(Estimate& e) {
+    const Count pp = p_.pp;
+    const double rate =
+        dense_peak(s_.cluster.gpu, t_.precision) * s_.assumptions.compute_efficiency;
+    std::vector<Collective> scratch;
+    scratch.reserve(24);
+    Bytes best = -1;
+    e.stage_costs.resize(static_cast<std::size_t>(pp));
+    const Count m = nmb_;
+    for (int st = 0; st < pp; ++st) {
+      stage_collectives(st, scratch);
+      Bytes wire = 0;
+      StageCosts& k = e.stage_costs[static_cast<std::size_t>(st)];
+      Seconds tp_fwd = 0, tp_total = 0;
+      for (const Collective& c : scratch) {
+        wire += c.wire_bytes_per_gpu_per_step;
+        switch (c.group) {
+          case Group::tp:
+            tp_total += c.seconds_per_step;
+            break;
+          case Group::pp:
+            if (c.what == "activations (forward)")
+              k.p2p = c.seconds_per_step / static_cast<double>(c.calls_per_step);
+            break;
+          case Group::dp:
+          case Group::dp_replicate:
+          case Group::embedding:
+            if (p_.zero_stage == 3 && c.op == CollectiveOp::all_gather) {
+              k.zero3_gather += c.seconds_per_step / static_cast<double>(m);
+            } else if (p_.zero_stage >= 1 && c.op == CollectiveOp::all_gather) {
+              k.param_gather += c.seconds_per_step;
+            } else {
+              k.grad_reduce += c.seconds_per_step;
+            }
+            break;
+        }
+      }
+      if (pp > 1 && k.p2p == 0 && m > 0) {
+        // The last stage sends no activations forward; it still receives them at the same cost.
+        k.p2p =
+            collective_seconds(Group::pp, CollectiveOp::send_recv,
+                               p_.sequence_parallel ? hidden_bytes() / p_.tp : hidden_bytes(), 1);
+      }
+      // Forward share of the TP time: the forward collectives' count over all calls.
+      {
+        const TpCalls c = tp_layer_calls();
+        const double fwd_calls =
+            static_cast<double>(c.fwd_all_reduce * 2 + c.fwd_all_gather + c.fwd_reduce_scatter);
+        const double all_calls =
+            static_cast<double>(c.all_reduce * 2 + c.all_gather + c.reduce_scatter);
+        tp_fwd = all_calls > 0 ? tp_total * fwd_calls / all_calls : 0;
+      }
+      if (wire > best) {
+        best = wire;
+        e.communication.collectives = scratch;
+        e.communication.wire_bytes_per_gpu_per_step = wire;
+      }
+
+      // Compute per micro-batch on one GPU of this stage.
+      const StageUnits u = units(st);
+      const double L = static_cast<double>(u.layer.count);
+      const double tp = static_cast<double>(p_.tp);
+      double fwd = L * lf_.forward / tp;
+      double bwd_in = L * lf_.backward_input / tp;
+      double bwd_w = L * lf_.backward_weight / tp;
+      double recompute = 0;
+      if (p_.recompute == Recompute::full) recompute = L * lf_.forward / tp;
+      if (p_.recompute == Recompute::selective) recompute = L * lf_.selective_recompute / tp;
+      if (st == pp - 1) {
+        fwd += head_fwd_ / tp;
+        bwd_in += head_fwd_ / tp;
+        bwd_w += head_fwd_ / tp;
+      }
+      const double per_mb_tp = m > 0 ? tp_total / static_cast<double>(m) : 0;
+      const double per_mb_tp_fwd = m > 0 ? tp_fwd / static_cast<double>(m) : 0;
+      k.forward = fwd / rate + per_mb_tp_fwd;
+      k.recompute = recompute / rate;
+      k.backward_input = (bwd_in + recompute) / rate + (per_mb_tp - per_mb_tp_fwd);
+      k.backward_weight = bwd_w / rate;
+      k.tp_communication = per_mb_tp;
+      // Optimizer: memory bound; reads gradients, reads and writes optimizer state and writes the
+      // compute-dtype weights of this GPU's shard.
+      const StageMemory& sm = e.memory.stages[static_cast<std::size_t>(st)];
+      const double touched =
+          static_cast<double>(sm.gradients_bytes) + 2.0 * static_cast<double>(sm.optimizer_bytes) +
+          static_cast<double>(p_.zero_stage == 3 ? sm.weights_bytes : sm.weights_bytes / shard());
+      k.optimizer = touched / s_.cluster.gpu.memory_bandwidth;
+    }
+  }
+
+  // Time ----------------------------------------------------------------------------------------
+  void time(Estimate& e) {
+    const Count pp = p_.pp;
+    const double m = static_cast<double>(nmb_);
+    const double v = static_cast<double>(p_.virtual_stages);
+    double t_max = 0, sum_t = 0, busy_sum = 0;
+    int slow = 0;
+    for (int st = 0; st < pp; ++st) {
+      const StageCosts& k = e.stage_costs[static_cast<std::size_t>(st)];
+      const double t = k.forward + k.backward_input + k.backward_weight;
+      sum_t += t;
+      busy_sum += m * t;
+      if (t > t_max) t_max = t, slow = st;
+    }
+    const StageCosts& ks = e.stage_costs[static_cast<std::size_t>(slow)];
+    const double F = ks.forward, B = ks.backward_input, W = ks.backward_weight;
+    const double p = static_cast<double>(pp);
+    double pipe = 0;
+    switch (p_.schedule) {
+      case Schedule::gpipe:
+      case Schedule::one_f_one_b:
+        // (m - 1) t_max + sum_s t_s; with equal stages (m + p - 1)(F + B) (Huang et al. 2019;
+        // Narayanan et al. 2021, sec. 2.2).
+        pipe = (m - 1) * t_max + sum_t;
+        break;
+      case Schedule::interleaved_1f1b:
+        // Bubble (p - 1)(F + B) / v (Narayanan et al. 2021, sec. 2.2).
+        pipe = m * t_max + (p - 1) * t_max / v;
+        break;
+      case Schedule::zb_h1:
+        // Qi et al. 2023, Table 2: bubble (p - 1)(F + B - W).
+        pipe = m * t_max + (p - 1) * std::max(0.0, F + B - W);
+        break;
+      case Schedule::zb_h2:
+        // Qi et al. 2023, Table 2: bubble (p - 1)(F + B - 2W), zero when W is large enough.
+        pipe = m * t_max + (p - 1) * std::max(0.0, F + B - 2 * W);
+        break;
+    }
+    // Point-to-point transfers on the critical path: the fill and the drain cross p - 1
+    // boundaries each way.
+    pipe += 2.0 * (p - 1) * ks.p2p;
+
+    // Data-parallel communication not hidden behind compute (docs/time.md).
+    double exposed = 0;
+    double optimizer = 0;
+    const auto& A = s_.assumptions;
+    for (const StageCosts& k : e.stage_costs) {
+      double x = 0;
+      const double last_bwd = k.backward_input + k.backward_weight;
+      switch (p_.zero_stage) {
+        case 0:
+        case 1:
+          x += A.overlap_grad_reduce ? std::max(0.0, k.grad_reduce - last_bwd) : k.grad_reduce;
+          break;
+        case 2: {
+          const double per_mb = m > 0 ? k.grad_reduce / m : 0;
+          x += A.overlap_grad_reduce ? m * std::max(0.0, per_mb - last_bwd) : k.grad_reduce;
+          break;
+        }
+        default: {
+          const double rs_mb = m > 0 ? k.grad_reduce / m : 0;
+          const double busy = k.forward + last_bwd;
+          x += A.overlap_param_gather ? m * std::max(0.0, k.zero3_gather + rs_mb - busy)
+                                      : m * (k.zero3_gather + rs_mb);
+          break;
+        }
+      }
+      if (p_.zero_stage == 1 || p_.zero_stage == 2) x += k.param_gather;
+      exposed = std::max(exposed, x);
+      optimizer = std::max(optimizer, k.optimizer);
+    }
+
+    TimeEstimate& out = e.time;
+    out.step_seconds = pipe + exposed + optimizer;
+    out.compute_seconds = m * t_max;
+    out.bubble_seconds = pipe - m * t_max;
+    out.bubble_fraction = pipe > 0 ? 1.0 - busy_sum / (p * pipe) : 0.0;
+    out.exposed_communication_seconds = exposed;
+    out.optimizer_seconds = optimizer;
+    const double tokens =
+        static_cast<double>(t_.global_batch_size) * static_cast<double>(t_.seq_length);
+    out.tokens_per_second = out.step_seconds > 0 ? tokens / out.step_seconds : 0;
+    const double peak = dense_peak(s_.cluster.gpu, t_.precision);
+    out.mfu = out.step_seconds > 0
+                  ? e.compute.model_flops_per_step /
+                        (out.step_seconds * static_cast<double>(s_.cluster.num_gpus) * peak)
+                  : 0;
+  }
+
+  const Scenario& s_;
+  const ModelSpec& m_;
+  const TrainingSpec& t_;
+  const ParallelSpec& p_;
+  LayerTable table_;
+  std::vector<Count> layers_;
+  Count vocab_ = 0;
+  Count nmb_ = 0;
+  LayerFlops lf_;
+  double head_fwd_ = 0;
+};
+
+}  // namespace
+
+Estimate estimate(const Scenario& scenario) {
+  return Estimator(scenario).run();
+}
+
+}  // namespace distplan

@@ -1,0 +1,184 @@
+#include "json_reader.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "distplan/planner/error.h"
+
+namespace distplan::detail {
+namespace {
+
+std::string_view type_name(const nlohmann::json& j) {
+  if (j.is_null()) return "null";
+  if (j.is_boolean()) return "a boolean";
+  if (j.is_number()) return "a number";
+  if (j.is_string()) return "a string";
+  if (j.is_array()) return "an array";
+  return "an object";
+}
+
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t prev = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t cur = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, prev + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      prev = cur;
+    }
+  }
+  return row[b.size()];
+}
+
+// Printable, bounded rendering of a key taken from input (which may hold any bytes).
+std::string printable(std::string_view s) {
+  std::string out;
+  for (char c : s.substr(0, 64)) {
+    const auto u = static_cast<unsigned char>(c);
+    out += (u >= 0x20 && u < 0x7f) ? c : '?';
+  }
+  if (s.size() > 64) out += "...";
+  return out;
+}
+
+}  // namespace
+
+std::string pointer_escape(std::string_view key) {
+  std::string out;
+  for (char c : key) {
+    if (c == '~')
+      out += "~0";
+    else if (c == '/')
+      out += "~1";
+    else
+      out += c;
+  }
+  return out;
+}
+
+ObjectReader::ObjectReader(const nlohmann::json& j, std::string path)
+    : j_(j), path_(std::move(path)) {
+  if (!j.is_object()) {
+    throw InputError(path_, fmt::format("must be an object, not {}", type_name(j)));
+  }
+}
+
+std::string ObjectReader::child(std::string_view key) const {
+  return path_ + "/" + pointer_escape(key);
+}
+
+bool ObjectReader::has(std::string_view key) const {
+  return j_.contains(key);
+}
+
+const nlohmann::json* ObjectReader::find(std::string_view key) {
+  seen_.emplace_back(key);
+  auto it = j_.find(key);
+  if (it == j_.end()) return nullptr;
+  return &*it;
+}
+
+const nlohmann::json* ObjectReader::take(std::string_view key) {
+  return find(key);
+}
+
+std::optional<Count> ObjectReader::integer(std::string_view key, Count min, Count max) {
+  const nlohmann::json* v = find(key);
+  if (!v) return std::nullopt;
+  Count value = 0;
+  if (v->is_number_integer()) {
+    if (v->is_number_unsigned() && v->get<std::uint64_t>() > static_cast<std::uint64_t>(max)) {
+      throw InputError(child(key), fmt::format("{} is too large (at most {})", key, max));
+    }
+    value = v->get<Count>();
+  } else if (v->is_number_float()) {
+    const double d = v->get<double>();
+    if (!std::isfinite(d) || d != std::floor(d)) {
+      throw InputError(child(key), fmt::format("{} must be an integer", key));
+    }
+    if (d > static_cast<double>(max)) {
+      throw InputError(child(key), fmt::format("{} is too large (at most {})", key, max));
+    }
+    if (d < static_cast<double>(min)) {
+      throw InputError(child(key), fmt::format("{} must be at least {}", key, min));
+    }
+    value = static_cast<Count>(d);
+  } else {
+    throw InputError(child(key), fmt::format("{} must be an integer, not {}", key, type_name(*v)));
+  }
+  if (value < min)
+    throw InputError(child(key), fmt::format("{}={} must be at least {}", key, value, min));
+  if (value > max)
+    throw InputError(child(key), fmt::format("{}={} is too large (at most {})", key, value, max));
+  return value;
+}
+
+std::optional<double> ObjectReader::number(std::string_view key, double min, double max,
+                                           bool min_exclusive) {
+  const nlohmann::json* v = find(key);
+  if (!v) return std::nullopt;
+  if (!v->is_number()) {
+    throw InputError(child(key), fmt::format("{} must be a number, not {}", key, type_name(*v)));
+  }
+  const double d = v->get<double>();
+  if (!std::isfinite(d)) throw InputError(child(key), fmt::format("{} must be finite", key));
+  if (min_exclusive ? d <= min : d < min) {
+    throw InputError(child(key), fmt::format("{}={} must be {} {}", key, d,
+                                             min_exclusive ? "greater than" : "at least", min));
+  }
+  if (d > max) throw InputError(child(key), fmt::format("{}={} must be at most {}", key, d, max));
+  return d;
+}
+
+std::optional<bool> ObjectReader::boolean(std::string_view key) {
+  const nlohmann::json* v = find(key);
+  if (!v) return std::nullopt;
+  if (!v->is_boolean()) {
+    throw InputError(child(key),
+                     fmt::format("{} must be true or false, not {}", key, type_name(*v)));
+  }
+  return v->get<bool>();
+}
+
+std::optional<std::string> ObjectReader::string(std::string_view key) {
+  const nlohmann::json* v = find(key);
+  if (!v) return std::nullopt;
+  if (!v->is_string()) {
+    throw InputError(child(key), fmt::format("{} must be a string, not {}", key, type_name(*v)));
+  }
+  return v->get<std::string>();
+}
+
+std::optional<int> ObjectReader::choice(std::string_view key,
+                                        std::initializer_list<std::string_view> names) {
+  const auto s = string(key);
+  if (!s) return std::nullopt;
+  int i = 0;
+  for (std::string_view n : names) {
+    if (*s == n) return i;
+    ++i;
+  }
+  throw InputError(child(key), fmt::format("{}='{}' is not one of: {}", key, printable(*s),
+                                           fmt::join(names, ", ")));
+}
+
+void ObjectReader::finish(std::initializer_list<std::string_view> ignored) const {
+  for (auto it = j_.begin(); it != j_.end(); ++it) {
+    const std::string& k = it.key();
+    if (std::find(seen_.begin(), seen_.end(), k) != seen_.end()) continue;
+    if (std::find(ignored.begin(), ignored.end(), k) != ignored.end()) continue;
+    std::string hint;
+    std::size_t best = 3;
+    for (const auto& known : seen_) {
+      const std::size_t d = edit_distance(k, known);
+      if (d < best) best = d, hint = fmt::format(" (did you mean '{}'?)", known);
+    }
+    throw InputError(child(k), fmt::format("unknown field '{}'{}", printable(k), hint));
+  }
+}
+
+}  // namespace distplan::detail

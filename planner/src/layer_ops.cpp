@@ -1,0 +1,197 @@
+// The layer op table (docs/layer_ops.md). Activation entries reproduce Korthikanti et al. 2022,
+// "Reducing Activation Recomputation in Large Transformer Models", sec. 4.1 and Table 2:
+// attention 11sbh + 5as^2b, MLP 19sbh, two norms 4sbh => sbh(34 + 5as/h) for a GPT layer with
+// dropout, standard attention and 16-bit activations.
+#include "distplan/planner/layer_ops.h"
+
+#include "distplan/planner/check.h"
+
+namespace distplan {
+namespace {
+
+struct Builder {
+  LayerTable table;
+  LayerOp& add(OpKind kind, std::string_view name) {
+    DISTPLAN_CHECK(table.num_ops < kMaxLayerOps, "layer table full");
+    LayerOp& op = table.ops[table.num_ops++];
+    op.kind = kind;
+    op.name = name;
+    return op;
+  }
+  static void save(LayerOp& op, SavedTensor t) {
+    DISTPLAN_CHECK(op.num_saved < kMaxSavedPerOp, "too many saved tensors");
+    op.saved[op.num_saved++] = t;
+  }
+};
+
+// A GEMM y = x W^T (+ b) with W of shape (out, in): 2*in*out FLOPs per token forward, the same
+// again for dX = dY W and for dW = dY^T X (Narayanan et al. 2021, sec. 5.1).
+LayerOp& add_linear(Builder& b, std::string_view name, LinearKind kind, Count in, Count out,
+                    bool bias, Bytes act_bytes, TpShard input_shard) {
+  LayerOp& op = b.add(OpKind::linear, name);
+  op.linear = kind;
+  op.in_features = in;
+  op.out_features = out;
+  op.weight_params = in * out;
+  op.bias_params = bias ? out : 0;
+  op.param_shard = TpShard::tp;
+  // Column-parallel biases split with the output; row-parallel biases are added after the
+  // reduction and stay replicated (Shoeybi et al. 2019, Fig. 3).
+  op.bias_shard = kind == LinearKind::column_parallel ? TpShard::tp : TpShard::replicated;
+  op.forward_flops_per_token = 2.0 * static_cast<double>(in) * static_cast<double>(out);
+  op.backward_input_factor = 1.0;
+  op.backward_weight_factor = 1.0;
+  Builder::save(
+      op, {.name = "input", .per_token = in, .bytes_per_element = act_bytes, .shard = input_shard});
+  return op;
+}
+
+LayerOp& add_norm(Builder& b, std::string_view name, const ModelSpec& m, Bytes act_bytes) {
+  LayerOp& op = b.add(OpKind::norm, name);
+  op.weight_params = m.hidden_size;
+  op.bias_params = m.norm == Norm::layernorm ? m.hidden_size : 0;
+  op.param_shard = TpShard::replicated;
+  op.bias_shard = TpShard::replicated;
+  // The input only: mean and rstd are recomputed from it in backward (they are O(sb) fp32 values,
+  // which Korthikanti et al. also leave out).
+  Builder::save(op, {.name = "input",
+                     .per_token = m.hidden_size,
+                     .bytes_per_element = act_bytes,
+                     .shard = TpShard::sp});
+  return op;
+}
+
+void add_dropout(Builder& b, std::string_view name, const ModelSpec& m) {
+  LayerOp& op = b.add(OpKind::dropout, name);
+  // A one-byte mask per element, in the sequence-parallel region.
+  Builder::save(
+      op,
+      {.name = "mask", .per_token = m.hidden_size, .bytes_per_element = 1, .shard = TpShard::sp});
+}
+
+}  // namespace
+
+LayerTable build_layer_table(const ModelSpec& m, const TrainingSpec& t) {
+  Builder b;
+  const Bytes act = bytes_of(t.precision);
+  const bool dropout = t.dropout > 0.0;
+  const Count h = m.hidden_size;
+  const Count kvh = m.kv_hidden();
+  const Count f = m.ffn_hidden_size;
+  const Count a = m.num_attention_heads;
+
+  add_norm(b, "input_norm", m, act);
+  add_linear(b, "qkv", LinearKind::column_parallel, h, h + 2 * kvh, m.bias, act, TpShard::sp);
+
+  LayerOp& attn = b.add(OpKind::attention_core, "attention");
+  // QK^T and (softmax)V: 2*h FLOPs each per query token per key (all heads), forward; backward
+  // computes two GEMMs per forward GEMM and has no weights (Narayanan et al. 2021, eq. 1).
+  attn.forward_flops_per_token_per_key = 4.0 * static_cast<double>(h);
+  attn.backward_input_factor = 2.0;
+  attn.backward_weight_factor = 0.0;
+  Builder::save(attn,
+                {.name = "q", .per_token = h, .bytes_per_element = act, .shard = TpShard::tp});
+  Builder::save(attn,
+                {.name = "k", .per_token = kvh, .bytes_per_element = act, .shard = TpShard::tp});
+  Builder::save(attn,
+                {.name = "v", .per_token = kvh, .bytes_per_element = act, .shard = TpShard::tp});
+  if (t.attention == Attention::standard) {
+    // Softmax output (a s x s per sequence), and with dropout its mask and dropped output.
+    Builder::save(attn, {.name = "probs",
+                         .per_token_per_key = a,
+                         .bytes_per_element = act,
+                         .shard = TpShard::tp,
+                         .dropped_by_selective = true});
+    if (dropout) {
+      Builder::save(attn, {.name = "dropout_mask",
+                           .per_token_per_key = a,
+                           .bytes_per_element = 1,
+                           .shard = TpShard::tp,
+                           .dropped_by_selective = true});
+      Builder::save(attn, {.name = "dropout_out",
+                           .per_token_per_key = a,
+                           .bytes_per_element = act,
+                           .shard = TpShard::tp,
+                           .dropped_by_selective = true});
+    }
+  } else {
+    // Flash attention keeps the fp32 log-sum-exp per head per token and recomputes the scores
+    // (Dao et al. 2022, Algorithm 2); its output is the saved input of attention_out.
+    Builder::save(
+        attn, {.name = "logsumexp", .per_token = a, .bytes_per_element = 4, .shard = TpShard::tp});
+  }
+
+  add_linear(b, "attention_out", LinearKind::row_parallel, h, h, m.bias, act, TpShard::tp);
+  if (dropout) add_dropout(b, "attention_dropout", m);
+  b.add(OpKind::residual_add, "attention_residual");
+
+  add_norm(b, "post_attention_norm", m, act);
+  const Count mlp_in_out = m.mlp == Mlp::swiglu ? 2 * f : f;  // gate and up fused for SwiGLU
+  add_linear(b, "mlp_in", LinearKind::column_parallel, h, mlp_in_out, m.bias, act, TpShard::sp);
+  LayerOp& actv = b.add(OpKind::activation, m.mlp == Mlp::swiglu ? "swiglu" : "gelu");
+  Builder::save(
+      actv,
+      {.name = "input", .per_token = mlp_in_out, .bytes_per_element = act, .shard = TpShard::tp});
+  add_linear(b, "mlp_out", LinearKind::row_parallel, f, h, m.bias, act, TpShard::tp);
+  if (dropout) add_dropout(b, "mlp_dropout", m);
+  b.add(OpKind::residual_add, "mlp_residual");
+  return b.table;
+}
+
+Count layer_parameters(const LayerTable& table) noexcept {
+  Count n = 0;
+  for (const LayerOp& op : table) n += op.weight_params + op.bias_params;
+  return n;
+}
+
+Count layer_parameters_per_tp_rank(const LayerTable& table, Count tp) noexcept {
+  Count n = 0;
+  for (const LayerOp& op : table) {
+    n += op.param_shard == TpShard::tp ? op.weight_params / tp : op.weight_params;
+    n += op.bias_shard == TpShard::tp ? op.bias_params / tp : op.bias_params;
+  }
+  return n;
+}
+
+Bytes layer_activation_bytes(const LayerTable& table, const ModelSpec& model,
+                             const TrainingSpec& training, Count tp, bool sequence_parallel,
+                             Recompute recompute) noexcept {
+  const Count b = training.micro_batch_size;
+  const Count s = training.seq_length;
+  if (recompute == Recompute::full) {
+    // Only the layer input survives (Korthikanti Table 2, "full": 2sbh), split along the
+    // sequence under sequence parallelism.
+    const Bytes in = b * s * model.hidden_size * bytes_of(training.precision);
+    return sequence_parallel ? in / tp : in;
+  }
+  Bytes total = 0;
+  for (const LayerOp& op : table) {
+    for (int i = 0; i < op.num_saved; ++i) {
+      const SavedTensor& t = op.saved[i];
+      if (recompute == Recompute::selective && t.dropped_by_selective) continue;
+      const Bytes elems = b * s * (t.per_token + t.per_token_per_key * s);
+      Bytes bytes = elems * t.bytes_per_element;
+      if (t.shard == TpShard::tp || (t.shard == TpShard::sp && sequence_parallel)) bytes /= tp;
+      total += bytes;
+    }
+  }
+  return total;
+}
+
+LayerFlops layer_flops(const LayerTable& table, Count micro_batch, Count seq) noexcept {
+  LayerFlops f;
+  const double tokens = static_cast<double>(micro_batch) * static_cast<double>(seq);
+  for (const LayerOp& op : table) {
+    const double fwd = tokens * (op.forward_flops_per_token +
+                                 op.forward_flops_per_token_per_key * static_cast<double>(seq));
+    f.forward += fwd;
+    f.backward_input += op.backward_input_factor * fwd;
+    f.backward_weight += op.backward_weight_factor * fwd;
+    bool selective = false;
+    for (int i = 0; i < op.num_saved; ++i) selective |= op.saved[i].dropped_by_selective;
+    if (selective) f.selective_recompute += fwd;
+  }
+  return f;
+}
+
+}  // namespace distplan

@@ -1,0 +1,112 @@
+// Layer placement, in-flight micro-batches and group links (docs/layout.md).
+#include "distplan/planner/layout.h"
+
+#include <algorithm>
+
+#include "distplan/planner/layer_ops.h"
+
+namespace distplan {
+
+std::vector<Count> stage_layer_counts(const Scenario& s) {
+  const Count pp = s.parallel.pp;
+  if (!s.parallel.layers_per_stage.empty()) return s.parallel.layers_per_stage;
+  std::vector<Count> layers(static_cast<std::size_t>(pp), s.model.num_layers / pp);
+  // Remaining layers go to the middle stages first: the first stage also holds the embedding and
+  // the last the LM head and loss, so they are the ones to keep light.
+  Count rest = s.model.num_layers % pp;
+  for (Count i = 1; i < pp - 1 && rest > 0; ++i, --rest) ++layers[static_cast<std::size_t>(i)];
+  if (rest > 0) ++layers.front(), --rest;
+  if (rest > 0) ++layers.back(), --rest;
+  return layers;
+}
+
+Count inflight_chunks(Schedule schedule, Count pp, Count v, Count stage, Count m) noexcept {
+  switch (schedule) {
+    case Schedule::gpipe:
+      return m;  // every forward runs before the first backward
+    case Schedule::one_f_one_b:
+    case Schedule::zb_h1:
+      // PipeDream-Flush warm-up: p - stage - 1 forwards, then one more before the first backward.
+      return std::min(pp - stage, m);
+    case Schedule::zb_h2:
+      // ZB-H2 doubles the warm-up to fill the tail bubble (Qi et al. 2023, sec. 3.2).
+      return std::min(2 * (pp - stage) - 1, m);
+    case Schedule::interleaved_1f1b: {
+      // Megatron-LM forward_backward_pipelining_with_interleaving: num_warmup =
+      // (p - stage - 1) * 2 + (v - 1) * p, capped at m * v; the steady state adds one.
+      const Count total = m * v;
+      const Count warmup = std::min((pp - stage - 1) * 2 + (v - 1) * pp, total);
+      return std::min(warmup + 1, total);
+    }
+  }
+  return m;
+}
+
+namespace {
+
+// Does a group of `span` consecutive ranks, aligned to its own size, stay inside one node?
+bool inside_node(Count span, Count gpus_per_node) noexcept {
+  return span <= gpus_per_node && gpus_per_node % span == 0;
+}
+
+}  // namespace
+
+Count group_size(const Scenario& s, Group g) noexcept {
+  switch (g) {
+    case Group::tp:
+      return s.parallel.tp;
+    case Group::dp:
+      return s.parallel.zero_stage == 0 ? s.parallel.dp : s.shard_size();
+    case Group::dp_replicate:
+      return s.parallel.dp / s.shard_size();
+    case Group::pp:
+      return s.parallel.pp;
+    case Group::embedding:
+      return 2;
+  }
+  return 1;
+}
+
+Link group_link(const Scenario& s, Group g) noexcept {
+  const Count tp = s.parallel.tp;
+  const Count gpn = s.cluster.gpus_per_node;
+  // Rank order (Megatron-LM): rank = tp_rank + TP * (dp_rank + DP * pp_rank). A group whose
+  // members lie within `span` consecutive ranks stays in a node when that span does.
+  Count span = 1;
+  switch (g) {
+    case Group::tp:
+      span = tp;
+      break;
+    case Group::dp:
+      span = tp * group_size(s, Group::dp);
+      break;
+    case Group::dp_replicate:
+      span = tp * s.parallel.dp;
+      break;
+    case Group::pp:
+    case Group::embedding:
+      // Neighbouring stages are TP*DP ranks apart: unless the whole job is one node, some stage
+      // boundary crosses nodes, and the pipeline runs at the pace of its slowest boundary.
+      span = s.cluster.num_gpus;
+      break;
+  }
+  return inside_node(span, gpn) ? Link::intra_node : Link::inter_node;
+}
+
+Count padded_vocab(const Scenario& s) noexcept {
+  const Count mult = std::max<Count>(1, s.assumptions.vocab_pad_multiple) * s.parallel.tp;
+  return (s.model.vocab_size + mult - 1) / mult * mult;
+}
+
+Count model_parameters(const ModelSpec& m) {
+  const LayerTable table = build_layer_table(m, TrainingSpec{});
+  const Count h = m.hidden_size;
+  Count n = m.num_layers * layer_parameters(table);
+  n += m.vocab_size * h;  // token embedding
+  if (m.position_embedding == PositionEmbedding::learned) n += m.max_position_embeddings * h;
+  n += m.norm == Norm::layernorm ? 2 * h : h;     // final norm
+  if (!m.tied_embeddings) n += m.vocab_size * h;  // LM head
+  return n;
+}
+
+}  // namespace distplan

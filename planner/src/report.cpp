@@ -1,0 +1,218 @@
+// The human table of a plan, and "what would make it fit".
+#include "distplan/planner/report.h"
+
+#include <algorithm>
+#include <array>
+
+#include <fmt/format.h>
+
+#include "distplan/planner/error.h"
+#include "distplan/planner/layout.h"
+#include "distplan/planner/validate.h"
+
+namespace distplan {
+namespace {
+
+std::string gib(Bytes b) {
+  return fmt::format("{:.2f}", to_gib(b));
+}
+
+std::string human_bytes(Bytes b) {
+  const double d = static_cast<double>(b);
+  if (d >= kGiB) return fmt::format("{:.2f} GiB", d / kGiB);
+  if (d >= 1024.0 * 1024.0) return fmt::format("{:.1f} MiB", d / (1024.0 * 1024.0));
+  if (d >= 1024.0) return fmt::format("{:.1f} KiB", d / 1024.0);
+  return fmt::format("{} B", b);
+}
+
+std::string human_count(double n) {
+  if (n >= 1e12) return fmt::format("{:.2f} T", n / 1e12);
+  if (n >= 1e9) return fmt::format("{:.2f} B", n / 1e9);
+  if (n >= 1e6) return fmt::format("{:.2f} M", n / 1e6);
+  return fmt::format("{:.0f}", n);
+}
+
+std::string layout_line(const ParallelSpec& p) {
+  std::string out = fmt::format("tp={} pp={} dp={}, ZeRO-{}", p.tp, p.pp, p.dp, p.zero_stage);
+  if (p.zero_stage > 0 && p.fsdp_shard_size != p.dp)
+    out += fmt::format(" (shard {})", p.fsdp_shard_size);
+  if (p.sequence_parallel) out += ", sequence parallel";
+  out += fmt::format(", recompute {}, {}", to_string(p.recompute), to_string(p.schedule));
+  if (p.virtual_stages > 1) out += fmt::format(" v={}", p.virtual_stages);
+  return out;
+}
+
+// Tries `s` and appends it when it is valid and lowers the peak.
+void try_change(std::vector<FitSuggestion>& out, const Estimate& base, std::string change,
+                Scenario s) {
+  try {
+    validate_scenario(s);
+  } catch (const InputError&) {
+    return;
+  }
+  const Estimate e = estimate(s);
+  if (e.memory.peak_bytes >= base.memory.peak_bytes) return;
+  FitSuggestion f;
+  f.change = std::move(change);
+  f.peak_bytes = e.memory.peak_bytes;
+  f.saving_bytes = base.memory.peak_bytes - e.memory.peak_bytes;
+  f.fits = e.memory.fits;
+  f.scenario = std::move(s);
+  out.push_back(std::move(f));
+}
+
+}  // namespace
+
+std::vector<FitSuggestion> fit_suggestions(const Scenario& s, const Estimate& e) {
+  std::vector<FitSuggestion> out;
+  const ParallelSpec& p = s.parallel;
+  for (int z = p.zero_stage + 1; z <= 3; ++z) {
+    if (p.dp == 1) break;
+    Scenario x = s;
+    x.parallel.zero_stage = z;
+    try_change(out, e, fmt::format("ZeRO-{}", z), x);
+  }
+  if (p.recompute != Recompute::full) {
+    if (p.recompute == Recompute::none) {
+      Scenario x = s;
+      x.parallel.recompute = Recompute::selective;
+      try_change(out, e, "selective recompute", x);
+    }
+    Scenario x = s;
+    x.parallel.recompute = Recompute::full;
+    try_change(out, e, "full recompute", x);
+  }
+  if (!p.sequence_parallel && p.tp > 1) {
+    Scenario x = s;
+    x.parallel.sequence_parallel = true;
+    try_change(out, e, "sequence parallel", x);
+  }
+  if (p.dp % 2 == 0) {
+    Scenario x = s;
+    x.parallel.tp *= 2;
+    x.parallel.dp /= 2;
+    x.parallel.fsdp_shard_size = std::max<Count>(1, x.parallel.fsdp_shard_size / 2);
+    if (x.parallel.dp % x.parallel.fsdp_shard_size != 0) x.parallel.fsdp_shard_size = x.parallel.dp;
+    try_change(out, e, fmt::format("tp={} (dp={})", x.parallel.tp, x.parallel.dp), x);
+    Scenario y = s;
+    y.parallel.pp *= 2;
+    y.parallel.dp /= 2;
+    y.parallel.fsdp_shard_size = x.parallel.fsdp_shard_size;
+    y.parallel.layers_per_stage.clear();
+    try_change(out, e, fmt::format("pp={} (dp={})", y.parallel.pp, y.parallel.dp), y);
+  }
+  if (s.training.micro_batch_size > 1) {
+    Scenario x = s;
+    x.training.micro_batch_size /= 2;
+    try_change(out, e, fmt::format("micro_batch_size={}", x.training.micro_batch_size), x);
+  }
+  if (p.schedule == Schedule::gpipe) {
+    Scenario x = s;
+    x.parallel.schedule = Schedule::one_f_one_b;
+    try_change(out, e, "1F1B schedule", x);
+  }
+  if (p.zero_stage > 0) {
+    Scenario x = s;
+    x.cluster.num_gpus *= 2;
+    x.parallel.dp *= 2;
+    x.parallel.fsdp_shard_size *= 2;
+    try_change(out, e, fmt::format("twice the GPUs ({}, dp={})", x.cluster.num_gpus, x.parallel.dp),
+               x);
+  }
+  std::stable_sort(out.begin(), out.end(), [](const FitSuggestion& a, const FitSuggestion& b) {
+    return a.peak_bytes < b.peak_bytes;
+  });
+  return out;
+}
+
+std::string format_plan_table(const Scenario& s, const Estimate& e) {
+  std::string out;
+  auto line = [&out](const std::string& l) { out += l + '\n'; };
+  const auto& m = s.model;
+  const auto& t = s.training;
+  line(fmt::format("distplan plan: {} on {} x {} ({} per node)", m.name, s.cluster.num_gpus,
+                   s.cluster.gpu.name, s.cluster.gpus_per_node));
+  line(fmt::format("  layout: {}", layout_line(s.parallel)));
+  line(fmt::format("  model: {} parameters, {} layers, hidden {}, {} heads ({} kv), vocab {}",
+                   human_count(static_cast<double>(e.parameters)), m.num_layers, m.hidden_size,
+                   m.num_attention_heads, m.num_kv_heads, m.vocab_size));
+  line(
+      fmt::format("  training: {} {}, seq {}, global batch {}, micro-batch {} -> {} micro-batches "
+                  "per pipeline per step",
+                  to_string(t.precision), to_string(t.optimizer), t.seq_length, t.global_batch_size,
+                  t.micro_batch_size, e.num_microbatches));
+  line("");
+  line(fmt::format("Memory per GPU (GiB = 2^30 bytes), capacity {} GiB",
+                   gib(e.memory.capacity_bytes)));
+  line(fmt::format("  {:>5} {:>9} {:>8} {:>9} {:>9} {:>9} {:>11} {:>9} {:>9} {:>9}", "stage",
+                   "layers", "in-fl.", "weights", "grads", "optim", "activations", "buffers",
+                   "runtime", "total"));
+  for (const StageMemory& st : e.memory.stages) {
+    line(fmt::format("  {:>5} {:>9} {:>8.2f} {:>9} {:>9} {:>9} {:>11} {:>9} {:>9} {:>9}{}",
+                     st.stage, fmt::format("{}-{}", st.first_layer, st.end_layer - 1),
+                     st.inflight_microbatches, gib(st.weights_bytes), gib(st.gradients_bytes),
+                     gib(st.optimizer_bytes), gib(st.activations_bytes), gib(st.buffers_bytes),
+                     gib(st.runtime_bytes), gib(st.total_bytes),
+                     st.stage == e.memory.peak_stage ? "  <- peak" : ""));
+  }
+  const StageMemory& peak = e.memory.stages[static_cast<std::size_t>(e.memory.peak_stage)];
+  const std::array<std::pair<const char*, Bytes>, 5> cats = {
+      {{"weights", peak.weights_bytes},
+       {"gradients", peak.gradients_bytes},
+       {"optimizer", peak.optimizer_bytes},
+       {"activations", peak.activations_bytes},
+       {"buffers", peak.buffers_bytes}}};
+  const auto dom = *std::max_element(
+      cats.begin(), cats.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
+  const double share = static_cast<double>(dom.second) / static_cast<double>(peak.total_bytes);
+  if (e.memory.fits) {
+    line(fmt::format(
+        "  Peak {} GiB on stage {}: fits, {} GiB to spare. Largest: {} ({:.0f}% of the peak).",
+        gib(e.memory.peak_bytes), e.memory.peak_stage,
+        gib(e.memory.capacity_bytes - e.memory.peak_bytes), dom.first, 100 * share));
+  } else {
+    line(fmt::format(
+        "  DOES NOT FIT: peak {} GiB on stage {} exceeds {} GiB by {} GiB. Largest: {} ({:.0f}%).",
+        gib(e.memory.peak_bytes), e.memory.peak_stage, gib(e.memory.capacity_bytes),
+        gib(e.memory.peak_bytes - e.memory.capacity_bytes), dom.first, 100 * share));
+    const auto fixes = fit_suggestions(s, e);
+    if (fixes.empty()) {
+      line(
+          "  No single change of the layout lowers the peak; more GPUs per layout or a shorter "
+          "sequence would.");
+    } else {
+      line("  What would help (one change each, peak after it):");
+      for (const auto& f : fixes) {
+        line(fmt::format("    {:<28} -{:>8} GiB -> {:>8} GiB {}", f.change, gib(f.saving_bytes),
+                         gib(f.peak_bytes), f.fits ? "(fits)" : ""));
+      }
+    }
+  }
+  line("");
+  line(fmt::format("Communication per GPU per step (busiest stage): {} on the wire",
+                   human_bytes(e.communication.wire_bytes_per_gpu_per_step)));
+  line(fmt::format("  {:<13} {:<15} {:<11} {:>4} {:>12} {:>8} {:>12} {:>10}  {}", "group", "op",
+                   "link", "n", "bytes/call", "calls", "wire", "time ms", "what"));
+  for (const Collective& c : e.communication.collectives) {
+    line(fmt::format("  {:<13} {:<15} {:<11} {:>4} {:>12} {:>8} {:>12} {:>10.2f}  {}",
+                     to_string(c.group), to_string(c.op), to_string(c.link), c.group_size,
+                     human_bytes(c.bytes_per_call), c.calls_per_step,
+                     human_bytes(c.wire_bytes_per_gpu_per_step), c.seconds_per_step * 1e3, c.what));
+  }
+  line("");
+  line(fmt::format("Compute per step: {:.3g} model FLOPs, {:.3g} hardware FLOPs (with recompute)",
+                   e.compute.model_flops_per_step, e.compute.hardware_flops_per_step));
+  line(
+      fmt::format("Time (analytic, compute at {:.0f}% of peak): step {:.1f} ms, {:.0f} tokens/s, "
+                  "MFU {:.1f}%",
+                  100 * s.assumptions.compute_efficiency, e.time.step_seconds * 1e3,
+                  e.time.tokens_per_second, 100 * e.time.mfu));
+  line(fmt::format(
+      "  compute {:.1f} ms, pipeline bubble {:.1f} ms ({:.1f}%), exposed DP "
+      "communication {:.1f} ms, optimizer {:.1f} ms",
+      e.time.compute_seconds * 1e3, e.time.bubble_seconds * 1e3, 100 * e.time.bubble_fraction,
+      e.time.exposed_communication_seconds * 1e3, e.time.optimizer_seconds * 1e3));
+  return out;
+}
+
+}  // namespace distplan

@@ -1,0 +1,534 @@
+// Strict scenario parsing, defaults, and the plan/v1 document (shared API.md).
+#include "distplan/planner/scenario_json.h"
+
+#include <cmath>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "distplan/planner/error.h"
+#include "distplan/planner/layout.h"
+#include "distplan/planner/presets.h"
+#include "distplan/planner/validate.h"
+#include "json_reader.h"
+
+namespace distplan {
+
+using detail::ObjectReader;
+using nlohmann::json;
+
+namespace {
+
+constexpr Count kMaxDim = Count{1} << 22;  // hidden / ffn size limit (4M)
+
+template <typename E>
+void read_enum(ObjectReader& r, std::string_view key, E& out,
+               std::initializer_list<std::string_view> names) {
+  if (auto i = r.choice(key, names)) out = static_cast<E>(*i);
+}
+
+DType read_dtype(ObjectReader& r, std::string_view key, DType fallback) {
+  DType d = fallback;
+  read_enum(r, key, d, {"fp32", "fp16", "bf16"});
+  return d;
+}
+
+// Model fields present in `r` override `m`.
+void read_model_fields(ObjectReader& r, ModelSpec& m) {
+  if (auto v = r.integer("num_layers", 1, 100000)) m.num_layers = *v;
+  if (auto v = r.integer("hidden_size", 1, kMaxDim)) m.hidden_size = *v;
+  if (auto v = r.integer("num_attention_heads", 1, 1 << 16)) m.num_attention_heads = *v;
+  if (auto v = r.integer("num_kv_heads", 1, 1 << 16)) m.num_kv_heads = *v;
+  if (auto v = r.integer("ffn_hidden_size", 1, kMaxDim)) m.ffn_hidden_size = *v;
+  if (auto v = r.integer("vocab_size", 1, Count{1} << 26)) m.vocab_size = *v;
+  read_enum(r, "mlp", m.mlp, {"gelu", "swiglu"});
+  read_enum(r, "norm", m.norm, {"layernorm", "rmsnorm"});
+  read_enum(r, "position_embedding", m.position_embedding, {"learned", "rotary"});
+  if (auto v = r.integer("max_position_embeddings", 1, Count{1} << 24))
+    m.max_position_embeddings = *v;
+  if (auto v = r.boolean("tied_embeddings")) m.tied_embeddings = *v;
+  if (auto v = r.boolean("bias")) m.bias = *v;
+}
+
+}  // namespace
+
+ModelSpec detail::read_model(const json& doc, const std::string& path) {
+  if (doc.is_string()) {
+    const auto name = doc.get<std::string>();
+    if (auto m = find_model_preset(name)) return *m;
+    throw InputError(path, fmt::format("unknown model preset '{}' (run `distplan presets`)",
+                                       name.substr(0, 64)));
+  }
+  ObjectReader r(doc, path);
+  ModelSpec m;
+  m.name = "custom";
+  if (const json* hf = r.take("hf_config")) {
+    m = model_from_hf_config(*hf, r.child("hf_config"));
+  }
+  if (const auto preset = r.string("preset")) {
+    if (r.has("hf_config"))
+      throw InputError(r.child("preset"), "give either preset or hf_config, not both");
+    auto p = find_model_preset(*preset);
+    if (!p) {
+      throw InputError(
+          r.child("preset"),
+          fmt::format("unknown model preset '{}' (run `distplan presets`)", preset->substr(0, 64)));
+    }
+    m = *p;
+  }
+  const ModelSpec before = m;
+  read_model_fields(r, m);
+  if (r.has("preset") && !(m == before)) m.name += " (modified)";
+  r.take("name");  // accepted and ignored: the echoed name says where the model came from
+  r.finish();
+  for (std::string_view key :
+       {"num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "vocab_size"}) {
+    const Count v = key == "num_layers"            ? m.num_layers
+                    : key == "hidden_size"         ? m.hidden_size
+                    : key == "num_attention_heads" ? m.num_attention_heads
+                    : key == "ffn_hidden_size"     ? m.ffn_hidden_size
+                                                   : m.vocab_size;
+    if (v == 0)
+      throw InputError(r.child(key), fmt::format("{} is required for a custom model", key));
+  }
+  if (m.num_kv_heads == 0) m.num_kv_heads = m.num_attention_heads;
+  return m;
+}
+
+namespace {
+
+void read_peak_flops(const json& doc, const std::string& path, PeakFlops& f) {
+  ObjectReader r(doc, path);
+  constexpr double kMax = 1e18;
+  if (auto v = r.number("fp32", 0, kMax, true)) f.fp32 = *v;
+  if (auto v = r.number("tf32", 0, kMax, false)) f.tf32 = *v;
+  if (auto v = r.number("fp16", 0, kMax, true)) f.fp16 = *v;
+  if (auto v = r.number("bf16", 0, kMax, true)) f.bf16 = *v;
+  r.finish();
+}
+
+}  // namespace
+
+GpuSpec detail::read_gpu(const json& doc, const std::string& path) {
+  if (doc.is_string()) {
+    const auto name = doc.get<std::string>();
+    if (auto g = find_gpu_preset(name)) return *g;
+    throw InputError(
+        path, fmt::format("unknown GPU preset '{}' (run `distplan presets`)", name.substr(0, 64)));
+  }
+  ObjectReader r(doc, path);
+  GpuSpec g;
+  g.name = "custom";
+  if (const auto preset = r.string("preset")) {
+    auto p = find_gpu_preset(*preset);
+    if (!p) {
+      throw InputError(
+          r.child("preset"),
+          fmt::format("unknown GPU preset '{}' (run `distplan presets`)", preset->substr(0, 64)));
+    }
+    g = *p;
+  }
+  const GpuSpec before = g;
+  if (auto v = r.integer("memory_bytes", 1, Count{1} << 50)) g.memory_bytes = *v;
+  if (const json* pf = r.take("peak_flops"))
+    read_peak_flops(*pf, r.child("peak_flops"), g.peak_flops);
+  constexpr double kMaxBw = 1e15;
+  if (auto v = r.number("memory_bandwidth", 0, kMaxBw, true)) g.memory_bandwidth = *v;
+  if (auto v = r.number("intra_node_bandwidth", 0, kMaxBw, true)) g.intra_node_bandwidth = *v;
+  if (auto v = r.number("inter_node_bandwidth", 0, kMaxBw, true)) g.inter_node_bandwidth = *v;
+  if (auto v = r.integer("gpus_per_node", 1, 1024)) g.gpus_per_node = *v;
+  r.take("name");
+  r.finish();
+  if (r.has("preset") && !(g == before)) g.name += " (modified)";
+  if (g.memory_bytes == 0)
+    throw InputError(r.child("memory_bytes"), "memory_bytes is required for a custom GPU");
+  if (g.memory_bandwidth == 0)
+    throw InputError(r.child("memory_bandwidth"), "memory_bandwidth is required for a custom GPU");
+  if (g.intra_node_bandwidth == 0)
+    throw InputError(r.child("intra_node_bandwidth"),
+                     "intra_node_bandwidth is required for a custom GPU");
+  if (g.inter_node_bandwidth == 0)
+    throw InputError(r.child("inter_node_bandwidth"),
+                     "inter_node_bandwidth is required for a custom GPU");
+  return g;
+}
+
+namespace {
+
+std::vector<Count> read_count_list(const json& doc, const std::string& path) {
+  if (!doc.is_array()) throw InputError(path, "must be an array of integers");
+  std::vector<Count> out;
+  for (std::size_t i = 0; i < doc.size(); ++i) {
+    const json& v = doc[i];
+    const std::string p = fmt::format("{}/{}", path, i);
+    if (!v.is_number_integer() || v.get<Count>() < 0 || v.get<Count>() > 100000) {
+      throw InputError(p, "must be an integer between 0 and 100000");
+    }
+    out.push_back(v.get<Count>());
+  }
+  return out;
+}
+
+}  // namespace
+
+json parse_json_text(std::string_view text) {
+  try {
+    return json::parse(text.begin(), text.end());
+  } catch (const json::parse_error& e) {
+    // nlohmann's message names the byte; strip its "[json.exception...]" prefix.
+    std::string what = e.what();
+    if (const auto pos = what.find("] "); pos != std::string::npos) what = what.substr(pos + 2);
+    throw InputError("", "malformed JSON: " + what);
+  }
+}
+
+ModelSpec model_from_hf_config(const json& cfg, std::string_view path_view) {
+  const std::string path(path_view);
+  if (!cfg.is_object()) throw InputError(path, "hf_config must be a JSON object (a config.json)");
+  // Field names per family (Hugging Face transformers configuration_*.py):
+  //   Llama/Mistral/Qwen2: num_hidden_layers, hidden_size, num_attention_heads,
+  //     num_key_value_heads, intermediate_size, vocab_size, max_position_embeddings,
+  //     tie_word_embeddings, hidden_act=silu -> SwiGLU, RMSNorm, rotary.
+  //   GPT-2: n_layer, n_embd, n_head, n_inner (default 4*n_embd), vocab_size, n_positions;
+  //     LayerNorm, GeLU, learned positions, biases, tied embeddings.
+  //   GPT-NeoX: num_hidden_layers, hidden_size, num_attention_heads, intermediate_size,
+  //     vocab_size, max_position_embeddings, tie_word_embeddings (default false), rotary, GeLU,
+  //     LayerNorm, biases.
+  auto get_int = [&](std::initializer_list<const char*> keys) -> std::optional<Count> {
+    for (const char* k : keys) {
+      auto it = cfg.find(k);
+      if (it == cfg.end() || it->is_null()) continue;
+      if (!it->is_number_integer() || it->get<Count>() <= 0 ||
+          it->get<Count>() > (Count{1} << 26)) {
+        throw InputError(path + "/" + k, fmt::format("{} must be a positive integer", k));
+      }
+      return it->get<Count>();
+    }
+    return std::nullopt;
+  };
+  auto require = [&](std::initializer_list<const char*> keys) -> Count {
+    if (auto v = get_int(keys)) return *v;
+    throw InputError(path, fmt::format("config.json lacks {}", *keys.begin()));
+  };
+  std::string model_type;
+  if (auto it = cfg.find("model_type"); it != cfg.end() && it->is_string()) model_type = *it;
+  const bool gpt2 = model_type == "gpt2" || cfg.contains("n_embd");
+  const bool neox = model_type == "gpt_neox";
+  ModelSpec m;
+  m.name = model_type.empty() ? "hf_config" : "hf:" + model_type.substr(0, 32);
+  if (gpt2) {
+    m.num_layers = require({"n_layer"});
+    m.hidden_size = require({"n_embd"});
+    m.num_attention_heads = require({"n_head"});
+    m.num_kv_heads = m.num_attention_heads;
+    m.ffn_hidden_size = get_int({"n_inner"}).value_or(4 * m.hidden_size);
+    m.vocab_size = require({"vocab_size"});
+    m.max_position_embeddings = get_int({"n_positions", "n_ctx"}).value_or(1024);
+    m.mlp = Mlp::gelu;
+    m.norm = Norm::layernorm;
+    m.position_embedding = PositionEmbedding::learned;
+    m.tied_embeddings = true;
+    m.bias = true;
+  } else {
+    m.num_layers = require({"num_hidden_layers"});
+    m.hidden_size = require({"hidden_size"});
+    m.num_attention_heads = require({"num_attention_heads"});
+    m.num_kv_heads = get_int({"num_key_value_heads"}).value_or(m.num_attention_heads);
+    m.ffn_hidden_size = require({"intermediate_size"});
+    m.vocab_size = require({"vocab_size"});
+    m.max_position_embeddings = get_int({"max_position_embeddings"}).value_or(2048);
+    m.position_embedding = PositionEmbedding::rotary;
+    if (neox) {
+      m.mlp = Mlp::gelu;
+      m.norm = Norm::layernorm;
+      m.bias = true;
+      m.tied_embeddings = false;
+    } else {
+      std::string act = "silu";
+      if (auto it = cfg.find("hidden_act"); it != cfg.end() && it->is_string()) act = *it;
+      m.mlp = (act == "silu" || act == "swiglu") ? Mlp::swiglu : Mlp::gelu;
+      m.norm = Norm::rmsnorm;
+      m.bias = false;
+      m.tied_embeddings = false;
+    }
+  }
+  if (auto it = cfg.find("tie_word_embeddings"); it != cfg.end()) {
+    if (!it->is_boolean()) throw InputError(path + "/tie_word_embeddings", "must be true or false");
+    m.tied_embeddings = it->get<bool>();
+  }
+  return m;
+}
+
+Scenario scenario_from_json(const json& doc, std::initializer_list<std::string_view> extra_keys) {
+  ObjectReader top(doc, "");
+  Scenario s;
+
+  // Model.
+  const json* model = top.take("model");
+  if (!model) throw InputError("/model", "model is required (a preset name or an object)");
+  s.model = detail::read_model(*model, "/model");
+
+  // Training (read before the model defaults that depend on it).
+  const json* training = top.take("training");
+  if (!training)
+    throw InputError("/training", "training is required (seq_length, global_batch_size, ...)");
+  {
+    ObjectReader r(*training, "/training");
+    TrainingSpec& t = s.training;
+    if (auto v = r.integer("seq_length", 1, Count{1} << 22))
+      t.seq_length = *v;
+    else
+      throw InputError("/training/seq_length", "seq_length is required");
+    if (auto v = r.integer("global_batch_size", 1, Count{1} << 32))
+      t.global_batch_size = *v;
+    else
+      throw InputError("/training/global_batch_size", "global_batch_size is required");
+    if (auto v = r.integer("micro_batch_size", 1, Count{1} << 24)) t.micro_batch_size = *v;
+    t.precision = read_dtype(r, "precision", DType::bf16);
+    read_enum(r, "optimizer", t.optimizer, {"adamw", "adam", "sgd"});
+    t.grad_accumulation_dtype = read_dtype(r, "grad_accumulation_dtype", t.precision);
+    read_enum(r, "attention", t.attention, {"flash", "standard"});
+    if (auto v = r.number("dropout", 0.0, 0.999, false)) t.dropout = *v;
+    r.finish();
+  }
+  if (s.model.position_embedding == PositionEmbedding::learned &&
+      s.model.max_position_embeddings == 0) {
+    s.model.max_position_embeddings = s.training.seq_length;
+  }
+
+  // Cluster.
+  const json* cluster = top.take("cluster");
+  if (!cluster) throw InputError("/cluster", "cluster is required (gpu, num_gpus, ...)");
+  bool num_gpus_given = false;
+  {
+    ObjectReader r(*cluster, "/cluster");
+    ClusterSpec& c = s.cluster;
+    const json* gpu = r.take("gpu");
+    if (!gpu) throw InputError("/cluster/gpu", "gpu is required (a preset name or an object)");
+    c.gpu = detail::read_gpu(*gpu, "/cluster/gpu");
+    if (auto v = r.integer("num_gpus", 1, Count{1} << 24)) c.num_gpus = *v, num_gpus_given = true;
+    c.gpus_per_node = r.integer("gpus_per_node", 1, 1024).value_or(c.gpu.gpus_per_node);
+    constexpr double kMaxBw = 1e15;
+    c.intra_node_bandwidth =
+        r.number("intra_node_bandwidth", 0, kMaxBw, true).value_or(c.gpu.intra_node_bandwidth);
+    c.inter_node_bandwidth =
+        r.number("inter_node_bandwidth", 0, kMaxBw, true).value_or(c.gpu.inter_node_bandwidth);
+    c.intra_node_latency = r.number("intra_node_latency", 0, 1.0, false).value_or(5e-6);
+    c.inter_node_latency = r.number("inter_node_latency", 0, 1.0, false).value_or(1e-5);
+    c.runtime_reserve_bytes =
+        r.integer("runtime_reserve_bytes", 0, Count{1} << 50).value_or(Count{2} << 30);
+    r.finish();
+  }
+
+  // Parallel layout.
+  {
+    ParallelSpec& p = s.parallel;
+    bool dp_given = false;
+    if (const json* parallel = top.take("parallel")) {
+      ObjectReader r(*parallel, "/parallel");
+      if (auto v = r.integer("tp", 1, Count{1} << 16)) p.tp = *v;
+      if (auto v = r.integer("pp", 1, Count{1} << 16)) p.pp = *v;
+      if (auto v = r.integer("dp", 1, Count{1} << 24)) p.dp = *v, dp_given = true;
+      if (auto v = r.integer("zero_stage", 0, 3)) p.zero_stage = static_cast<int>(*v);
+      if (auto v = r.integer("fsdp_shard_size", 1, Count{1} << 24)) p.fsdp_shard_size = *v;
+      if (auto v = r.boolean("sequence_parallel")) p.sequence_parallel = *v;
+      read_enum(r, "recompute", p.recompute, {"none", "selective", "full"});
+      read_enum(r, "schedule", p.schedule, {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_h2"});
+      if (auto v = r.integer("virtual_stages", 1, 1024)) p.virtual_stages = *v;
+      if (const json* l = r.take("layers_per_stage")) {
+        p.layers_per_stage = read_count_list(*l, "/parallel/layers_per_stage");
+      }
+      r.finish();
+    }
+    Count& n = s.cluster.num_gpus;
+    if (!num_gpus_given) {
+      if (!dp_given && (p.tp > 1 || p.pp > 1)) {
+        // dp defaults to 1 when neither num_gpus nor dp is given.
+      }
+      n = p.tp * p.pp * p.dp;
+    } else if (!dp_given) {
+      if (n % (p.tp * p.pp) != 0) {
+        throw InputError("/parallel", fmt::format("num_gpus={} is not divisible by tp*pp={}*{}={}",
+                                                  n, p.tp, p.pp, p.tp * p.pp));
+      }
+      p.dp = n / (p.tp * p.pp);
+    }
+    if (p.fsdp_shard_size == 0) p.fsdp_shard_size = p.dp;
+  }
+
+  // Assumptions.
+  if (const json* a = top.take("assumptions")) {
+    ObjectReader r(*a, "/assumptions");
+    Assumptions& x = s.assumptions;
+    if (auto v = r.number("compute_efficiency", 0, 1, true)) x.compute_efficiency = *v;
+    if (auto v = r.number("communication_efficiency", 0, 1, true)) x.communication_efficiency = *v;
+    if (auto v = r.integer("zero3_prefetch_layers", 0, 64)) x.zero3_prefetch_layers = *v;
+    if (auto v = r.boolean("overlap_grad_reduce")) x.overlap_grad_reduce = *v;
+    if (auto v = r.boolean("overlap_param_gather")) x.overlap_param_gather = *v;
+    if (auto v = r.integer("vocab_pad_multiple", 1, 1 << 16)) x.vocab_pad_multiple = *v;
+    r.finish();
+  }
+  top.take("schema");  // an echoed scenario may carry the document's schema tag
+  top.finish(extra_keys);
+  validate_scenario(s);
+  return s;
+}
+
+json to_json(const ModelSpec& m) {
+  json j = {{"name", m.name},
+            {"num_layers", m.num_layers},
+            {"hidden_size", m.hidden_size},
+            {"num_attention_heads", m.num_attention_heads},
+            {"num_kv_heads", m.num_kv_heads},
+            {"ffn_hidden_size", m.ffn_hidden_size},
+            {"vocab_size", m.vocab_size},
+            {"mlp", to_string(m.mlp)},
+            {"norm", to_string(m.norm)},
+            {"position_embedding", to_string(m.position_embedding)},
+            {"max_position_embeddings", m.max_position_embeddings},
+            {"tied_embeddings", m.tied_embeddings},
+            {"bias", m.bias}};
+  return j;
+}
+
+json to_json(const GpuSpec& g) {
+  json pf = {{"fp32", g.peak_flops.fp32},
+             {"tf32", g.peak_flops.tf32},
+             {"fp16", g.peak_flops.fp16},
+             {"bf16", g.peak_flops.bf16}};
+  return {{"name", g.name},
+          {"memory_bytes", g.memory_bytes},
+          {"peak_flops", pf},
+          {"memory_bandwidth", g.memory_bandwidth},
+          {"intra_node_bandwidth", g.intra_node_bandwidth},
+          {"inter_node_bandwidth", g.inter_node_bandwidth},
+          {"gpus_per_node", g.gpus_per_node}};
+}
+
+json to_json(const ParallelSpec& p) {
+  json j = {{"tp", p.tp},
+            {"pp", p.pp},
+            {"dp", p.dp},
+            {"zero_stage", p.zero_stage},
+            {"fsdp_shard_size", p.fsdp_shard_size},
+            {"sequence_parallel", p.sequence_parallel},
+            {"recompute", to_string(p.recompute)},
+            {"schedule", to_string(p.schedule)},
+            {"virtual_stages", p.virtual_stages}};
+  if (!p.layers_per_stage.empty()) j["layers_per_stage"] = p.layers_per_stage;
+  return j;
+}
+
+json to_json(const Scenario& s) {
+  const ClusterSpec& c = s.cluster;
+  const TrainingSpec& t = s.training;
+  const Assumptions& a = s.assumptions;
+  return {
+      {"model", to_json(s.model)},
+      {"cluster",
+       {{"gpu", to_json(c.gpu)},
+        {"num_gpus", c.num_gpus},
+        {"gpus_per_node", c.gpus_per_node},
+        {"intra_node_bandwidth", c.intra_node_bandwidth},
+        {"inter_node_bandwidth", c.inter_node_bandwidth},
+        {"intra_node_latency", c.intra_node_latency},
+        {"inter_node_latency", c.inter_node_latency},
+        {"runtime_reserve_bytes", c.runtime_reserve_bytes}}},
+      {"training",
+       {{"seq_length", t.seq_length},
+        {"global_batch_size", t.global_batch_size},
+        {"micro_batch_size", t.micro_batch_size},
+        {"precision", to_string(t.precision)},
+        {"optimizer", to_string(t.optimizer)},
+        {"grad_accumulation_dtype", to_string(t.grad_accumulation_dtype)},
+        {"attention", to_string(t.attention)},
+        {"dropout", t.dropout}}},
+      {"parallel", to_json(s.parallel)},
+      {"assumptions",
+       {{"compute_efficiency", a.compute_efficiency},
+        {"communication_efficiency", a.communication_efficiency},
+        {"zero3_prefetch_layers", a.zero3_prefetch_layers},
+        {"overlap_grad_reduce", a.overlap_grad_reduce},
+        {"overlap_param_gather", a.overlap_param_gather},
+        {"vocab_pad_multiple", a.vocab_pad_multiple}}},
+  };
+}
+
+json plan_to_json(const Scenario& s, const Estimate& e) {
+  json stages = json::array();
+  for (const StageMemory& m : e.memory.stages) {
+    stages.push_back({{"stage", m.stage},
+                      {"layers", {m.first_layer, m.end_layer}},
+                      {"num_layers", m.num_layers},
+                      {"parameters", m.parameters},
+                      {"inflight_microbatches", m.inflight_microbatches},
+                      {"inflight_chunks", m.inflight_chunks},
+                      {"activation_bytes_per_microbatch", m.activation_bytes_per_microbatch},
+                      {"weights_bytes", m.weights_bytes},
+                      {"gradients_bytes", m.gradients_bytes},
+                      {"optimizer_bytes", m.optimizer_bytes},
+                      {"activations_bytes", m.activations_bytes},
+                      {"buffers_bytes", m.buffers_bytes},
+                      {"runtime_bytes", m.runtime_bytes},
+                      {"total_bytes", m.total_bytes}});
+  }
+  json collectives = json::array();
+  for (const Collective& c : e.communication.collectives) {
+    collectives.push_back({{"group", to_string(c.group)},
+                           {"op", to_string(c.op)},
+                           {"link", to_string(c.link)},
+                           {"what", c.what},
+                           {"group_size", c.group_size},
+                           {"bytes_per_call", c.bytes_per_call},
+                           {"calls_per_step", c.calls_per_step},
+                           {"wire_bytes_per_gpu_per_step", c.wire_bytes_per_gpu_per_step},
+                           {"seconds_per_step", c.seconds_per_step}});
+  }
+  json costs = json::array();
+  for (std::size_t i = 0; i < e.stage_costs.size(); ++i) {
+    const StageCosts& k = e.stage_costs[i];
+    costs.push_back({{"stage", i},
+                     {"forward_seconds", k.forward},
+                     {"backward_input_seconds", k.backward_input},
+                     {"backward_weight_seconds", k.backward_weight},
+                     {"recompute_seconds", k.recompute},
+                     {"tp_communication_seconds", k.tp_communication},
+                     {"p2p_seconds", k.p2p},
+                     {"zero3_gather_seconds", k.zero3_gather},
+                     {"grad_reduce_seconds", k.grad_reduce},
+                     {"param_gather_seconds", k.param_gather},
+                     {"optimizer_seconds", k.optimizer}});
+  }
+  return {
+      {"schema", "distplan.plan/v1"},
+      {"scenario", to_json(s)},
+      {"model_summary",
+       {{"parameters", e.parameters},
+        {"padded_vocab_size", e.padded_vocab_size},
+        {"num_microbatches", e.num_microbatches}}},
+      {"memory",
+       {{"capacity_bytes", e.memory.capacity_bytes},
+        {"peak_bytes", e.memory.peak_bytes},
+        {"peak_stage", e.memory.peak_stage},
+        {"fits", e.memory.fits},
+        {"stages", stages}}},
+      {"communication",
+       {{"wire_bytes_per_gpu_per_step", e.communication.wire_bytes_per_gpu_per_step},
+        {"collectives", collectives}}},
+      {"compute",
+       {{"model_flops_per_step", e.compute.model_flops_per_step},
+        {"hardware_flops_per_step", e.compute.hardware_flops_per_step}}},
+      {"stage_costs", costs},
+      {"time",
+       {{"step_seconds", e.time.step_seconds},
+        {"tokens_per_second", e.time.tokens_per_second},
+        {"mfu", e.time.mfu},
+        {"bubble_fraction", e.time.bubble_fraction},
+        {"compute_seconds", e.time.compute_seconds},
+        {"bubble_seconds", e.time.bubble_seconds},
+        {"exposed_communication_seconds", e.time.exposed_communication_seconds},
+        {"optimizer_seconds", e.time.optimizer_seconds}}},
+  };
+}
+
+}  // namespace distplan

@@ -1,0 +1,99 @@
+#include "distplan/planner/spec.h"
+
+#include "distplan/planner/estimate.h"
+
+namespace distplan {
+
+std::string_view to_string(Mlp v) noexcept {
+  return v == Mlp::gelu ? "gelu" : "swiglu";
+}
+std::string_view to_string(Norm v) noexcept {
+  return v == Norm::layernorm ? "layernorm" : "rmsnorm";
+}
+std::string_view to_string(PositionEmbedding v) noexcept {
+  return v == PositionEmbedding::learned ? "learned" : "rotary";
+}
+std::string_view to_string(DType v) noexcept {
+  switch (v) {
+    case DType::fp32:
+      return "fp32";
+    case DType::fp16:
+      return "fp16";
+    case DType::bf16:
+      return "bf16";
+  }
+  return "?";
+}
+std::string_view to_string(Optimizer v) noexcept {
+  switch (v) {
+    case Optimizer::adamw:
+      return "adamw";
+    case Optimizer::adam:
+      return "adam";
+    case Optimizer::sgd:
+      return "sgd";
+  }
+  return "?";
+}
+std::string_view to_string(Attention v) noexcept {
+  return v == Attention::flash ? "flash" : "standard";
+}
+std::string_view to_string(Recompute v) noexcept {
+  switch (v) {
+    case Recompute::none:
+      return "none";
+    case Recompute::selective:
+      return "selective";
+    case Recompute::full:
+      return "full";
+  }
+  return "?";
+}
+std::string_view to_string(Schedule v) noexcept {
+  switch (v) {
+    case Schedule::gpipe:
+      return "gpipe";
+    case Schedule::one_f_one_b:
+      return "1f1b";
+    case Schedule::interleaved_1f1b:
+      return "interleaved_1f1b";
+    case Schedule::zb_h1:
+      return "zb_h1";
+    case Schedule::zb_h2:
+      return "zb_h2";
+  }
+  return "?";
+}
+std::string_view to_string(Group v) noexcept {
+  switch (v) {
+    case Group::dp:
+      return "dp";
+    case Group::dp_replicate:
+      return "dp_replicate";
+    case Group::tp:
+      return "tp";
+    case Group::pp:
+      return "pp";
+    case Group::embedding:
+      return "embedding";
+  }
+  return "?";
+}
+std::string_view to_string(CollectiveOp v) noexcept {
+  switch (v) {
+    case CollectiveOp::all_reduce:
+      return "all_reduce";
+    case CollectiveOp::reduce_scatter:
+      return "reduce_scatter";
+    case CollectiveOp::all_gather:
+      return "all_gather";
+    case CollectiveOp::send_recv:
+      return "send_recv";
+  }
+  return "?";
+}
+std::string_view to_string(Link v) noexcept {
+  return v == Link::intra_node ? "intra_node" : "inter_node";
+}
+
+}  // namespace distplan

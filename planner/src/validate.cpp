@@ -1,0 +1,184 @@
+// Semantic checks of a parsed scenario (docs/limits.md lists every rule and bound).
+#include "distplan/planner/validate.h"
+
+#include <cmath>
+#include <numeric>
+
+#include <fmt/format.h>
+
+#include "distplan/planner/error.h"
+#include "distplan/planner/layer_ops.h"
+#include "distplan/planner/layout.h"
+
+namespace distplan {
+namespace {
+
+// Byte counts are int64; every per-GPU and per-step figure must stay below this bound, which
+// leaves headroom for sums of a few categories.
+constexpr double kMaxBytes = 1e18;
+constexpr double kMaxParameters = 1e14;
+
+[[noreturn]] void fail(const std::string& path, const std::string& msg) {
+  throw InputError(path, msg);
+}
+
+void check_model(const ModelSpec& m) {
+  if (m.hidden_size % m.num_attention_heads != 0) {
+    fail("/model/hidden_size",
+         fmt::format("hidden_size={} is not divisible by num_attention_heads={}", m.hidden_size,
+                     m.num_attention_heads));
+  }
+  if (m.num_kv_heads > m.num_attention_heads || m.num_attention_heads % m.num_kv_heads != 0) {
+    fail("/model/num_kv_heads", fmt::format("num_kv_heads={} must divide num_attention_heads={}",
+                                            m.num_kv_heads, m.num_attention_heads));
+  }
+  // Parameter count in floating point first: a model too large for int64 arithmetic is
+  // rejected before any integer product is formed.
+  const double h = static_cast<double>(m.hidden_size);
+  const double f = static_cast<double>(m.ffn_hidden_size);
+  const double per_layer = 4.0 * h * h + 3.0 * h * f + 4.0 * h;
+  const double total = static_cast<double>(m.num_layers) * per_layer +
+                       2.0 * static_cast<double>(m.vocab_size) * h +
+                       static_cast<double>(m.max_position_embeddings) * h;
+  if (total > kMaxParameters) {
+    fail("/model", fmt::format("the model has about {:.3g} parameters, more than the {:.0e} "
+                               "distplan supports",
+                               total, kMaxParameters));
+  }
+}
+
+}  // namespace
+
+void validate_scenario(const Scenario& s) {
+  const ModelSpec& m = s.model;
+  const ClusterSpec& c = s.cluster;
+  const TrainingSpec& t = s.training;
+  const ParallelSpec& p = s.parallel;
+  check_model(m);
+
+  // Cluster.
+  const FlopsPerSecond peak = t.precision == DType::bf16 ? c.gpu.peak_flops.bf16
+                              : t.precision == DType::fp16
+                                  ? c.gpu.peak_flops.fp16
+                                  : std::max(c.gpu.peak_flops.fp32, c.gpu.peak_flops.tf32);
+  if (!(peak > 0)) {
+    fail("/cluster/gpu/peak_flops",
+         fmt::format("the GPU has no peak FLOP/s for precision {}", to_string(t.precision)));
+  }
+  if (c.runtime_reserve_bytes >= c.gpu.memory_bytes) {
+    fail("/cluster/runtime_reserve_bytes",
+         fmt::format("runtime_reserve_bytes={} leaves nothing of the GPU's {} bytes",
+                     c.runtime_reserve_bytes, c.gpu.memory_bytes));
+  }
+  if (!(c.intra_node_bandwidth > 0) || !(c.inter_node_bandwidth > 0) ||
+      !(c.gpu.memory_bandwidth > 0)) {
+    fail("/cluster", "bandwidths must be positive");
+  }
+
+  // Layout arithmetic.
+  if (p.tp * p.pp * p.dp != c.num_gpus) {
+    fail("/parallel", fmt::format("dp*tp*pp = {}*{}*{} = {} does not equal num_gpus={}", p.dp, p.tp,
+                                  p.pp, p.dp * p.tp * p.pp, c.num_gpus));
+  }
+  if (m.num_attention_heads % p.tp != 0) {
+    fail("/parallel/tp",
+         fmt::format("tp={} does not divide num_attention_heads={}", p.tp, m.num_attention_heads));
+  }
+  if (m.num_kv_heads % p.tp != 0) {
+    fail("/parallel/tp",
+         fmt::format("tp={} does not divide num_kv_heads={}", p.tp, m.num_kv_heads));
+  }
+  if (m.ffn_hidden_size % p.tp != 0) {
+    fail("/parallel/tp",
+         fmt::format("tp={} does not divide ffn_hidden_size={}", p.tp, m.ffn_hidden_size));
+  }
+  if (p.sequence_parallel && t.seq_length % p.tp != 0) {
+    fail(
+        "/parallel/sequence_parallel",
+        fmt::format("sequence parallelism splits the sequence: tp={} does not divide seq_length={}",
+                    p.tp, t.seq_length));
+  }
+  if (p.pp > m.num_layers) {
+    fail("/parallel/pp", fmt::format("pp={} exceeds num_layers={}", p.pp, m.num_layers));
+  }
+  if (t.global_batch_size % (p.dp * t.micro_batch_size) != 0) {
+    fail("/training/global_batch_size",
+         fmt::format("global_batch_size={} is not divisible by dp*micro_batch_size={}*{}={}",
+                     t.global_batch_size, p.dp, t.micro_batch_size, p.dp * t.micro_batch_size));
+  }
+  const Count m_mb = s.num_microbatches();
+
+  // Pipeline split.
+  if (!p.layers_per_stage.empty()) {
+    if (static_cast<Count>(p.layers_per_stage.size()) != p.pp) {
+      fail("/parallel/layers_per_stage", fmt::format("has {} entries; pp={} needs one per stage",
+                                                     p.layers_per_stage.size(), p.pp));
+    }
+    const Count sum =
+        std::accumulate(p.layers_per_stage.begin(), p.layers_per_stage.end(), Count{0});
+    if (sum != m.num_layers) {
+      fail("/parallel/layers_per_stage",
+           fmt::format("sums to {} layers; the model has {}", sum, m.num_layers));
+    }
+    if (p.virtual_stages > 1) {
+      fail("/parallel/layers_per_stage",
+           "an explicit split cannot be combined with virtual_stages > 1");
+    }
+  }
+  if (p.virtual_stages > 1 && p.schedule != Schedule::interleaved_1f1b) {
+    fail("/parallel/virtual_stages",
+         fmt::format("virtual_stages={} needs schedule interleaved_1f1b (schedule is {})",
+                     p.virtual_stages, to_string(p.schedule)));
+  }
+  if (p.schedule == Schedule::interleaved_1f1b) {
+    if (m.num_layers % (p.pp * p.virtual_stages) != 0) {
+      fail("/parallel/virtual_stages",
+           fmt::format("virtual_stages={} does not divide the {} layers per stage evenly "
+                       "(num_layers={} must be a multiple of pp*virtual_stages={})",
+                       p.virtual_stages,
+                       static_cast<double>(m.num_layers) / static_cast<double>(p.pp), m.num_layers,
+                       p.pp * p.virtual_stages));
+    }
+    if (p.pp > 1 && m_mb % p.pp != 0) {
+      fail("/parallel/schedule",
+           fmt::format("interleaved 1F1B needs the number of micro-batches ({}) to be a multiple "
+                       "of pp={} (Megatron-LM)",
+                       m_mb, p.pp));
+    }
+  }
+
+  // ZeRO.
+  if (p.fsdp_shard_size < 1 || p.dp % p.fsdp_shard_size != 0) {
+    fail("/parallel/fsdp_shard_size",
+         fmt::format("fsdp_shard_size={} must divide dp={}", p.fsdp_shard_size, p.dp));
+  }
+  if (p.zero_stage == 0 && p.fsdp_shard_size != p.dp) {
+    fail("/parallel/fsdp_shard_size",
+         "hybrid sharding (fsdp_shard_size < dp) needs zero_stage >= 1");
+  }
+
+  // Magnitudes: keep every byte count far inside int64 (docs/limits.md).
+  const double b = static_cast<double>(t.micro_batch_size);
+  const double sq = static_cast<double>(t.seq_length);
+  const double h = static_cast<double>(m.hidden_size);
+  const double a = static_cast<double>(m.num_attention_heads);
+  const double f = static_cast<double>(m.ffn_hidden_size);
+  const double per_layer_act = b * sq * (40.0 * h + 6.0 * f + 5.0 * a * sq) * 4.0;
+  const double act = per_layer_act * static_cast<double>(m.num_layers) *
+                     static_cast<double>(std::max<Count>(m_mb, 1));
+  const double logits =
+      b * sq * static_cast<double>(m.vocab_size) * 6.0 * static_cast<double>(m_mb);
+  if (act > kMaxBytes || logits > kMaxBytes) {
+    fail("/training/seq_length",
+         fmt::format("activations of {:.3g} bytes per GPU exceed the {:.0e} bytes distplan can "
+                     "represent; lower seq_length, micro_batch_size or global_batch_size",
+                     std::max(act, logits), kMaxBytes));
+  }
+  const double tokens = static_cast<double>(t.global_batch_size) * sq;
+  if (tokens > 1e15) {
+    fail("/training/global_batch_size",
+         "global_batch_size * seq_length exceeds 1e15 tokens per step");
+  }
+}
+
+}  // namespace distplan
