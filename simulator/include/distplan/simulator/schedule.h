@@ -1,0 +1,77 @@
+// Schedule programs: for each pipeline stage, the ordered list of compute actions it runs in one
+// training step. Sends and receives follow from the dependencies. The simulator times a program
+// and the GPU backend executes the same program (docs/simulator.md, "Schedules").
+//
+// Letters used throughout: p = pipeline stages, m = micro-batches per step, v = virtual stages
+// (model chunks) per GPU. Chunk c of stage s is virtual stage c*p + s (Megatron-LM's placement).
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "distplan/planner/spec.h"
+#include "distplan/planner/units.h"
+
+namespace distplan::sim {
+
+/// What one action computes. `backward` is the whole backward (input and weight gradients);
+/// `backward_input` and `backward_weight` are its two halves (B and W in Qi et al. 2023).
+enum class Op : std::uint8_t { forward, backward, backward_input, backward_weight };
+
+[[nodiscard]] std::string_view to_string(Op op) noexcept;
+
+struct Action {
+  Op op = Op::forward;
+  std::int32_t microbatch = 0;
+  std::int32_t chunk = 0;
+  bool operator==(const Action&) const = default;
+};
+
+/// One program per stage. Invariants (check_program): every (micro-batch, chunk) pair appears on
+/// every stage with one forward and either one backward or one backward_input followed later by
+/// one backward_weight; every backward follows its forward; the program cannot deadlock.
+struct SchedulePrograms {
+  Count stages = 0;                           // p
+  Count virtual_stages = 1;                   // v
+  Count microbatches = 0;                     // m
+  std::vector<std::vector<Action>> programs;  // [stage][position]
+  bool operator==(const SchedulePrograms&) const = default;
+
+  [[nodiscard]] std::size_t num_actions() const noexcept {
+    std::size_t n = 0;
+    for (const auto& prog : programs) n += prog.size();
+    return n;
+  }
+};
+
+/// GPipe (Huang et al. 2019): all forwards, then all backwards in reverse micro-batch order
+/// (the order autograd releases them; any order gives the same time with uniform costs).
+[[nodiscard]] SchedulePrograms make_gpipe(Count p, Count m);
+/// 1F1B / PipeDream-Flush (Narayanan et al. 2021): stage s runs min(p - s - 1, m) warm-up
+/// forwards, then alternates one forward and one backward, then drains the backwards.
+[[nodiscard]] SchedulePrograms make_1f1b(Count p, Count m);
+/// Megatron-LM's interleaved 1F1B with v chunks per GPU (Narayanan et al. 2021, Sec. 2.2;
+/// megatron/core/pipeline_parallel/schedules.py): warm-up (p - s - 1)*2 + (v - 1)*p virtual
+/// micro-batches capped at m*v (all of them when m == p). Requires m % p == 0 (InputError).
+[[nodiscard]] SchedulePrograms make_interleaved_1f1b(Count p, Count m, Count v);
+/// ZB-H1 (Qi et al. 2023, Sec. 2.1): 1F1B's warm-up with the backward split into B and W, stage s
+/// deferring its first s weight passes, so every stage keeps at most p micro-batches alive.
+[[nodiscard]] SchedulePrograms make_zb_h1(Count p, Count m);
+/// ZB-H2 (Qi et al. 2023, Sec. 2.2): min(2(p - s) - 1, m) warm-up forwards and 2s deferred weight
+/// passes on stage s (at most 2p - 1 micro-batches alive); a parallelogram when T_F = T_B = T_W.
+[[nodiscard]] SchedulePrograms make_zb_h2(Count p, Count m);
+
+/// The generator for a scenario's schedule kind. Throws InputError (path "/parallel/schedule" or
+/// "/parallel/virtual_stages") when the kind cannot be built for (p, m, v).
+[[nodiscard]] SchedulePrograms make_schedule(Schedule kind, Count p, Count m, Count v);
+
+/// Validates a program and throws InputError with a JSON pointer into the schedule document
+/// ("/stages/<s>/<i>") and a message naming the stage, position and action. Checks the
+/// invariants above and finds deadlocks by executing the dependency graph (no timing).
+void check_program(const SchedulePrograms& prog);
+
+/// Text form of one action: "F3", "B3", "BI3", "W3", with ".c" appended when chunk c > 0.
+[[nodiscard]] std::string action_to_string(const Action& a);
+
+}  // namespace distplan::sim

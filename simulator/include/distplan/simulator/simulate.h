@@ -1,0 +1,122 @@
+// Discrete-event simulation of one training step of one pipeline (its DP replicas run the same
+// timeline): the step time, the bubbles, exposed communication and activation memory over time.
+// docs/simulator.md gives the event model, the cost sources and the closed forms the tests check.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+#include <vector>
+
+#include "distplan/planner/estimate.h"
+#include "distplan/planner/spec.h"
+#include "distplan/planner/units.h"
+#include "distplan/simulator/schedule.h"
+
+namespace distplan::sim {
+
+/// API.md's `costs` object: the times of one micro-batch through one whole stage, the same on
+/// every stage (a chunk takes 1/v). With backward_weight_seconds, backward_seconds is the
+/// input-gradient part only; without it, the weight-gradient time is part of backward_seconds
+/// (a split schedule then runs W in zero time). Replaces the whole cost model: no DP/ZeRO
+/// communication and no optimizer step.
+struct CostOverride {
+  Seconds forward_seconds = 0;
+  Seconds backward_seconds = 0;
+  std::optional<Seconds> backward_weight_seconds;
+  Seconds p2p_seconds = 0;
+  bool operator==(const CostOverride&) const = default;
+};
+
+struct SimOptions {
+  std::optional<CostOverride> costs;
+  bool record_trace = false;
+  /// A custom program (checked with check_program); nullptr: generated from the scenario.
+  const SchedulePrograms* program = nullptr;
+  /// Also simulate the step with every communication at zero time, to report the exposed part.
+  bool exposed_communication = true;
+  /// Gradient bucket for the overlapped DP reduction (PyTorch DDP's bucket_cap_mb = 25 default).
+  Bytes grad_bucket_bytes = 25 * 1024 * 1024;
+};
+
+/// What a slice of the trace is.
+enum class SliceKind : std::uint8_t {
+  forward,
+  backward,
+  backward_input,
+  backward_weight,
+  optimizer,
+  send_activation,  // to the next stage
+  send_gradient,    // to the previous stage
+  grad_reduce,      // DP / ZeRO gradient reduction (one bucket)
+  param_gather,     // ZeRO-1/2 parameter all-gather after the optimizer
+  zero3_gather,     // ZeRO-3 parameter all-gather before a forward or backward
+};
+[[nodiscard]] std::string_view to_string(SliceKind k) noexcept;
+
+/// The per-GPU streams of a stage, one trace track each.
+enum class Track : std::uint8_t { compute, send_next, send_prev, dp, zero3 };
+[[nodiscard]] std::string_view to_string(Track t) noexcept;
+
+struct TraceEvent {
+  std::int32_t stage = 0;
+  Track track = Track::compute;
+  SliceKind kind = SliceKind::forward;
+  std::int32_t microbatch = -1;  // -1 when the slice belongs to no micro-batch
+  std::int32_t chunk = -1;
+  Seconds start = 0;
+  Seconds duration = 0;
+  bool operator==(const TraceEvent&) const = default;
+};
+
+/// Live activation bytes of a stage from `time` on (recorded with the trace).
+struct MemorySample {
+  std::int32_t stage = 0;
+  Seconds time = 0;
+  Bytes activation_bytes = 0;
+  bool operator==(const MemorySample&) const = default;
+};
+
+struct StageResult {
+  int stage = 0;
+  Seconds busy_seconds = 0;         // compute stream: forward/backward passes and the optimizer
+  Seconds first_start_seconds = 0;  // start of the stage's first pass
+  Seconds compute_end_seconds = 0;  // end of its last forward/backward pass
+  Seconds end_seconds = 0;          // its optimizer, gradient reduction and sends all done
+  /// Idle time of the compute stream between its first and last pass (the per-stage bubble of
+  /// Qi et al. 2023, Table 2).
+  Seconds span_idle_seconds = 0;
+  Count peak_inflight_microbatches = 0;  // distinct micro-batches with saved activations
+  Count peak_inflight_chunks = 0;        // (micro-batch, chunk) activation sets; = above when v = 1
+  Bytes peak_activation_bytes = 0;
+  Seconds send_seconds = 0;              // point-to-point sends issued by this stage
+  Seconds dp_communication_seconds = 0;  // gradient reduction and parameter gathers
+  Seconds optimizer_seconds = 0;
+  bool operator==(const StageResult&) const = default;
+};
+
+struct SimResult {
+  Seconds step_seconds = 0;
+  double bubble_fraction = 0;  // 1 - sum(busy) / (p * step)
+  /// Step time minus the step time with all communication (p2p, DP, ZeRO) at zero; TP
+  /// collectives sit inside the compute passes (StageCosts) and are not part of it.
+  Seconds exposed_communication_seconds = 0;
+  Count microbatches = 0;
+  Count virtual_stages = 1;
+  std::uint64_t events = 0;  // events the engine processed (the main run)
+  std::vector<StageResult> stages;
+  std::vector<TraceEvent> trace;     // when SimOptions::record_trace
+  std::vector<MemorySample> memory;  // when SimOptions::record_trace
+  bool operator==(const SimResult&) const = default;
+};
+
+/// Simulates one step. `e` supplies the per-stage costs (e.stage_costs, unless opts.costs) and the
+/// activation bytes per micro-batch (e.memory.stages). Throws InputError for a custom program that
+/// does not fit the scenario or fails check_program, or a schedule the scenario cannot build.
+[[nodiscard]] SimResult simulate(const Scenario& s, const Estimate& e, const SimOptions& opts = {});
+
+/// True when the two pipeline stages' first GPUs sit in different nodes (Megatron-LM rank order,
+/// rank = tp + TP*(dp + DP*pp)): their point-to-point traffic crosses the inter-node link.
+[[nodiscard]] bool stages_cross_nodes(const Scenario& s, Count stage_a, Count stage_b) noexcept;
+
+}  // namespace distplan::sim

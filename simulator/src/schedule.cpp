@@ -1,0 +1,352 @@
+// Schedule generators and the program checker (docs/simulator.md, "Schedules").
+#include "distplan/simulator/schedule.h"
+
+#include <algorithm>
+#include <deque>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "distplan/planner/check.h"
+#include "distplan/planner/error.h"
+
+namespace distplan::sim {
+
+std::string_view to_string(Op op) noexcept {
+  switch (op) {
+    case Op::forward:
+      return "forward";
+    case Op::backward:
+      return "backward";
+    case Op::backward_input:
+      return "backward_input";
+    case Op::backward_weight:
+      return "backward_weight";
+  }
+  return "?";
+}
+
+std::string action_to_string(const Action& a) {
+  std::string_view letter = "F";
+  switch (a.op) {
+    case Op::forward:
+      letter = "F";
+      break;
+    case Op::backward:
+      letter = "B";
+      break;
+    case Op::backward_input:
+      letter = "BI";
+      break;
+    case Op::backward_weight:
+      letter = "W";
+      break;
+  }
+  if (a.chunk == 0) return fmt::format("{}{}", letter, a.microbatch);
+  return fmt::format("{}{}.{}", letter, a.microbatch, a.chunk);
+}
+
+namespace {
+
+SchedulePrograms empty_programs(Count p, Count m, Count v) {
+  DISTPLAN_CHECK(p >= 1 && m >= 1 && v >= 1, "a schedule needs p, m, v >= 1");
+  SchedulePrograms out;
+  out.stages = p;
+  out.microbatches = m;
+  out.virtual_stages = v;
+  out.programs.resize(static_cast<std::size_t>(p));
+  return out;
+}
+
+Action act(Op op, Count mb, Count chunk = 0) {
+  return Action{op, static_cast<std::int32_t>(mb), static_cast<std::int32_t>(chunk)};
+}
+
+// Stage s of a split-backward 1F1B family schedule: `warmup` forwards, then (F, B) pairs (B and
+// its due W before F when `backward_first`), then the remaining B; the weight pass of micro-batch k
+// runs once `defer` further input-gradient passes have run (k + defer + 1 B's done), and the
+// deferred ones drain at the end.
+std::vector<Action> split_backward_stage(Count m, Count warmup, Count defer, bool backward_first) {
+  std::vector<Action> prog;
+  prog.reserve(static_cast<std::size_t>(3 * m));
+  Count nf = 0, nb = 0, nw = 0;
+  auto backward = [&] {
+    prog.push_back(act(Op::backward_input, nb++));
+    if (nb - nw > defer) prog.push_back(act(Op::backward_weight, nw++));
+  };
+  for (; nf < warmup; ++nf) prog.push_back(act(Op::forward, nf));
+  while (nf < m) {
+    if (backward_first) {
+      backward();
+      prog.push_back(act(Op::forward, nf++));
+    } else {
+      prog.push_back(act(Op::forward, nf++));
+      backward();
+    }
+  }
+  while (nb < m) backward();
+  while (nw < m) prog.push_back(act(Op::backward_weight, nw++));
+  return prog;
+}
+
+}  // namespace
+
+SchedulePrograms make_gpipe(Count p, Count m) {
+  SchedulePrograms out = empty_programs(p, m, 1);
+  for (auto& prog : out.programs) {
+    prog.reserve(static_cast<std::size_t>(2 * m));
+    for (Count k = 0; k < m; ++k) prog.push_back(act(Op::forward, k));
+    for (Count k = m - 1; k >= 0; --k) prog.push_back(act(Op::backward, k));
+  }
+  return out;
+}
+
+SchedulePrograms make_1f1b(Count p, Count m) {
+  SchedulePrograms out = empty_programs(p, m, 1);
+  for (Count s = 0; s < p; ++s) {
+    auto& prog = out.programs[static_cast<std::size_t>(s)];
+    prog.reserve(static_cast<std::size_t>(2 * m));
+    const Count warmup = std::min(p - s - 1, m);
+    for (Count k = 0; k < warmup; ++k) prog.push_back(act(Op::forward, k));
+    for (Count k = 0; k < m - warmup; ++k) {
+      prog.push_back(act(Op::forward, warmup + k));
+      prog.push_back(act(Op::backward, k));
+    }
+    for (Count k = m - warmup; k < m; ++k) prog.push_back(act(Op::backward, k));
+  }
+  return out;
+}
+
+SchedulePrograms make_interleaved_1f1b(Count p, Count m, Count v) {
+  if (v == 1) return make_1f1b(p, m);
+  if (m % p != 0) {
+    throw InputError("/parallel/schedule",
+                     fmt::format("interleaved_1f1b needs the number of micro-batches per step "
+                                 "(m = global_batch_size / (micro_batch_size * dp) = {}) to be a "
+                                 "multiple of pp = {}, as Megatron-LM requires",
+                                 m, p));
+  }
+  SchedulePrograms out = empty_programs(p, m, v);
+  const Count total = m * v;
+  // Megatron-LM's get_model_chunk_id and per-chunk FIFO micro-batch order: virtual micro-batch k
+  // belongs to group k / (p v); inside the group, p consecutive ones share a chunk.
+  auto chunk_of = [&](Count k, bool forward) {
+    const Count c = (k % (p * v)) / p;
+    return forward ? c : v - 1 - c;
+  };
+  auto microbatch_of = [&](Count k) { return (k / (p * v)) * p + k % p; };
+  for (Count s = 0; s < p; ++s) {
+    auto& prog = out.programs[static_cast<std::size_t>(s)];
+    prog.reserve(static_cast<std::size_t>(2 * total));
+    const Count warmup = m == p ? total : std::min((p - s - 1) * 2 + (v - 1) * p, total);
+    auto forward = [&](Count k) {
+      prog.push_back(act(Op::forward, microbatch_of(k), chunk_of(k, true)));
+    };
+    auto backward = [&](Count k) {
+      prog.push_back(act(Op::backward, microbatch_of(k), chunk_of(k, false)));
+    };
+    for (Count k = 0; k < warmup; ++k) forward(k);
+    for (Count k = 0; k < total - warmup; ++k) {
+      forward(warmup + k);
+      backward(k);
+    }
+    for (Count k = total - warmup; k < total; ++k) backward(k);
+  }
+  return out;
+}
+
+SchedulePrograms make_zb_h1(Count p, Count m) {
+  SchedulePrograms out = empty_programs(p, m, 1);
+  for (Count s = 0; s < p; ++s)
+    out.programs[static_cast<std::size_t>(s)] =
+        split_backward_stage(m, std::min(p - s - 1, m), s, false);
+  return out;
+}
+
+SchedulePrograms make_zb_h2(Count p, Count m) {
+  SchedulePrograms out = empty_programs(p, m, 1);
+  for (Count s = 0; s < p; ++s)
+    out.programs[static_cast<std::size_t>(s)] =
+        split_backward_stage(m, std::min(2 * (p - s) - 1, m), 2 * s, true);
+  return out;
+}
+
+SchedulePrograms make_schedule(Schedule kind, Count p, Count m, Count v) {
+  if (v != 1 && kind != Schedule::interleaved_1f1b) {
+    throw InputError("/parallel/virtual_stages",
+                     fmt::format("virtual_stages = {} needs schedule interleaved_1f1b", v));
+  }
+  switch (kind) {
+    case Schedule::gpipe:
+      return make_gpipe(p, m);
+    case Schedule::one_f_one_b:
+      return make_1f1b(p, m);
+    case Schedule::interleaved_1f1b:
+      return make_interleaved_1f1b(p, m, v);
+    case Schedule::zb_h1:
+      return make_zb_h1(p, m);
+    case Schedule::zb_h2:
+      return make_zb_h2(p, m);
+  }
+  throw InputError("/parallel/schedule", "unknown schedule");
+}
+
+// ---- checker ---------------------------------------------------------------------------------
+
+namespace {
+
+std::string where(std::size_t s, std::size_t i) {
+  return fmt::format("/stages/{}/{}", s, i);
+}
+
+}  // namespace
+
+void check_program(const SchedulePrograms& prog) {
+  const Count p = prog.stages, m = prog.microbatches, v = prog.virtual_stages;
+  if (p < 1) throw InputError("/stages", "a schedule needs at least one stage");
+  if (m < 1) throw InputError("/microbatches", "a schedule needs at least one micro-batch");
+  if (v < 1) throw InputError("/virtual_stages", "virtual_stages must be at least 1");
+  if (static_cast<Count>(prog.programs.size()) != p) {
+    throw InputError("/stages", fmt::format("the schedule has {} stage programs but the pipeline "
+                                            "has {} stages",
+                                            prog.programs.size(), p));
+  }
+  const auto pairs = static_cast<std::size_t>(m * v);
+  auto slot = [&](const Action& a) { return static_cast<std::size_t>(a.chunk * m + a.microbatch); };
+
+  // Local checks: ranges, duplicates, order of F / B / BI / W of each (micro-batch, chunk).
+  enum : std::uint8_t { kF = 1, kB = 2, kBI = 4, kW = 8 };
+  std::vector<std::uint8_t> seen(pairs);
+  for (std::size_t s = 0; s < prog.programs.size(); ++s) {
+    std::fill(seen.begin(), seen.end(), 0);
+    const auto& actions = prog.programs[s];
+    for (std::size_t i = 0; i < actions.size(); ++i) {
+      const Action& a = actions[i];
+      const std::string name = action_to_string(a);
+      if (a.microbatch < 0 || a.microbatch >= m) {
+        throw InputError(where(s, i),
+                         fmt::format("stage {} action {} ({}): micro-batch {} is out of "
+                                     "range [0, {}); its dependency can never be met",
+                                     s, i, name, a.microbatch, m));
+      }
+      if (a.chunk < 0 || a.chunk >= v) {
+        throw InputError(where(s, i),
+                         fmt::format("stage {} action {} ({}): chunk {} is out of range "
+                                     "[0, {}); its dependency can never be met",
+                                     s, i, name, a.chunk, v));
+      }
+      std::uint8_t& st = seen[slot(a)];
+      auto fail = [&](const std::string& what) {
+        throw InputError(where(s, i), fmt::format("stage {} action {} ({}): {}", s, i, name, what));
+      };
+      switch (a.op) {
+        case Op::forward:
+          if (st & kF) fail("duplicated forward of this micro-batch");
+          st |= kF;
+          break;
+        case Op::backward:
+          if (!(st & kF)) fail("backward before its forward on this stage");
+          if (st & (kB | kBI | kW)) fail("duplicated backward of this micro-batch");
+          st |= kB;
+          break;
+        case Op::backward_input:
+          if (!(st & kF)) fail("backward before its forward on this stage");
+          if (st & (kB | kBI)) fail("duplicated backward of this micro-batch");
+          st |= kBI;
+          break;
+        case Op::backward_weight:
+          if (st & (kB | kW)) fail("duplicated weight-gradient pass of this micro-batch");
+          if (!(st & kBI)) fail("weight-gradient pass before its input-gradient pass (BI)");
+          st |= kW;
+          break;
+      }
+    }
+    for (std::size_t k = 0; k < pairs; ++k) {
+      const std::uint8_t st = seen[k];
+      const Action a{Op::forward, static_cast<std::int32_t>(k % static_cast<std::size_t>(m)),
+                     static_cast<std::int32_t>(k / static_cast<std::size_t>(m))};
+      std::string missing;
+      if (!(st & kF))
+        missing = "forward";
+      else if (!(st & (kB | kBI)))
+        missing = "backward";
+      else if ((st & kBI) && !(st & kW))
+        missing = "weight-gradient pass (W)";
+      if (!missing.empty()) {
+        throw InputError(fmt::format("/stages/{}", s),
+                         fmt::format("stage {}: the {} of micro-batch {} chunk {} is missing", s,
+                                     missing, a.microbatch, a.chunk));
+      }
+    }
+  }
+
+  // Deadlock: execute the dependency graph. fwd_done / bwd_done per (stage, chunk, micro-batch).
+  const auto P = static_cast<std::size_t>(p);
+  std::vector<std::uint8_t> fwd_done(P * pairs), bwd_done(P * pairs);
+  std::vector<std::size_t> pc(P, 0);
+  std::vector<std::uint8_t> queued(P, 1);
+  std::deque<std::size_t> work;
+  for (std::size_t s = 0; s < P; ++s) work.push_back(s);
+  const Count last_virtual = p * v - 1;
+  auto runnable = [&](std::size_t s, const Action& a) {
+    const Count vs = a.chunk * p + static_cast<Count>(s);
+    switch (a.op) {
+      case Op::forward: {
+        if (vs == 0) return true;
+        const std::size_t ps = s > 0 ? s - 1 : P - 1;
+        const Count pcnk = s > 0 ? a.chunk : a.chunk - 1;
+        return fwd_done[ps * pairs + static_cast<std::size_t>(pcnk * m + a.microbatch)] != 0;
+      }
+      case Op::backward:
+      case Op::backward_input: {
+        if (vs == last_virtual) return true;
+        const std::size_t ns = s + 1 < P ? s + 1 : 0;
+        const Count ncnk = s + 1 < P ? a.chunk : a.chunk + 1;
+        return bwd_done[ns * pairs + static_cast<std::size_t>(ncnk * m + a.microbatch)] != 0;
+      }
+      case Op::backward_weight:
+        return true;
+    }
+    return false;
+  };
+  auto wake = [&](std::size_t s) {
+    if (!queued[s]) {
+      queued[s] = 1;
+      work.push_back(s);
+    }
+  };
+  while (!work.empty()) {
+    const std::size_t s = work.front();
+    work.pop_front();
+    queued[s] = 0;
+    const auto& actions = prog.programs[s];
+    while (pc[s] < actions.size() && runnable(s, actions[pc[s]])) {
+      const Action& a = actions[pc[s]++];
+      const std::size_t k = s * pairs + slot(a);
+      if (a.op == Op::forward) {
+        fwd_done[k] = 1;
+        wake(s + 1 < P ? s + 1 : 0);
+      } else if (a.op != Op::backward_weight) {
+        bwd_done[k] = 1;
+        wake(s > 0 ? s - 1 : P - 1);
+      }
+    }
+  }
+  std::string stuck;
+  std::size_t first_stuck = P;
+  for (std::size_t s = 0; s < P; ++s) {
+    if (pc[s] == prog.programs[s].size()) continue;
+    if (first_stuck == P) first_stuck = s;
+    if (!stuck.empty()) stuck += "; ";
+    const Action& a = prog.programs[s][pc[s]];
+    stuck += fmt::format("stage {} waits at action {} ({}) for the {} of stage {}", s, pc[s],
+                         action_to_string(a), a.op == Op::forward ? "activation" : "gradient",
+                         a.op == Op::forward ? (s > 0 ? s - 1 : P - 1) : (s + 1 < P ? s + 1 : 0));
+  }
+  if (first_stuck != P) {
+    throw InputError(where(first_stuck, pc[first_stuck]),
+                     "deadlock: no stage can proceed: " + stuck);
+  }
+}
+
+}  // namespace distplan::sim

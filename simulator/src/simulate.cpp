@@ -1,0 +1,491 @@
+// The step simulation: one compute stream per stage runs its program in order; a pass starts when
+// its inputs have arrived (and, under ZeRO-3, its parameters are gathered); finished passes send
+// activations / gradients over the link to the neighbour stage. docs/simulator.md, "Event model".
+#include "distplan/simulator/simulate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include <fmt/format.h>
+
+#include "distplan/planner/check.h"
+#include "distplan/planner/error.h"
+#include "distplan/simulator/engine.h"
+
+namespace distplan::sim {
+
+std::string_view to_string(SliceKind k) noexcept {
+  switch (k) {
+    case SliceKind::forward:
+      return "forward";
+    case SliceKind::backward:
+      return "backward";
+    case SliceKind::backward_input:
+      return "backward_input";
+    case SliceKind::backward_weight:
+      return "backward_weight";
+    case SliceKind::optimizer:
+      return "optimizer";
+    case SliceKind::send_activation:
+      return "send_activation";
+    case SliceKind::send_gradient:
+      return "send_gradient";
+    case SliceKind::grad_reduce:
+      return "grad_reduce";
+    case SliceKind::param_gather:
+      return "param_gather";
+    case SliceKind::zero3_gather:
+      return "zero3_gather";
+  }
+  return "?";
+}
+
+std::string_view to_string(Track t) noexcept {
+  switch (t) {
+    case Track::compute:
+      return "compute";
+    case Track::send_next:
+      return "send to next stage";
+    case Track::send_prev:
+      return "send to previous stage";
+    case Track::dp:
+      return "data-parallel comm";
+    case Track::zero3:
+      return "ZeRO-3 gather";
+  }
+  return "?";
+}
+
+bool stages_cross_nodes(const Scenario& s, Count stage_a, Count stage_b) noexcept {
+  const Count per_stage = s.parallel.tp * s.parallel.dp;  // ranks of one stage (Megatron order)
+  const Count gpn = s.cluster.gpus_per_node;
+  if (gpn <= 0) return false;
+  return (stage_a * per_stage) / gpn != (stage_b * per_stage) / gpn;
+}
+
+namespace {
+
+/// Seconds of each kind of task on one stage (per action; chunk shares already applied).
+struct StageTimes {
+  Seconds forward = 0, backward = 0, backward_input = 0, backward_weight = 0;
+  Seconds p2p = 0;           // one send
+  Seconds zero3_gather = 0;  // before each forward / backward(-input) pass
+  Seconds grad_reduce = 0;   // per chunk, whole
+  Count grad_buckets = 1;    // per chunk
+  Seconds param_gather = 0;
+  Seconds optimizer = 0;
+  Bytes activation_bytes = 0;  // one (micro-batch, chunk)
+};
+
+enum EventKind : std::uint32_t { kDone = 0, kArriveForward = 1, kArriveBackward = 2, kWake = 3 };
+
+struct StageState {
+  std::size_t pc = 0;
+  bool busy = false;
+  Action current{};
+  EventTime current_start = 0;
+  EventTime wake_at = -1;
+  std::size_t gather_pc = std::numeric_limits<std::size_t>::max();
+  EventTime gather_end = 0;
+  EventTime first_start = -1;
+  EventTime last_end = 0;
+  Seconds busy_seconds = 0;
+  Count inflight_chunks = 0, peak_chunks = 0;
+  Count inflight_mbs = 0, peak_mbs = 0;
+  Resource send_next, send_prev, dp, zero3;
+};
+
+/// Storage reused across calls on one thread (the search calls simulate() many times).
+struct Workspace {
+  EventQueue queue;
+  std::vector<StageState> stages;
+  std::vector<std::uint8_t> fwd_ready, bwd_ready, alive;
+  std::vector<std::int32_t> mb_refs;
+  std::vector<std::size_t>
+      last_wgrad;  // [stage * v + chunk]: position of its last W-producing pass
+};
+
+bool needs_gather(Op op) noexcept {
+  return op != Op::backward_weight;
+}
+
+struct Run {
+  const SchedulePrograms& prog;
+  const std::vector<StageTimes>& times;
+  bool overlap_grad_reduce;
+  bool overlap_param_gather;
+  bool record;
+  Workspace& ws;
+  SimResult& out;  // trace and memory are appended when `record`
+
+  Count p = 0, m = 0, v = 0;
+  std::size_t pairs = 0;
+  Count last_virtual = 0;
+
+  void init() {
+    p = prog.stages;
+    m = prog.microbatches;
+    v = prog.virtual_stages;
+    pairs = static_cast<std::size_t>(m * v);
+    last_virtual = p * v - 1;
+    const auto P = static_cast<std::size_t>(p);
+    ws.queue.clear();
+    ws.queue.reserve(4 * P + 16);
+    ws.stages.assign(P, StageState{});
+    ws.fwd_ready.assign(P * pairs, 0);
+    ws.bwd_ready.assign(P * pairs, 0);
+    ws.alive.assign(P * pairs, 0);
+    ws.mb_refs.assign(P * static_cast<std::size_t>(m), 0);
+    ws.last_wgrad.assign(P * static_cast<std::size_t>(v), 0);
+    for (std::size_t s = 0; s < P; ++s) {
+      const auto& actions = prog.programs[s];
+      for (std::size_t i = 0; i < actions.size(); ++i) {
+        const Action& a = actions[i];
+        if (a.op == Op::backward || a.op == Op::backward_weight)
+          ws.last_wgrad[s * static_cast<std::size_t>(v) + static_cast<std::size_t>(a.chunk)] = i;
+      }
+    }
+  }
+
+  Seconds duration(std::size_t s, Op op) const noexcept {
+    const StageTimes& t = times[s];
+    switch (op) {
+      case Op::forward:
+        return t.forward;
+      case Op::backward:
+        return t.backward;
+      case Op::backward_input:
+        return t.backward_input;
+      case Op::backward_weight:
+        return t.backward_weight;
+    }
+    return 0;
+  }
+
+  void trace(std::size_t s, Track track, SliceKind kind, const Action* a, EventTime start,
+             Seconds dur) {
+    out.trace.push_back(TraceEvent{static_cast<std::int32_t>(s), track, kind,
+                                   a ? a->microbatch : -1, a ? a->chunk : -1, start, dur});
+  }
+
+  void memory_sample(std::size_t s, EventTime t) {
+    out.memory.push_back(MemorySample{static_cast<std::int32_t>(s), t,
+                                      ws.stages[s].inflight_chunks * times[s].activation_bytes});
+  }
+
+  void issue_gather(std::size_t s, std::size_t pos, EventTime now) {
+    StageState& st = ws.stages[s];
+    const Seconds g = times[s].zero3_gather;
+    const EventTime start = st.zero3.submit(now, g);
+    st.gather_pc = pos;
+    st.gather_end = start + g;
+    if (record) trace(s, Track::zero3, SliceKind::zero3_gather, &prog.programs[s][pos], start, g);
+  }
+
+  void try_start(std::size_t s, EventTime now) {
+    StageState& st = ws.stages[s];
+    const auto& actions = prog.programs[s];
+    if (st.busy || st.pc == actions.size()) return;
+    const Action a = actions[st.pc];
+    const std::size_t k = s * pairs + static_cast<std::size_t>(a.chunk * m + a.microbatch);
+    const Count vs = a.chunk * p + static_cast<Count>(s);
+    if (a.op == Op::forward) {
+      if (vs != 0 && !ws.fwd_ready[k]) return;
+    } else if (a.op != Op::backward_weight) {
+      if (vs != last_virtual && !ws.bwd_ready[k]) return;
+    }
+    const bool gathers = times[s].zero3_gather > 0;
+    if (gathers && needs_gather(a.op)) {
+      if (st.gather_pc != st.pc) issue_gather(s, st.pc, now);
+      if (st.gather_end > now) {
+        if (st.wake_at != st.gather_end) {
+          st.wake_at = st.gather_end;
+          ws.queue.push(st.gather_end, kWake, static_cast<std::uint32_t>(s), 0);
+        }
+        return;
+      }
+    }
+    const Seconds d = duration(s, a.op);
+    st.busy = true;
+    st.current = a;
+    st.current_start = now;
+    st.busy_seconds += d;
+    if (st.first_start < 0) st.first_start = now;
+    ws.queue.push(now + d, kDone, static_cast<std::uint32_t>(s), 0);
+    if (record) {
+      trace(s, Track::compute, static_cast<SliceKind>(a.op), &a, now, d);
+    }
+    if (a.op == Op::forward && !ws.alive[k]) {
+      ws.alive[k] = 1;
+      if (++st.inflight_chunks > st.peak_chunks) st.peak_chunks = st.inflight_chunks;
+      if (ws.mb_refs[s * static_cast<std::size_t>(m) + static_cast<std::size_t>(a.microbatch)]++ ==
+          0) {
+        if (++st.inflight_mbs > st.peak_mbs) st.peak_mbs = st.inflight_mbs;
+      }
+      if (record) memory_sample(s, now);
+    }
+    // ZeRO-3 prefetch: the next pass's parameters are gathered while this one runs.
+    if (gathers && overlap_param_gather && st.pc + 1 < actions.size() &&
+        needs_gather(actions[st.pc + 1].op)) {
+      issue_gather(s, st.pc + 1, now);
+    }
+  }
+
+  void release(std::size_t s, const Action& a, EventTime now) {
+    StageState& st = ws.stages[s];
+    const std::size_t k = s * pairs + static_cast<std::size_t>(a.chunk * m + a.microbatch);
+    if (!ws.alive[k]) return;
+    ws.alive[k] = 0;
+    --st.inflight_chunks;
+    if (--ws.mb_refs[s * static_cast<std::size_t>(m) + static_cast<std::size_t>(a.microbatch)] == 0)
+      --st.inflight_mbs;
+    if (record) memory_sample(s, now);
+  }
+
+  // Gradient reduction of one chunk, bucketed: with overlap, bucket i of n is ready at
+  // start + (i + 1)/n of the chunk's last weight-gradient pass (gradients fill buckets as the
+  // pass runs, last layer first) and buckets reduce one after another on the DP stream;
+  // without overlap, all are ready when the pass ends.
+  void reduce_gradients(std::size_t s, const Action& a, EventTime start, EventTime end) {
+    StageState& st = ws.stages[s];
+    const StageTimes& t = times[s];
+    if (t.grad_reduce <= 0) return;
+    const Count n = t.grad_buckets;
+    const Seconds per_bucket = t.grad_reduce / static_cast<double>(n);
+    for (Count i = 0; i < n; ++i) {
+      const EventTime ready =
+          overlap_grad_reduce
+              ? start + (end - start) * static_cast<double>(i + 1) / static_cast<double>(n)
+              : end;
+      const EventTime bstart = st.dp.submit(ready, per_bucket);
+      if (record) trace(s, Track::dp, SliceKind::grad_reduce, &a, bstart, per_bucket);
+    }
+  }
+
+  void send(std::size_t s, bool forward, const Action& a, EventTime now) {
+    StageState& st = ws.stages[s];
+    const auto P = static_cast<std::size_t>(p);
+    std::size_t dest;
+    Count chunk;
+    if (forward) {
+      dest = s + 1 < P ? s + 1 : 0;
+      chunk = s + 1 < P ? a.chunk : a.chunk + 1;
+    } else {
+      dest = s > 0 ? s - 1 : P - 1;
+      chunk = s > 0 ? a.chunk : a.chunk - 1;
+    }
+    const Seconds d = times[s].p2p;
+    Resource& link = forward ? st.send_next : st.send_prev;
+    const EventTime start = link.submit(now, d);
+    const auto slot = static_cast<std::uint32_t>(chunk * m + a.microbatch);
+    ws.queue.push(start + d, forward ? kArriveForward : kArriveBackward,
+                  static_cast<std::uint32_t>(dest), slot);
+    if (record) {
+      trace(s, forward ? Track::send_next : Track::send_prev,
+            forward ? SliceKind::send_activation : SliceKind::send_gradient, &a, start, d);
+    }
+  }
+
+  void on_done(std::size_t s, EventTime now) {
+    StageState& st = ws.stages[s];
+    const Action a = st.current;
+    const std::size_t pos = st.pc;
+    st.busy = false;
+    st.last_end = now;
+    ++st.pc;
+    const Count vs = a.chunk * p + static_cast<Count>(s);
+    switch (a.op) {
+      case Op::forward:
+        if (vs != last_virtual) send(s, true, a, now);
+        break;
+      case Op::backward:
+      case Op::backward_input:
+        if (vs != 0) send(s, false, a, now);
+        if (a.op == Op::backward) release(s, a, now);
+        break;
+      case Op::backward_weight:
+        release(s, a, now);
+        break;
+    }
+    if (pos == ws.last_wgrad[s * static_cast<std::size_t>(v) + static_cast<std::size_t>(a.chunk)])
+      reduce_gradients(s, a, st.current_start, now);
+    try_start(s, now);
+  }
+
+  void run() {
+    init();
+    const auto P = static_cast<std::size_t>(p);
+    for (std::size_t s = 0; s < P; ++s) try_start(s, 0);
+    EventQueue& q = ws.queue;
+    while (!q.empty()) {
+      const Event e = q.pop();
+      const std::size_t s = e.target;
+      switch (e.kind) {
+        case kDone:
+          on_done(s, e.time);
+          break;
+        case kArriveForward:
+          ws.fwd_ready[s * pairs + e.payload] = 1;
+          try_start(s, e.time);
+          break;
+        case kArriveBackward:
+          ws.bwd_ready[s * pairs + e.payload] = 1;
+          try_start(s, e.time);
+          break;
+        case kWake:
+          ws.stages[s].wake_at = -1;
+          try_start(s, e.time);
+          break;
+        default:
+          break;
+      }
+    }
+    out.events = q.events_processed();
+    // After its last pass and its gradient reduction, each stage steps its optimizer on the
+    // compute stream, then (ZeRO-1/2) all-gathers the updated parameters on the DP stream.
+    out.stages.assign(P, StageResult{});
+    Seconds step = 0, busy_total = 0;
+    for (std::size_t s = 0; s < P; ++s) {
+      StageState& st = ws.stages[s];
+      DISTPLAN_CHECK(st.pc == prog.programs[s].size(), "a checked program cannot deadlock");
+      const StageTimes& t = times[s];
+      StageResult& r = out.stages[s];
+      r.stage = static_cast<int>(s);
+      r.first_start_seconds = st.first_start < 0 ? 0 : st.first_start;
+      r.compute_end_seconds = st.last_end;
+      r.span_idle_seconds = std::max(0.0, st.last_end - r.first_start_seconds - st.busy_seconds);
+      const EventTime opt_start = std::max(st.last_end, st.dp.free_at);
+      const EventTime opt_end = opt_start + t.optimizer;
+      if (record && t.optimizer > 0)
+        trace(s, Track::compute, SliceKind::optimizer, nullptr, opt_start, t.optimizer);
+      if (t.param_gather > 0) {
+        const EventTime g = st.dp.submit(opt_end, t.param_gather);
+        if (record) trace(s, Track::dp, SliceKind::param_gather, nullptr, g, t.param_gather);
+      }
+      r.end_seconds = std::max(
+          {opt_end, st.dp.free_at, st.send_next.free_at, st.send_prev.free_at, st.zero3.free_at});
+      r.busy_seconds = st.busy_seconds + t.optimizer;
+      r.optimizer_seconds = t.optimizer;
+      r.send_seconds = st.send_next.busy_seconds + st.send_prev.busy_seconds;
+      r.dp_communication_seconds = st.dp.busy_seconds + st.zero3.busy_seconds;
+      r.peak_inflight_chunks = st.peak_chunks;
+      r.peak_inflight_microbatches = st.peak_mbs;
+      r.peak_activation_bytes = st.peak_chunks * t.activation_bytes;
+      step = std::max(step, r.end_seconds);
+      busy_total += r.busy_seconds;
+    }
+    out.step_seconds = step;
+    out.bubble_fraction = step > 0 ? 1.0 - busy_total / (static_cast<double>(p) * step) : 0.0;
+    out.microbatches = m;
+    out.virtual_stages = v;
+  }
+};
+
+Workspace& workspace() {
+  thread_local Workspace ws;
+  return ws;
+}
+
+void require_finite(Seconds x, const char* what) {
+  if (!(x >= 0) || !std::isfinite(x))
+    throw InputError("/costs", fmt::format("{} must be a finite number >= 0", what));
+}
+
+std::vector<StageTimes> stage_times(const Scenario& s, const Estimate& e, const SimOptions& opts) {
+  const Count p = s.parallel.pp, v = s.parallel.virtual_stages;
+  const double vd = static_cast<double>(v);
+  std::vector<StageTimes> times(static_cast<std::size_t>(p));
+  const bool have_memory = static_cast<Count>(e.memory.stages.size()) == p;
+  for (Count i = 0; i < p; ++i) {
+    StageTimes& t = times[static_cast<std::size_t>(i)];
+    if (have_memory) {
+      t.activation_bytes =
+          e.memory.stages[static_cast<std::size_t>(i)].activation_bytes_per_microbatch / v;
+    }
+    if (opts.costs) {
+      const CostOverride& c = *opts.costs;
+      require_finite(c.forward_seconds, "forward_seconds");
+      require_finite(c.backward_seconds, "backward_seconds");
+      require_finite(c.p2p_seconds, "p2p_seconds");
+      const Seconds w = c.backward_weight_seconds.value_or(0.0);
+      require_finite(w, "backward_weight_seconds");
+      t.forward = c.forward_seconds / vd;
+      t.backward_input = c.backward_seconds / vd;
+      t.backward_weight = w / vd;
+      t.backward = (c.backward_seconds + w) / vd;
+      t.p2p = c.p2p_seconds;
+      continue;
+    }
+    DISTPLAN_CHECK(static_cast<Count>(e.stage_costs.size()) == p,
+                   "the estimate must hold one StageCosts per pipeline stage");
+    const StageCosts& c = e.stage_costs[static_cast<std::size_t>(i)];
+    t.forward = c.forward / vd;
+    t.backward_input = c.backward_input / vd;
+    t.backward_weight = c.backward_weight / vd;
+    t.backward = (c.backward_input + c.backward_weight) / vd;
+    t.p2p = c.p2p;
+    // zero3_gather covers the forward and the backward gathers of one micro-batch: half each.
+    t.zero3_gather = s.parallel.zero_stage == 3 ? c.zero3_gather / (2.0 * vd) : 0.0;
+    t.grad_reduce = c.grad_reduce / vd;
+    if (have_memory && opts.grad_bucket_bytes > 0) {
+      const Bytes grad_bytes = e.memory.stages[static_cast<std::size_t>(i)].parameters *
+                               bytes_of(s.training.grad_accumulation_dtype) / v;
+      t.grad_buckets = std::clamp<Count>(
+          (grad_bytes + opts.grad_bucket_bytes - 1) / opts.grad_bucket_bytes, 1, 4096);
+    }
+    t.param_gather = c.param_gather;
+    t.optimizer = c.optimizer;
+  }
+  return times;
+}
+
+}  // namespace
+
+SimResult simulate(const Scenario& s, const Estimate& e, const SimOptions& opts) {
+  const Count p = s.parallel.pp, v = s.parallel.virtual_stages, m = s.num_microbatches();
+  SchedulePrograms generated;
+  const SchedulePrograms* prog = opts.program;
+  if (prog) {
+    if (prog->stages != p || prog->virtual_stages != v || prog->microbatches != m) {
+      throw InputError(
+          "/stages", fmt::format("the schedule program has p = {}, v = {}, m = {} but the "
+                                 "scenario has pp = {}, virtual_stages = {}, m = {}",
+                                 prog->stages, prog->virtual_stages, prog->microbatches, p, v, m));
+    }
+    check_program(*prog);
+  } else {
+    generated = make_schedule(s.parallel.schedule, p, m, v);
+    prog = &generated;
+  }
+  const std::vector<StageTimes> times = stage_times(s, e, opts);
+
+  SimResult out;
+  Workspace& ws = workspace();
+  if (opts.record_trace)
+    out.trace.reserve(prog->num_actions() * 2 + 4 * static_cast<std::size_t>(p));
+  Run run{*prog,
+          times,
+          s.assumptions.overlap_grad_reduce,
+          s.assumptions.overlap_param_gather,
+          opts.record_trace,
+          ws,
+          out};
+  run.run();
+
+  bool any_comm = false;
+  for (const StageTimes& t : times)
+    any_comm =
+        any_comm || t.p2p > 0 || t.zero3_gather > 0 || t.grad_reduce > 0 || t.param_gather > 0;
+  if (opts.exposed_communication && any_comm) {
+    std::vector<StageTimes> quiet = times;
+    for (StageTimes& t : quiet) t.p2p = t.zero3_gather = t.grad_reduce = t.param_gather = 0;
+    SimResult q;
+    Run again{*prog, quiet, true, true, false, ws, q};
+    again.run();
+    out.exposed_communication_seconds = std::max(0.0, out.step_seconds - q.step_seconds);
+  }
+  return out;
+}
+
+}  // namespace distplan::sim
