@@ -1,0 +1,88 @@
+// The main window: the scenario editor on the left, results in tabs on the right (Summary,
+// Memory, Communication, Timeline, Search, Validation). Every edit goes to the PlanSession, which
+// estimates at once and simulates right after; the tabs follow its signals.
+#pragma once
+
+#include <QMainWindow>
+#include <QStringList>
+
+class QLabel;
+class QMenu;
+class QSplitter;
+class QTabWidget;
+
+namespace distplan::gui {
+
+class CommunicationView;
+class MemoryView;
+class PlanSession;
+class ScenarioEditor;
+class SearchView;
+class SummaryView;
+class TimelineView;
+class ValidationView;
+
+class MainWindow : public QMainWindow {
+  Q_OBJECT
+
+ public:
+  /// `persistent`: restore and save window state and recent files (QSettings); off for
+  /// screenshots and tests.
+  explicit MainWindow(bool persistent = true, QWidget* parent = nullptr);
+
+  /// Loads the embedded default scenario (Llama-2-70B on 64 × H100).
+  void loadDefaultScenario();
+  /// Opens a scenario file; on failure returns false and sets `error` ("path: message").
+  bool openScenario(const QString& path, QString* error = nullptr);
+  bool saveScenario(const QString& path, QString* error = nullptr);
+  /// Shows the tab named `name` (summary, memory, communication, timeline, search, validation).
+  bool showTab(const QString& name);
+  [[nodiscard]] static QStringList tabNames();
+  /// The chart or view of the current tab that "Export chart" writes.
+  [[nodiscard]] QWidget* currentChart() const;
+
+  [[nodiscard]] PlanSession* session() const { return session_; }
+  [[nodiscard]] ScenarioEditor* editor() const { return editor_; }
+  [[nodiscard]] MemoryView* memoryView() const { return memory_; }
+  [[nodiscard]] CommunicationView* communicationView() const { return communication_; }
+  [[nodiscard]] TimelineView* timelineView() const { return timeline_; }
+  [[nodiscard]] SummaryView* summaryView() const { return summary_; }
+  [[nodiscard]] SearchView* searchView() const { return search_; }
+  [[nodiscard]] ValidationView* validationView() const { return validation_; }
+  [[nodiscard]] QString bannerText() const;
+
+ protected:
+  void closeEvent(QCloseEvent* event) override;
+
+ private:
+  void createMenus();
+  void planChanged();
+  void planInvalid(const QString& path, const QString& message);
+  void simulationChanged();
+  void editorEdited();
+  void openDialog();
+  void saveDialog(bool saveAs);
+  void copyPlanJson();
+  void exportCurrentChart();
+  void addRecentFile(const QString& path);
+  void updateRecentMenu();
+  void setCurrentFile(const QString& path);
+
+  bool persistent_ = true;
+  PlanSession* session_ = nullptr;
+  ScenarioEditor* editor_ = nullptr;
+  QSplitter* splitter_ = nullptr;
+  QTabWidget* tabs_ = nullptr;
+  QLabel* banner_ = nullptr;
+  SummaryView* summary_ = nullptr;
+  MemoryView* memory_ = nullptr;
+  CommunicationView* communication_ = nullptr;
+  TimelineView* timeline_ = nullptr;
+  SearchView* search_ = nullptr;
+  ValidationView* validation_ = nullptr;
+  QMenu* recentMenu_ = nullptr;
+  QStringList recentFiles_;
+  QString currentFile_;
+};
+
+}  // namespace distplan::gui

@@ -1,0 +1,139 @@
+#include "memoryview.h"
+
+#include <algorithm>
+
+#include <QBarCategoryAxis>
+#include <QBarSet>
+#include <QChart>
+#include <QChartView>
+#include <QCursor>
+#include <QHeaderView>
+#include <QLineSeries>
+#include <QPushButton>
+#include <QSplitter>
+#include <QStackedBarSeries>
+#include <QTableView>
+#include <QToolTip>
+#include <QVBoxLayout>
+#include <QValueAxis>
+
+#include "chartexport.h"
+#include "memorymodel.h"
+
+namespace distplan::gui {
+
+MemoryView::MemoryView(QWidget* parent) : QWidget(parent) {
+  model_ = new MemoryModel(this);
+  chart_ = new QChart;
+  chart_->setAnimationOptions(QChart::NoAnimation);
+  chart_->legend()->setAlignment(Qt::AlignBottom);
+  chartView_ = new QChartView(chart_, this);
+  chartView_->setRenderHint(QPainter::Antialiasing);
+  chartView_->setMinimumHeight(300);
+
+  table_ = new QTableView(this);
+  table_->setModel(model_);
+  table_->horizontalHeader()->setSectionResizeMode(QHeaderView::ResizeToContents);
+  table_->verticalHeader()->hide();
+  table_->setAlternatingRowColors(true);
+
+  auto* exportButton = new QPushButton(tr("Export chart…"), this);
+  connect(exportButton, &QPushButton::clicked, this,
+          [this] { exportWidgetWithDialog(this, chartView_, QStringLiteral("memory")); });
+
+  auto* splitter = new QSplitter(Qt::Vertical, this);
+  splitter->addWidget(chartView_);
+  splitter->addWidget(table_);
+  splitter->setStretchFactor(0, 3);
+  splitter->setStretchFactor(1, 1);
+  auto* layout = new QVBoxLayout(this);
+  layout->addWidget(splitter);
+  layout->addWidget(exportButton, 0, Qt::AlignRight);
+}
+
+void MemoryView::setMemory(const MemoryEstimate& memory) {
+  model_->setMemory(memory);
+  rebuildChart();
+}
+
+void MemoryView::rebuildChart() {
+  const MemoryEstimate& memory = model_->memory();
+  chart_->removeAllSeries();
+  for (QAbstractAxis* axis : chart_->axes()) {
+    chart_->removeAxis(axis);
+    delete axis;
+  }
+
+  bars_ = new QStackedBarSeries;
+  QStringList stages;
+  for (const StageMemory& s : memory.stages) stages << tr("Stage %1").arg(s.stage);
+  for (MemoryCategory c : kMemoryCategories) {
+    auto* set = new QBarSet(categoryLabel(c));
+    set->setColor(categoryColor(c));
+    set->setBorderColor(categoryColor(c).darker(130));
+    for (const StageMemory& s : memory.stages) *set << to_gib(categoryBytes(s, c));
+    connect(set, &QBarSet::hovered, this, [this, c](bool status, int index) {
+      const auto& stages = model_->memory().stages;
+      if (!status || index < 0 || index >= static_cast<int>(stages.size())) {
+        QToolTip::hideText();
+        return;
+      }
+      const StageMemory& s = stages[static_cast<std::size_t>(index)];
+      QToolTip::showText(QCursor::pos(),
+                         tr("Stage %1 — %2\n%3\nstage total %4")
+                             .arg(s.stage)
+                             .arg(categoryLabel(c), formatBytesExact(categoryBytes(s, c)),
+                                  formatBytesExact(s.total_bytes)));
+    });
+    bars_->append(set);
+  }
+  chart_->addSeries(bars_);
+
+  capacity_ = new QLineSeries;
+  const double capGiB = to_gib(memory.capacity_bytes);
+  capacity_->setName(tr("Capacity %1").arg(formatGiB(memory.capacity_bytes)));
+  // The category axis places stage i at x = i, so -0.5 .. n-0.5 spans every bar.
+  const double n = static_cast<double>(memory.stages.size());
+  capacity_->append(-0.5, capGiB);
+  capacity_->append(n - 0.5, capGiB);
+  QPen pen(QColor(0xb0, 0x00, 0x20));
+  pen.setWidth(2);
+  pen.setStyle(Qt::DashLine);
+  capacity_->setPen(pen);
+  chart_->addSeries(capacity_);
+
+  auto* x = new QBarCategoryAxis;
+  x->append(stages);
+  auto* y = new QValueAxis;
+  y->setTitleText(tr("GiB per GPU"));
+  y->setRange(0, std::max(capGiB, to_gib(memory.peak_bytes)) * 1.08);
+  y->setLabelFormat(QStringLiteral("%.0f"));
+  y->applyNiceNumbers();
+  chart_->addAxis(x, Qt::AlignBottom);
+  chart_->addAxis(y, Qt::AlignLeft);
+  bars_->attachAxis(x);
+  bars_->attachAxis(y);
+  capacity_->attachAxis(x);
+  capacity_->attachAxis(y);
+
+  chart_->setTitle(tr("Memory per GPU by pipeline stage — peak %1 of %2 (%3)")
+                       .arg(formatGiB(memory.peak_bytes), formatGiB(memory.capacity_bytes),
+                            memory.fits ? tr("fits") : tr("does not fit")));
+}
+
+double MemoryView::barValueGiB(MemoryCategory category, int stage) const {
+  const auto index =
+      static_cast<int>(std::find(kMemoryCategories.begin(), kMemoryCategories.end(), category) -
+                       kMemoryCategories.begin());
+  return bars_->barSets().at(index)->at(stage);
+}
+
+int MemoryView::barCount() const {
+  return bars_ ? static_cast<int>(bars_->barSets().at(0)->count()) : 0;
+}
+
+double MemoryView::capacityLineGiB() const {
+  return capacity_ && capacity_->count() > 0 ? capacity_->at(0).y() : 0.0;
+}
+
+}  // namespace distplan::gui

@@ -1,0 +1,48 @@
+// Memory tab: a stacked bar per pipeline stage by category (GiB), the GPU's capacity as a line,
+// exact bytes on hover, and the same figures as a table.
+#pragma once
+
+#include <QWidget>
+
+#include "categories.h"
+#include "distplan/planner/estimate.h"
+
+class QChart;
+class QChartView;
+class QLabel;
+class QLineSeries;
+class QStackedBarSeries;
+class QTableView;
+
+namespace distplan::gui {
+
+class MemoryModel;
+
+class MemoryView : public QWidget {
+  Q_OBJECT
+
+ public:
+  explicit MemoryView(QWidget* parent = nullptr);
+
+  void setMemory(const MemoryEstimate& memory);
+
+  [[nodiscard]] QChartView* chartView() const { return chartView_; }
+  [[nodiscard]] MemoryModel* model() const { return model_; }
+  /// The bar heights drawn, in GiB: value of `category` on `stage`.
+  [[nodiscard]] double barValueGiB(MemoryCategory category, int stage) const;
+  [[nodiscard]] int barCount() const;
+  /// The capacity line's height in GiB.
+  [[nodiscard]] double capacityLineGiB() const;
+
+ private:
+  void rebuildChart();
+
+  MemoryModel* model_ = nullptr;
+  QChart* chart_ = nullptr;
+  QChartView* chartView_ = nullptr;
+  QTableView* table_ = nullptr;
+  QStackedBarSeries* bars_ = nullptr;
+  QLineSeries* capacity_ = nullptr;
+};
+
+}  // namespace distplan::gui

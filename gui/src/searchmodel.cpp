@@ -1,0 +1,148 @@
+#include "searchmodel.h"
+
+#include "categories.h"
+
+namespace distplan::gui {
+
+namespace {
+QString qs(std::string_view v) {
+  return QString::fromUtf8(v.data(), static_cast<int>(v.size()));
+}
+}  // namespace
+
+SearchModel::SearchModel(QObject* parent) : QAbstractTableModel(parent) {}
+
+void SearchModel::setRows(std::vector<SearchRow> rows) {
+  beginResetModel();
+  rows_ = std::move(rows);
+  endResetModel();
+}
+
+int SearchModel::rowCount(const QModelIndex& parent) const {
+  return parent.isValid() ? 0 : static_cast<int>(rows_.size());
+}
+
+int SearchModel::columnCount(const QModelIndex& parent) const {
+  return parent.isValid() ? 0 : ColumnCount;
+}
+
+QVariant SearchModel::data(const QModelIndex& index, int role) const {
+  if (!index.isValid()) return {};
+  const SearchRow& r = rows_[static_cast<std::size_t>(index.row())];
+  const ParallelSpec& p = r.parallel;
+  if (role == SortRole) {
+    switch (index.column()) {
+      case RankColumn:
+        return r.rank;
+      case TpColumn:
+        return QVariant::fromValue<qlonglong>(p.tp);
+      case PpColumn:
+        return QVariant::fromValue<qlonglong>(p.pp);
+      case DpColumn:
+        return QVariant::fromValue<qlonglong>(p.dp);
+      case MicroBatchColumn:
+        return QVariant::fromValue<qlonglong>(r.micro_batch_size);
+      case ZeroColumn:
+        return p.zero_stage;
+      case RecomputeColumn:
+        return static_cast<int>(p.recompute);
+      case SequenceParallelColumn:
+        return p.sequence_parallel;
+      case ScheduleColumn:
+        return static_cast<int>(p.schedule);
+      case PeakColumn:
+        return QVariant::fromValue<qlonglong>(r.peak_bytes);
+      case StepColumn:
+        return r.step_seconds;
+      case TokensColumn:
+        return r.tokens_per_second;
+      case MfuColumn:
+        return r.mfu;
+      case BubbleColumn:
+        return r.bubble_fraction;
+      default:
+        return {};
+    }
+  }
+  if (role == Qt::ToolTipRole && index.column() == PeakColumn) {
+    return tr("%1 of %2").arg(formatBytesExact(r.peak_bytes), formatGiB(r.capacity_bytes));
+  }
+  if (role == Qt::TextAlignmentRole) return QVariant(Qt::AlignRight | Qt::AlignVCenter);
+  if (role != Qt::DisplayRole) return {};
+  switch (index.column()) {
+    case RankColumn:
+      return r.rank;
+    case TpColumn:
+      return QVariant::fromValue<qlonglong>(p.tp);
+    case PpColumn:
+      return QVariant::fromValue<qlonglong>(p.pp);
+    case DpColumn:
+      return QVariant::fromValue<qlonglong>(p.dp);
+    case MicroBatchColumn:
+      return QVariant::fromValue<qlonglong>(r.micro_batch_size);
+    case ZeroColumn:
+      if (p.zero_stage > 0 && p.fsdp_shard_size > 0 && p.fsdp_shard_size != p.dp) {
+        return tr("%1 (shard %2)").arg(p.zero_stage).arg(p.fsdp_shard_size);
+      }
+      return p.zero_stage;
+    case RecomputeColumn:
+      return qs(to_string(p.recompute));
+    case SequenceParallelColumn:
+      return p.sequence_parallel ? tr("yes") : tr("no");
+    case ScheduleColumn:
+      if (p.schedule == Schedule::interleaved_1f1b) {
+        return tr("%1 ×%2").arg(qs(to_string(p.schedule))).arg(p.virtual_stages);
+      }
+      return qs(to_string(p.schedule));
+    case PeakColumn:
+      return QString::number(to_gib(r.peak_bytes), 'f', 2);
+    case StepColumn:
+      return QString::number(r.step_seconds * 1e3, 'f', 1);
+    case TokensColumn:
+      return QString::number(r.tokens_per_second, 'f', 0);
+    case MfuColumn:
+      return QString::number(r.mfu * 100, 'f', 1);
+    case BubbleColumn:
+      return QString::number(r.bubble_fraction * 100, 'f', 1);
+    default:
+      return {};
+  }
+}
+
+QVariant SearchModel::headerData(int section, Qt::Orientation orientation, int role) const {
+  if (orientation != Qt::Horizontal || role != Qt::DisplayRole) return {};
+  switch (section) {
+    case RankColumn:
+      return tr("#");
+    case TpColumn:
+      return tr("tp");
+    case PpColumn:
+      return tr("pp");
+    case DpColumn:
+      return tr("dp");
+    case MicroBatchColumn:
+      return tr("micro-batch");
+    case ZeroColumn:
+      return tr("ZeRO");
+    case RecomputeColumn:
+      return tr("recompute");
+    case SequenceParallelColumn:
+      return tr("seq. par.");
+    case ScheduleColumn:
+      return tr("schedule");
+    case PeakColumn:
+      return tr("peak GiB");
+    case StepColumn:
+      return tr("step ms");
+    case TokensColumn:
+      return tr("tokens/s");
+    case MfuColumn:
+      return tr("MFU %");
+    case BubbleColumn:
+      return tr("bubble %");
+    default:
+      return {};
+  }
+}
+
+}  // namespace distplan::gui

@@ -1,0 +1,66 @@
+// Table model over the search's ranked plans (plain rows, so the view works with or without the
+// search library): layout, peak memory, step time, tokens/s, MFU.
+#pragma once
+
+#include <vector>
+
+#include <QAbstractTableModel>
+
+#include "distplan/planner/spec.h"
+
+namespace distplan::gui {
+
+struct SearchRow {
+  int rank = 0;  // 1 = best
+  ParallelSpec parallel;
+  Count micro_batch_size = 1;
+  Bytes peak_bytes = 0;
+  Bytes capacity_bytes = 0;
+  double step_seconds = 0;
+  double tokens_per_second = 0;
+  double mfu = 0;
+  double bubble_fraction = 0;
+  bool simulated = false;
+  bool operator==(const SearchRow&) const = default;
+};
+
+class SearchModel : public QAbstractTableModel {
+  Q_OBJECT
+
+ public:
+  enum Column {
+    RankColumn,
+    TpColumn,
+    PpColumn,
+    DpColumn,
+    MicroBatchColumn,
+    ZeroColumn,
+    RecomputeColumn,
+    SequenceParallelColumn,
+    ScheduleColumn,
+    PeakColumn,
+    StepColumn,
+    TokensColumn,
+    MfuColumn,
+    BubbleColumn,
+    ColumnCount
+  };
+  /// Qt::UserRole holds each cell's number (the sort key).
+  static constexpr int SortRole = Qt::UserRole;
+
+  explicit SearchModel(QObject* parent = nullptr);
+
+  void setRows(std::vector<SearchRow> rows);
+  [[nodiscard]] const std::vector<SearchRow>& rows() const { return rows_; }
+
+  [[nodiscard]] int rowCount(const QModelIndex& parent = {}) const override;
+  [[nodiscard]] int columnCount(const QModelIndex& parent = {}) const override;
+  [[nodiscard]] QVariant data(const QModelIndex& index, int role = Qt::DisplayRole) const override;
+  [[nodiscard]] QVariant headerData(int section, Qt::Orientation orientation,
+                                    int role = Qt::DisplayRole) const override;
+
+ private:
+  std::vector<SearchRow> rows_;
+};
+
+}  // namespace distplan::gui

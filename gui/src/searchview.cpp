@@ -1,0 +1,337 @@
+#include "searchview.h"
+
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+
+#include <QChart>
+#include <QChartView>
+#include <QComboBox>
+#include <QCursor>
+#include <QHBoxLayout>
+#include <QHeaderView>
+#include <QLabel>
+#include <QLineSeries>
+#include <QProgressBar>
+#include <QPushButton>
+#include <QScatterSeries>
+#include <QSortFilterProxyModel>
+#include <QSpinBox>
+#include <QSplitter>
+#include <QTableView>
+#include <QThread>
+#include <QTimer>
+#include <QToolTip>
+#include <QVBoxLayout>
+#include <QValueAxis>
+
+#include "categories.h"
+#include "chartexport.h"
+
+#ifdef DISTPLAN_GUI_HAVE_SEARCH
+#include "distplan/search/search.h"
+#endif
+
+namespace distplan::gui {
+
+/// Shared between the view and one worker thread; the worker writes, the view reads.
+struct SearchView::Job {
+  std::atomic<double> fraction{0};
+  std::atomic<std::uint64_t> evaluated{0};
+  std::atomic<bool> abandoned{false};
+  std::mutex mutex;  // guards the fields below
+  std::vector<SearchRow> rows;
+  QString summary;
+  QString error;
+};
+
+SearchView::SearchView(QWidget* parent) : QWidget(parent) {
+  objective_ = new QComboBox(this);
+  objective_->addItem(tr("highest tokens/s"), 0);
+  objective_->addItem(tr("lowest peak memory"), 1);
+  topK_ = new QSpinBox(this);
+  topK_->setRange(1, 1000);
+  topK_->setValue(50);
+  topK_->setPrefix(tr("top "));
+  start_ = new QPushButton(tr("Search"), this);
+  cancel_ = new QPushButton(tr("Cancel"), this);
+  cancel_->setEnabled(false);
+  progress_ = new QProgressBar(this);
+  progress_->setRange(0, 1000);
+  progress_->setValue(0);
+  status_ = new QLabel(this);
+  status_->setObjectName(QStringLiteral("searchStatus"));
+  connect(start_, &QPushButton::clicked, this, &SearchView::startSearch);
+  connect(cancel_, &QPushButton::clicked, this, &SearchView::cancelSearch);
+
+  model_ = new SearchModel(this);
+  proxy_ = new QSortFilterProxyModel(this);
+  proxy_->setSourceModel(model_);
+  proxy_->setSortRole(SearchModel::SortRole);
+  table_ = new QTableView(this);
+  table_->setModel(proxy_);
+  table_->setSortingEnabled(true);
+  table_->sortByColumn(SearchModel::RankColumn, Qt::AscendingOrder);
+  table_->setSelectionBehavior(QAbstractItemView::SelectRows);
+  table_->setEditTriggers(QAbstractItemView::NoEditTriggers);
+  table_->horizontalHeader()->setSectionResizeMode(QHeaderView::ResizeToContents);
+  table_->verticalHeader()->hide();
+  table_->setAlternatingRowColors(true);
+  table_->setToolTip(tr("Double-click a plan to load it into the editor"));
+  connect(table_, &QTableView::doubleClicked, this,
+          [this](const QModelIndex& index) { emit planChosen(proxy_->mapToSource(index).row()); });
+
+  chart_ = new QChart;
+  chart_->setAnimationOptions(QChart::NoAnimation);
+  chart_->legend()->setAlignment(Qt::AlignBottom);
+  chart_->setTitle(tr("Plans: peak memory against throughput"));
+  chartView_ = new QChartView(chart_, this);
+  chartView_->setRenderHint(QPainter::Antialiasing);
+  auto* exportButton = new QPushButton(tr("Export chart…"), this);
+  connect(exportButton, &QPushButton::clicked, this,
+          [this] { exportWidgetWithDialog(this, chartView_, QStringLiteral("search")); });
+
+  pollTimer_ = new QTimer(this);
+  pollTimer_->setInterval(50);
+  connect(pollTimer_, &QTimer::timeout, this, &SearchView::pollProgress);
+
+  auto* controls = new QHBoxLayout;
+  controls->addWidget(new QLabel(tr("Objective:"), this));
+  controls->addWidget(objective_);
+  controls->addWidget(topK_);
+  controls->addWidget(start_);
+  controls->addWidget(cancel_);
+  controls->addWidget(progress_, 1);
+  auto* splitter = new QSplitter(Qt::Horizontal, this);
+  splitter->addWidget(table_);
+  splitter->addWidget(chartView_);
+  splitter->setStretchFactor(0, 3);
+  splitter->setStretchFactor(1, 2);
+  auto* layout = new QVBoxLayout(this);
+  layout->addLayout(controls);
+  layout->addWidget(status_);
+  layout->addWidget(splitter, 1);
+  layout->addWidget(exportButton, 0, Qt::AlignRight);
+
+  if (!searchAvailable()) {
+    start_->setEnabled(false);
+    status_->setText(tr("This build has no search library."));
+  } else {
+    status_->setText(tr("Search every layout of the current model, cluster and batch."));
+  }
+  rebuildChart();
+}
+
+SearchView::~SearchView() {
+  // A worker still running reads nothing of the view, but its QThread must not be destroyed early.
+  if (job_) job_->abandoned = true;
+  for (QThread* t : threads_) {
+    t->wait();
+    delete t;
+  }
+}
+
+bool SearchView::searchAvailable() {
+#ifdef DISTPLAN_GUI_HAVE_SEARCH
+  return true;
+#else
+  return false;
+#endif
+}
+
+void SearchView::setBaseScenario(const Scenario& s) {
+  base_ = s;
+}
+
+bool SearchView::isRunning() const {
+  return job_ != nullptr;
+}
+
+QString SearchView::statusText() const {
+  return status_->text();
+}
+
+void SearchView::setRunning(bool running) {
+  start_->setEnabled(!running && searchAvailable());
+  cancel_->setEnabled(running);
+  objective_->setEnabled(!running);
+  topK_->setEnabled(!running);
+  if (running) {
+    pollTimer_->start();
+  } else {
+    pollTimer_->stop();
+  }
+}
+
+void SearchView::startSearch() {
+#ifdef DISTPLAN_GUI_HAVE_SEARCH
+  if (job_ || !base_) return;
+  auto job = std::make_shared<Job>();
+  job_ = job;
+  search::Space space;
+  space.base = *base_;
+  search::Options options;
+  options.objective = objective_->currentData().toInt() == 1 ? search::Objective::memory
+                                                             : search::Objective::throughput;
+  options.top_k = topK_->value();
+  options.progress = [job](double fraction, std::uint64_t evaluated) {
+    job->fraction = fraction;
+    job->evaluated = evaluated;
+  };
+  QThread* thread = QThread::create([job, space = std::move(space), options]() {
+    try {
+      const search::Result result = search::run(space, options);
+      std::vector<SearchRow> rows;
+      int rank = 0;
+      for (const search::Plan& p : result.plans) {
+        SearchRow r;
+        r.rank = ++rank;
+        r.parallel.tp = p.layout.tp;
+        r.parallel.pp = p.layout.pp;
+        r.parallel.dp = p.layout.dp;
+        r.parallel.zero_stage = p.layout.zero_stage;
+        r.parallel.fsdp_shard_size = p.layout.fsdp_shard_size;
+        r.parallel.sequence_parallel = p.layout.sequence_parallel;
+        r.parallel.recompute = p.layout.recompute;
+        r.parallel.schedule = p.layout.schedule;
+        r.parallel.virtual_stages = p.layout.virtual_stages;
+        r.micro_batch_size = p.layout.micro_batch_size;
+        r.peak_bytes = p.figures.peak_bytes;
+        r.capacity_bytes = p.figures.capacity_bytes;
+        r.step_seconds = p.figures.step_seconds;
+        r.tokens_per_second = p.figures.tokens_per_second;
+        r.mfu = p.figures.mfu;
+        r.bubble_fraction = p.bubble_fraction;
+        r.simulated = p.simulated;
+        rows.push_back(r);
+      }
+      std::uint64_t outOfMemory =
+          result.rejected[static_cast<std::size_t>(search::Reject::out_of_memory)];
+      QString summary = QObject::tr(
+                            "%1 layouts evaluated in %2 s, %3 fit, %4 out of memory; %5 best "
+                            "re-ranked by simulation.")
+                            .arg(result.evaluated)
+                            .arg(result.seconds, 0, 'f', 2)
+                            .arg(result.feasible)
+                            .arg(outOfMemory)
+                            .arg(result.simulated);
+      if (result.plans.empty() && !result.suggestions.empty()) {
+        summary += QObject::tr(" Nothing fits: %1")
+                       .arg(QString::fromStdString(result.suggestions.front().detail));
+      }
+      std::lock_guard lock(job->mutex);
+      job->rows = std::move(rows);
+      job->summary = summary;
+    } catch (const std::exception& e) {
+      std::lock_guard lock(job->mutex);
+      job->error = QString::fromUtf8(e.what());
+    }
+  });
+  threads_.push_back(thread);
+  connect(thread, &QThread::finished, this, [this, thread, job] {
+    threads_.erase(std::remove(threads_.begin(), threads_.end(), thread), threads_.end());
+    thread->deleteLater();
+    if (!job->abandoned) finishJob(job);
+  });
+  progress_->setValue(0);
+  status_->setText(tr("Searching…"));
+  setRunning(true);
+  thread->start();
+#endif
+}
+
+void SearchView::cancelSearch() {
+  if (!job_) return;
+  // The search has no stop hook: the worker runs to its end and its answer is dropped.
+  job_->abandoned = true;
+  job_.reset();
+  setRunning(false);
+  progress_->setValue(0);
+  status_->setText(tr("Search cancelled."));
+}
+
+void SearchView::pollProgress() {
+  if (!job_) return;
+  progress_->setValue(static_cast<int>(job_->fraction.load() * 1000));
+  status_->setText(tr("Searching… %1 layouts evaluated").arg(job_->evaluated.load()));
+}
+
+void SearchView::finishJob(const std::shared_ptr<Job>& job) {
+  job_.reset();
+  setRunning(false);
+  progress_->setValue(progress_->maximum());
+  {
+    std::lock_guard lock(job->mutex);
+    if (!job->error.isEmpty()) {
+      status_->setText(tr("Search failed: %1").arg(job->error));
+    } else {
+      model_->setRows(std::move(job->rows));
+      status_->setText(job->summary);
+    }
+  }
+  rebuildChart();
+  emit searchFinished();
+}
+
+void SearchView::rebuildChart() {
+  chart_->removeAllSeries();
+  for (QAbstractAxis* axis : chart_->axes()) {
+    chart_->removeAxis(axis);
+    delete axis;
+  }
+  const auto& rows = model_->rows();
+  auto* scatter = new QScatterSeries;
+  scatter->setName(tr("plans"));
+  scatter->setMarkerSize(9);
+  scatter->setColor(QColor(0x4e, 0x79, 0xa7));
+  auto* best = new QScatterSeries;
+  best->setName(tr("best"));
+  best->setMarkerSize(13);
+  best->setColor(QColor(0xf2, 0x8e, 0x2b));
+  double maxGiB = 1, maxTokens = 1;
+  Bytes capacity = 0;
+  for (const SearchRow& r : rows) {
+    (r.rank == 1 ? best : scatter)->append(to_gib(r.peak_bytes), r.tokens_per_second);
+    maxGiB = std::max(maxGiB, to_gib(r.peak_bytes));
+    maxTokens = std::max(maxTokens, r.tokens_per_second);
+    capacity = std::max(capacity, r.capacity_bytes);
+  }
+  connect(scatter, &QScatterSeries::hovered, this, [](const QPointF& p, bool state) {
+    if (state) {
+      QToolTip::showText(
+          QCursor::pos(),
+          QObject::tr("%1 GiB, %2 tokens/s").arg(p.x(), 0, 'f', 2).arg(p.y(), 0, 'f', 0));
+    }
+  });
+  chart_->addSeries(scatter);
+  chart_->addSeries(best);
+  auto* capLine = new QLineSeries;
+  if (capacity > 0) {
+    capLine->setName(tr("capacity %1").arg(formatGiB(capacity)));
+    capLine->append(to_gib(capacity), 0);
+    capLine->append(to_gib(capacity), maxTokens * 1.1);
+    QPen pen(QColor(0xb0, 0x00, 0x20));
+    pen.setWidth(2);
+    pen.setStyle(Qt::DashLine);
+    capLine->setPen(pen);
+    maxGiB = std::max(maxGiB, to_gib(capacity));
+  }
+  chart_->addSeries(capLine);
+  auto* x = new QValueAxis;
+  x->setTitleText(tr("peak memory per GPU (GiB)"));
+  x->setRange(0, maxGiB * 1.05);
+  x->applyNiceNumbers();
+  auto* y = new QValueAxis;
+  y->setTitleText(tr("tokens/s"));
+  y->setRange(0, maxTokens * 1.1);
+  y->applyNiceNumbers();
+  y->setLabelFormat(QStringLiteral("%.0f"));
+  chart_->addAxis(x, Qt::AlignBottom);
+  chart_->addAxis(y, Qt::AlignLeft);
+  for (QAbstractSeries* s : chart_->series()) {
+    s->attachAxis(x);
+    s->attachAxis(y);
+  }
+}
+
+}  // namespace distplan::gui

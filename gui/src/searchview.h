@@ -1,0 +1,80 @@
+// Search tab: runs distplan::search on the current scenario's model, cluster and training in a
+// worker thread, with a progress bar and Cancel; shows the ranked plans as a sortable table and as
+// a scatter of peak memory against tokens/s with the capacity line. Double-clicking a plan loads
+// its layout into the editor.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include <QWidget>
+
+#include "distplan/planner/spec.h"
+#include "searchmodel.h"
+
+class QChart;
+class QChartView;
+class QComboBox;
+class QLabel;
+class QProgressBar;
+class QPushButton;
+class QSortFilterProxyModel;
+class QSpinBox;
+class QTableView;
+class QThread;
+class QTimer;
+
+namespace distplan::gui {
+
+class SearchView : public QWidget {
+  Q_OBJECT
+
+ public:
+  explicit SearchView(QWidget* parent = nullptr);
+  ~SearchView() override;
+
+  /// The scenario whose model, cluster and training the search keeps.
+  void setBaseScenario(const Scenario& s);
+  [[nodiscard]] static bool searchAvailable();
+
+  void startSearch();
+  void cancelSearch();
+  [[nodiscard]] bool isRunning() const;
+
+  [[nodiscard]] SearchModel* model() const { return model_; }
+  [[nodiscard]] QTableView* table() const { return table_; }
+  [[nodiscard]] QSortFilterProxyModel* proxy() const { return proxy_; }
+  [[nodiscard]] QChartView* chartView() const { return chartView_; }
+  [[nodiscard]] QString statusText() const;
+
+ signals:
+  /// A plan was double-clicked: its row in model().
+  void planChosen(int row);
+  void searchFinished();
+
+ private:
+  struct Job;
+  void finishJob(const std::shared_ptr<Job>& job);
+  void pollProgress();
+  void rebuildChart();
+  void setRunning(bool running);
+
+  std::optional<Scenario> base_;
+  SearchModel* model_ = nullptr;
+  QSortFilterProxyModel* proxy_ = nullptr;
+  QTableView* table_ = nullptr;
+  QChart* chart_ = nullptr;
+  QChartView* chartView_ = nullptr;
+  QComboBox* objective_ = nullptr;
+  QSpinBox* topK_ = nullptr;
+  QPushButton* start_ = nullptr;
+  QPushButton* cancel_ = nullptr;
+  QProgressBar* progress_ = nullptr;
+  QLabel* status_ = nullptr;
+  QTimer* pollTimer_ = nullptr;
+  std::shared_ptr<Job> job_;       // the running search the view waits for
+  std::vector<QThread*> threads_;  // every worker still running (a cancelled one finishes alone)
+};
+
+}  // namespace distplan::gui

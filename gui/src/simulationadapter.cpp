@@ -1,0 +1,64 @@
+#include "simulationadapter.h"
+
+#include "distplan/simulator/simulate.h"
+
+namespace distplan::gui {
+
+namespace {
+
+BlockKind blockKind(const sim::TraceEvent& ev) {
+  if (ev.track != sim::Track::compute) return BlockKind::communication;
+  switch (ev.kind) {
+    case sim::SliceKind::forward:
+      return BlockKind::forward;
+    case sim::SliceKind::backward:
+    case sim::SliceKind::backward_input:
+      return BlockKind::backward;
+    case sim::SliceKind::backward_weight:
+      return BlockKind::backward_weight;
+    case sim::SliceKind::optimizer:
+      return BlockKind::optimizer;
+    default:
+      return BlockKind::communication;
+  }
+}
+
+QString qs(std::string_view v) {
+  return QString::fromUtf8(v.data(), static_cast<int>(v.size()));
+}
+
+}  // namespace
+
+SimulationSummary simulateScenario(const Scenario& s, const Estimate& e) {
+  sim::SimOptions options;
+  options.record_trace = true;
+  const sim::SimResult r = sim::simulate(s, e, options);
+
+  SimulationSummary out;
+  out.step_seconds = r.step_seconds;
+  out.bubble_fraction = r.bubble_fraction;
+  if (r.step_seconds > 0 && e.time.step_seconds > 0) {
+    const double ratio = e.time.step_seconds / r.step_seconds;
+    out.tokens_per_second = e.time.tokens_per_second * ratio;
+    out.mfu = e.time.mfu * ratio;
+  }
+  for (const sim::StageResult& st : r.stages) out.stage_busy_seconds.push_back(st.busy_seconds);
+
+  out.timeline.num_stages = static_cast<int>(s.parallel.pp);
+  out.timeline.step_seconds = r.step_seconds;
+  out.timeline.blocks.reserve(r.trace.size());
+  for (const sim::TraceEvent& ev : r.trace) {
+    TimelineBlock b;
+    b.stage = ev.stage;
+    b.kind = blockKind(ev);
+    b.microbatch = ev.microbatch;
+    b.chunk = std::max(0, ev.chunk);
+    b.start_seconds = ev.start;
+    b.end_seconds = ev.start + ev.duration;
+    b.label = QStringLiteral("%1 (%2)").arg(qs(to_string(ev.kind)), qs(to_string(ev.track)));
+    out.timeline.blocks.push_back(b);
+  }
+  return out;
+}
+
+}  // namespace distplan::gui

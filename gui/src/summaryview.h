@@ -1,0 +1,50 @@
+// Summary tab: step time, tokens/s, MFU, bubble fraction, peak memory against capacity, whether
+// the layout fits and, from the planner's fit suggestions, what would make it fit.
+#pragma once
+
+#include <vector>
+
+#include <QHash>
+#include <QWidget>
+
+#include "distplan/planner/estimate.h"
+#include "distplan/planner/report.h"
+#include "distplan/planner/spec.h"
+
+class QLabel;
+class QTableWidget;
+
+namespace distplan::gui {
+
+struct SimulationSummary;
+
+class SummaryView : public QWidget {
+  Q_OBJECT
+
+ public:
+  explicit SummaryView(QWidget* parent = nullptr);
+
+  void setPlan(const Scenario& s, const Estimate& e);
+  void setSimulation(const SimulationSummary* simulation);
+  [[nodiscard]] const std::vector<FitSuggestion>& suggestions() const { return suggestions_; }
+  /// The text of the figure named `key` ("step", "tokens", "mfu", "bubble", "memory", "fits").
+  [[nodiscard]] QString figureText(const QString& key) const;
+
+ signals:
+  /// A suggestion was double-clicked: its index in suggestions().
+  void suggestionChosen(int index);
+
+ private:
+  void refresh();
+
+  std::vector<FitSuggestion> suggestions_;
+  Estimate estimate_;
+  Scenario scenario_;
+  bool haveSimulation_ = false;
+  double simStep_ = 0, simTokens_ = 0, simMfu_ = 0, simBubble_ = 0;
+  QHash<QString, QLabel*> figures_;
+  QLabel* details_ = nullptr;
+  QTableWidget* suggestionTable_ = nullptr;
+};
+
+}  // namespace distplan::gui

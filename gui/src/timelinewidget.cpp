@@ -1,0 +1,280 @@
+#include "timelinewidget.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include <QHelpEvent>
+#include <QMouseEvent>
+#include <QPainter>
+#include <QToolTip>
+#include <QWheelEvent>
+
+namespace distplan::gui {
+
+namespace {
+constexpr double kLeftMargin = 80;    // stage labels
+constexpr double kTopMargin = 28;     // time axis
+constexpr double kBottomMargin = 30;  // legend
+constexpr double kRightMargin = 12;
+constexpr double kCommLaneShare = 0.28;  // of a row's height, under the compute lane
+
+/// A "nice" tick step (1, 2 or 5 × 10^k) giving about `target` ticks over `span`.
+double niceStep(double span, int target) {
+  const double raw = span / std::max(target, 1);
+  const double magnitude = std::pow(10.0, std::floor(std::log10(raw)));
+  for (double m : {1.0, 2.0, 5.0, 10.0}) {
+    if (m * magnitude >= raw) return m * magnitude;
+  }
+  return 10 * magnitude;
+}
+}  // namespace
+
+TimelineWidget::TimelineWidget(QWidget* parent) : QWidget(parent) {
+  setMouseTracking(true);
+  setBackgroundRole(QPalette::Base);
+  setAutoFillBackground(true);
+}
+
+void TimelineWidget::setTimeline(const TimelineData& data) {
+  const bool sameStep =
+      data.step_seconds == data_.step_seconds && data.num_stages == data_.num_stages;
+  data_ = data;
+  if (!sameStep) fit();
+  update();
+}
+
+int TimelineWidget::blockCount(BlockKind kind) const {
+  return static_cast<int>(std::count_if(data_.blocks.begin(), data_.blocks.end(),
+                                        [kind](const TimelineBlock& b) { return b.kind == kind; }));
+}
+
+QColor TimelineWidget::kindColor(BlockKind kind) {
+  switch (kind) {
+    case BlockKind::forward:
+      return QColor(0x4e, 0x79, 0xa7);
+    case BlockKind::backward:
+      return QColor(0x59, 0xa1, 0x4f);
+    case BlockKind::backward_weight:
+      return QColor(0xf2, 0x8e, 0x2b);
+    case BlockKind::communication:
+      return QColor(0xb0, 0x7a, 0xa1);
+    case BlockKind::optimizer:
+      return QColor(0x76, 0x76, 0x76);
+    case BlockKind::other:
+      return QColor(0xbb, 0xbb, 0xbb);
+  }
+  return Qt::gray;
+}
+
+QString TimelineWidget::kindName(BlockKind kind) {
+  switch (kind) {
+    case BlockKind::forward:
+      return tr("forward");
+    case BlockKind::backward:
+      return tr("backward");
+    case BlockKind::backward_weight:
+      return tr("weight gradient");
+    case BlockKind::communication:
+      return tr("communication");
+    case BlockKind::optimizer:
+      return tr("optimizer");
+    case BlockKind::other:
+      return tr("other");
+  }
+  return {};
+}
+
+void TimelineWidget::fit() {
+  viewStart_ = 0;
+  viewSpan_ = data_.step_seconds > 0 ? data_.step_seconds * 1.01 : 1.0;
+  update();
+}
+
+void TimelineWidget::zoom(double factor, double anchorSeconds) {
+  const double full = data_.step_seconds > 0 ? data_.step_seconds * 1.01 : 1.0;
+  const double span = std::clamp(viewSpan_ / factor, full * 1e-4, full * 4);
+  const double share = (anchorSeconds - viewStart_) / viewSpan_;
+  viewStart_ = anchorSeconds - share * span;
+  viewSpan_ = span;
+  update();
+}
+
+QRectF TimelineWidget::plotRect() const {
+  return QRectF(kLeftMargin, kTopMargin, std::max(1.0, width() - kLeftMargin - kRightMargin),
+                std::max(1.0, height() - kTopMargin - kBottomMargin));
+}
+
+double TimelineWidget::rowHeight() const {
+  return data_.num_stages > 0 ? plotRect().height() / data_.num_stages : plotRect().height();
+}
+
+double TimelineWidget::xOf(double seconds) const {
+  const QRectF r = plotRect();
+  return r.left() + (seconds - viewStart_) / viewSpan_ * r.width();
+}
+
+double TimelineWidget::secondsAt(double x) const {
+  const QRectF r = plotRect();
+  return viewStart_ + (x - r.left()) / r.width() * viewSpan_;
+}
+
+QRectF TimelineWidget::blockRect(const TimelineBlock& b) const {
+  const double rh = rowHeight();
+  const double top = plotRect().top() + b.stage * rh;
+  const double pad = std::min(4.0, rh * 0.06);
+  const double computeHeight = rh * (1 - kCommLaneShare) - 2 * pad;
+  const double x0 = xOf(b.start_seconds);
+  const double x1 = std::max(xOf(b.end_seconds), x0 + 1.0);
+  if (b.kind == BlockKind::communication) {
+    const double laneTop = top + rh * (1 - kCommLaneShare);
+    return QRectF(x0, laneTop, x1 - x0, rh * kCommLaneShare - 2 * pad);
+  }
+  return QRectF(x0, top + pad, x1 - x0, computeHeight);
+}
+
+void TimelineWidget::paintEvent(QPaintEvent*) {
+  QPainter p(this);
+  p.setRenderHint(QPainter::Antialiasing, false);
+  const QRectF plot = plotRect();
+  const QFontMetrics fm(font());
+  if (data_.num_stages <= 0) {
+    p.drawText(rect(), Qt::AlignCenter, tr("No simulation yet"));
+    return;
+  }
+  const double rh = rowHeight();
+
+  // Time axis, in ms.
+  const double step = niceStep(viewSpan_, std::max(2, static_cast<int>(plot.width() / 110)));
+  p.setPen(palette().color(QPalette::Mid));
+  for (double t = std::ceil(viewStart_ / step) * step; t <= viewStart_ + viewSpan_; t += step) {
+    const double x = xOf(t);
+    p.setPen(QColor(0xdd, 0xdd, 0xdd));
+    p.drawLine(QPointF(x, plot.top()), QPointF(x, plot.bottom()));
+    p.setPen(palette().color(QPalette::Text));
+    p.drawText(QRectF(x - 50, 4, 100, kTopMargin - 6), Qt::AlignHCenter | Qt::AlignBottom,
+               tr("%1 ms").arg(t * 1e3, 0, 'f', step * 1e3 < 1 ? 2 : (step * 1e3 < 10 ? 1 : 0)));
+  }
+
+  p.save();
+  p.setClipRect(plot);
+  // Rows: the step's span hatched, so idle time between blocks shows as bubbles.
+  for (int s = 0; s < data_.num_stages; ++s) {
+    const double top = plot.top() + s * rh;
+    const QRectF lane(xOf(0), top + 2, xOf(data_.step_seconds) - xOf(0),
+                      rh * (1 - kCommLaneShare) - 4);
+    p.fillRect(lane, QBrush(QColor(0xf4, 0xf4, 0xf4)));
+    p.fillRect(lane, QBrush(QColor(0xc8, 0xc8, 0xc8), Qt::BDiagPattern));
+    p.setPen(QColor(0xcc, 0xcc, 0xcc));
+    p.drawLine(QPointF(plot.left(), top + rh), QPointF(plot.right(), top + rh));
+  }
+  // Blocks.
+  for (const TimelineBlock& b : data_.blocks) {
+    const QRectF r = blockRect(b);
+    if (r.right() < plot.left() || r.left() > plot.right()) continue;
+    const QColor c = kindColor(b.kind);
+    p.fillRect(r, c);
+    p.setPen(c.darker(140));
+    p.drawRect(r);
+    if (b.microbatch >= 0 && b.kind != BlockKind::communication) {
+      const QString text = data_.blocks.empty() ? QString() : QString::number(b.microbatch);
+      if (fm.horizontalAdvance(text) + 4 < r.width() && fm.height() < r.height()) {
+        p.setPen(Qt::white);
+        p.drawText(r, Qt::AlignCenter, text);
+      }
+    }
+  }
+  p.restore();
+
+  // Stage labels and the step's end.
+  p.setPen(palette().color(QPalette::Text));
+  for (int s = 0; s < data_.num_stages; ++s) {
+    p.drawText(QRectF(4, plot.top() + s * rh, kLeftMargin - 8, rh),
+               Qt::AlignVCenter | Qt::AlignRight, tr("Stage %1").arg(s));
+  }
+  const double xEnd = xOf(data_.step_seconds);
+  if (xEnd >= plot.left() && xEnd <= plot.right()) {
+    p.setPen(QPen(QColor(0xb0, 0x00, 0x20), 1, Qt::DashLine));
+    p.drawLine(QPointF(xEnd, plot.top()), QPointF(xEnd, plot.bottom()));
+  }
+
+  // Legend.
+  double x = plot.left();
+  const double y = height() - kBottomMargin + 8;
+  auto legend = [&](const QBrush& brush, const QString& text) {
+    p.fillRect(QRectF(x, y, 14, 12), brush);
+    p.setPen(palette().color(QPalette::Text));
+    p.drawText(QPointF(x + 18, y + 11), text);
+    x += 18 + fm.horizontalAdvance(text) + 16;
+  };
+  for (BlockKind k : {BlockKind::forward, BlockKind::backward, BlockKind::backward_weight,
+                      BlockKind::communication, BlockKind::optimizer}) {
+    if (blockCount(k) > 0) legend(kindColor(k), kindName(k));
+  }
+  legend(QBrush(QColor(0xa0, 0xa0, 0xa0), Qt::BDiagPattern), tr("idle (bubble)"));
+}
+
+const TimelineBlock* TimelineWidget::blockAt(QPointF pos) const {
+  // Later blocks are drawn on top: search from the end.
+  for (auto it = data_.blocks.rbegin(); it != data_.blocks.rend(); ++it) {
+    if (blockRect(*it).adjusted(-1, 0, 1, 0).contains(pos)) return &*it;
+  }
+  return nullptr;
+}
+
+bool TimelineWidget::event(QEvent* event) {
+  if (event->type() == QEvent::ToolTip) {
+    auto* help = static_cast<QHelpEvent*>(event);
+    if (const TimelineBlock* b = blockAt(help->pos())) {
+      QString what = b->label.isEmpty() ? kindName(b->kind) : b->label;
+      if (b->microbatch >= 0) what += tr(", micro-batch %1").arg(b->microbatch);
+      if (b->chunk > 0) what += tr(", chunk %1").arg(b->chunk);
+      QToolTip::showText(help->globalPos(),
+                         tr("Stage %1: %2\n%3 – %4 ms (%5 ms)")
+                             .arg(b->stage)
+                             .arg(what)
+                             .arg(b->start_seconds * 1e3, 0, 'f', 3)
+                             .arg(b->end_seconds * 1e3, 0, 'f', 3)
+                             .arg((b->end_seconds - b->start_seconds) * 1e3, 0, 'f', 3),
+                         this);
+    } else {
+      QToolTip::hideText();
+      event->ignore();
+    }
+    return true;
+  }
+  return QWidget::event(event);
+}
+
+void TimelineWidget::wheelEvent(QWheelEvent* event) {
+  const double steps = event->angleDelta().y() / 120.0;
+  if (steps == 0) return;
+  zoom(std::pow(1.25, steps), secondsAt(event->position().x()));
+  event->accept();
+}
+
+void TimelineWidget::mousePressEvent(QMouseEvent* event) {
+  if (event->button() == Qt::LeftButton) {
+    dragging_ = true;
+    dragStartX_ = event->position().x();
+    dragStartView_ = viewStart_;
+    setCursor(Qt::ClosedHandCursor);
+  }
+}
+
+void TimelineWidget::mouseMoveEvent(QMouseEvent* event) {
+  if (!dragging_) return;
+  const double dx = event->position().x() - dragStartX_;
+  viewStart_ = dragStartView_ - dx / plotRect().width() * viewSpan_;
+  update();
+}
+
+void TimelineWidget::mouseReleaseEvent(QMouseEvent*) {
+  dragging_ = false;
+  unsetCursor();
+}
+
+void TimelineWidget::mouseDoubleClickEvent(QMouseEvent*) {
+  fit();
+}
+
+}  // namespace distplan::gui

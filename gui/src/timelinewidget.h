@@ -1,0 +1,62 @@
+// A Gantt chart of one simulated training step: one row per pipeline stage, forward, backward and
+// weight-gradient blocks coloured by kind and labelled by micro-batch, communication on a thin lane
+// under each row, idle time (bubbles) hatched. Wheel zooms around the cursor, dragging pans,
+// double-click fits the whole step; hovering a block names it and gives its start and end.
+#pragma once
+
+#include <QWidget>
+
+#include "timelinedata.h"
+
+namespace distplan::gui {
+
+class TimelineWidget : public QWidget {
+  Q_OBJECT
+
+ public:
+  explicit TimelineWidget(QWidget* parent = nullptr);
+
+  void setTimeline(const TimelineData& data);
+  [[nodiscard]] const TimelineData& timeline() const { return data_; }
+
+  [[nodiscard]] int rowCount() const { return data_.num_stages; }
+  [[nodiscard]] int blockCount(BlockKind kind) const;
+  /// The visible time window, in seconds.
+  [[nodiscard]] double viewStart() const { return viewStart_; }
+  [[nodiscard]] double viewSpan() const { return viewSpan_; }
+
+  void zoom(double factor, double anchorSeconds);
+  void fit();
+
+  [[nodiscard]] static QColor kindColor(BlockKind kind);
+  [[nodiscard]] static QString kindName(BlockKind kind);
+
+  [[nodiscard]] QSize sizeHint() const override { return {900, 360}; }
+  [[nodiscard]] QSize minimumSizeHint() const override { return {300, 160}; }
+
+ protected:
+  void paintEvent(QPaintEvent* event) override;
+  void wheelEvent(QWheelEvent* event) override;
+  void mousePressEvent(QMouseEvent* event) override;
+  void mouseMoveEvent(QMouseEvent* event) override;
+  void mouseReleaseEvent(QMouseEvent* event) override;
+  void mouseDoubleClickEvent(QMouseEvent* event) override;
+  bool event(QEvent* event) override;
+
+ private:
+  [[nodiscard]] QRectF plotRect() const;
+  [[nodiscard]] double rowHeight() const;
+  [[nodiscard]] double xOf(double seconds) const;
+  [[nodiscard]] double secondsAt(double x) const;
+  [[nodiscard]] QRectF blockRect(const TimelineBlock& b) const;
+  [[nodiscard]] const TimelineBlock* blockAt(QPointF pos) const;
+
+  TimelineData data_;
+  double viewStart_ = 0;
+  double viewSpan_ = 1;
+  bool dragging_ = false;
+  double dragStartX_ = 0;
+  double dragStartView_ = 0;
+};
+
+}  // namespace distplan::gui
