@@ -2,6 +2,9 @@
 #include "distplan/planner/scenario_json.h"
 
 #include <cmath>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -79,7 +82,7 @@ ModelSpec detail::read_model(const json& doc, const std::string& path) {
   const ModelSpec before = m;
   read_model_fields(r, m);
   if (r.has("preset") && !(m == before)) m.name += " (modified)";
-  r.take("name");  // accepted and ignored: the echoed name says where the model came from
+  if (auto n = r.string("name"); n && !r.has("preset")) m.name = n->substr(0, 128);
   r.finish();
   for (std::string_view key :
        {"num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "vocab_size"}) {
@@ -137,7 +140,7 @@ GpuSpec detail::read_gpu(const json& doc, const std::string& path) {
   if (auto v = r.number("intra_node_bandwidth", 0, kMaxBw, true)) g.intra_node_bandwidth = *v;
   if (auto v = r.number("inter_node_bandwidth", 0, kMaxBw, true)) g.inter_node_bandwidth = *v;
   if (auto v = r.integer("gpus_per_node", 1, 1024)) g.gpus_per_node = *v;
-  r.take("name");
+  if (auto n = r.string("name"); n && !r.has("preset")) g.name = n->substr(0, 128);
   r.finish();
   if (r.has("preset") && !(g == before)) g.name += " (modified)";
   if (g.memory_bytes == 0)
@@ -171,14 +174,88 @@ std::vector<Count> read_count_list(const json& doc, const std::string& path) {
 
 }  // namespace
 
+namespace {
+
+// SAX handler that builds nothing and tracks the JSON pointer of the value being read, so a
+// document that fails to parse is reported at the field where it fails (e.g. 1e999 under
+// /training/dropout), not only at a byte offset.
+class PointerTracker {
+ public:
+  bool null() { return value(); }
+  bool boolean(bool) { return value(); }
+  bool number_integer(json::number_integer_t) { return value(); }
+  bool number_unsigned(json::number_unsigned_t) { return value(); }
+  bool number_float(json::number_float_t, const json::string_t&) { return value(); }
+  bool string(json::string_t&) { return value(); }
+  bool binary(json::binary_t&) { return value(); }
+  bool start_object(std::size_t) { return push(false); }
+  bool start_array(std::size_t) { return push(true); }
+  bool key(json::string_t& k) {
+    frames_.back().key = k;
+    return true;
+  }
+  bool end_object() { return pop(); }
+  bool end_array() { return pop(); }
+  bool parse_error(std::size_t, const std::string&, const json::exception&) { return false; }
+
+  /// JSON pointer of the value the parser was reading when it stopped.
+  [[nodiscard]] std::string pointer() const {
+    std::string p;
+    for (const Frame& f : frames_) {
+      if (f.array) {
+        p += "/" + std::to_string(f.index);
+      } else if (f.key) {
+        p += "/" + detail::pointer_escape(*f.key);
+      }
+    }
+    return p;
+  }
+
+ private:
+  struct Frame {
+    bool array = false;
+    std::size_t index = 0;
+    std::optional<std::string> key;
+  };
+  bool value() {
+    if (!frames_.empty() && frames_.back().array) ++frames_.back().index;
+    return true;
+  }
+  bool push(bool array) {
+    frames_.push_back({array, 0, std::nullopt});
+    return true;
+  }
+  bool pop() {
+    frames_.pop_back();
+    return value();
+  }
+  std::vector<Frame> frames_;
+};
+
+// nlohmann's message without its "[json.exception.<kind>.<id>] " prefix.
+std::string strip_exception_prefix(std::string what) {
+  if (what.rfind("[json.exception.", 0) == 0) {
+    if (const auto pos = what.find("] "); pos != std::string::npos) what = what.substr(pos + 2);
+  }
+  return what;
+}
+
+}  // namespace
+
 json parse_json_text(std::string_view text) {
   try {
     return json::parse(text.begin(), text.end());
   } catch (const json::parse_error& e) {
-    // nlohmann's message names the byte; strip its "[json.exception...]" prefix.
-    std::string what = e.what();
-    if (const auto pos = what.find("] "); pos != std::string::npos) what = what.substr(pos + 2);
-    throw InputError("", "malformed JSON: " + what);
+    // A syntax error or ill-formed UTF-8: the document itself is malformed; nlohmann's message
+    // gives the line and column.
+    throw InputError("", "malformed JSON: " + strip_exception_prefix(e.what()));
+  } catch (const json::exception& e) {
+    // out_of_range 406: a number such as 1e999 that overflows a double (JSON has no infinity).
+    // Parse again, building nothing, to name the field that holds it.
+    PointerTracker tracker;
+    (void)json::sax_parse(text.begin(), text.end(), &tracker);
+    throw InputError(tracker.pointer(), "malformed JSON: " + strip_exception_prefix(e.what()) +
+                                            " (numbers must be finite)");
   }
 }
 

@@ -1,0 +1,194 @@
+#include "distplan/planner/scenario_json.h"
+
+#include <gtest/gtest.h>
+
+#include "distplan/planner/error.h"
+#include "distplan/planner/layout.h"
+#include "distplan/planner/presets.h"
+#include "test_util.h"
+
+namespace distplan {
+namespace {
+
+using nlohmann::json;
+
+// Expects an InputError at `path` whose message contains `needle`.
+void expect_error(const json& doc, const std::string& path, const std::string& needle) {
+  try {
+    (void)scenario_from_json(doc);
+    ADD_FAILURE() << "accepted: " << doc.dump();
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.path(), path) << e.what();
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
+        << "message '" << e.what() << "' lacks '" << needle << "'";
+  }
+}
+
+TEST(ScenarioJson, DefaultScenarioIsLlama2On64H100) {
+  const Scenario s = testing::scenario(testing::default_doc());
+  EXPECT_EQ(s.model.name, "llama2-70b");
+  EXPECT_EQ(s.cluster.num_gpus, 64);
+  EXPECT_EQ(s.cluster.gpu.name, "h100-sxm-80gb");
+  EXPECT_EQ(s.parallel.tp * s.parallel.pp * s.parallel.dp, 64);
+}
+
+TEST(ScenarioJson, RoundTripsThroughItsEcho) {
+  json doc = testing::default_doc();
+  doc["parallel"]["zero_stage"] = 3;
+  doc["parallel"]["fsdp_shard_size"] = 1;
+  doc["training"]["dropout"] = 0.1;
+  const Scenario a = testing::scenario(doc);
+  const Scenario b = scenario_from_json(to_json(a));
+  EXPECT_EQ(a, b);
+}
+
+TEST(ScenarioJson, DpDefaultsToGpusOverTpTimesPp) {
+  json doc = testing::default_doc();
+  doc["parallel"].erase("dp");
+  EXPECT_EQ(testing::scenario(doc).parallel.dp, 2);
+}
+
+TEST(ScenarioJson, PresetOverridesAreApplied) {
+  json doc = testing::default_doc();
+  doc["model"] = {{"preset", "llama2-70b"}, {"num_layers", 40}};
+  const Scenario s = testing::scenario(doc);
+  EXPECT_EQ(s.model.num_layers, 40);
+  EXPECT_EQ(s.model.hidden_size, 8192);
+  EXPECT_EQ(s.model.name, "llama2-70b (modified)");
+}
+
+TEST(ScenarioJson, RejectsEveryKindOfBadInput) {
+  const json base = testing::default_doc();
+  auto with = [&](const std::string& ptr, const json& v) {
+    json d = base;
+    d[json::json_pointer(ptr)] = v;
+    return d;
+  };
+  expect_error(with("/parallel/tpp", 2), "/parallel/tpp", "unknown field");
+  expect_error(with("/parallel/tpp", 2), "/parallel/tpp", "did you mean 'tp'");
+  expect_error(with("/extra", 1), "/extra", "unknown field");
+  expect_error(with("/parallel/tp", "8"), "/parallel/tp", "must be an integer");
+  expect_error(with("/parallel/tp", 0), "/parallel/tp", "at least 1");
+  expect_error(with("/training/seq_length", -4), "/training/seq_length", "at least 1");
+  expect_error(with("/training/dropout", 1.5), "/training/dropout", "at most");
+  expect_error(with("/training/precision", "fp8"), "/training/precision", "not one of");
+  expect_error(with("/model", "llama9-1t"), "/model", "unknown model preset");
+  expect_error(with("/cluster/gpu", "h900"), "/cluster/gpu", "unknown GPU preset");
+  json tp3 = with("/parallel/tp", 3);
+  tp3["parallel"].erase("dp");
+  tp3["cluster"]["num_gpus"] = 24;
+  tp3["parallel"]["pp"] = 1;
+  tp3["parallel"]["dp"] = 8;
+  expect_error(tp3, "/parallel/tp", "does not divide num_attention_heads=64");
+  json tp16 = with("/parallel/tp", 16);
+  tp16["parallel"]["dp"] = 1;
+  expect_error(tp16, "/parallel/tp", "does not divide num_kv_heads=8");
+  expect_error(with("/parallel/dp", 4), "/parallel", "does not equal num_gpus=64");
+  expect_error(with("/training/global_batch_size", 511), "/training/global_batch_size",
+               "not divisible");
+  json pp = base;
+  pp["model"] = {{"preset", "llama2-70b"}, {"num_layers", 2}};
+  expect_error(pp, "/parallel/pp", "exceeds num_layers=2");
+  json v = with("/parallel/schedule", "interleaved_1f1b");
+  v["parallel"]["virtual_stages"] = 3;
+  expect_error(v, "/parallel/virtual_stages", "does not divide");
+  expect_error(with("/parallel/virtual_stages", 2), "/parallel/virtual_stages", "interleaved_1f1b");
+  json ffn = base;
+  ffn["model"] = {{"preset", "llama2-70b"}, {"ffn_hidden_size", 28676}};
+  expect_error(ffn, "/parallel/tp", "ffn_hidden_size");
+  expect_error(with("/parallel/layers_per_stage", json::array({20, 20, 20})),
+               "/parallel/layers_per_stage", "one per stage");
+  expect_error(with("/parallel/layers_per_stage", json::array({20, 20, 20, 19})),
+               "/parallel/layers_per_stage", "sums to 79");
+  expect_error(with("/cluster/num_gpus", 1000000000), "/cluster/num_gpus", "too large");
+  json big = base;
+  big["model"] = {{"preset", "llama2-70b"},
+                  {"num_layers", 100000},
+                  {"hidden_size", 1 << 22},
+                  {"num_attention_heads", 1 << 12},
+                  {"ffn_hidden_size", 1 << 22}};
+  expect_error(big, "/model", "parameters");
+}
+
+TEST(ScenarioJson, MalformedTextNamesTheDocument) {
+  try {
+    (void)parse_json_text("{\"model\": ");
+    FAIL();
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.path(), "");
+    EXPECT_NE(std::string(e.what()).find("malformed JSON"), std::string::npos);
+  }
+}
+
+TEST(ScenarioJson, AcceptsExplicitUnevenSplit) {
+  json doc = testing::default_doc();
+  doc["parallel"]["layers_per_stage"] = {19, 21, 21, 19};
+  const Scenario s = testing::scenario(doc);
+  EXPECT_EQ(stage_layer_counts(s), (std::vector<Count>{19, 21, 21, 19}));
+}
+
+TEST(HfConfig, MapsLlamaMistralQwenGpt2AndNeox) {
+  const json llama = {{"model_type", "llama"},    {"num_hidden_layers", 80},
+                      {"hidden_size", 8192},      {"num_attention_heads", 64},
+                      {"num_key_value_heads", 8}, {"intermediate_size", 28672},
+                      {"vocab_size", 32000},      {"max_position_embeddings", 4096},
+                      {"hidden_act", "silu"},     {"tie_word_embeddings", false}};
+  const ModelSpec m = model_from_hf_config(llama, "/model/hf_config");
+  EXPECT_EQ(model_parameters(m), 68976648192);
+  EXPECT_EQ(m.mlp, Mlp::swiglu);
+  EXPECT_EQ(m.norm, Norm::rmsnorm);
+
+  const json gpt2 = {{"model_type", "gpt2"}, {"n_layer", 48},       {"n_embd", 1600},
+                     {"n_head", 25},         {"vocab_size", 50257}, {"n_positions", 1024}};
+  const ModelSpec g = model_from_hf_config(gpt2, "/model/hf_config");
+  EXPECT_EQ(g.ffn_hidden_size, 6400);
+  EXPECT_TRUE(g.tied_embeddings);
+  EXPECT_EQ(g.position_embedding, PositionEmbedding::learned);
+  EXPECT_EQ(model_parameters(g), 1557611200);  // GPT-2 XL, the released checkpoint
+
+  const json neox = {
+      {"model_type", "gpt_neox"},       {"num_hidden_layers", 44},    {"hidden_size", 6144},
+      {"num_attention_heads", 64},      {"intermediate_size", 24576}, {"vocab_size", 50432},
+      {"max_position_embeddings", 2048}};
+  const ModelSpec n = model_from_hf_config(neox, "/model/hf_config");
+  EXPECT_EQ(n.mlp, Mlp::gelu);
+  EXPECT_FALSE(n.tied_embeddings);
+  EXPECT_EQ(model_parameters(n), 20554567680);  // GPT-NeoX-20B
+
+  const json qwen = {{"model_type", "qwen2"},    {"num_hidden_layers", 28},
+                     {"hidden_size", 3584},      {"num_attention_heads", 28},
+                     {"num_key_value_heads", 4}, {"intermediate_size", 18944},
+                     {"vocab_size", 152064},     {"tie_word_embeddings", false}};
+  EXPECT_EQ(model_from_hf_config(qwen, "/m").num_kv_heads, 4);
+
+  json doc = testing::default_doc();
+  doc["model"] = {{"hf_config", llama}};
+  EXPECT_EQ(testing::scenario(doc).model.hidden_size, 8192);
+  doc["model"] = {{"hf_config", {{"model_type", "llama"}}}};
+  try {
+    (void)testing::scenario(doc);
+    FAIL();
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.path(), "/model/hf_config");
+  }
+}
+
+TEST(Presets, AllRequiredPresetsLoadWithSources) {
+  for (const char* name : {"gpt3-1.3b", "gpt3-6.7b", "gpt3-13b", "gpt3-175b", "llama2-7b",
+                           "llama2-13b", "llama2-70b", "llama3.1-8b", "llama3.1-70b",
+                           "llama3.1-405b", "mistral-7b", "qwen2.5-7b", "qwen2.5-72b"}) {
+    EXPECT_TRUE(find_model_preset(name).has_value()) << name;
+  }
+  for (const char* name : {"a100-40gb", "a100-80gb", "h100-sxm-80gb", "h100-pcie-80gb",
+                           "h200-141gb", "b200-192gb", "mi300x-192gb", "l40s-48gb"}) {
+    const auto g = find_gpu_preset(name);
+    ASSERT_TRUE(g.has_value()) << name;
+    EXPECT_GT(g->peak_flops.bf16, 1e14) << name;
+    EXPECT_GE(g->memory_bytes, Bytes{40} << 30) << name;
+  }
+  for (const auto& p : model_presets()) EXPECT_FALSE(p.source.empty()) << p.name;
+  for (const auto& p : gpu_presets()) EXPECT_FALSE(p.source.empty()) << p.name;
+}
+
+}  // namespace
+}  // namespace distplan
