@@ -71,7 +71,7 @@ struct StageTimes {
   Seconds forward = 0, backward = 0, backward_input = 0, backward_weight = 0;
   Seconds p2p = 0;           // one send
   Seconds zero3_gather = 0;  // before each forward / backward(-input) pass
-  Seconds grad_reduce = 0;   // per chunk, whole
+  Seconds grad_reduce = 0;   // per chunk and step (ZeRO-2/3: spread over the m micro-batches)
   Count grad_buckets = 1;    // per chunk
   Seconds param_gather = 0;
   Seconds optimizer = 0;
@@ -115,6 +115,7 @@ struct Run {
   const std::vector<StageTimes>& times;
   bool overlap_grad_reduce;
   bool overlap_param_gather;
+  bool per_microbatch_reduce;  // ZeRO-2/3: gradients are reduce-scattered after every micro-batch
   bool record;
   Workspace& ws;
   SimResult& out;  // trace and memory are appended when `record`
@@ -243,24 +244,30 @@ struct Run {
     if (record) memory_sample(s, now);
   }
 
-  // Gradient reduction of one chunk, bucketed: with overlap, bucket i of n is ready at
-  // start + (i + 1)/n of the chunk's last weight-gradient pass (gradients fill buckets as the
-  // pass runs, last layer first) and buckets reduce one after another on the DP stream;
-  // without overlap, all are ready when the pass ends.
-  void reduce_gradients(std::size_t s, const Action& a, EventTime start, EventTime end) {
+  // Gradient reduction of `amount` seconds in n buckets after a weight-gradient pass that ran
+  // [start, end). With overlap, bucket i is ready at start + (i + 1)(end - start)/n (gradients
+  // fill buckets as the pass runs) and the buckets reduce back to back on the DP stream; the last
+  // one ends at max(free + n r, start + D/n + n r, start + D + r) with r = amount/n, D = end -
+  // start (the latest of "bucket i ready, then it and the rest back to back" is at i = 0 or
+  // i = n - 1). Without overlap all buckets are ready at `end`. docs/simulator.md.
+  void reduce_gradients(std::size_t s, const Action& a, EventTime start, EventTime end,
+                        Seconds amount) {
     StageState& st = ws.stages[s];
-    const StageTimes& t = times[s];
-    if (t.grad_reduce <= 0) return;
-    const Count n = t.grad_buckets;
-    const Seconds per_bucket = t.grad_reduce / static_cast<double>(n);
-    for (Count i = 0; i < n; ++i) {
-      const EventTime ready =
-          overlap_grad_reduce
-              ? start + (end - start) * static_cast<double>(i + 1) / static_cast<double>(n)
-              : end;
-      const EventTime bstart = st.dp.submit(ready, per_bucket);
-      if (record) trace(s, Track::dp, SliceKind::grad_reduce, &a, bstart, per_bucket);
+    if (amount <= 0) return;
+    const double n = static_cast<double>(times[s].grad_buckets);
+    const Seconds r = amount / n;
+    EventTime first_ready = end, finish;
+    if (overlap_grad_reduce) {
+      const Seconds d = end - start;
+      first_ready = start + d / n;
+      finish = std::max({st.dp.free_at + amount, first_ready + amount, end + r});
+    } else {
+      finish = std::max(st.dp.free_at, end) + amount;
     }
+    const EventTime slice_start = std::max(st.dp.free_at, first_ready);
+    st.dp.free_at = finish;
+    st.dp.busy_seconds += amount;
+    if (record) trace(s, Track::dp, SliceKind::grad_reduce, &a, slice_start, finish - slice_start);
   }
 
   void send(std::size_t s, bool forward, const Action& a, EventTime now) {
@@ -308,8 +315,15 @@ struct Run {
         release(s, a, now);
         break;
     }
-    if (pos == ws.last_wgrad[s * static_cast<std::size_t>(v) + static_cast<std::size_t>(a.chunk)])
-      reduce_gradients(s, a, st.current_start, now);
+    if (a.op == Op::backward || a.op == Op::backward_weight) {
+      if (per_microbatch_reduce) {
+        reduce_gradients(s, a, st.current_start, now,
+                         times[s].grad_reduce / static_cast<double>(m));
+      } else if (pos == ws.last_wgrad[s * static_cast<std::size_t>(v) +
+                                      static_cast<std::size_t>(a.chunk)]) {
+        reduce_gradients(s, a, st.current_start, now, times[s].grad_reduce);
+      }
+    }
     try_start(s, now);
   }
 
@@ -464,10 +478,12 @@ SimResult simulate(const Scenario& s, const Estimate& e, const SimOptions& opts)
   Workspace& ws = workspace();
   if (opts.record_trace)
     out.trace.reserve(prog->num_actions() * 2 + 4 * static_cast<std::size_t>(p));
+  const bool per_mb = s.parallel.zero_stage >= 2;
   Run run{*prog,
           times,
           s.assumptions.overlap_grad_reduce,
           s.assumptions.overlap_param_gather,
+          per_mb,
           opts.record_trace,
           ws,
           out};
@@ -481,7 +497,7 @@ SimResult simulate(const Scenario& s, const Estimate& e, const SimOptions& opts)
     std::vector<StageTimes> quiet = times;
     for (StageTimes& t : quiet) t.p2p = t.zero3_gather = t.grad_reduce = t.param_gather = 0;
     SimResult q;
-    Run again{*prog, quiet, true, true, false, ws, q};
+    Run again{*prog, quiet, true, true, per_mb, false, ws, q};
     again.run();
     out.exposed_communication_seconds = std::max(0.0, out.step_seconds - q.step_seconds);
   }
