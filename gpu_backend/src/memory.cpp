@@ -25,6 +25,8 @@ std::string_view to_string(MemoryTag t) noexcept {
       return "activations";
     case MemoryTag::buffers:
       return "buffers";
+    case MemoryTag::temporaries:
+      return "temporaries";
   }
   return "?";
 }

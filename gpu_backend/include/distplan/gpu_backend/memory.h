@@ -11,8 +11,11 @@
 
 namespace distplan::backend {
 
-enum class MemoryTag { weights, gradients, optimizer, activations, buffers };
-inline constexpr int kNumMemoryTags = 5;
+/// DESIGN.md's categories, plus `temporaries`: tensors that live only inside one op or one
+/// layer's forward/backward (activation gradients, unsaved intermediates). The planner does not
+/// model them; they are measured and reported apart, and count in the joint peak.
+enum class MemoryTag { weights, gradients, optimizer, activations, buffers, temporaries };
+inline constexpr int kNumMemoryTags = 6;
 [[nodiscard]] std::string_view to_string(MemoryTag t) noexcept;
 
 enum class Device { cpu, cuda };

@@ -1,0 +1,117 @@
+// Communicators: one interface, three implementations. MPI moves data between CPU ranks; NCCL
+// between GPUs (unique id shared through MPI); emulated moves nothing but keeps every call's shape
+// and byte count, so one process can stand for rank r of a layout of any size.
+// Every call records the bytes handed to it under (group, op, what): the same keys as the
+// planner's Collective list (estimate.h). Groups follow Megatron-LM's rank order
+// rank = tp + TP*(dp + DP*pp) (DESIGN.md, "Ranks and groups").
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "distplan/planner/estimate.h"
+#include "distplan/planner/spec.h"
+
+namespace distplan::backend {
+
+enum class ReduceOp { sum, max };
+
+/// Bytes handed to a collective and how many calls, summed over the measured step.
+struct CommTotals {
+  Bytes bytes = 0;
+  Count calls = 0;
+  bool operator==(const CommTotals&) const = default;
+};
+
+class CommLog {
+ public:
+  using Key = std::tuple<Group, CollectiveOp, std::string>;
+  void record(Group g, CollectiveOp op, const std::string& what, Bytes bytes);
+  void clear() { entries_.clear(); }
+  [[nodiscard]] const std::map<Key, CommTotals>& entries() const noexcept { return entries_; }
+  /// Totals per (group, op) over every `what`.
+  [[nodiscard]] CommTotals total(Group g, CollectiveOp op) const;
+
+ private:
+  std::map<Key, CommTotals> entries_;
+};
+
+/// A communicator over one group. Buffers hold `n` elements of `dtype` (16-bit types are reduced
+/// in fp32 and rounded back). Counts are per rank: reduce_scatter reads n*size and writes n;
+/// all_gather reads n and writes n*size. The recorded bytes are the full buffer (n*size elements
+/// for reduce-scatter and all-gather), as the planner's bytes_per_call (docs/communication.md).
+class Communicator {
+ public:
+  Communicator(Group group, int rank, int size, CommLog* log)
+      : group_(group), rank_(rank), size_(size), log_(log) {}
+  virtual ~Communicator() = default;
+  [[nodiscard]] Group group() const noexcept { return group_; }
+  [[nodiscard]] int rank() const noexcept { return rank_; }
+  [[nodiscard]] int size() const noexcept { return size_; }
+
+  void all_reduce(void* data, Count n, DType dtype, ReduceOp op, const std::string& what);
+  void reduce_scatter(const void* in, void* out, Count n, DType dtype, const std::string& what);
+  void all_gather(const void* in, void* out, Count n, DType dtype, const std::string& what);
+  /// Non-blocking for the caller (the data is copied out); recorded as send_recv.
+  /// `tag` tells messages between the same pair apart (the receiver's virtual stage, micro-batch
+  /// and direction).
+  void send(const void* data, Count n, DType dtype, int dst, int tag, const std::string& what);
+  /// Blocks until the matching send arrives. Receives are not recorded (the sender records).
+  void recv(void* data, Count n, DType dtype, int src, int tag);
+  /// Completes outstanding sends, then synchronises the group.
+  virtual void barrier() = 0;
+
+ protected:
+  virtual void do_all_reduce(void* data, Count n, DType dtype, ReduceOp op) = 0;
+  virtual void do_reduce_scatter(const void* in, void* out, Count n, DType dtype) = 0;
+  virtual void do_all_gather(const void* in, void* out, Count n, DType dtype) = 0;
+  virtual void do_send(const void* data, Count n, DType dtype, int dst, int tag) = 0;
+  virtual void do_recv(void* data, Count n, DType dtype, int src, int tag) = 0;
+
+ private:
+  Group group_;
+  int rank_;
+  int size_;
+  CommLog* log_;
+};
+
+/// This rank's coordinates in the layout.
+struct RankCoords {
+  int tp = 0, dp = 0, pp = 0;
+};
+[[nodiscard]] RankCoords rank_coords(const ParallelSpec& p, int world_rank) noexcept;
+[[nodiscard]] int world_rank_of(const ParallelSpec& p, RankCoords c) noexcept;
+
+enum class CommBackend { emulated, mpi, nccl };
+
+/// The groups one rank belongs to. A group of size 1 still exists; the model never calls it.
+struct ProcessGroups {
+  RankCoords coords;
+  int world_rank = 0;
+  int world_size = 1;
+  std::unique_ptr<Communicator> tp, dp, pp;
+  CommLog log;
+  /// Sum (or max) of a few doubles over all ranks, for the loss and overflow flag; not recorded.
+  std::function<void(double*, int, ReduceOp)> world_reduce;
+  /// Rank 0 receives every rank's string (measurement gathering); others get an empty vector.
+  std::function<std::vector<std::string>(const std::string&)> gather_to_root;
+};
+
+/// Emulated groups for `world_rank` of the layout: every collective keeps its shape, moves nothing.
+[[nodiscard]] std::unique_ptr<ProcessGroups> make_emulated_groups(const ParallelSpec& p,
+                                                                  int world_rank);
+/// MPI groups (MPI_COMM_WORLD split by Megatron order); MPI must be initialised and the world size
+/// equal tp*dp*pp. Throws std::runtime_error when built without MPI.
+[[nodiscard]] std::unique_ptr<ProcessGroups> make_mpi_groups(const ParallelSpec& p);
+[[nodiscard]] bool mpi_available() noexcept;
+/// MPI_Init once (thread level single) when not yet initialised; returns the world size.
+int mpi_init_if_needed();
+void mpi_finalize_if_initialised();
+/// Rank 0 of MPI_COMM_WORLD receives every rank's string in rank order; others get an empty vector.
+[[nodiscard]] std::vector<std::string> gather_measurements(const std::string& mine);
+
+}  // namespace distplan::backend

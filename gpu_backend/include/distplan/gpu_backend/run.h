@@ -1,0 +1,57 @@
+// Runs a scenario for real: the sharded model of the planner's layer op table, trained for a few
+// steps on this rank, measuring memory by category, bytes handed to every collective, the executed
+// pipeline program and times (docs/gpu_backend.md).
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "distplan/gpu_backend/comm.h"
+#include "distplan/gpu_backend/memory.h"
+#include "distplan/planner/spec.h"
+#include "distplan/simulator/schedule.h"
+
+namespace distplan::backend {
+
+struct RunOptions {
+  Count steps = 5;
+  CommBackend comm = CommBackend::emulated;  // mpi when the layout has several ranks
+  int emulate_rank = 0;                      // the rank an emulated run stands for
+  Device device = Device::cpu;
+  std::uint64_t seed = 1234;
+  float learning_rate = 1e-3f;
+  float weight_decay = 0.01f;
+};
+
+struct ExecutedAction {
+  sim::Action action;
+  Seconds seconds = 0;
+};
+
+/// One rank's figures for the last (measured) step.
+struct RankMeasurement {
+  int rank = 0;
+  RankCoords coords;
+  MemoryStats memory;                   // peaks over the measured step, at requested size
+  std::vector<ExecutedAction> actions;  // this stage's program as executed
+  std::map<CommLog::Key, CommTotals> communication;  // bytes handed per (group, op, what)
+  Seconds step_seconds = 0;
+  Seconds optimizer_seconds = 0;
+};
+
+struct Measurement {
+  std::vector<double> losses;          // mean token loss of each step (all ranks agree)
+  std::vector<bool> skipped;           // fp16: the step was skipped on overflow
+  std::vector<RankMeasurement> ranks;  // every rank on rank 0 (MPI), this rank otherwise
+};
+
+/// Trains `steps` steps of `s` as the calling rank. With CommBackend::mpi, MPI must be initialised
+/// with tp*dp*pp ranks; rank 0's result holds every rank's measurement, other ranks' only theirs.
+/// Throws InputError for layouts the backend does not implement (docs/gpu_backend.md, "Limits").
+[[nodiscard]] Measurement run(const Scenario& s, const RunOptions& opts);
+
+/// Throws InputError naming the field when the backend cannot run `s`.
+void check_supported(const Scenario& s);
+
+}  // namespace distplan::backend

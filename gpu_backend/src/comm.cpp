@@ -1,0 +1,110 @@
+#include "distplan/gpu_backend/comm.h"
+
+#include <cstring>
+#include <stdexcept>
+#include <vector>
+
+#include "distplan/gpu_backend/tensor.h"
+#include "distplan/planner/check.h"
+
+namespace distplan::backend {
+
+void CommLog::record(Group g, CollectiveOp op, const std::string& what, Bytes bytes) {
+  CommTotals& t = entries_[Key{g, op, what}];
+  t.bytes += bytes;
+  t.calls += 1;
+}
+
+CommTotals CommLog::total(Group g, CollectiveOp op) const {
+  CommTotals t;
+  for (const auto& [k, v] : entries_) {
+    if (std::get<0>(k) == g && std::get<1>(k) == op) {
+      t.bytes += v.bytes;
+      t.calls += v.calls;
+    }
+  }
+  return t;
+}
+
+void Communicator::all_reduce(void* data, Count n, DType dtype, ReduceOp op,
+                              const std::string& what) {
+  log_->record(group_, CollectiveOp::all_reduce, what, n * bytes_of(dtype));
+  do_all_reduce(data, n, dtype, op);
+}
+void Communicator::reduce_scatter(const void* in, void* out, Count n, DType dtype,
+                                  const std::string& what) {
+  log_->record(group_, CollectiveOp::reduce_scatter, what, n * size_ * bytes_of(dtype));
+  do_reduce_scatter(in, out, n, dtype);
+}
+void Communicator::all_gather(const void* in, void* out, Count n, DType dtype,
+                              const std::string& what) {
+  log_->record(group_, CollectiveOp::all_gather, what, n * size_ * bytes_of(dtype));
+  do_all_gather(in, out, n, dtype);
+}
+void Communicator::send(const void* data, Count n, DType dtype, int dst, int tag,
+                        const std::string& what) {
+  log_->record(group_, CollectiveOp::send_recv, what, n * bytes_of(dtype));
+  do_send(data, n, dtype, dst, tag);
+}
+void Communicator::recv(void* data, Count n, DType dtype, int src, int tag) {
+  do_recv(data, n, dtype, src, tag);
+}
+
+RankCoords rank_coords(const ParallelSpec& p, int world_rank) noexcept {
+  RankCoords c;
+  c.tp = static_cast<int>(world_rank % p.tp);
+  c.dp = static_cast<int>((world_rank / p.tp) % p.dp);
+  c.pp = static_cast<int>(world_rank / (p.tp * p.dp));
+  return c;
+}
+
+int world_rank_of(const ParallelSpec& p, RankCoords c) noexcept {
+  return static_cast<int>(c.tp + p.tp * (c.dp + p.dp * c.pp));
+}
+
+namespace {
+
+class EmulatedCommunicator final : public Communicator {
+ public:
+  using Communicator::Communicator;
+  void barrier() override {}
+
+ protected:
+  // Shapes and byte counts are kept by the caller's buffers; no data moves. A reduce-scatter
+  // leaves this rank's own slice of the input (as if the other ranks contributed zeros), an
+  // all-gather places this rank's input at its slice of the output.
+  void do_all_reduce(void*, Count, DType, ReduceOp) override {}
+  void do_reduce_scatter(const void* in, void* out, Count n, DType dtype) override {
+    const auto bytes = static_cast<std::size_t>(n * bytes_of(dtype));
+    std::memmove(out, static_cast<const char*>(in) + bytes * static_cast<std::size_t>(rank()),
+                 bytes);
+  }
+  void do_all_gather(const void* in, void* out, Count n, DType dtype) override {
+    const auto bytes = static_cast<std::size_t>(n * bytes_of(dtype));
+    std::memmove(static_cast<char*>(out) + bytes * static_cast<std::size_t>(rank()), in, bytes);
+  }
+  void do_send(const void*, Count, DType, int, int) override {}
+  void do_recv(void* data, Count n, DType dtype, int, int) override {
+    std::memset(data, 0, static_cast<std::size_t>(n * bytes_of(dtype)));
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<ProcessGroups> make_emulated_groups(const ParallelSpec& p, int world_rank) {
+  auto g = std::make_unique<ProcessGroups>();
+  g->coords = rank_coords(p, world_rank);
+  g->world_rank = world_rank;
+  g->world_size = static_cast<int>(p.tp * p.dp * p.pp);
+  g->tp = std::make_unique<EmulatedCommunicator>(Group::tp, g->coords.tp, static_cast<int>(p.tp),
+                                                 &g->log);
+  g->dp = std::make_unique<EmulatedCommunicator>(Group::dp, g->coords.dp, static_cast<int>(p.dp),
+                                                 &g->log);
+  g->pp = std::make_unique<EmulatedCommunicator>(Group::pp, g->coords.pp, static_cast<int>(p.pp),
+                                                 &g->log);
+  g->world_reduce = [](double*, int, ReduceOp) {};
+  g->gather_to_root = [](const std::string& s) { return std::vector<std::string>{s}; };
+  return g;
+}
+
+}  // namespace distplan::backend

@@ -1,0 +1,203 @@
+// MPI communicators for CPU ranks. 16-bit buffers are reduced in fp32 and rounded back.
+#include <cstring>
+#include <list>
+#include <stdexcept>
+#include <vector>
+
+#include "distplan/gpu_backend/comm.h"
+#include "distplan/gpu_backend/tensor.h"
+#include "distplan/planner/check.h"
+
+#ifdef DISTPLAN_HAVE_MPI
+#include <mpi.h>
+#endif
+
+namespace distplan::backend {
+
+#ifdef DISTPLAN_HAVE_MPI
+namespace {
+
+void to_float(const void* in, float* out, Count n, DType dtype) {
+  const auto* s = static_cast<const std::uint16_t*>(in);
+  if (dtype == DType::fp32) {
+    std::memcpy(out, in, static_cast<std::size_t>(n) * 4);
+  } else if (dtype == DType::bf16) {
+    for (Count i = 0; i < n; ++i) out[i] = bf16_to_float(s[i]);
+  } else {
+    for (Count i = 0; i < n; ++i) out[i] = fp16_to_float(s[i]);
+  }
+}
+
+void from_float(const float* in, void* out, Count n, DType dtype) {
+  auto* d = static_cast<std::uint16_t*>(out);
+  if (dtype == DType::fp32) {
+    std::memcpy(out, in, static_cast<std::size_t>(n) * 4);
+  } else if (dtype == DType::bf16) {
+    for (Count i = 0; i < n; ++i) d[i] = float_to_bf16(in[i]);
+  } else {
+    for (Count i = 0; i < n; ++i) d[i] = float_to_fp16(in[i]);
+  }
+}
+
+int icount(Count n) {
+  DISTPLAN_CHECK(n <= 0x7FFFFFFF, "MPI message over 2^31 elements");
+  return static_cast<int>(n);
+}
+
+class MpiCommunicator final : public Communicator {
+ public:
+  MpiCommunicator(Group g, MPI_Comm comm, CommLog* log)
+      : Communicator(g, comm_rank(comm), comm_size(comm), log), comm_(comm) {}
+  ~MpiCommunicator() override {
+    complete_sends();
+    MPI_Comm_free(&comm_);
+  }
+  void barrier() override {
+    complete_sends();
+    MPI_Barrier(comm_);
+  }
+
+ protected:
+  void do_all_reduce(void* data, Count n, DType dtype, ReduceOp op) override {
+    std::vector<float> buf(static_cast<std::size_t>(n));
+    to_float(data, buf.data(), n, dtype);
+    MPI_Allreduce(MPI_IN_PLACE, buf.data(), icount(n), MPI_FLOAT,
+                  op == ReduceOp::sum ? MPI_SUM : MPI_MAX, comm_);
+    from_float(buf.data(), data, n, dtype);
+  }
+  void do_reduce_scatter(const void* in, void* out, Count n, DType dtype) override {
+    std::vector<float> src(static_cast<std::size_t>(n * size())), dst(static_cast<std::size_t>(n));
+    to_float(in, src.data(), n * size(), dtype);
+    MPI_Reduce_scatter_block(src.data(), dst.data(), icount(n), MPI_FLOAT, MPI_SUM, comm_);
+    from_float(dst.data(), out, n, dtype);
+  }
+  void do_all_gather(const void* in, void* out, Count n, DType dtype) override {
+    const Count bytes = n * bytes_of(dtype);
+    std::vector<char> mine(static_cast<const char*>(in), static_cast<const char*>(in) + bytes);
+    MPI_Allgather(mine.data(), icount(bytes), MPI_BYTE, out, icount(bytes), MPI_BYTE, comm_);
+  }
+  void do_send(const void* data, Count n, DType dtype, int dst, int tag) override {
+    const Count bytes = n * bytes_of(dtype);
+    auto& p = pending_.emplace_back();
+    p.data.assign(static_cast<const char*>(data), static_cast<const char*>(data) + bytes);
+    MPI_Isend(p.data.data(), icount(bytes), MPI_BYTE, dst, tag, comm_, &p.req);
+    // Reap finished sends so the staging copies do not pile up.
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      int done = 0;
+      MPI_Test(&it->req, &done, MPI_STATUS_IGNORE);
+      it = done ? pending_.erase(it) : std::next(it);
+    }
+  }
+  void do_recv(void* data, Count n, DType dtype, int src, int tag) override {
+    MPI_Recv(data, icount(n * bytes_of(dtype)), MPI_BYTE, src, tag, comm_, MPI_STATUS_IGNORE);
+  }
+
+ private:
+  static int comm_rank(MPI_Comm c) {
+    int r = 0;
+    MPI_Comm_rank(c, &r);
+    return r;
+  }
+  static int comm_size(MPI_Comm c) {
+    int s = 0;
+    MPI_Comm_size(c, &s);
+    return s;
+  }
+  void complete_sends() {
+    for (auto& p : pending_) MPI_Wait(&p.req, MPI_STATUS_IGNORE);
+    pending_.clear();
+  }
+  struct Pending {
+    std::vector<char> data;
+    MPI_Request req{};
+  };
+  MPI_Comm comm_;
+  std::list<Pending> pending_;
+};
+
+}  // namespace
+
+bool mpi_available() noexcept {
+  return true;
+}
+
+int mpi_init_if_needed() {
+  int init = 0;
+  MPI_Initialized(&init);
+  if (!init) MPI_Init(nullptr, nullptr);
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  return size;
+}
+
+void mpi_finalize_if_initialised() {
+  int init = 0, fin = 0;
+  MPI_Initialized(&init);
+  MPI_Finalized(&fin);
+  if (init && !fin) MPI_Finalize();
+}
+
+std::vector<std::string> gather_measurements(const std::string& s) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  int len = static_cast<int>(s.size());
+  std::vector<int> lens(static_cast<std::size_t>(size));
+  MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, MPI_COMM_WORLD);
+  std::vector<int> displs(static_cast<std::size_t>(size), 0);
+  int total = 0;
+  for (int i = 0; i < size; ++i) displs[i] = total, total += lens[i];
+  std::vector<char> all(static_cast<std::size_t>(rank == 0 ? total : 0));
+  MPI_Gatherv(s.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR, 0,
+              MPI_COMM_WORLD);
+  std::vector<std::string> out;
+  if (rank == 0) {
+    for (int i = 0; i < size; ++i) out.emplace_back(all.data() + displs[i], lens[i]);
+  }
+  return out;
+}
+
+std::unique_ptr<ProcessGroups> make_mpi_groups(const ParallelSpec& p) {
+  auto g = std::make_unique<ProcessGroups>();
+  MPI_Comm_rank(MPI_COMM_WORLD, &g->world_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &g->world_size);
+  DISTPLAN_CHECK(g->world_size == p.tp * p.dp * p.pp, "MPI world size differs from tp*dp*pp");
+  const RankCoords c = rank_coords(p, g->world_rank);
+  g->coords = c;
+  const int tp = static_cast<int>(p.tp), dp = static_cast<int>(p.dp);
+  // Colour = the coordinates the group does not span; key = the spanned one (its rank in it).
+  auto split = [&](int colour, int key) {
+    MPI_Comm comm;
+    MPI_Comm_split(MPI_COMM_WORLD, colour, key, &comm);
+    return comm;
+  };
+  g->tp = std::make_unique<MpiCommunicator>(Group::tp, split(c.dp + dp * c.pp, c.tp), &g->log);
+  g->dp = std::make_unique<MpiCommunicator>(Group::dp, split(c.tp + tp * c.pp, c.dp), &g->log);
+  g->pp = std::make_unique<MpiCommunicator>(Group::pp, split(c.tp + tp * c.dp, c.pp), &g->log);
+  g->world_reduce = [](double* x, int n, ReduceOp op) {
+    MPI_Allreduce(MPI_IN_PLACE, x, n, MPI_DOUBLE, op == ReduceOp::sum ? MPI_SUM : MPI_MAX,
+                  MPI_COMM_WORLD);
+  };
+  g->gather_to_root = gather_measurements;
+  return g;
+}
+
+#else
+
+bool mpi_available() noexcept {
+  return false;
+}
+int mpi_init_if_needed() {
+  return 1;
+}
+void mpi_finalize_if_initialised() {}
+std::vector<std::string> gather_measurements(const std::string& mine) {
+  return {mine};
+}
+std::unique_ptr<ProcessGroups> make_mpi_groups(const ParallelSpec&) {
+  throw std::runtime_error("distplan was built without MPI");
+}
+
+#endif
+
+}  // namespace distplan::backend

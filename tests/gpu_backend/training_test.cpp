@@ -1,0 +1,203 @@
+// Sharded training on the CPU: every layout of the matrix trains the tiny model to the same losses
+// as one rank, its measured memory and collective bytes equal the planner's prediction, and each
+// stage executes exactly its schedule program. Multi-rank layouts run under mpirun.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "distplan/gpu_backend/measurement_json.h"
+#include "distplan/gpu_backend/run.h"
+#include "distplan/planner/estimate.h"
+#include "distplan/planner/layout.h"
+#include "distplan/planner/scenario_json.h"
+#include "distplan/simulator/schedule.h"
+
+namespace distplan::backend {
+namespace {
+
+struct Layout {
+  const char* name;
+  nlohmann::json parallel;
+  const char* precision = "fp32";
+  const char* attention = "flash";
+  bool llama = false;
+};
+
+nlohmann::json tiny_scenario(const Layout& l) {
+  const Count ranks =
+      l.parallel.value("tp", 1) * l.parallel.value("pp", 1) * l.parallel.value("dp", 1);
+  nlohmann::json model = {{"num_layers", 4},
+                          {"hidden_size", 64},
+                          {"num_attention_heads", 4},
+                          {"num_kv_heads", 4},
+                          {"ffn_hidden_size", 256},
+                          {"vocab_size", 512},
+                          {"mlp", "gelu"},
+                          {"norm", "layernorm"},
+                          {"position_embedding", "learned"},
+                          {"max_position_embeddings", 32},
+                          {"tied_embeddings", false},
+                          {"bias", true}};
+  if (l.llama) {
+    model["mlp"] = "swiglu";
+    model["norm"] = "rmsnorm";
+    model["position_embedding"] = "rotary";
+    model["num_kv_heads"] = 2;
+    model["ffn_hidden_size"] = 128;
+    model["bias"] = false;
+  }
+  return {{"model", model},
+          {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", ranks}, {"gpus_per_node", 8}}},
+          {"training",
+           {{"seq_length", 32},
+            {"global_batch_size", 4},
+            {"micro_batch_size", 1},
+            {"precision", l.precision},
+            {"grad_accumulation_dtype", l.precision},
+            {"optimizer", "adamw"},
+            {"attention", l.attention}}},
+          {"parallel", l.parallel}};
+}
+
+std::string write_temp(const nlohmann::json& doc, const std::string& name) {
+  const std::string path = ::testing::TempDir() + "/" + name + ".json";
+  std::ofstream(path) << doc.dump();
+  return path;
+}
+
+// Runs the layout: in process when it has one rank, else under mpirun with the worker.
+Measurement run_layout(const nlohmann::json& doc, const std::string& name, Count ranks) {
+  if (ranks == 1) {
+    RunOptions o;
+    o.comm = CommBackend::emulated;
+    return run(scenario_from_json(doc), o);
+  }
+  const std::string in = write_temp(doc, name);
+  const std::string out = ::testing::TempDir() + "/" + name + ".out.json";
+  std::ostringstream cmd;
+  cmd << "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader "
+         "OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1 "
+      << "timeout 120 mpirun -np " << ranks << " --oversubscribe " << DISTPLAN_BACKEND_WORKER << " "
+      << in << " --steps 5 --out " << out << " > " << out << ".log 2>&1";
+  const int rc = std::system(cmd.str().c_str());
+  EXPECT_EQ(rc, 0) << cmd.str();
+  std::ifstream f(out);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return measurement_from_json(nlohmann::json::parse(ss.str()));
+}
+
+// Collectives the planner does not list (docs/gpu_backend.md, "Differences from the planner").
+bool unmodelled(const std::string& what) {
+  return what == "sequence-parallel gradients" || what == "embedding output gradient";
+}
+
+void expect_matches_planner(const Scenario& s, const Measurement& m) {
+  const Estimate e = estimate(s);
+  const sim::SchedulePrograms prog = sim::make_schedule(
+      s.parallel.schedule, s.parallel.pp, s.num_microbatches(), s.parallel.virtual_stages);
+  std::map<int, Bytes> stage_wire;
+  std::map<int, std::map<std::pair<Group, CollectiveOp>, CommTotals>> stage_comm;
+  for (const RankMeasurement& r : m.ranks) {
+    const StageMemory& sm = e.memory.stages[static_cast<std::size_t>(r.coords.pp)];
+    SCOPED_TRACE("rank " + std::to_string(r.rank));
+    EXPECT_EQ(r.memory.peak_of(MemoryTag::weights), sm.weights_bytes);
+    EXPECT_EQ(r.memory.peak_of(MemoryTag::gradients), sm.gradients_bytes);
+    EXPECT_EQ(r.memory.peak_of(MemoryTag::optimizer), sm.optimizer_bytes);
+    EXPECT_NEAR(static_cast<double>(r.memory.peak_of(MemoryTag::activations)),
+                static_cast<double>(sm.activations_bytes),
+                0.02 * static_cast<double>(sm.activations_bytes));
+    EXPECT_NEAR(static_cast<double>(r.memory.peak_of(MemoryTag::buffers)),
+                static_cast<double>(sm.buffers_bytes),
+                0.10 * static_cast<double>(sm.buffers_bytes));
+    // The executed actions are the stage's program.
+    const auto& want = prog.programs[static_cast<std::size_t>(r.coords.pp)];
+    ASSERT_EQ(r.actions.size(), want.size());
+    for (std::size_t i = 0; i < want.size(); ++i) EXPECT_EQ(r.actions[i].action, want[i]) << i;
+    if (r.coords.tp == 0 && r.coords.dp == 0) {
+      auto& c = stage_comm[r.coords.pp];
+      for (const auto& [k, v] : r.communication) {
+        if (unmodelled(std::get<2>(k))) continue;
+        CommTotals& t = c[{std::get<0>(k), std::get<1>(k)}];
+        t.bytes += v.bytes;
+        t.calls += v.calls;
+        stage_wire[r.coords.pp] +=
+            ring_wire_bytes(std::get<1>(k), v.bytes / v.calls, group_size(s, std::get<0>(k))) *
+            v.calls;
+      }
+    }
+  }
+  // The planner lists the collectives of the stage that sends most (first on ties).
+  int busiest = 0;
+  for (const auto& [st, w] : stage_wire)
+    if (w > stage_wire[busiest]) busiest = st;
+  std::map<std::pair<Group, CollectiveOp>, CommTotals> predicted;
+  for (const Collective& c : e.communication.collectives) {
+    CommTotals& t = predicted[{c.group, c.op}];
+    t.bytes += c.bytes_per_call * c.calls_per_step;
+    t.calls += c.calls_per_step;
+  }
+  for (const auto& [k, v] : predicted) {
+    SCOPED_TRACE(std::string(to_string(k.first)) + " " + std::string(to_string(k.second)));
+    EXPECT_EQ(stage_comm[busiest][k].bytes, v.bytes);
+    EXPECT_EQ(stage_comm[busiest][k].calls, v.calls);
+  }
+  for (const auto& [k, v] : stage_comm[busiest]) {
+    EXPECT_TRUE(predicted.count(k))
+        << "unpredicted " << to_string(k.first) << " " << to_string(k.second);
+  }
+}
+
+class LayoutTest : public ::testing::TestWithParam<Layout> {};
+
+TEST_P(LayoutTest, TrainsLikeOneRankAndMatchesThePlanner) {
+  const Layout& l = GetParam();
+  const nlohmann::json doc = tiny_scenario(l);
+  const Scenario s = scenario_from_json(doc);
+  const Count ranks = s.parallel.tp * s.parallel.dp * s.parallel.pp;
+  const Measurement m = run_layout(doc, l.name, ranks);
+  Layout one = l;
+  one.parallel = {{"tp", 1}, {"pp", 1}, {"dp", 1}};
+  const Measurement ref = run_layout(tiny_scenario(one), std::string(l.name) + "_ref", 1);
+  ASSERT_EQ(m.losses.size(), 5u);
+  const double tol = std::string(l.precision) == "fp32" ? 1e-5 : 2e-2;
+  for (std::size_t i = 0; i < 5; ++i)
+    EXPECT_NEAR(m.losses[i], ref.losses[i], tol * std::abs(ref.losses[i])) << "step " << i;
+  // Training moves the loss: the last step differs from the first.
+  EXPECT_NE(m.losses.front(), m.losses.back());
+  ASSERT_EQ(static_cast<Count>(m.ranks.size()), ranks);
+  expect_matches_planner(s, m);
+}
+
+using J = nlohmann::json;
+INSTANTIATE_TEST_SUITE_P(
+    Matrix, LayoutTest,
+    ::testing::Values(Layout{"single", J{{"tp", 1}, {"pp", 1}, {"dp", 1}}},
+                      Layout{"dp2", J{{"dp", 2}}}, Layout{"tp2", J{{"tp", 2}}},
+                      Layout{"tp2_sp", J{{"tp", 2}, {"sequence_parallel", true}}},
+                      Layout{"pp2_gpipe", J{{"pp", 2}, {"schedule", "gpipe"}}},
+                      Layout{"pp2_1f1b", J{{"pp", 2}, {"schedule", "1f1b"}}},
+                      Layout{"pp2_interleaved",
+                             J{{"pp", 2}, {"schedule", "interleaved_1f1b"}, {"virtual_stages", 2}}},
+                      Layout{"pp2_zb_h1", J{{"pp", 2}, {"schedule", "zb_h1"}}},
+                      Layout{"zero1_dp2", J{{"dp", 2}, {"zero_stage", 1}}},
+                      Layout{"zero2_dp2", J{{"dp", 2}, {"zero_stage", 2}}},
+                      Layout{"zero3_dp2", J{{"dp", 2}, {"zero_stage", 3}}},
+                      Layout{"recompute_selective", J{{"tp", 2}, {"recompute", "selective"}},
+                             "fp32", "standard"},
+                      Layout{"recompute_full", J{{"pp", 2}, {"recompute", "full"}}},
+                      Layout{"dp2_tp2_pp2", J{{"dp", 2}, {"tp", 2}, {"pp", 2}}},
+                      Layout{"bf16_dp2_tp2", J{{"dp", 2}, {"tp", 2}}, "bf16"},
+                      Layout{"llama_tp2_pp2", J{{"tp", 2}, {"pp", 2}}, "fp32", "flash", true}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+}  // namespace
+}  // namespace distplan::backend
