@@ -77,11 +77,12 @@ class Estimator {
         t_(s.training),
         p_(s.parallel),
         table_(build_layer_table(s.model, s.training)),
-        layers_(stage_layer_counts(s)) {}
+        layers_(stage_layer_counts(s)),
+        layer_params_rank_(layer_parameters_per_tp_rank(table_, s.parallel.tp)) {}
 
   Estimate run() {
     Estimate e;
-    e.parameters = model_parameters(m_);
+    e.parameters = model_parameters(m_, table_);
     e.padded_vocab_size = padded_vocab(s_);
     e.num_microbatches = s_.num_microbatches();
     vocab_ = e.padded_vocab_size;
@@ -110,8 +111,7 @@ class Estimator {
     const bool first = stage == 0;
     const bool last = stage == p_.pp - 1;
     StageUnits u;
-    u.layer = {"layers", layer_parameters_per_tp_rank(table_, tp),
-               layers_[static_cast<std::size_t>(stage)]};
+    u.layer = {"layers", layer_params_rank_, layers_[static_cast<std::size_t>(stage)]};
     if (first) {
       Count emb = vocab_ * h / tp;  // vocab-parallel embedding (Shoeybi et al. 2019, sec. 3)
       if (m_.position_embedding == PositionEmbedding::learned)
@@ -409,6 +409,13 @@ class Estimator {
     e.stage_costs.resize(static_cast<std::size_t>(pp));
     const Count m = nmb_;
     for (int st = 0; st < pp; ++st) {
+      // Middle stages with as many layers as the previous middle stage cost exactly the same.
+      if (st > 1 && st < pp - 1 &&
+          layers_[static_cast<std::size_t>(st)] == layers_[static_cast<std::size_t>(st - 1)]) {
+        e.stage_costs[static_cast<std::size_t>(st)] =
+            e.stage_costs[static_cast<std::size_t>(st - 1)];
+        continue;
+      }
       stage_collectives(st, scratch);
       Bytes wire = 0;
       StageCosts& k = e.stage_costs[static_cast<std::size_t>(st)];
@@ -584,6 +591,7 @@ class Estimator {
   const ParallelSpec& p_;
   LayerTable table_;
   std::vector<Count> layers_;
+  Count layer_params_rank_ = 0;
   Count vocab_ = 0;
   Count nmb_ = 0;
   LayerFlops lf_;

@@ -99,7 +99,10 @@ Count padded_vocab(const Scenario& s) noexcept {
 }
 
 Count model_parameters(const ModelSpec& m) {
-  const LayerTable table = build_layer_table(m, TrainingSpec{});
+  return model_parameters(m, build_layer_table(m, TrainingSpec{}));
+}
+
+Count model_parameters(const ModelSpec& m, const LayerTable& table) noexcept {
   const Count h = m.hidden_size;
   Count n = m.num_layers * layer_parameters(table);
   n += m.vocab_size * h;  // token embedding

@@ -451,6 +451,15 @@ Scenario scenario_from_json(const json& doc, std::initializer_list<std::string_v
   return s;
 }
 
+Scenario scenario_from_text(std::string_view text,
+                            std::initializer_list<std::string_view> extra_keys) {
+  return scenario_from_json(parse_json_text(text), extra_keys);
+}
+
+Scenario default_scenario() {
+  return scenario_from_text(default_scenario_text());
+}
+
 json to_json(const ModelSpec& m) {
   json j = {{"name", m.name},
             {"num_layers", m.num_layers},

@@ -30,5 +30,8 @@ namespace distplan {
 
 /// Parameter count of the whole model (unpadded vocab, tp = 1).
 [[nodiscard]] Count model_parameters(const ModelSpec& m);
+struct LayerTable;
+/// The same, from an already built layer table of that model.
+[[nodiscard]] Count model_parameters(const ModelSpec& m, const LayerTable& table) noexcept;
 
 }  // namespace distplan

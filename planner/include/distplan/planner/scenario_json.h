@@ -22,6 +22,13 @@ namespace distplan {
 [[nodiscard]] Scenario scenario_from_json(const nlohmann::json& doc,
                                           std::initializer_list<std::string_view> extra_keys = {});
 
+/// parse_json_text + scenario_from_json, for callers that hold text (no JSON types needed).
+[[nodiscard]] Scenario scenario_from_text(std::string_view text,
+                                          std::initializer_list<std::string_view> extra_keys = {});
+
+/// The embedded default scenario (Llama-2-70B on 64 x H100-SXM-80GB), parsed.
+[[nodiscard]] Scenario default_scenario();
+
 /// Maps a Hugging Face config.json (Llama, Mistral, Qwen2, GPT-2, GPT-NeoX) to a model.
 /// `path` is where the object sits in the input document, for error messages.
 [[nodiscard]] ModelSpec model_from_hf_config(const nlohmann::json& cfg, std::string_view path);
