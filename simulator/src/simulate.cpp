@@ -283,11 +283,19 @@ struct Run {
       chunk = s > 0 ? a.chunk : a.chunk - 1;
     }
     const Seconds d = times[s].p2p;
+    const auto slot = static_cast<std::size_t>(chunk * m + a.microbatch);
+    if (d <= 0) {
+      // An instantaneous send: deliver now instead of through the queue. The receiver starts at
+      // the same time either way (if it is busy, its own completion will start it), so the
+      // timeline is unchanged and the zero-communication run needs half the events.
+      (forward ? ws.fwd_ready : ws.bwd_ready)[dest * pairs + slot] = 1;
+      try_start(dest, now);
+      return;
+    }
     Resource& link = forward ? st.send_next : st.send_prev;
     const EventTime start = link.submit(now, d);
-    const auto slot = static_cast<std::uint32_t>(chunk * m + a.microbatch);
     ws.queue.push(start + d, forward ? kArriveForward : kArriveBackward,
-                  static_cast<std::uint32_t>(dest), slot);
+                  static_cast<std::uint32_t>(dest), static_cast<std::uint32_t>(slot));
     if (record) {
       trace(s, forward ? Track::send_next : Track::send_prev,
             forward ? SliceKind::send_activation : SliceKind::send_gradient, &a, start, d);

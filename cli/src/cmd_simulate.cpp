@@ -1,0 +1,84 @@
+// distplan simulate: discrete-event simulation of one training step (distplan.simulate/v1).
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <memory>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "command.h"
+#include "distplan/planner/error.h"
+#include "distplan/planner/estimate.h"
+#include "distplan/simulator/schedule_io.h"
+#include "distplan/simulator/simulate.h"
+#include "distplan/simulator/simulate_json.h"
+
+namespace distplan::cli {
+namespace {
+
+struct SimulateOptions {
+  CommonOptions common;
+  std::string trace_file;
+  std::string schedule_file;
+};
+
+sim::SchedulePrograms read_schedule_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw InputError("", "cannot open schedule file '" + path + "'");
+  const std::string text{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+  try {
+    return sim::schedule_from_text(text);
+  } catch (const InputError& e) {
+    throw InputError(e.path(), "schedule file '" + path + "': " + e.what());
+  }
+}
+
+void install_simulate(CLI::App& app) {
+  auto opts = std::make_shared<SimulateOptions>();
+  auto* cmd = app.add_subcommand(
+      "simulate", "Discrete-event simulation of one step: pipeline bubbles, overlap, memory");
+  add_common_options(*cmd, opts->common, /*input_optional=*/true);
+  cmd->add_option("--trace", opts->trace_file,
+                  "Write a Chrome/Perfetto trace (open in ui.perfetto.dev) to this file");
+  cmd->add_option("--schedule-file", opts->schedule_file,
+                  "Custom schedule program (JSON or CSV, one row per stage) instead of the "
+                  "scenario's schedule");
+  cmd->callback([opts] {
+    const nlohmann::json doc = read_document(opts->common);
+    const Scenario s = read_scenario(opts->common, doc, {"costs"});
+    sim::SimOptions so;
+    if (doc.is_object() && doc.contains("costs"))
+      so.costs = sim::cost_override_from_json(doc.at("costs"), "/costs");
+    sim::SchedulePrograms custom;
+    if (!opts->schedule_file.empty()) {
+      custom = read_schedule_file(opts->schedule_file);
+      so.program = &custom;
+    }
+    so.record_trace = !opts->trace_file.empty();
+    const Estimate e = estimate(s);
+    sim::SimResult r;
+    try {
+      r = sim::simulate(s, e, so);
+    } catch (const InputError& err) {
+      if (so.program == nullptr) throw;
+      throw InputError(err.path(), "schedule file '" + opts->schedule_file + "': " + err.what());
+    }
+    if (!opts->trace_file.empty()) {
+      std::ofstream out(opts->trace_file, std::ios::binary);
+      if (!out) throw InputError("", "cannot write trace file '" + opts->trace_file + "'");
+      out << sim::trace_to_json(r);
+    }
+    if (opts->common.format == Format::table) {
+      std::cout << sim::format_simulate_table(s, r);
+    } else {
+      write_json(sim::simulate_to_json(s, r));
+    }
+  });
+}
+
+}  // namespace
+
+DISTPLAN_REGISTER_COMMAND(simulate, 20, install_simulate);
+
+}  // namespace distplan::cli
