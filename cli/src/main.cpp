@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <cstdio>
 #include <exception>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <iterator>
 #include <sstream>
 
+#include <fmt/format.h>
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -39,15 +41,37 @@ void add_common_options(CLI::App& cmd, CommonOptions& opts, bool input_optional)
 
 namespace {
 
-std::string read_all(std::istream& in) {
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+// A scenario (or a Hugging Face config.json) is a few kilobytes; anything beyond this bound is
+// rejected before it is read or parsed, so a huge document fails fast (docs/trust.md).
+constexpr std::size_t kMaxInputBytes = std::size_t{16} << 20;
+
+[[noreturn]] void input_too_large(const std::string& what) {
+  throw InputError("", fmt::format("{} is larger than {} MiB; a scenario is a few kB", what,
+                                   kMaxInputBytes >> 20));
+}
+
+// Reads at most kMaxInputBytes (one more byte tells that the input is longer).
+std::string read_bounded(std::istream& in, const std::string& what) {
+  std::string text;
+  char buf[1 << 16];
+  while (in.read(buf, sizeof buf) || in.gcount() > 0) {
+    text.append(buf, static_cast<std::size_t>(in.gcount()));
+    if (text.size() > kMaxInputBytes) input_too_large(what);
+  }
+  return text;
 }
 
 std::string read_file_text(const std::string& path, const std::string& what) {
-  if (path == "-") return read_all(std::cin);
+  if (path == "-") return read_bounded(std::cin, what + " (stdin)");
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    throw InputError("", what + " '" + path + "' is a directory");
+  }
+  const auto size = std::filesystem::file_size(path, ec);
+  if (!ec && size > kMaxInputBytes) input_too_large(what + " '" + path + "'");
   std::ifstream f(path, std::ios::binary);
   if (!f) throw InputError("", "cannot open " + what + " '" + path + "'");
-  return read_all(f);
+  return read_bounded(f, what + " '" + path + "'");
 }
 
 }  // namespace
