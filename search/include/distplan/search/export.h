@@ -1,0 +1,26 @@
+// A layout as launch settings for the frameworks people train with: Megatron-LM command-line
+// arguments, a DeepSpeed config JSON, a torchtitan (PyTorch FSDP2) TOML config. Every mapping and
+// every departure is documented in docs/exports.md.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "distplan/planner/spec.h"
+
+namespace distplan::search {
+
+enum class ExportFormat { megatron, deepspeed, torchtitan };
+[[nodiscard]] std::string_view to_string(ExportFormat f) noexcept;
+
+struct Exported {
+  std::string text;                // the arguments, JSON or TOML
+  std::vector<std::string> notes;  // where the framework cannot express the layout exactly
+};
+
+/// The scenario's layout (tp, pp, dp, ZeRO, recompute, sp, schedule, batch) and model shape in the
+/// framework's own terms. The scenario must be valid (validate_scenario()).
+[[nodiscard]] Exported export_scenario(const Scenario& s, ExportFormat format);
+
+}  // namespace distplan::search

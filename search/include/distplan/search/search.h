@@ -1,0 +1,85 @@
+// Layout search: estimate every layout of the space, drop what does not fit, re-rank the best with
+// the simulator, and answer with ranked plans, rejection counts and, when nothing fits, what would
+// make it fit. Deterministic for any thread count (docs/search.md).
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "distplan/planner/estimate.h"
+#include "distplan/search/space.h"
+
+namespace distplan::search {
+
+enum class Objective {
+  throughput,  // highest tokens/s
+  memory,      // lowest peak memory per GPU
+  gpus,        // fewest GPUs reaching target_tokens_per_second (then highest tokens/s)
+};
+[[nodiscard]] std::string_view to_string(Objective o) noexcept;
+
+struct Options {
+  Objective objective = Objective::throughput;
+  int top_k = 10;
+  double memory_margin = 0.0;  // a layout fits when peak <= capacity x (1 - margin)
+  int simulate_top = 16;       // how many of the analytically best are re-ranked by simulation
+  double target_tokens_per_second = 0;  // objective "gpus"
+  int threads = 0;                      // 0: all hardware threads
+  bool suggest = true;  // when nothing fits, search nearby spaces for what would fit
+  /// Called from the calling thread with the fraction done, at most ~20 times a second.
+  std::function<void(double fraction, std::uint64_t evaluated)> progress;
+};
+
+/// The figures of one layout that the search ranks by.
+struct Figures {
+  Bytes peak_bytes = 0;
+  Bytes capacity_bytes = 0;
+  Seconds step_seconds = 0;
+  double tokens_per_second = 0;
+  double mfu = 0;
+  bool operator==(const Figures&) const = default;
+};
+
+struct Plan {
+  Layout layout;
+  Figures analytic;  // the planner's estimate()
+  bool simulated = false;
+  Figures figures;  // what the plan is ranked by: simulated when `simulated`, else = analytic
+  double bubble_fraction = 0;
+  bool operator==(const Plan&) const = default;
+};
+
+struct Suggestion {
+  std::string change;  // "more_gpus", "optimizer_offload", "shorter_sequence", "larger_gpu"
+  std::string detail;  // one sentence for people
+  double value = 0;    // the GPU count, sequence length or peak bytes the change reaches
+  bool fits = false;
+};
+
+struct Result {
+  Objective objective = Objective::throughput;
+  std::uint64_t evaluated = 0;  // layouts estimated
+  std::uint64_t feasible = 0;   // layouts that fit (and, for "gpus", reach the target)
+  double seconds = 0;           // wall-clock time of the search
+  int threads = 1;
+  int simulated = 0;  // plans re-ranked by simulation
+  bool simulator_available = false;
+  RejectCounts rejected{};
+  std::vector<Plan> plans;              // best first, at most top_k
+  std::optional<Plan> closest;          // when nothing fits: the layout with the lowest peak
+  std::vector<Suggestion> suggestions;  // when nothing fits
+};
+
+/// Evaluates one layout analytically. The default uses the planner's estimate().
+[[nodiscard]] Figures evaluate(const Scenario& scenario);
+[[nodiscard]] Figures figures_of(const Estimate& e, const Scenario& s);
+
+/// Runs the search. Never throws for an empty or infeasible space: the Result says so.
+[[nodiscard]] Result run(const Space& space, const Options& options);
+
+/// True when the search library was built with the simulator (plans are then re-ranked by it).
+[[nodiscard]] bool simulator_linked() noexcept;
+
+}  // namespace distplan::search

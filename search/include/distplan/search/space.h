@@ -1,0 +1,175 @@
+// The layout search space: every combination of tp, pp, dp, virtual stages, ZeRO stage (and hybrid
+// shard size), micro-batch size, recompute, sequence parallelism and schedule for one model,
+// cluster and global batch. The enumerator generates valid layouts directly (no generate-and-test);
+// each rule that cuts the space is a named, liftable constraint (docs/search.md, "The space").
+#pragma once
+
+#include <array>
+#include <compare>
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "distplan/planner/spec.h"
+#include "distplan/planner/units.h"
+
+namespace distplan::search {
+
+/// One point of the space: a parallel layout plus the micro-batch size. 40 bytes, ordered by its
+/// fields in declaration order (the total key that makes results independent of thread count).
+struct Layout {
+  Count tp = 1;
+  Count pp = 1;
+  Count dp = 1;
+  Count micro_batch_size = 1;
+  Schedule schedule = Schedule::one_f_one_b;
+  Count virtual_stages = 1;
+  int zero_stage = 0;
+  Count fsdp_shard_size = 0;  // 0: the whole dp group (not hybrid); else a proper divisor of dp
+  Recompute recompute = Recompute::none;
+  bool sequence_parallel = false;
+
+  [[nodiscard]] Count num_gpus() const noexcept { return tp * pp * dp; }
+  bool operator==(const Layout&) const = default;
+  auto operator<=>(const Layout&) const = default;
+};
+
+/// Choices that cut the space beyond the planner's validity rules. Each can be changed
+/// ("search": {"constraints": {"tp_within_node": false}}). The planner's rules (tp*pp*dp = GPUs,
+/// tp divides heads, kv heads and ffn, pp <= layers, micro-batches divide the global batch,
+/// interleaving needs pp*v | layers and m % pp == 0, sp needs tp | seq) always hold: the
+/// enumerator never generates what validate_scenario() would refuse.
+struct Constraints {
+  bool tp_within_node = true;      // tp <= gpus_per_node and divides it (TP traffic on NVLink)
+  bool pp_divides_layers = false;  // equal stages only (the planner splits unevenly otherwise)
+  bool sequence_parallel_needs_tp = true;  // sp only with tp > 1 (a no-op at tp = 1)
+  bool zero_needs_dp = true;               // ZeRO 1-3 only with dp > 1 (no-ops at dp = 1)
+  bool single_schedule_without_pp = true;  // at pp = 1 every schedule is the same: keep one
+  bool interleaved_needs_pp = true;        // interleaving only with pp > 1 (a no-op at pp = 1)
+  bool hybrid_shard = true;                // also try ZeRO shard groups smaller than dp
+  bool whole_nodes = true;         // objective "gpus": GPU counts within one node or in whole nodes
+  Count max_micro_batch_size = 0;  // 0: every divisor of the per-replica batch
+  bool operator==(const Constraints&) const = default;
+};
+
+/// Why part of the space was cut. Counts are of the partial combinations cut at the level where
+/// the rule applies (docs/search.md, "Rejection counts").
+enum class Reject : int {
+  // Planner validity rules.
+  gpus_not_divisible,  // tp*pp*dp differs from the GPU count (or a pinned value exceeds it)
+  tp_divides_heads,    // tp divides num_attention_heads and num_kv_heads
+  tp_divides_ffn,      // tp divides ffn_hidden_size
+  pp_exceeds_layers,
+  batch_not_divisible,            // dp*micro_batch_size does not divide the global batch
+  virtual_divides_layers,         // interleaved: pp*v divides num_layers, v >= 2
+  interleaved_microbatches,       // interleaved: micro-batches per step a multiple of pp
+  sequence_parallel_divides_seq,  // sp: tp divides seq_length
+  shard_not_divisor,              // a pinned fsdp_shard_size that does not divide dp
+  // Constraints (liftable).
+  tp_within_node,
+  pp_divides_layers,
+  sequence_parallel_needs_tp,
+  zero_needs_dp,
+  single_schedule_without_pp,
+  interleaved_needs_pp,
+  whole_nodes,
+  max_micro_batch_size,
+  // Evaluation.
+  invalid_scenario,  // validate_scenario() refused a returned plan (a bug if non-zero)
+  out_of_memory,     // peak above capacity x (1 - memory_margin)
+  below_target,      // objective "gpus": under the target throughput
+  count_
+};
+inline constexpr int kNumRejects = static_cast<int>(Reject::count_);
+[[nodiscard]] std::string_view to_string(Reject r) noexcept;
+using RejectCounts = std::array<std::uint64_t, kNumRejects>;
+
+/// Candidate values per dimension; an empty list means "every value the space allows".
+struct Candidates {
+  std::vector<Count> tp, pp, dp, virtual_stages, fsdp_shard_size, micro_batch_size;
+  std::vector<int> zero_stage;
+  std::vector<bool> sequence_parallel;
+  std::vector<Recompute> recompute;
+  std::vector<Schedule> schedule;
+  bool operator==(const Candidates&) const = default;
+};
+
+struct Space {
+  Scenario base;  // model, cluster, training, assumptions; `parallel` and micro-batch are replaced
+  Candidates candidates;
+  Constraints constraints;
+  /// false: dp = num_gpus / (tp*pp) (every layout uses the whole cluster); true: any dp dividing
+  /// the global batch with tp*pp*dp <= num_gpus (objective "gpus").
+  bool fewer_gpus = false;
+};
+
+/// The scenario of one layout: base with `parallel`, micro-batch size and GPU count replaced.
+[[nodiscard]] Scenario make_scenario(const Scenario& base, const Layout& layout);
+/// In-place variant for hot loops (no allocation when base has no explicit layers_per_stage).
+void apply_layout(Scenario& s, const Layout& layout) noexcept;
+
+/// The outer (tp, pp, dp, micro-batch) combinations that pass every constraint at that level; the
+/// unit of work of a parallel search. Cuts are added to `rejected`.
+struct Outer {
+  Count tp, pp, dp, micro_batch_size;
+};
+[[nodiscard]] std::vector<Outer> enumerate_outer(const Space& space, RejectCounts& rejected);
+
+/// Calls fn(const Layout&) for every layout under one outer combination; cuts go to `rejected`.
+/// Order: schedule, virtual stages, ZeRO stage, shard size, recompute, sequence parallel.
+template <class Fn>
+void for_each_inner(const Space& space, const Outer& o, RejectCounts& rejected, Fn&& fn);
+
+/// Every layout of the space, in enumeration order (for tests and small spaces).
+[[nodiscard]] std::vector<Layout> enumerate_layouts(const Space& space, RejectCounts& rejected);
+
+// ---- implementation details of the inner enumeration (header so the loop inlines) ----------
+namespace detail {
+struct InnerLists {
+  std::vector<Schedule> schedules;
+  std::vector<Count> virtual_stages;  // for interleaved schedules (v >= 2)
+  std::vector<int> zero_stages;
+  std::vector<Count> shard_sizes;  // for ZeRO >= 1: 0 (the whole dp group), then hybrid sizes
+  std::vector<Recompute> recompute;
+  std::vector<bool> sequence_parallel;
+};
+void inner_lists(const Space& space, const Outer& o, RejectCounts& rejected, InnerLists& out);
+[[nodiscard]] inline bool is_interleaved(Schedule s) noexcept {
+  return s == Schedule::interleaved_1f1b;
+}
+}  // namespace detail
+
+template <class Fn>
+void for_each_inner(const Space& space, const Outer& o, RejectCounts& rejected, Fn&& fn) {
+  thread_local detail::InnerLists lists;
+  detail::inner_lists(space, o, rejected, lists);
+  Layout l;
+  l.tp = o.tp;
+  l.pp = o.pp;
+  l.dp = o.dp;
+  l.micro_batch_size = o.micro_batch_size;
+  static const std::vector<Count> kOne{1};
+  for (Schedule sched : lists.schedules) {
+    l.schedule = sched;
+    const auto& vs = detail::is_interleaved(sched) ? lists.virtual_stages : kOne;
+    for (Count v : vs) {
+      l.virtual_stages = v;
+      for (int z : lists.zero_stages) {
+        l.zero_stage = z;
+        const std::size_t num_shards = z == 0 ? 1 : lists.shard_sizes.size();
+        for (std::size_t si = 0; si < num_shards; ++si) {
+          l.fsdp_shard_size = z == 0 ? 0 : lists.shard_sizes[si];
+          for (Recompute r : lists.recompute) {
+            l.recompute = r;
+            for (bool sp : lists.sequence_parallel) {
+              l.sequence_parallel = sp;
+              fn(static_cast<const Layout&>(l));
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace distplan::search

@@ -1,0 +1,381 @@
+#include "distplan/search/search.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <thread>
+
+#include "distplan/planner/error.h"
+#include "distplan/planner/validate.h"
+#include "sim_bridge.h"
+
+namespace distplan::search {
+
+std::string_view to_string(Objective o) noexcept {
+  switch (o) {
+    case Objective::throughput:
+      return "throughput";
+    case Objective::memory:
+      return "memory";
+    case Objective::gpus:
+      return "gpus";
+  }
+  return "?";
+}
+
+Figures figures_of(const Estimate& e, const Scenario& s) {
+  (void)s;
+  Figures f;
+  f.peak_bytes = e.memory.peak_bytes;
+  f.capacity_bytes = e.memory.capacity_bytes;
+  f.step_seconds = e.time.step_seconds;
+  f.tokens_per_second = e.time.tokens_per_second;
+  f.mfu = e.time.mfu;
+  return f;
+}
+
+Figures evaluate(const Scenario& scenario) {
+  return figures_of(estimate(scenario), scenario);
+}
+
+bool simulator_linked() noexcept {
+  return detail::simulator_available();
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Candidate {
+  Layout layout;
+  Figures f;
+};
+
+/// Lower is better; ties broken by the layout itself, so the order is total.
+bool better(Objective obj, const Layout& la, const Figures& a, const Layout& lb, const Figures& b) {
+  switch (obj) {
+    case Objective::throughput:
+      if (a.tokens_per_second != b.tokens_per_second) {
+        return a.tokens_per_second > b.tokens_per_second;
+      }
+      if (a.peak_bytes != b.peak_bytes) return a.peak_bytes < b.peak_bytes;
+      break;
+    case Objective::memory:
+      if (a.peak_bytes != b.peak_bytes) return a.peak_bytes < b.peak_bytes;
+      if (a.tokens_per_second != b.tokens_per_second) {
+        return a.tokens_per_second > b.tokens_per_second;
+      }
+      break;
+    case Objective::gpus:
+      if (la.num_gpus() != lb.num_gpus()) return la.num_gpus() < lb.num_gpus();
+      if (a.tokens_per_second != b.tokens_per_second) {
+        return a.tokens_per_second > b.tokens_per_second;
+      }
+      if (a.peak_bytes != b.peak_bytes) return a.peak_bytes < b.peak_bytes;
+      break;
+  }
+  return la < lb;
+}
+
+/// The best `keep` candidates seen, as a max-heap on `better` (the worst kept on top).
+class TopK {
+ public:
+  TopK(Objective obj, std::size_t keep) : obj_(obj), keep_(keep) {}
+  void offer(const Layout& l, const Figures& f) {
+    if (keep_ == 0) return;
+    if (heap_.size() == keep_ && !better(obj_, l, f, heap_.front().layout, heap_.front().f)) {
+      return;
+    }
+    auto cmp = [this](const Candidate& x, const Candidate& y) {
+      return better(obj_, x.layout, x.f, y.layout, y.f);
+    };
+    if (heap_.size() == keep_) {
+      std::pop_heap(heap_.begin(), heap_.end(), cmp);
+      heap_.pop_back();
+    }
+    heap_.push_back({l, f});
+    std::push_heap(heap_.begin(), heap_.end(), cmp);
+  }
+  [[nodiscard]] const std::vector<Candidate>& items() const { return heap_; }
+
+ private:
+  Objective obj_;
+  std::size_t keep_;
+  std::vector<Candidate> heap_;
+};
+
+struct Partial {
+  explicit Partial(Objective obj, std::size_t keep) : top(obj, keep) {}
+  TopK top;
+  std::uint64_t evaluated = 0;
+  std::uint64_t feasible = 0;
+  RejectCounts rejected{};
+  std::optional<Candidate> lowest_peak;    // lowest peak among layouts that do not fit
+  std::optional<Candidate> fastest_below;  // objective "gpus": fastest fitting, under target
+};
+
+bool fits(const Figures& f, double margin) {
+  return static_cast<double>(f.peak_bytes) <=
+         static_cast<double>(f.capacity_bytes) * (1.0 - margin);
+}
+
+void search_worker(const Space& space, const Options& opt, const std::vector<Outer>& outers,
+                   std::atomic<std::size_t>& next, std::atomic<std::size_t>& done,
+                   std::atomic<std::uint64_t>& evaluated_so_far, Partial& part) {
+  Scenario s = space.base;
+  (void)opt;
+  for (;;) {
+    const std::size_t i = next.fetch_add(1, std::memory_order_relaxed);
+    if (i >= outers.size()) break;
+    const std::uint64_t before = part.evaluated;
+    for_each_inner(space, outers[i], part.rejected, [&](const Layout& l) {
+      apply_layout(s, l);
+      const Figures f = evaluate(s);
+      ++part.evaluated;
+      if (!fits(f, opt.memory_margin)) {
+        ++part.rejected[static_cast<int>(Reject::out_of_memory)];
+        if (!part.lowest_peak || f.peak_bytes < part.lowest_peak->f.peak_bytes ||
+            (f.peak_bytes == part.lowest_peak->f.peak_bytes && l < part.lowest_peak->layout)) {
+          part.lowest_peak = Candidate{l, f};
+        }
+        return;
+      }
+      if (opt.objective == Objective::gpus && f.tokens_per_second < opt.target_tokens_per_second) {
+        ++part.rejected[static_cast<int>(Reject::below_target)];
+        if (!part.fastest_below || f.tokens_per_second > part.fastest_below->f.tokens_per_second ||
+            (f.tokens_per_second == part.fastest_below->f.tokens_per_second &&
+             l < part.fastest_below->layout)) {
+          part.fastest_below = Candidate{l, f};
+        }
+        return;
+      }
+      ++part.feasible;
+      part.top.offer(l, f);
+    });
+    evaluated_so_far.fetch_add(part.evaluated - before, std::memory_order_relaxed);
+    done.fetch_add(1, std::memory_order_release);
+  }
+}
+
+Plan plan_of(const Space& space, const Layout& l, bool simulate) {
+  const Scenario s = make_scenario(space.base, l);
+  const Estimate e = estimate(s);
+  Plan p;
+  p.layout = l;
+  p.analytic = figures_of(e, s);
+  p.figures = p.analytic;
+  p.bubble_fraction = e.time.bubble_fraction;
+  if (simulate) {
+    if (auto sim = detail::simulate_figures(s, e)) {
+      p.simulated = true;
+      p.figures.step_seconds = sim->step_seconds;
+      p.figures.tokens_per_second = sim->tokens_per_second;
+      p.figures.mfu = sim->mfu;
+      p.bubble_fraction = sim->bubble_fraction;
+    }
+  }
+  return p;
+}
+
+void add_suggestions(const Space& space, const Options& opt, Result& r) {
+  const double limit_factor = 1.0 - opt.memory_margin;
+  if (r.closest) {
+    const Plan& c = *r.closest;
+    const Scenario s = make_scenario(space.base, c.layout);
+    const Estimate e = estimate(s);
+    if (!fits(c.analytic, opt.memory_margin)) {
+      // Optimizer states moved to host memory (ZeRO-Offload, Ren et al. 2021): the peak of each
+      // stage drops by its optimizer bytes. The planner does not model offload's time cost.
+      Bytes offload_peak = 0;
+      for (const StageMemory& st : e.memory.stages) {
+        offload_peak = std::max(offload_peak, st.total_bytes - st.optimizer_bytes);
+      }
+      Suggestion off;
+      off.change = "optimizer_offload";
+      off.value = static_cast<double>(offload_peak);
+      off.fits = static_cast<double>(offload_peak) <=
+                 static_cast<double>(c.analytic.capacity_bytes) * limit_factor;
+      char buf[256];
+      std::snprintf(buf, sizeof buf,
+                    "offloading the optimizer states of the closest layout to CPU memory would "
+                    "lower its peak from %.1f GiB to %.1f GiB (capacity %.1f GiB)",
+                    to_gib(c.analytic.peak_bytes), to_gib(offload_peak),
+                    to_gib(c.analytic.capacity_bytes));
+      off.detail = buf;
+      r.suggestions.push_back(off);
+
+      Suggestion gpu;
+      gpu.change = "larger_gpu";
+      gpu.value = std::ceil(static_cast<double>(c.analytic.peak_bytes) / limit_factor);
+      std::snprintf(buf, sizeof buf,
+                    "a GPU with at least %.1f GiB of memory would fit the closest layout",
+                    gpu.value / kGiB);
+      gpu.detail = buf;
+      gpu.fits = true;
+      r.suggestions.push_back(gpu);
+    }
+  }
+
+  Options sub = opt;
+  sub.suggest = false;
+  sub.simulate_top = 0;
+  sub.top_k = 1;
+  sub.progress = nullptr;
+  // More GPUs: the same search on 2x .. 64x the cluster.
+  for (Count k = 2; k <= 64; k *= 2) {
+    Space more = space;
+    more.base.cluster.num_gpus = space.base.cluster.num_gpus * k;
+    const Result rr = run(more, sub);
+    if (!rr.plans.empty()) {
+      Suggestion g;
+      g.change = "more_gpus";
+      g.value = static_cast<double>(more.base.cluster.num_gpus);
+      g.fits = true;
+      const Layout& l = rr.plans.front().layout;
+      char buf[256];
+      std::snprintf(buf, sizeof buf,
+                    "%lld GPUs (%lldx) would fit, e.g. tp=%lld pp=%lld dp=%lld ZeRO-%d",
+                    static_cast<long long>(more.base.cluster.num_gpus), static_cast<long long>(k),
+                    static_cast<long long>(l.tp), static_cast<long long>(l.pp),
+                    static_cast<long long>(l.dp), l.zero_stage);
+      g.detail = buf;
+      r.suggestions.push_back(g);
+      break;
+    }
+  }
+  if (opt.objective == Objective::gpus) return;
+  // A shorter sequence: halve it until something fits (not below 128 tokens).
+  for (Count seq = space.base.training.seq_length / 2; seq >= 128; seq /= 2) {
+    Space shorter = space;
+    shorter.base.training.seq_length = seq;
+    const Result rr = run(shorter, sub);
+    if (!rr.plans.empty()) {
+      Suggestion g;
+      g.change = "shorter_sequence";
+      g.value = static_cast<double>(seq);
+      g.fits = true;
+      char buf[160];
+      std::snprintf(buf, sizeof buf, "a sequence of %lld tokens (instead of %lld) would fit",
+                    static_cast<long long>(seq),
+                    static_cast<long long>(space.base.training.seq_length));
+      g.detail = buf;
+      r.suggestions.push_back(g);
+      break;
+    }
+  }
+}
+
+}  // namespace
+
+Result run(const Space& space, const Options& opt) {
+  const auto t0 = Clock::now();
+  Result r;
+  r.objective = opt.objective;
+  r.simulator_available = detail::simulator_available();
+
+  const std::vector<Outer> outers = enumerate_outer(space, r.rejected);
+  int threads = opt.threads > 0
+                    ? opt.threads
+                    : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  threads =
+      static_cast<int>(std::min<std::size_t>(threads, std::max<std::size_t>(1, outers.size())));
+  r.threads = threads;
+
+  const std::size_t keep =
+      static_cast<std::size_t>(std::max(opt.top_k, 0) + std::max(opt.simulate_top, 0));
+  std::vector<Partial> parts(static_cast<std::size_t>(threads), Partial(opt.objective, keep));
+  std::atomic<std::size_t> next{0}, done{0};
+  std::atomic<std::uint64_t> evaluated_so_far{0};
+  {
+    std::vector<std::thread> pool;
+    for (int t = 1; t < threads; ++t) {
+      pool.emplace_back(search_worker, std::cref(space), std::cref(opt), std::cref(outers),
+                        std::ref(next), std::ref(done), std::ref(evaluated_so_far),
+                        std::ref(parts[static_cast<std::size_t>(t)]));
+    }
+    if (opt.progress && !outers.empty()) {
+      // The calling thread reports progress while the workers run.
+      std::thread last(search_worker, std::cref(space), std::cref(opt), std::cref(outers),
+                       std::ref(next), std::ref(done), std::ref(evaluated_so_far),
+                       std::ref(parts[0]));
+      while (done.load(std::memory_order_acquire) < outers.size()) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        opt.progress(static_cast<double>(done.load()) / static_cast<double>(outers.size()),
+                     evaluated_so_far.load());
+      }
+      last.join();
+    } else {
+      search_worker(space, opt, outers, next, done, evaluated_so_far, parts[0]);
+    }
+    for (auto& th : pool) th.join();
+  }
+
+  // Merge in a thread-count-independent way: everything is ordered by a total key.
+  std::vector<Candidate> best;
+  for (const Partial& p : parts) {
+    r.evaluated += p.evaluated;
+    r.feasible += p.feasible;
+    for (int i = 0; i < kNumRejects; ++i) r.rejected[i] += p.rejected[i];
+    best.insert(best.end(), p.top.items().begin(), p.top.items().end());
+  }
+  auto by_objective = [&](const Candidate& a, const Candidate& b) {
+    return better(opt.objective, a.layout, a.f, b.layout, b.f);
+  };
+  std::sort(best.begin(), best.end(), by_objective);
+  if (best.size() > keep) best.resize(keep);
+
+  // Re-plan the best alone (the figures people see come from estimate() itself), guard with
+  // validate_scenario(), and re-rank the first simulate_top by simulation.
+  const bool sim = r.simulator_available && opt.simulate_top > 0;
+  std::vector<Plan> plans;
+  int simulated = 0;
+  for (const Candidate& c : best) {
+    const Scenario s = make_scenario(space.base, c.layout);
+    try {
+      validate_scenario(s);
+    } catch (const InputError&) {
+      ++r.rejected[static_cast<int>(Reject::invalid_scenario)];
+      continue;
+    }
+    const bool do_sim = sim && simulated < opt.simulate_top;
+    Plan p = plan_of(space, c.layout, do_sim);
+    if (p.simulated) ++simulated;
+    plans.push_back(p);
+  }
+  r.simulated = simulated;
+  // Simulated plans are ranked among themselves by their simulated figures and stay ahead of
+  // the ones only estimated (which rank below the simulated cut by analytic time anyway).
+  std::stable_sort(plans.begin(), plans.end(), [&](const Plan& a, const Plan& b) {
+    if (a.simulated != b.simulated) return a.simulated;
+    return better(opt.objective, a.layout, a.figures, b.layout, b.figures);
+  });
+  if (static_cast<int>(plans.size()) > opt.top_k) plans.resize(static_cast<std::size_t>(opt.top_k));
+  r.plans = std::move(plans);
+
+  if (r.plans.empty()) {
+    // The closest answer: for "gpus" the fastest layout that fits, else the lowest peak.
+    std::optional<Candidate> lowest, fastest;
+    for (const Partial& p : parts) {
+      if (p.lowest_peak && (!lowest || p.lowest_peak->f.peak_bytes < lowest->f.peak_bytes ||
+                            (p.lowest_peak->f.peak_bytes == lowest->f.peak_bytes &&
+                             p.lowest_peak->layout < lowest->layout))) {
+        lowest = p.lowest_peak;
+      }
+      if (p.fastest_below &&
+          (!fastest || p.fastest_below->f.tokens_per_second > fastest->f.tokens_per_second ||
+           (p.fastest_below->f.tokens_per_second == fastest->f.tokens_per_second &&
+            p.fastest_below->layout < fastest->layout))) {
+        fastest = p.fastest_below;
+      }
+    }
+    const std::optional<Candidate>& closest = fastest ? fastest : lowest;
+    if (closest) r.closest = plan_of(space, closest->layout, false);
+    if (opt.suggest) add_suggestions(space, opt, r);
+  }
+  r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  return r;
+}
+
+}  // namespace distplan::search

@@ -1,0 +1,314 @@
+#include "distplan/search/space.h"
+
+#include <algorithm>
+
+namespace distplan::search {
+
+std::string_view to_string(Reject r) noexcept {
+  switch (r) {
+    case Reject::gpus_not_divisible:
+      return "gpus_not_divisible";
+    case Reject::tp_divides_heads:
+      return "tp_divides_heads";
+    case Reject::tp_divides_ffn:
+      return "tp_divides_ffn";
+    case Reject::pp_exceeds_layers:
+      return "pp_exceeds_layers";
+    case Reject::batch_not_divisible:
+      return "batch_not_divisible";
+    case Reject::virtual_divides_layers:
+      return "virtual_divides_layers";
+    case Reject::interleaved_microbatches:
+      return "interleaved_microbatches";
+    case Reject::sequence_parallel_divides_seq:
+      return "sequence_parallel_divides_seq";
+    case Reject::shard_not_divisor:
+      return "shard_not_divisor";
+    case Reject::tp_within_node:
+      return "tp_within_node";
+    case Reject::pp_divides_layers:
+      return "pp_divides_layers";
+    case Reject::sequence_parallel_needs_tp:
+      return "sequence_parallel_needs_tp";
+    case Reject::zero_needs_dp:
+      return "zero_needs_dp";
+    case Reject::single_schedule_without_pp:
+      return "single_schedule_without_pp";
+    case Reject::interleaved_needs_pp:
+      return "interleaved_needs_pp";
+    case Reject::whole_nodes:
+      return "whole_nodes";
+    case Reject::max_micro_batch_size:
+      return "max_micro_batch_size";
+    case Reject::invalid_scenario:
+      return "invalid_scenario";
+    case Reject::out_of_memory:
+      return "out_of_memory";
+    case Reject::below_target:
+      return "below_target";
+    case Reject::count_:
+      break;
+  }
+  return "?";
+}
+
+void apply_layout(Scenario& s, const Layout& l) noexcept {
+  ParallelSpec& p = s.parallel;
+  p.tp = l.tp;
+  p.pp = l.pp;
+  p.dp = l.dp;
+  p.zero_stage = l.zero_stage;
+  p.fsdp_shard_size = l.fsdp_shard_size > 0 ? l.fsdp_shard_size : l.dp;
+  p.sequence_parallel = l.sequence_parallel;
+  p.recompute = l.recompute;
+  p.schedule = l.schedule;
+  p.virtual_stages = l.virtual_stages;
+  p.layers_per_stage.clear();
+  s.training.micro_batch_size = l.micro_batch_size;
+  s.cluster.num_gpus = l.num_gpus();
+}
+
+Scenario make_scenario(const Scenario& base, const Layout& layout) {
+  Scenario s = base;
+  apply_layout(s, layout);
+  return s;
+}
+
+namespace {
+
+void bump(RejectCounts& r, Reject why) {
+  ++r[static_cast<int>(why)];
+}
+
+template <class T>
+bool allowed(const std::vector<T>& pinned, const T& value) {
+  return pinned.empty() || std::find(pinned.begin(), pinned.end(), value) != pinned.end();
+}
+
+std::vector<Count> divisors(Count n) {
+  std::vector<Count> small, large;
+  for (Count d = 1; d * d <= n; ++d) {
+    if (n % d != 0) continue;
+    small.push_back(d);
+    if (d * d != n) large.push_back(n / d);
+  }
+  small.insert(small.end(), large.rbegin(), large.rend());
+  return small;
+}
+
+std::vector<Count> range(Count lo, Count hi) {
+  std::vector<Count> v;
+  for (Count i = lo; i <= hi; ++i) v.push_back(i);
+  return v;
+}
+
+}  // namespace
+
+std::vector<Outer> enumerate_outer(const Space& space, RejectCounts& rejected) {
+  const Scenario& b = space.base;
+  const Constraints& c = space.constraints;
+  const Candidates& pin = space.candidates;
+  const Count n = b.cluster.num_gpus;
+  const Count gpn = b.cluster.gpus_per_node;
+  const Count layers = b.model.num_layers;
+  const Count batch = b.training.global_batch_size;
+  std::vector<Outer> out;
+  if (n <= 0 || batch <= 0 || layers <= 0) return out;
+
+  const std::vector<Count> tps =
+      !pin.tp.empty() ? pin.tp : (space.fewer_gpus ? range(1, n) : divisors(n));
+  for (Count tp : tps) {
+    if (tp < 1 || tp > n || (!space.fewer_gpus && n % tp != 0)) {
+      bump(rejected, Reject::gpus_not_divisible);
+      continue;
+    }
+    if (c.tp_within_node && (tp > gpn || gpn % tp != 0)) {
+      bump(rejected, Reject::tp_within_node);
+      continue;
+    }
+    if (b.model.num_attention_heads % tp != 0 || b.model.num_kv_heads % tp != 0) {
+      bump(rejected, Reject::tp_divides_heads);
+      continue;
+    }
+    if (b.model.ffn_hidden_size % tp != 0) {
+      bump(rejected, Reject::tp_divides_ffn);
+      continue;
+    }
+    const std::vector<Count> pps = !pin.pp.empty() ? pin.pp : range(1, std::min(layers, n / tp));
+    for (Count pp : pps) {
+      if (pp < 1 || tp * pp > n || (!space.fewer_gpus && (n / tp) % pp != 0)) {
+        bump(rejected, Reject::gpus_not_divisible);
+        continue;
+      }
+      if (pp > layers) {
+        bump(rejected, Reject::pp_exceeds_layers);
+        continue;
+      }
+      if (c.pp_divides_layers && layers % pp != 0) {
+        bump(rejected, Reject::pp_divides_layers);
+        continue;
+      }
+      std::vector<Count> dps;
+      if (!space.fewer_gpus) {
+        dps = {n / (tp * pp)};
+      } else {
+        dps = !pin.dp.empty() ? pin.dp : divisors(batch);
+      }
+      for (Count dp : dps) {
+        if (!allowed(pin.dp, dp)) continue;  // a pin, not a rejection
+        if (dp < 1 || tp * pp * dp > n) {
+          bump(rejected, Reject::gpus_not_divisible);
+          continue;
+        }
+        if (batch % dp != 0) {
+          bump(rejected, Reject::batch_not_divisible);
+          continue;
+        }
+        const Count gpus = tp * pp * dp;
+        if (space.fewer_gpus && c.whole_nodes && gpus > gpn && gpus % gpn != 0) {
+          bump(rejected, Reject::whole_nodes);
+          continue;
+        }
+        const std::vector<Count> mbs =
+            !pin.micro_batch_size.empty() ? pin.micro_batch_size : divisors(batch / dp);
+        for (Count mb : mbs) {
+          if (mb < 1 || batch % (dp * mb) != 0) {
+            bump(rejected, Reject::batch_not_divisible);
+            continue;
+          }
+          if (c.max_micro_batch_size > 0 && mb > c.max_micro_batch_size) {
+            bump(rejected, Reject::max_micro_batch_size);
+            continue;
+          }
+          out.push_back({tp, pp, dp, mb});
+        }
+      }
+    }
+  }
+  return out;
+}
+
+namespace detail {
+
+void inner_lists(const Space& space, const Outer& o, RejectCounts& rejected, InnerLists& out) {
+  const Scenario& b = space.base;
+  const Constraints& c = space.constraints;
+  const Candidates& pin = space.candidates;
+  const Count layers = b.model.num_layers;
+  const Count m = b.training.global_batch_size / (o.dp * o.micro_batch_size);
+
+  static constexpr Schedule kAllSchedules[] = {Schedule::one_f_one_b, Schedule::gpipe,
+                                               Schedule::interleaved_1f1b, Schedule::zb_h1,
+                                               Schedule::zb_h2};
+  out.schedules.clear();
+  out.virtual_stages.clear();
+  const bool flat_allowed = allowed(pin.virtual_stages, Count{1});
+  bool have_flat = false;
+  auto consider = [&](Schedule s) {
+    if (detail::is_interleaved(s)) {
+      if (o.pp == 1 && c.interleaved_needs_pp) {
+        bump(rejected, Reject::interleaved_needs_pp);
+        return;
+      }
+      if (m % o.pp != 0) {
+        bump(rejected, Reject::interleaved_microbatches);
+        return;
+      }
+    } else {
+      if (!flat_allowed) return;  // a pinned v > 1 excludes the flat schedules
+      if (o.pp == 1 && c.single_schedule_without_pp && have_flat) {
+        bump(rejected, Reject::single_schedule_without_pp);
+        return;
+      }
+      have_flat = true;
+    }
+    out.schedules.push_back(s);
+  };
+  if (pin.schedule.empty()) {
+    for (Schedule s : kAllSchedules) consider(s);
+  } else {
+    for (Schedule s : pin.schedule) consider(s);
+  }
+  if (std::any_of(out.schedules.begin(), out.schedules.end(), detail::is_interleaved)) {
+    const std::vector<Count> vs =
+        !pin.virtual_stages.empty() ? pin.virtual_stages : range(2, layers / o.pp);
+    for (Count v : vs) {
+      if (v < 2) continue;  // v = 1 is the flat schedule
+      if (layers % (o.pp * v) != 0) {
+        bump(rejected, Reject::virtual_divides_layers);
+        continue;
+      }
+      out.virtual_stages.push_back(v);
+    }
+    if (out.virtual_stages.empty()) {
+      std::erase_if(out.schedules, detail::is_interleaved);
+    }
+  }
+
+  out.zero_stages.clear();
+  const std::vector<int> zs =
+      !pin.zero_stage.empty() ? pin.zero_stage : std::vector<int>{0, 1, 2, 3};
+  for (int z : zs) {
+    if (z > 0 && o.dp == 1 && c.zero_needs_dp) {
+      bump(rejected, Reject::zero_needs_dp);
+      continue;
+    }
+    out.zero_stages.push_back(z);
+  }
+
+  out.shard_sizes.clear();
+  if (!pin.fsdp_shard_size.empty()) {
+    for (Count s : pin.fsdp_shard_size) {
+      const Count canonical = s == o.dp ? 0 : s;
+      if (canonical != 0 && (s < 1 || s > o.dp || o.dp % s != 0)) {
+        bump(rejected, Reject::shard_not_divisor);
+        continue;
+      }
+      if (std::find(out.shard_sizes.begin(), out.shard_sizes.end(), canonical) ==
+          out.shard_sizes.end()) {
+        out.shard_sizes.push_back(canonical);
+      }
+    }
+  } else {
+    out.shard_sizes.push_back(0);
+    // Hybrid shards of 2 .. dp/2 GPUs; a shard of 1 is ZeRO-0 and is already in the space.
+    if (c.hybrid_shard) {
+      for (Count d : divisors(o.dp)) {
+        if (d >= 2 && d < o.dp) out.shard_sizes.push_back(d);
+      }
+    }
+  }
+  if (out.shard_sizes.empty()) std::erase_if(out.zero_stages, [](int z) { return z > 0; });
+
+  out.recompute =
+      !pin.recompute.empty()
+          ? pin.recompute
+          : std::vector<Recompute>{Recompute::none, Recompute::selective, Recompute::full};
+
+  out.sequence_parallel.clear();
+  const std::vector<bool> sps =
+      !pin.sequence_parallel.empty() ? pin.sequence_parallel : std::vector<bool>{false, true};
+  for (bool sp : sps) {
+    if (sp && o.tp == 1 && c.sequence_parallel_needs_tp) {
+      bump(rejected, Reject::sequence_parallel_needs_tp);
+      continue;
+    }
+    if (sp && b.training.seq_length % o.tp != 0) {
+      bump(rejected, Reject::sequence_parallel_divides_seq);
+      continue;
+    }
+    out.sequence_parallel.push_back(sp);
+  }
+}
+
+}  // namespace detail
+
+std::vector<Layout> enumerate_layouts(const Space& space, RejectCounts& rejected) {
+  std::vector<Layout> all;
+  for (const Outer& o : enumerate_outer(space, rejected)) {
+    for_each_inner(space, o, rejected, [&](const Layout& l) { all.push_back(l); });
+  }
+  return all;
+}
+
+}  // namespace distplan::search

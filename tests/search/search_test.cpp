@@ -1,0 +1,194 @@
+#include "distplan/search/search.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "distplan/planner/error.h"
+#include "distplan/planner/validate.h"
+#include "distplan/search/search_json.h"
+#if __has_include("distplan/simulator/simulate.h")
+#include "distplan/simulator/simulate.h"
+#endif
+
+namespace distplan::search {
+namespace {
+
+Request request_of(const char* model, int gpus, int batch, int seq, nlohmann::json extra = {}) {
+  nlohmann::json doc = {
+      {"model", model},
+      {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", gpus}, {"gpus_per_node", 8}}},
+      {"training", {{"seq_length", seq}, {"global_batch_size", batch}}}};
+  for (auto& [k, v] : extra.items()) doc[k] = v;
+  return request_from_json(doc);
+}
+
+TEST(Search, BestPlanReplannedAloneGivesTheSameFigures) {
+  const Request req = request_of("llama2-70b", 64, 512, 4096);
+  const Result r = run(req.space, req.options);
+  ASSERT_FALSE(r.plans.empty());
+  for (const Plan& p : r.plans) {
+    const Scenario s = make_scenario(req.space.base, p.layout);
+    const Estimate e = estimate(s);
+    EXPECT_EQ(p.analytic.peak_bytes, e.memory.peak_bytes);
+    EXPECT_EQ(p.analytic.step_seconds, e.time.step_seconds);
+    EXPECT_EQ(p.analytic.tokens_per_second, e.time.tokens_per_second);
+    EXPECT_EQ(p.analytic.mfu, e.time.mfu);
+#if __has_include("distplan/simulator/simulate.h")
+    if (p.simulated) {
+      sim::SimOptions o;
+      o.exposed_communication = false;
+      EXPECT_EQ(p.figures.step_seconds, sim::simulate(s, e, o).step_seconds);
+    }
+#endif
+  }
+}
+
+TEST(Search, EveryReturnedPlanFitsWithTheMargin) {
+  Request req = request_of("llama2-70b", 64, 512, 4096);
+  req.options.memory_margin = 0.1;
+  req.options.top_k = 50;
+  const Result r = run(req.space, req.options);
+  ASSERT_EQ(r.plans.size(), 50u);
+  for (const Plan& p : r.plans) {
+    EXPECT_LE(static_cast<double>(p.analytic.peak_bytes),
+              0.9 * static_cast<double>(p.analytic.capacity_bytes));
+    EXPECT_NO_THROW(validate_scenario(make_scenario(req.space.base, p.layout)));
+  }
+  EXPECT_EQ(r.evaluated, r.feasible + r.rejected[static_cast<int>(Reject::out_of_memory)]);
+}
+
+TEST(Search, AMarginRejectsMoreLayouts) {
+  Request req = request_of("llama2-70b", 64, 512, 4096);
+  req.options.simulate_top = 0;
+  const Result loose = run(req.space, req.options);
+  req.options.memory_margin = 0.2;
+  const Result tight = run(req.space, req.options);
+  EXPECT_EQ(loose.evaluated, tight.evaluated);
+  EXPECT_LT(tight.feasible, loose.feasible);
+}
+
+TEST(Search, AnalyticRankingIsBestFirst) {
+  Request req = request_of("llama2-70b", 64, 512, 4096);
+  req.options.simulate_top = 0;
+  req.options.top_k = 20;
+  const Result r = run(req.space, req.options);
+  ASSERT_EQ(r.plans.size(), 20u);
+  for (std::size_t i = 1; i < r.plans.size(); ++i) {
+    EXPECT_GE(r.plans[i - 1].figures.tokens_per_second, r.plans[i].figures.tokens_per_second);
+  }
+}
+
+TEST(Search, ResultsDoNotDependOnTheThreadCount) {
+  Request req = request_of("llama2-70b", 64, 512, 4096);
+  req.options.top_k = 25;
+  req.options.threads = 1;
+  const Result one = run(req.space, req.options);
+  for (int t : {2, 3, 8}) {
+    req.options.threads = t;
+    const Result many = run(req.space, req.options);
+    EXPECT_EQ(many.evaluated, one.evaluated);
+    EXPECT_EQ(many.feasible, one.feasible);
+    EXPECT_EQ(many.rejected, one.rejected);
+    EXPECT_EQ(many.plans, one.plans) << t << " threads";
+  }
+}
+
+TEST(Search, PinnedDimensionIsHonouredInEveryPlan) {
+  Request req = request_of("llama2-70b", 64, 512, 4096,
+                           {{"parallel", {{"pp", 2}, {"recompute", {"none", "full"}}}}});
+  req.options.top_k = 30;
+  const Result r = run(req.space, req.options);
+  ASSERT_FALSE(r.plans.empty());
+  for (const Plan& p : r.plans) {
+    EXPECT_EQ(p.layout.pp, 2);
+    EXPECT_NE(p.layout.recompute, Recompute::selective);
+  }
+}
+
+TEST(Search, EmptySpaceIsAnAnswerNotAnError) {
+  // tp = 3 divides neither 64 heads nor 64 GPUs.
+  const Request req = request_of("llama2-70b", 64, 512, 4096, {{"parallel", {{"tp", 3}}}});
+  Result r;
+  ASSERT_NO_THROW(r = run(req.space, req.options));
+  EXPECT_EQ(r.evaluated, 0u);
+  EXPECT_TRUE(r.plans.empty());
+  EXPECT_GT(r.rejected[static_cast<int>(Reject::gpus_not_divisible)] +
+                r.rejected[static_cast<int>(Reject::tp_divides_heads)],
+            0u);
+  const nlohmann::json j = result_to_json(req, r);
+  EXPECT_EQ(j.at("plans").size(), 0u);
+  EXPECT_NE(j.at("answer").get<std::string>().find("constraints"), std::string::npos);
+}
+
+TEST(Search, NothingFitsGivesTheClosestAndWhatWouldFit) {
+  // 405B on one node: ~6.5 TB of weights, gradients and optimizer state cannot fit in 640 GB.
+  Request req = request_of("llama3.1-405b", 8, 64, 8192);
+  req.options.simulate_top = 0;
+  const Result r = run(req.space, req.options);
+  EXPECT_GT(r.evaluated, 0u);
+  EXPECT_EQ(r.feasible, 0u);
+  EXPECT_TRUE(r.plans.empty());
+  ASSERT_TRUE(r.closest.has_value());
+  EXPECT_GT(r.closest->analytic.peak_bytes, r.closest->analytic.capacity_bytes);
+  bool more_gpus = false;
+  for (const Suggestion& s : r.suggestions) {
+    if (s.change == "more_gpus") {
+      more_gpus = true;
+      EXPECT_GT(s.value, 8.0);
+      // The suggested cluster really fits: search it.
+      Request bigger = req;
+      bigger.space.base.cluster.num_gpus = static_cast<Count>(s.value);
+      bigger.options.suggest = false;
+      EXPECT_FALSE(run(bigger.space, bigger.options).plans.empty());
+    }
+  }
+  EXPECT_TRUE(more_gpus);
+}
+
+TEST(Search, MemoryObjectiveRanksByPeak) {
+  Request req = request_of("llama3.1-8b", 16, 64, 4096);
+  req.options.objective = Objective::memory;
+  req.options.top_k = 10;
+  const Result r = run(req.space, req.options);
+  ASSERT_EQ(r.plans.size(), 10u);
+  for (std::size_t i = 1; i < r.plans.size(); ++i) {
+    EXPECT_LE(r.plans[i - 1].analytic.peak_bytes, r.plans[i].analytic.peak_bytes);
+  }
+}
+
+TEST(Search, GpusObjectiveFindsTheFewestGpusForATarget) {
+  Request req = request_of("llama3.1-8b", 64, 256, 4096);
+  req.options.simulate_top = 0;
+  // First: the best throughput on 16 GPUs, as a target a 64-GPU cluster must reach with fewest.
+  Request sixteen = req;
+  sixteen.space.base.cluster.num_gpus = 16;
+  const Result r16 = run(sixteen.space, sixteen.options);
+  ASSERT_FALSE(r16.plans.empty());
+  req.options.objective = Objective::gpus;
+  req.space.fewer_gpus = true;
+  req.options.target_tokens_per_second = r16.plans.front().analytic.tokens_per_second;
+  const Result r = run(req.space, req.options);
+  ASSERT_FALSE(r.plans.empty());
+  EXPECT_LE(r.plans.front().layout.num_gpus(), 16);
+  for (const Plan& p : r.plans) {
+    EXPECT_GE(p.analytic.tokens_per_second, req.options.target_tokens_per_second);
+    EXPECT_GE(p.layout.num_gpus(), r.plans.front().layout.num_gpus());
+  }
+}
+
+TEST(Search, ProgressIsReportedAsAFraction) {
+  Request req = request_of("llama2-70b", 64, 512, 4096);
+  req.options.simulate_top = 0;
+  double last = -1;
+  bool monotonic = true;
+  req.options.progress = [&](double f, std::uint64_t) {
+    if (f < last || f > 1.0) monotonic = false;
+    last = f;
+  };
+  const Result r = run(req.space, req.options);
+  EXPECT_TRUE(monotonic);
+  EXPECT_GT(r.evaluated, 0u);
+}
+
+}  // namespace
+}  // namespace distplan::search
