@@ -49,7 +49,7 @@ CommunicationView::CommunicationView(QWidget* parent) : QWidget(parent) {
   chart_->legend()->setAlignment(Qt::AlignBottom);
   chartView_ = new QChartView(chart_, this);
   chartView_->setRenderHint(QPainter::Antialiasing);
-  chartView_->setMinimumHeight(260);
+  chartView_->setMinimumHeight(360);
 
   total_ = new QLabel(this);
   auto* exportButton = new QPushButton(tr("Export chart…"), this);
@@ -61,6 +61,7 @@ CommunicationView::CommunicationView(QWidget* parent) : QWidget(parent) {
   splitter->addWidget(table_);
   splitter->setStretchFactor(0, 3);
   splitter->setStretchFactor(1, 2);
+  splitter->setSizes({560, 340});
   auto* layout = new QVBoxLayout(this);
   layout->addWidget(total_);
   layout->addWidget(splitter);

@@ -146,7 +146,7 @@ QWidget* MainWindow::currentChart() const {
 }
 
 QString MainWindow::bannerText() const {
-  return banner_->isVisible() ? banner_->text() : QString();
+  return banner_->isHidden() ? QString() : banner_->text();
 }
 
 void MainWindow::createMenus() {

@@ -85,6 +85,13 @@ Count intChoice(const QComboBox* box) {
   return box->currentData().toLongLong();
 }
 
+QString presetBaseName(const std::string& name) {
+  QString n = QString::fromStdString(name);
+  const QString suffix = QStringLiteral(" (modified)");
+  if (n.endsWith(suffix)) n.chop(suffix.size());
+  return n;
+}
+
 }  // namespace
 
 ScenarioEditor::ScenarioEditor(QWidget* parent) : QWidget(parent) {
@@ -327,7 +334,9 @@ ModelSpec ScenarioEditor::modelFromFields() const {
 
 GpuSpec ScenarioEditor::gpuFromFields() const {
   GpuSpec g = presetGpu_.value_or(GpuSpec{});
-  g.name = gpuPreset_->currentData().toString().toStdString();
+  if (const QString preset = gpuPreset_->currentData().toString(); !preset.isEmpty()) {
+    g.name = preset.toStdString();
+  }
   // Fields the editor shows replace the preset's only when the person changed them, so the
   // rounding of a spin box never turns a preset into a custom GPU.
   auto changed = [](double shown, double original, double scale, int decimals) {
@@ -383,14 +392,17 @@ void ScenarioEditor::applyGpuPreset(const QString& name) {
 
 void ScenarioEditor::setScenario(const Scenario& s) {
   updating_ = true;
-  presetModel_ = find_model_preset(s.model.name);
-  int mi = presetModel_ ? modelPreset_->findData(QString::fromStdString(s.model.name)) : -1;
+  // The reader names a changed preset "<preset> (modified)": its baseline is still the preset.
+  const QString modelName = presetBaseName(s.model.name);
+  presetModel_ = find_model_preset(modelName.toStdString());
+  int mi = presetModel_ ? modelPreset_->findData(modelName) : -1;
   modelPreset_->setCurrentIndex(mi >= 0 ? mi : modelPreset_->count() - 1);
   setModelFields(s.model);
 
-  presetGpu_ = find_gpu_preset(s.cluster.gpu.name);
+  const QString gpuName = presetBaseName(s.cluster.gpu.name);
+  presetGpu_ = find_gpu_preset(gpuName.toStdString());
   if (!presetGpu_) presetGpu_ = s.cluster.gpu;  // a custom GPU is its own baseline
-  int gi = gpuPreset_->findData(QString::fromStdString(s.cluster.gpu.name));
+  int gi = presetGpu_ ? gpuPreset_->findData(gpuName) : -1;
   gpuPreset_->setCurrentIndex(gi >= 0 ? gi : gpuPreset_->count() - 1);
   setGpuFields(s.cluster.gpu);
   loadedCluster_ = s.cluster;
@@ -443,7 +455,10 @@ void ScenarioEditor::refreshChoices() {
 
   // tp splits the heads and the GPUs; pp splits the layers and what tp leaves of the GPUs.
   const Count tp = intChoice(tp_);
-  setIntChoices(tp_, divisors(std::gcd(heads, gpus)), tp);
+  // tp must split the query heads, the KV heads and the FFN width (Megatron-LM's rules).
+  const Count kv = intChoice(kvHeads_) > 0 ? intChoice(kvHeads_) : heads;
+  setIntChoices(tp_, divisors(std::gcd(std::gcd(heads, kv), std::gcd(ffnHidden_->value(), gpus))),
+                tp);
   std::vector<Count> pps;
   for (Count p : divisors(numLayers_->value())) {
     if (tp > 0 && gpus % (tp * p) == 0) pps.push_back(p);
@@ -525,6 +540,11 @@ nlohmann::json ScenarioEditor::document() const {
                          {"fp16", g.peak_flops.fp16},
                          {"bf16", g.peak_flops.bf16}};
     gpu["memory_bandwidth"] = g.memory_bandwidth;
+    if (!gpuPreset) {  // a custom GPU names its own links
+      gpu["name"] = g.name.empty() ? std::string("custom") : g.name;
+      gpu["intra_node_bandwidth"] = g.intra_node_bandwidth;
+      gpu["inter_node_bandwidth"] = g.inter_node_bandwidth;
+    }
     cluster["gpu"] = gpu;
   }
   cluster["num_gpus"] = numGpus_->value();

@@ -102,11 +102,12 @@ SearchView::SearchView(QWidget* parent) : QWidget(parent) {
   controls->addWidget(start_);
   controls->addWidget(cancel_);
   controls->addWidget(progress_, 1);
-  auto* splitter = new QSplitter(Qt::Horizontal, this);
+  auto* splitter = new QSplitter(Qt::Vertical, this);
   splitter->addWidget(table_);
   splitter->addWidget(chartView_);
-  splitter->setStretchFactor(0, 3);
-  splitter->setStretchFactor(1, 2);
+  splitter->setStretchFactor(0, 1);
+  splitter->setStretchFactor(1, 1);
+  splitter->setSizes({400, 400});
   auto* layout = new QVBoxLayout(this);
   layout->addLayout(controls);
   layout->addWidget(status_);
@@ -288,11 +289,15 @@ void SearchView::rebuildChart() {
   best->setName(tr("best"));
   best->setMarkerSize(13);
   best->setColor(QColor(0xf2, 0x8e, 0x2b));
-  double maxGiB = 1, maxTokens = 1;
+  // Axes span the plans (and the capacity line), not zero: plans crowd near the capacity.
+  double minGiB = rows.empty() ? 0 : 1e300, maxGiB = 1;
+  double minTokens = rows.empty() ? 0 : 1e300, maxTokens = 1;
   Bytes capacity = 0;
   for (const SearchRow& r : rows) {
     (r.rank == 1 ? best : scatter)->append(to_gib(r.peak_bytes), r.tokens_per_second);
+    minGiB = std::min(minGiB, to_gib(r.peak_bytes));
     maxGiB = std::max(maxGiB, to_gib(r.peak_bytes));
+    minTokens = std::min(minTokens, r.tokens_per_second);
     maxTokens = std::max(maxTokens, r.tokens_per_second);
     capacity = std::max(capacity, r.capacity_bytes);
   }
@@ -309,7 +314,7 @@ void SearchView::rebuildChart() {
   if (capacity > 0) {
     capLine->setName(tr("capacity %1").arg(formatGiB(capacity)));
     capLine->append(to_gib(capacity), 0);
-    capLine->append(to_gib(capacity), maxTokens * 1.1);
+    capLine->append(to_gib(capacity), maxTokens * 2);
     QPen pen(QColor(0xb0, 0x00, 0x20));
     pen.setWidth(2);
     pen.setStyle(Qt::DashLine);
@@ -319,11 +324,13 @@ void SearchView::rebuildChart() {
   chart_->addSeries(capLine);
   auto* x = new QValueAxis;
   x->setTitleText(tr("peak memory per GPU (GiB)"));
-  x->setRange(0, maxGiB * 1.05);
+  const double gibPad = std::max(0.5, (maxGiB - minGiB) * 0.08);
+  x->setRange(std::max(0.0, minGiB - gibPad), maxGiB + gibPad);
   x->applyNiceNumbers();
   auto* y = new QValueAxis;
   y->setTitleText(tr("tokens/s"));
-  y->setRange(0, maxTokens * 1.1);
+  const double tokensPad = std::max(1.0, (maxTokens - minTokens) * 0.1);
+  y->setRange(std::max(0.0, minTokens - tokensPad), maxTokens + tokensPad);
   y->applyNiceNumbers();
   y->setLabelFormat(QStringLiteral("%.0f"));
   chart_->addAxis(x, Qt::AlignBottom);

@@ -1,0 +1,188 @@
+// The scenario editor drives the plan: every edit recomputes it, the memory chart shows exactly
+// the planner's figures for the edited document, and invalid input shows the validator's message.
+#include <QFile>
+#include <QLabel>
+#include <QTemporaryDir>
+#include <QtTest>
+#include <nlohmann/json.hpp>
+
+#include "categories.h"
+#include "distplan/planner/error.h"
+#include "distplan/planner/estimate.h"
+#include "distplan/planner/presets.h"
+#include "distplan/planner/scenario_json.h"
+#include "guitestutil.h"
+#include "mainwindow.h"
+#include "memorymodel.h"
+#include "memoryview.h"
+#include "plansession.h"
+#include "scenarioeditor.h"
+
+using namespace distplan;
+using namespace distplan::gui;
+using namespace distplan::gui::test;
+
+class EditorTest : public QObject {
+  Q_OBJECT
+
+ private:
+  /// The memory view against an estimate computed here from the editor's document.
+  static void expectMemoryMatchesPlanner(MainWindow& w) {
+    const Scenario s = scenario_from_json(w.editor()->document());
+    const Estimate e = estimate(s);
+    MemoryView* view = w.memoryView();
+    QCOMPARE(view->barCount(), static_cast<int>(e.memory.stages.size()));
+    QCOMPARE(view->model()->rowCount(), static_cast<int>(e.memory.stages.size()));
+    for (int i = 0; i < static_cast<int>(e.memory.stages.size()); ++i) {
+      const StageMemory& stage = e.memory.stages[static_cast<std::size_t>(i)];
+      for (std::size_t c = 0; c < kMemoryCategories.size(); ++c) {
+        const Bytes bytes = categoryBytes(stage, kMemoryCategories[c]);
+        QCOMPARE(view->barValueGiB(kMemoryCategories[c], i), to_gib(bytes));
+        const QModelIndex cell =
+            view->model()->index(i, MemoryModel::FirstCategoryColumn + static_cast<int>(c));
+        QCOMPARE(view->model()->data(cell, Qt::UserRole).toLongLong(), bytes);
+      }
+      const QModelIndex total = view->model()->index(i, MemoryModel::TotalColumn);
+      QCOMPARE(view->model()->data(total, Qt::UserRole).toLongLong(), stage.total_bytes);
+    }
+    QCOMPARE(view->capacityLineGiB(), to_gib(e.memory.capacity_bytes));
+  }
+
+ private slots:
+  void initTestCase() { QStandardPaths::setTestModeEnabled(true); }
+
+  void defaultScenarioIsLlama70bOn64H100() {
+    MainWindow w(false);
+    w.loadDefaultScenario();
+    QVERIFY(w.session()->isValid());
+    QCOMPARE(w.session()->scenario(), scenario_from_json(parse_json_text(default_scenario_text())));
+    expectMemoryMatchesPlanner(w);
+  }
+
+  void tensorParallelChangeSetsMemoryChartToPlannerFigures() {
+    MainWindow w(false);
+    w.loadDefaultScenario();
+    const double weightsBefore = w.memoryView()->barValueGiB(MemoryCategory::weights, 0);
+    const Count tp = w.session()->scenario().parallel.tp;
+    QVERIFY(chooseInt(w, "/parallel/tp", tp / 2));
+    QVERIFY(w.session()->isValid());
+    QCOMPARE(w.session()->scenario().parallel.tp, tp / 2);
+    // Half the tensor-parallel ranks: each holds a larger weight shard.
+    QVERIFY(w.memoryView()->barValueGiB(MemoryCategory::weights, 0) > weightsBefore);
+    expectMemoryMatchesPlanner(w);
+  }
+
+  void zeroStageChangeSetsMemoryChartToPlannerFigures() {
+    MainWindow w(false);
+    w.loadDefaultScenario();
+    for (int stage : {0, 1, 2, 3}) {
+      auto* box = w.editor()->findChild<QComboBox*>(QStringLiteral("/parallel/zero_stage"));
+      QVERIFY(box);
+      box->setCurrentIndex(stage);
+      QVERIFY(w.session()->isValid());
+      QCOMPARE(w.session()->scenario().parallel.zero_stage, stage);
+      expectMemoryMatchesPlanner(w);
+    }
+  }
+
+  void tensorParallelOffersOnlyValidDivisors() {
+    MainWindow w(false);
+    w.loadDefaultScenario();
+    const ModelSpec& m = w.session()->scenario().model;
+    auto* box = w.editor()->findChild<QComboBox*>(QStringLiteral("/parallel/tp"));
+    QVERIFY(box && box->count() > 1);
+    for (int i = 0; i < box->count(); ++i) {
+      const qlonglong tp = box->itemData(i).toLongLong();
+      QCOMPARE(m.num_attention_heads % tp, 0);
+      QCOMPARE(m.num_kv_heads % tp, 0);
+      // Every offered value is accepted by the validator.
+      box->setCurrentIndex(i);
+      QVERIFY2(w.session()->isValid(), qPrintable(w.session()->errorMessage()));
+    }
+  }
+
+  void invalidInputShowsValidatorMessageBesideTheField() {
+    MainWindow w(false);
+    w.loadDefaultScenario();
+    const Estimate before = w.session()->estimate();
+    QVERIFY(setCount(w, "/cluster/num_gpus", 60));  // 60 is not a multiple of tp*pp = 32
+    QVERIFY(!w.session()->isValid());
+    QString path, message;
+    try {
+      (void)scenario_from_json(w.editor()->document());
+      QFAIL("the validator accepted 60 GPUs for tp*pp = 32");
+    } catch (const InputError& e) {
+      path = QString::fromStdString(e.path());
+      message = QString::fromUtf8(e.what());
+    }
+    QVERIFY(!message.isEmpty());
+    QVERIFY(w.editor()->errorText().contains(message));
+    QVERIFY(w.editor()->errorText().contains(path));
+    QVERIFY(w.bannerText().contains(message));
+    // The label beside the field the path names is the one that shows it.
+    auto* label = w.editor()->findChild<QLabel*>(QStringLiteral("error:") + path);
+    if (!label) label = w.editor()->findChild<QLabel*>(QStringLiteral("error:"));
+    QVERIFY(label);
+    QVERIFY(!label->isHidden());
+    QVERIFY(label->text().contains(message));
+    // The last valid plan stays on screen; fixing the field clears the message.
+    QCOMPARE(w.session()->estimate(), before);
+    QVERIFY(setCount(w, "/cluster/num_gpus", 64));
+    QVERIFY(w.session()->isValid());
+    QVERIFY(w.editor()->errorText().isEmpty());
+    QVERIFY(w.bannerText().isEmpty());
+  }
+
+  void modelPresetFillsThePresetFields() {
+    MainWindow w(false);
+    w.loadDefaultScenario();
+    auto* box = w.editor()->findChild<QComboBox*>(QStringLiteral("/model"));
+    QVERIFY(box);
+    const int index = box->findData(QStringLiteral("llama2-7b"));
+    QVERIFY(index >= 0);
+    box->setCurrentIndex(index);
+    emit box->activated(index);
+    const nlohmann::json doc = w.editor()->document();
+    QCOMPARE(QString::fromStdString(doc["model"].get<std::string>()), QStringLiteral("llama2-7b"));
+    const std::optional<ModelSpec> preset = find_model_preset("llama2-7b");
+    QVERIFY(preset.has_value());
+    QVERIFY(w.session()->isValid());
+    QCOMPARE(w.session()->scenario().model, *preset);
+    expectMemoryMatchesPlanner(w);
+  }
+
+  void saveThenOpenGivesTheSameScenario() {
+    QTemporaryDir dir;
+    const QString path = dir.filePath(QStringLiteral("scenario.json"));
+    MainWindow w(false);
+    w.loadDefaultScenario();
+    QVERIFY(setCount(w, "/training/global_batch_size", 256));
+    const Scenario edited = w.session()->scenario();
+    QString error;
+    QVERIFY2(w.saveScenario(path, &error), qPrintable(error));
+    QVERIFY(QFile::exists(path));
+
+    MainWindow other(false);
+    QVERIFY2(other.openScenario(path, &error), qPrintable(error));
+    QVERIFY(other.session()->isValid());
+    QCOMPARE(other.session()->scenario(), edited);
+  }
+
+  void openingAnInvalidFileReportsItsPath() {
+    QTemporaryDir dir;
+    const QString path = dir.filePath(QStringLiteral("bad.json"));
+    QFile f(path);
+    QVERIFY(f.open(QIODevice::WriteOnly));
+    f.write(R"({"model": "llama2-7b", "cluster": {"gpu": "a100-80gb", "num_gpus": 8},
+               "training": {"seq_length": 2048, "global_batch_size": 64},
+               "parallel": {"tp": 3}})");
+    f.close();
+    MainWindow w(false);
+    QString error;
+    QVERIFY(!w.openScenario(path, &error));
+    QVERIFY2(error.contains(QStringLiteral("/parallel")), qPrintable(error));
+  }
+};
+
+QTEST_MAIN(EditorTest)
+#include "editor_test.moc"

@@ -1,0 +1,247 @@
+// The result views: the timeline draws the simulated step (one row per stage, one block per pass),
+// the search fills a sortable table and loads a plan, communication lists every collective, the
+// validation view reads a result, and charts export as PNG and SVG.
+#include <QFile>
+#include <QSignalSpy>
+#include <QSortFilterProxyModel>
+#include <QTableView>
+#include <QTableWidget>
+#include <QTemporaryDir>
+#include <QtTest>
+#include <nlohmann/json.hpp>
+
+#include <QBarSet>
+#include <QChart>
+#include <QChartView>
+#include <QStackedBarSeries>
+
+#include "categories.h"
+#include "chartexport.h"
+#include "communicationmodel.h"
+#include "communicationview.h"
+#include "distplan/planner/estimate.h"
+#include "distplan/planner/presets.h"
+#include "distplan/planner/scenario_json.h"
+#include "guitestutil.h"
+#include "mainwindow.h"
+#include "memoryview.h"
+#include "plansession.h"
+#include "searchmodel.h"
+#include "searchview.h"
+#include "summaryview.h"
+#include "timelineview.h"
+#include "timelinewidget.h"
+#include "validationview.h"
+
+using namespace distplan;
+using namespace distplan::gui;
+using namespace distplan::gui::test;
+
+class ViewsTest : public QObject {
+  Q_OBJECT
+
+ private slots:
+  void initTestCase() { QStandardPaths::setTestModeEnabled(true); }
+
+  void timelineHasOneRowPerStageAndOneBlockPerPass_data() {
+    QTest::addColumn<QString>("schedule");
+    QTest::addColumn<int>("virtualStages");
+    QTest::addColumn<bool>("splitBackward");
+    QTest::newRow("1f1b") << QStringLiteral("1f1b") << 1 << false;
+    QTest::newRow("gpipe") << QStringLiteral("gpipe") << 1 << false;
+    QTest::newRow("interleaved") << QStringLiteral("interleaved_1f1b") << 2 << false;
+    QTest::newRow("zb_h1") << QStringLiteral("zb_h1") << 1 << true;
+  }
+
+  void timelineHasOneRowPerStageAndOneBlockPerPass() {
+    if (!PlanSession::simulatorAvailable()) QSKIP("built without the simulator");
+    QFETCH(QString, schedule);
+    QFETCH(int, virtualStages);
+    QFETCH(bool, splitBackward);
+    MainWindow w(false);
+    w.loadDefaultScenario();
+    QVERIFY(setCount(w, "/training/global_batch_size", 64));
+    QVERIFY(chooseText(w, "/parallel/schedule", schedule));
+    if (virtualStages > 1) QVERIFY(setCount(w, "/parallel/virtual_stages", virtualStages));
+    QVERIFY2(w.session()->isValid(), qPrintable(w.session()->errorMessage()));
+    w.session()->simulateNow();
+    QVERIFY(w.session()->hasSimulation());
+
+    const Scenario& s = w.session()->scenario();
+    const Count pp = s.parallel.pp;
+    const Count m = s.num_microbatches();  // 64 / (micro-batch 1 * dp 2) = 32
+    QCOMPARE(m, Count{32});
+    TimelineWidget* t = w.timelineView()->timeline();
+    QCOMPARE(t->rowCount(), static_cast<int>(pp));
+    // Every stage runs every micro-batch forward and backward once per virtual chunk; a
+    // zero-bubble schedule splits each backward into B (input) and W (weight) passes.
+    const int passes = static_cast<int>(pp * m * virtualStages);
+    QCOMPARE(t->blockCount(BlockKind::forward), passes);
+    QCOMPARE(t->blockCount(BlockKind::backward), passes);
+    QCOMPARE(t->blockCount(BlockKind::backward_weight), splitBackward ? passes : 0);
+    // Point-to-point sends between stages are drawn: pp-1 boundaries, a forward and a backward
+    // transfer per micro-batch and chunk crossing each.
+    QVERIFY(t->blockCount(BlockKind::communication) >= 2 * (pp - 1) * m);
+    for (const TimelineBlock& b : t->timeline().blocks) {
+      QVERIFY(b.stage >= 0 && b.stage < pp);
+      QVERIFY(b.end_seconds >= b.start_seconds);
+      QVERIFY(b.end_seconds <= w.session()->simulation().step_seconds * (1 + 1e-9));
+    }
+    QCOMPARE(t->timeline().step_seconds, w.session()->simulation().step_seconds);
+  }
+
+  void timelineZoomsAroundAPointAndFits() {
+    TimelineWidget t;
+    TimelineData d;
+    d.num_stages = 2;
+    d.step_seconds = 10;
+    d.blocks.push_back({0, BlockKind::forward, 0, 0, 0.0, 1.0, {}});
+    t.setTimeline(d);
+    const double span = t.viewSpan();
+    t.zoom(2.0, 5.0);
+    QCOMPARE(t.viewSpan(), span / 2);
+    QVERIFY(t.viewStart() < 5.0 && t.viewStart() + t.viewSpan() > 5.0);
+    t.fit();
+    QCOMPARE(t.viewStart(), 0.0);
+    QCOMPARE(t.viewSpan(), span);
+  }
+
+  void communicationTableListsEveryCollective() {
+    MainWindow w(false);
+    w.loadDefaultScenario();
+    const Estimate e = estimate(scenario_from_json(w.editor()->document()));
+    CommunicationModel* model = w.communicationView()->model();
+    QCOMPARE(model->rowCount(), static_cast<int>(e.communication.collectives.size()));
+    for (int i = 0; i < model->rowCount(); ++i) {
+      const Collective& c = e.communication.collectives[static_cast<std::size_t>(i)];
+      QCOMPARE(model->data(model->index(i, CommunicationModel::WireBytesColumn), Qt::UserRole)
+                   .toLongLong(),
+               c.wire_bytes_per_gpu_per_step);
+      QCOMPARE(model->data(model->index(i, CommunicationModel::BytesPerCallColumn), Qt::UserRole)
+                   .toLongLong(),
+               c.bytes_per_call);
+    }
+  }
+
+  void summaryShowsThePlannersFigures() {
+    MainWindow w(false);
+    w.loadDefaultScenario();
+    const Estimate& e = w.session()->estimate();
+    QVERIFY(w.summaryView()
+                ->figureText(QStringLiteral("memory"))
+                .contains(formatGiB(e.memory.peak_bytes)));
+    QVERIFY(w.summaryView()
+                ->figureText(QStringLiteral("step"))
+                .contains(QString::number(e.time.step_seconds * 1e3, 'f', 1)));
+    QVERIFY(
+        w.summaryView()->figureText(QStringLiteral("fits")).contains(e.memory.fits ? "yes" : "no"));
+  }
+
+  void searchFillsSortsAndLoadsAPlan() {
+    if (!SearchView::searchAvailable()) QSKIP("built without the search library");
+    MainWindow w(false);
+    w.loadDefaultScenario();
+    SearchView* view = w.searchView();
+    QSignalSpy finished(view, &SearchView::searchFinished);
+    view->startSearch();
+    QVERIFY(view->isRunning());
+    QVERIFY(finished.wait(240000));
+    QVERIFY(!view->isRunning());
+    SearchModel* model = view->model();
+    QVERIFY2(model->rowCount() > 1, qPrintable(view->statusText()));
+    for (const SearchRow& r : model->rows()) {
+      QVERIFY(r.peak_bytes <= r.capacity_bytes);
+      QCOMPARE(r.parallel.tp * r.parallel.pp * r.parallel.dp,
+               w.session()->scenario().cluster.num_gpus);
+    }
+
+    QSortFilterProxyModel* proxy = view->proxy();
+    view->table()->sortByColumn(SearchModel::TokensColumn, Qt::DescendingOrder);
+    for (int i = 1; i < proxy->rowCount(); ++i) {
+      QVERIFY(
+          proxy->index(i - 1, SearchModel::TokensColumn).data(SearchModel::SortRole).toDouble() >=
+          proxy->index(i, SearchModel::TokensColumn).data(SearchModel::SortRole).toDouble());
+    }
+    view->table()->sortByColumn(SearchModel::PeakColumn, Qt::AscendingOrder);
+    for (int i = 1; i < proxy->rowCount(); ++i) {
+      QVERIFY(
+          proxy->index(i - 1, SearchModel::PeakColumn).data(SearchModel::SortRole).toLongLong() <=
+          proxy->index(i, SearchModel::PeakColumn).data(SearchModel::SortRole).toLongLong());
+    }
+
+    // Double-clicking the lowest-memory plan loads its layout into the editor and the plan.
+    const QModelIndex first = proxy->index(0, SearchModel::RankColumn);
+    const SearchRow chosen =
+        model->rows()[static_cast<std::size_t>(proxy->mapToSource(first).row())];
+    emit view->table()->doubleClicked(first);
+    QVERIFY(w.session()->isValid());
+    const ParallelSpec& p = w.session()->scenario().parallel;
+    QCOMPARE(p.tp, chosen.parallel.tp);
+    QCOMPARE(p.pp, chosen.parallel.pp);
+    QCOMPARE(p.dp, chosen.parallel.dp);
+    QCOMPARE(p.zero_stage, chosen.parallel.zero_stage);
+    QCOMPARE(p.recompute, chosen.parallel.recompute);
+    QCOMPARE(p.schedule, chosen.parallel.schedule);
+    QCOMPARE(w.session()->scenario().training.micro_batch_size, chosen.micro_batch_size);
+    QCOMPARE(w.session()->estimate().memory.peak_bytes, chosen.peak_bytes);
+  }
+
+  void validationViewShowsPredictedAgainstMeasured() {
+    const Scenario s = scenario_from_json(parse_json_text(default_scenario_text()));
+    const Estimate e = estimate(s);
+    nlohmann::json plan = plan_to_json(s, e);
+    nlohmann::json measured = plan;
+    for (auto& stage : measured["memory"]["stages"]) {
+      stage["weights_bytes"] = stage["weights_bytes"].get<std::int64_t>() * 2;
+    }
+    nlohmann::json doc = {{"schema", "distplan.validate/v1"},
+                          {"predicted", plan},
+                          {"measured", measured},
+                          {"relative_error",
+                           {{"memory", {{"weights_bytes", 1.0}, {"total_bytes", 0.2}}},
+                            {"time", {{"step_seconds", -0.05}}}}}};
+    ValidationView view;
+    QVERIFY(view.loadResult(QByteArray::fromStdString(doc.dump())));
+    QCOMPARE(view.errorTable()->rowCount(), 3);
+    auto* series = qobject_cast<QStackedBarSeries*>(view.chartView()->chart()->series().value(0));
+    QVERIFY(series);
+    QCOMPARE(series->barSets().size(), static_cast<qsizetype>(kMemoryCategories.size()));
+    const QBarSet* weights = series->barSets().at(0);
+    QCOMPARE(weights->count(), static_cast<qsizetype>(2 * e.memory.stages.size()));
+    for (std::size_t i = 0; i < e.memory.stages.size(); ++i) {
+      const double predicted = to_gib(e.memory.stages[i].weights_bytes);
+      QCOMPARE(weights->at(static_cast<qsizetype>(2 * i)), predicted);
+      QCOMPARE(weights->at(static_cast<qsizetype>(2 * i + 1)), 2 * predicted);
+    }
+    QVERIFY(!view.loadResult("{\"schema\": \"distplan.plan/v1\"}"));
+    QVERIFY(!view.loadResult("not json"));
+  }
+
+  void chartsExportAsPngAndSvg() {
+    MainWindow w(false);
+    w.loadDefaultScenario();
+    w.resize(1280, 800);
+    w.show();
+    QVERIFY(w.showTab(QStringLiteral("memory")));
+    QCoreApplication::processEvents();
+    QTemporaryDir dir;
+    QString error;
+    const QString png = dir.filePath(QStringLiteral("memory.png"));
+    QVERIFY2(exportWidget(w.currentChart(), png, &error), qPrintable(error));
+    const QImage image(png);
+    QVERIFY(!image.isNull());
+    QCOMPARE(image.size(), w.currentChart()->size() * w.currentChart()->devicePixelRatio());
+    QVERIFY(colourStats(image).second > 10);
+    if (!svgExportAvailable()) QSKIP("built without Qt SVG");
+    const QString svg = dir.filePath(QStringLiteral("memory.svg"));
+    QVERIFY2(exportWidget(w.currentChart(), svg, &error), qPrintable(error));
+    QFile file(svg);
+    QVERIFY(file.open(QIODevice::ReadOnly));
+    const QByteArray text = file.readAll();
+    QVERIFY(text.contains("<svg"));
+    QVERIFY(text.contains("Stage 0"));
+  }
+};
+
+QTEST_MAIN(ViewsTest)
+#include "views_test.moc"
