@@ -186,6 +186,26 @@ class ViewsTest : public QObject {
     QCOMPARE(w.session()->estimate().memory.peak_bytes, chosen.peak_bytes);
   }
 
+  void cancelledSearchLeavesTheTableAsItWas() {
+    if (!SearchView::searchAvailable()) QSKIP("built without the search library");
+    MainWindow w(false);
+    w.loadDefaultScenario();
+    SearchView* view = w.searchView();
+    QSignalSpy finished(view, &SearchView::searchFinished);
+    view->startSearch();
+    QVERIFY(view->isRunning());
+    // The answer can only arrive through the event loop, so a cancel before it returns wins.
+    view->cancelSearch();
+    QVERIFY(!view->isRunning());
+    QTest::qWait(3000);  // the worker runs to its end in the background
+    QCOMPARE(finished.count(), 0);
+    QCOMPARE(view->model()->rowCount(), 0);
+    // A new search after a cancel runs normally.
+    view->startSearch();
+    QVERIFY(finished.wait(240000));
+    QVERIFY(view->model()->rowCount() > 0);
+  }
+
   void validationViewShowsPredictedAgainstMeasured() {
     const Scenario s = scenario_from_json(parse_json_text(default_scenario_text()));
     const Estimate e = estimate(s);
