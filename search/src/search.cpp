@@ -9,6 +9,7 @@
 
 #include "distplan/planner/error.h"
 #include "distplan/planner/validate.h"
+#include "distplan/search/fast_memory.h"
 #include "sim_bridge.h"
 
 namespace distplan::search {
@@ -125,14 +126,23 @@ void search_worker(const Space& space, const Options& opt, const std::vector<Out
                    std::atomic<std::size_t>& next, std::atomic<std::size_t>& done,
                    std::atomic<std::uint64_t>& evaluated_so_far, Partial& part) {
   Scenario s = space.base;
-  (void)opt;
+  FastMemory fast(space.base);
   for (;;) {
     const std::size_t i = next.fetch_add(1, std::memory_order_relaxed);
     if (i >= outers.size()) break;
     const std::uint64_t before = part.evaluated;
+    if (opt.fast_memory) fast.set_outer(outers[i]);
     for_each_inner(space, outers[i], part.rejected, [&](const Layout& l) {
-      apply_layout(s, l);
-      const Figures f = evaluate(s);
+      Figures f;
+      if (opt.fast_memory) {
+        // Peak memory first, exactly as estimate() has it; only what fits is estimated in full.
+        f.peak_bytes = fast.peak_bytes(l);
+        f.capacity_bytes = fast.capacity_bytes();
+      }
+      if (!opt.fast_memory || fits(f, opt.memory_margin)) {
+        apply_layout(s, l);
+        f = evaluate(s);
+      }
       ++part.evaluated;
       if (!fits(f, opt.memory_margin)) {
         ++part.rejected[static_cast<int>(Reject::out_of_memory)];

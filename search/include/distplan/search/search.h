@@ -27,7 +27,9 @@ struct Options {
   int simulate_top = 16;       // how many of the analytically best are re-ranked by simulation
   double target_tokens_per_second = 0;  // objective "gpus"
   int threads = 0;                      // 0: all hardware threads
-  bool suggest = true;  // when nothing fits, search nearby spaces for what would fit
+  bool suggest = true;
+  /// Reject what does not fit with the lean memory path (FastMemory) before estimating.
+  bool fast_memory = true;  // when nothing fits, search nearby spaces for what would fit
   /// Called from the calling thread with the fraction done, at most ~20 times a second.
   std::function<void(double fraction, std::uint64_t evaluated)> progress;
 };

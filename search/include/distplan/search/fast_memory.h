@@ -1,0 +1,40 @@
+// The search's lean memory path: the peak bytes per GPU of a layout, exactly as the planner's
+// estimate() computes them (planner/src/estimate.cpp, memory()), without building an Estimate.
+// It reuses the planner's layer table functions (layer_ops.h, layout.h) and evaluates only the
+// stages that can hold the peak: the first, the second and the last (docs/search.md, "Speed").
+// A layout that does not fit needs nothing more; one that fits is estimated in full.
+// tests/search/fast_memory_test.cpp checks equality with estimate() over whole spaces.
+#pragma once
+
+#include <vector>
+
+#include "distplan/planner/layer_ops.h"
+#include "distplan/planner/spec.h"
+#include "distplan/search/space.h"
+
+namespace distplan::search {
+
+class FastMemory {
+ public:
+  explicit FastMemory(const Scenario& base);
+
+  /// Precomputes what depends on (tp, pp, dp, micro-batch) only.
+  void set_outer(const Outer& o);
+  /// Peak bytes per GPU of a layout whose outer part is the last set_outer().
+  [[nodiscard]] Bytes peak_bytes(const Layout& l) const noexcept;
+  [[nodiscard]] Bytes capacity_bytes() const noexcept { return base_.cluster.gpu.memory_bytes; }
+
+ private:
+  [[nodiscard]] Bytes stage_total(const Layout& l, Count stage, Count layers) const noexcept;
+
+  Scenario base_;
+  LayerTable table_;
+  Outer outer_{};
+  Count vocab_ = 0;         // padded for this tp
+  Count layer_params_ = 0;  // per TP rank
+  Count num_microbatches_ = 0;
+  Count layers_first_ = 0, layers_second_ = 0, layers_last_ = 0;
+  Bytes act_[2][3] = {};  // [sequence parallel][recompute] bytes per layer per micro-batch
+};
+
+}  // namespace distplan::search

@@ -1,0 +1,82 @@
+#include "distplan/search/fast_memory.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "distplan/planner/estimate.h"
+#include "distplan/search/search.h"
+#include "distplan/search/search_json.h"
+
+namespace distplan::search {
+namespace {
+
+Space space_of(nlohmann::json model, int gpus, int batch, int seq, nlohmann::json training = {}) {
+  nlohmann::json doc = {
+      {"model", model},
+      {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", gpus}, {"gpus_per_node", 8}}},
+      {"training", {{"seq_length", seq}, {"global_batch_size", batch}}}};
+  for (auto& [k, v] : training.items()) doc["training"][k] = v;
+  return request_from_json(doc).space;
+}
+
+/// Every layout of the space: FastMemory's peak equals estimate()'s, byte for byte.
+void expect_agreement(Space sp) {
+  sp.constraints.tp_within_node = false;
+  sp.constraints.zero_needs_dp = false;
+  sp.constraints.sequence_parallel_needs_tp = false;
+  sp.constraints.single_schedule_without_pp = false;
+  RejectCounts rejected{};
+  FastMemory fast(sp.base);
+  std::size_t checked = 0;
+  for (const Outer& o : enumerate_outer(sp, rejected)) {
+    fast.set_outer(o);
+    for_each_inner(sp, o, rejected, [&](const Layout& l) {
+      const Estimate e = estimate(make_scenario(sp.base, l));
+      ASSERT_EQ(fast.peak_bytes(l), e.memory.peak_bytes)
+          << "tp=" << l.tp << " pp=" << l.pp << " dp=" << l.dp << " mb=" << l.micro_batch_size
+          << " zero=" << l.zero_stage << "/" << l.fsdp_shard_size << " v=" << l.virtual_stages
+          << " sched=" << to_string(l.schedule) << " rc=" << to_string(l.recompute)
+          << " sp=" << l.sequence_parallel;
+      ++checked;
+    });
+  }
+  EXPECT_GT(checked, 1000u);
+}
+
+TEST(FastMemory, AgreesWithEstimateOnLlama70B) {
+  expect_agreement(space_of("llama2-70b", 64, 512, 4096));
+}
+
+TEST(FastMemory, AgreesWithEstimateOnUnevenStages) {
+  // 126 layers: pp = 4, 8, 16 ... split unevenly.
+  expect_agreement(space_of("llama3.1-405b", 256, 256, 8192));
+}
+
+TEST(FastMemory, AgreesWithEstimateOnGptWithDropoutAndLearnedPositions) {
+  expect_agreement(space_of("gpt3-1.3b", 24, 96, 2048,
+                            {{"dropout", 0.1}, {"attention", "standard"}, {"precision", "fp16"}}));
+}
+
+TEST(FastMemory, AgreesWithEstimateWithFp32Gradients) {
+  expect_agreement(space_of("mistral-7b", 32, 128, 4096,
+                            {{"grad_accumulation_dtype", "fp32"}, {"optimizer", "sgd"}}));
+}
+
+TEST(FastMemory, SearchWithAndWithoutTheLeanPathAgrees) {
+  nlohmann::json doc = {
+      {"model", "llama2-70b"},
+      {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", 64}, {"gpus_per_node", 8}}},
+      {"training", {{"seq_length", 4096}, {"global_batch_size", 512}}},
+      {"search", {{"top_k", 20}, {"simulate_top", 0}, {"memory_margin", 0.03}}}};
+  Request req = request_from_json(doc);
+  const Result fast = run(req.space, req.options);
+  req.options.fast_memory = false;
+  const Result slow = run(req.space, req.options);
+  EXPECT_EQ(fast.evaluated, slow.evaluated);
+  EXPECT_EQ(fast.feasible, slow.feasible);
+  EXPECT_EQ(fast.rejected, slow.rejected);
+  EXPECT_EQ(fast.plans, slow.plans);
+}
+
+}  // namespace
+}  // namespace distplan::search
