@@ -78,7 +78,36 @@ class Estimator {
         p_(s.parallel),
         table_(build_layer_table(s.model, s.training)),
         layers_(stage_layer_counts(s)),
-        layer_params_rank_(layer_parameters_per_tp_rank(table_, s.parallel.tp)) {}
+        layer_params_rank_(layer_parameters_per_tp_rank(table_, s.parallel.tp)),
+        layer_replicated_(replicated_parameters(table_)) {}
+
+  [[nodiscard]] Count embedding_replicated() const noexcept {
+    return m_.position_embedding == PositionEmbedding::learned
+               ? m_.max_position_embeddings * m_.hidden_size
+               : 0;
+  }
+  [[nodiscard]] Count head_replicated() const noexcept {
+    return m_.norm == Norm::layernorm ? 2 * m_.hidden_size : m_.hidden_size;
+  }
+
+  // Parameters of a layer that every TP rank holds whole.
+  static Count replicated_parameters(const LayerTable& table) noexcept {
+    Count n = 0;
+    for (const LayerOp& op : table) {
+      if (op.param_shard == TpShard::replicated) n += op.weight_params;
+      if (op.bias_shard == TpShard::replicated) n += op.bias_params;
+    }
+    return n;
+  }
+
+  /// The collectives of one GPU of `stage` (public through stage_communication()).
+  std::vector<Collective> collectives_of(int stage) {
+    vocab_ = padded_vocab(s_);
+    nmb_ = s_.num_microbatches();
+    std::vector<Collective> out;
+    stage_collectives(stage, out);
+    return out;
+  }
 
   Estimate run() {
     Estimate e;
@@ -200,29 +229,36 @@ class Estimator {
       sm.activation_bytes_per_microbatch = u.layer.count * act_layer + extra;
       sm.inflight_chunks = inflight_chunks(p_.schedule, pp, v, st, nmb_);
       sm.inflight_microbatches = static_cast<double>(sm.inflight_chunks) / static_cast<double>(v);
-      const Count inflight_mb = std::min(nmb_, ceil_div(sm.inflight_chunks, v));
+      // The embedding's and LM head's tensors belong to the first and last chunk only; under
+      // interleaving those chunks are in flight once at a time on their stages (Megatron-LM's
+      // order runs the last chunk's backward right after its forward on the last stage).
+      const Count extra_live = v == 1 ? sm.inflight_chunks : 1;
       sm.activations_bytes =
-          sm.inflight_chunks * (u.layer.count / v) * act_layer + inflight_mb * extra;
+          sm.inflight_chunks * (u.layer.count / v) * act_layer + extra_live * extra;
       if (p_.recompute == Recompute::full && u.layer.count > 0) {
-        sm.activations_bytes += act_layer_full;  // the layer being recomputed in backward
+        // The layer being recomputed in backward: its full activations, of which the kept input
+        // is already counted.
+        sm.activations_bytes += act_layer_full - act_layer;
       }
 
-      // Buffers.
-      Bytes buffers = 0;
+      // Buffers: the logits workspace lives from the last stage's forward to the loss gradient;
+      // ZeRO-2/3 unit buffers live while a unit's gradient is reduced or its parameters are
+      // gathered. The two are never alive together, so the category's peak is the larger.
+      Bytes logits_ws = 0;
       if (st == pp - 1) {
-        // Logits in the compute dtype plus their fp32 softmax for the vocab-parallel loss,
-        // kept from the last stage's forward to its backward.
+        // Logits in the compute dtype plus their fp32 softmax for the vocab-parallel loss.
         const Bytes logits = act_tokens() * (vocab_ / tp) * (cb() + 4);
         const Count live = p_.schedule == Schedule::gpipe ? nmb_ : 1;
-        buffers += logits * live;
+        logits_ws = logits * live;
       }
-      if (S > 1 && p_.zero_stage == 2) buffers += largest_unit * gb();  // unit gradient before RS
+      Bytes zero_ws = 0;
+      if (S > 1 && p_.zero_stage == 2) zero_ws = largest_unit * gb();  // unit gradient before RS
       if (S > 1 && p_.zero_stage == 3) {
         const Count units_held = u.layer.count + u.embedding.count + u.head.count;
         const Count live = std::min(units_held, 1 + s_.assumptions.zero3_prefetch_layers);
-        buffers += live * largest_unit * cb() + largest_unit * gb();
+        zero_ws = live * largest_unit * cb() + largest_unit * gb();
       }
-      sm.buffers_bytes = buffers;
+      sm.buffers_bytes = std::max(logits_ws, zero_ws);
       sm.runtime_bytes = s_.cluster.runtime_reserve_bytes;
       sm.total_bytes = sm.weights_bytes + sm.gradients_bytes + sm.optimizer_bytes +
                        sm.activations_bytes + sm.buffers_bytes + sm.runtime_bytes;
@@ -357,6 +393,23 @@ class Estimator {
       }
     }
 
+    // Sequence parallel: parameters replicated across TP ranks (norms, row-parallel biases,
+    // learned positions) see only this rank's tokens, so their gradients are all-reduced over the
+    // TP group, one call per unit, when the unit's gradient is reduced (Megatron-LM's
+    // all-reduce of sequence-parallel gradients).
+    if (p_.sequence_parallel && p_.tp > 1) {
+      const Count per_dp_reduction = p_.zero_stage >= 2 ? m : 1;
+      for (int i = 0; i < 3; ++i) {
+        const Unit& x = *all_units[i];
+        if (x.count == 0) continue;
+        const Count replicated = i == 0   ? layer_replicated_
+                                 : i == 1 ? embedding_replicated()
+                                          : head_replicated();
+        add(out, Group::tp, CollectiveOp::all_reduce, "sequence-parallel gradients",
+            replicated * gb(), x.count * per_dp_reduction);
+      }
+    }
+
     // Tensor parallel.
     const TpCalls c = tp_layer_calls();
     const Count L = u.layer.count;
@@ -370,6 +423,10 @@ class Estimator {
       add(out, Group::tp,
           p_.sequence_parallel ? CollectiveOp::reduce_scatter : CollectiveOp::all_reduce,
           "embedding output", act, m);
+      // Under SP the reduce-scatter's backward all-gathers the output gradient.
+      if (p_.sequence_parallel) {
+        add(out, Group::tp, CollectiveOp::all_gather, "embedding output gradient", act, m);
+      }
     }
     if (st == pp - 1) {
       if (p_.sequence_parallel) {
@@ -489,8 +546,11 @@ class Estimator {
       // Optimizer: memory bound; reads gradients, reads and writes optimizer state and writes the
       // compute-dtype weights of this GPU's shard.
       const StageMemory& sm = e.memory.stages[static_cast<std::size_t>(st)];
+      // ZeRO-1 keeps full gradients but steps only its shard of them.
+      const double grads_read = static_cast<double>(
+          p_.zero_stage == 1 ? sm.gradients_bytes / shard() : sm.gradients_bytes);
       const double touched =
-          static_cast<double>(sm.gradients_bytes) + 2.0 * static_cast<double>(sm.optimizer_bytes) +
+          grads_read + 2.0 * static_cast<double>(sm.optimizer_bytes) +
           static_cast<double>(p_.zero_stage == 3 ? sm.weights_bytes : sm.weights_bytes / shard());
       k.optimizer = touched / s_.cluster.gpu.memory_bandwidth;
     }
@@ -592,6 +652,7 @@ class Estimator {
   LayerTable table_;
   std::vector<Count> layers_;
   Count layer_params_rank_ = 0;
+  Count layer_replicated_ = 0;
   Count vocab_ = 0;
   Count nmb_ = 0;
   LayerFlops lf_;

@@ -25,12 +25,17 @@ Count inflight_chunks(Schedule schedule, Count pp, Count v, Count stage, Count m
     case Schedule::gpipe:
       return m;  // every forward runs before the first backward
     case Schedule::one_f_one_b:
-    case Schedule::zb_h1:
       // PipeDream-Flush warm-up: p - stage - 1 forwards, then one more before the first backward.
       return std::min(pp - stage, m);
+    case Schedule::zb_h1:
+      // Activations live until the weight pass W. Stage s runs p - s - 1 warm-up forwards and
+      // defers each W by s input-gradient passes: p in flight on every stage (Qi et al. 2023,
+      // Table 2: peak memory p M_B).
+      return std::min(pp, m);
     case Schedule::zb_h2:
-      // ZB-H2 doubles the warm-up to fill the tail bubble (Qi et al. 2023, sec. 3.2).
-      return std::min(2 * (pp - stage) - 1, m);
+      // ZB-H2 warms up with 2(p - s) - 1 forwards and defers W by 2s: 2p - 1 in flight
+      // (Qi et al. 2023, Table 2: (2p - 1) M_B).
+      return std::min(2 * pp - 1, m);
     case Schedule::interleaved_1f1b: {
       // Megatron-LM forward_backward_pipelining_with_interleaving: num_warmup =
       // (p - stage - 1) * 2 + (v - 1) * p, capped at m * v; the steady state adds one.
@@ -87,8 +92,7 @@ Link group_link(const Scenario& s, Group g) noexcept {
     case Group::embedding:
       // Neighbouring stages are TP*DP ranks apart: unless the whole job is one node, some stage
       // boundary crosses nodes, and the pipeline runs at the pace of its slowest boundary.
-      span = s.cluster.num_gpus;
-      break;
+      return s.cluster.num_gpus <= gpn ? Link::intra_node : Link::inter_node;
   }
   return inside_node(span, gpn) ? Link::intra_node : Link::inter_node;
 }

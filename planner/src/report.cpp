@@ -63,7 +63,10 @@ void try_change(std::vector<FitSuggestion>& out, const Estimate& base, std::stri
 
 }  // namespace
 
-std::vector<FitSuggestion> fit_suggestions(const Scenario& s, const Estimate& e) {
+namespace {
+
+std::vector<FitSuggestion> single_changes(const Scenario& s, const Estimate& e,
+                                          bool more_gpus = true) {
   std::vector<FitSuggestion> out;
   const ParallelSpec& p = s.parallel;
   for (int z = p.zero_stage + 1; z <= 3; ++z) {
@@ -111,17 +114,54 @@ std::vector<FitSuggestion> fit_suggestions(const Scenario& s, const Estimate& e)
     x.parallel.schedule = Schedule::one_f_one_b;
     try_change(out, e, "1F1B schedule", x);
   }
-  if (p.zero_stage > 0) {
+  if (more_gpus) {
+    // More GPUs: twice the data-parallel ranks with ZeRO-3 sharding everything, or a pipeline
+    // twice as deep.
     Scenario x = s;
     x.cluster.num_gpus *= 2;
     x.parallel.dp *= 2;
-    x.parallel.fsdp_shard_size *= 2;
-    try_change(out, e, fmt::format("twice the GPUs ({}, dp={})", x.cluster.num_gpus, x.parallel.dp),
+    x.parallel.fsdp_shard_size = x.parallel.dp;
+    x.parallel.zero_stage = 3;
+    try_change(out, e, fmt::format("{} GPUs, dp={} with ZeRO-3", x.cluster.num_gpus, x.parallel.dp),
                x);
+    Scenario y = s;
+    y.cluster.num_gpus *= 2;
+    y.parallel.pp *= 2;
+    y.parallel.layers_per_stage.clear();
+    try_change(out, e, fmt::format("{} GPUs, pp={}", y.cluster.num_gpus, y.parallel.pp), y);
   }
   std::stable_sort(out.begin(), out.end(), [](const FitSuggestion& a, const FitSuggestion& b) {
     return a.peak_bytes < b.peak_bytes;
   });
+  return out;
+}
+
+}  // namespace
+
+std::vector<FitSuggestion> fit_suggestions(const Scenario& s, const Estimate& e) {
+  std::vector<FitSuggestion> out = single_changes(s, e);
+  if (out.empty() || out.front().fits) return out;
+  // No single change fits: combine the best change of each round, greedily, first on the same
+  // GPUs and only then with more.
+  FitSuggestion combined;
+  for (bool more_gpus : {false, true}) {
+    auto first = single_changes(s, e, more_gpus);
+    if (first.empty()) continue;
+    combined = first.front();
+    for (int round = 0; round < 4 && !combined.fits; ++round) {
+      const auto next = single_changes(combined.scenario, estimate(combined.scenario), more_gpus);
+      if (next.empty()) break;
+      combined.change += " + " + next.front().change;
+      combined.scenario = next.front().scenario;
+      combined.peak_bytes = next.front().peak_bytes;
+      combined.fits = next.front().fits;
+    }
+    if (combined.fits) break;
+  }
+  if (combined.fits && combined.peak_bytes < out.front().peak_bytes) {
+    combined.saving_bytes = e.memory.peak_bytes - combined.peak_bytes;
+    out.insert(out.begin(), std::move(combined));
+  }
   return out;
 }
 
@@ -181,9 +221,9 @@ std::string format_plan_table(const Scenario& s, const Estimate& e) {
           "  No single change of the layout lowers the peak; more GPUs per layout or a shorter "
           "sequence would.");
     } else {
-      line("  What would help (one change each, peak after it):");
+      line("  What would help (peak after each change):");
       for (const auto& f : fixes) {
-        line(fmt::format("    {:<28} -{:>8} GiB -> {:>8} GiB {}", f.change, gib(f.saving_bytes),
+        line(fmt::format("    {:<40} -{:>8} GiB -> {:>8} GiB {}", f.change, gib(f.saving_bytes),
                          gib(f.peak_bytes), f.fits ? "(fits)" : ""));
       }
     }

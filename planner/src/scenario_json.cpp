@@ -419,9 +419,6 @@ Scenario scenario_from_json(const json& doc, std::initializer_list<std::string_v
     }
     Count& n = s.cluster.num_gpus;
     if (!num_gpus_given) {
-      if (!dp_given && (p.tp > 1 || p.pp > 1)) {
-        // dp defaults to 1 when neither num_gpus nor dp is given.
-      }
       n = p.tp * p.pp * p.dp;
     } else if (!dp_given) {
       if (n % (p.tp * p.pp) != 0) {

@@ -75,6 +75,14 @@ void validate_scenario(const Scenario& s) {
     fail("/cluster", "bandwidths must be positive");
   }
 
+  if (m.position_embedding == PositionEmbedding::learned &&
+      t.seq_length > m.max_position_embeddings) {
+    fail("/training/seq_length",
+         fmt::format("seq_length={} exceeds the model's max_position_embeddings={} (learned "
+                     "positions)",
+                     t.seq_length, m.max_position_embeddings));
+  }
+
   // Layout arithmetic.
   if (p.tp * p.pp * p.dp != c.num_gpus) {
     fail("/parallel", fmt::format("dp*tp*pp = {}*{}*{} = {} does not equal num_gpus={}", p.dp, p.tp,

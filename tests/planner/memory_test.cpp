@@ -48,7 +48,7 @@ TEST(MemoryModel, Zero3ShardsWeightsAcrossDp) {
 }
 
 TEST(MemoryModel, NeverGrowsWithAHigherZeroStage) {
-  for (const char* model : {"llama2-70b", "gpt3-13b", "qwen2.5-72b"}) {
+  for (const char* model : {"llama2-70b", "llama3.1-70b", "qwen2.5-72b"}) {
     json doc = testing::default_doc();
     doc["model"] = model;
     doc["parallel"] = {{"tp", 8}, {"pp", 2}, {"sequence_parallel", true}};

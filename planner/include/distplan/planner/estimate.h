@@ -123,4 +123,7 @@ struct Estimate {
 /// Estimates a validated scenario (validate_scenario() must have accepted it).
 [[nodiscard]] Estimate estimate(const Scenario& scenario);
 
+/// The collectives of one GPU of pipeline stage `stage` (the estimate lists the busiest stage's).
+[[nodiscard]] std::vector<Collective> stage_communication(const Scenario& scenario, int stage);
+
 }  // namespace distplan

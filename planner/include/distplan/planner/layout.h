@@ -15,7 +15,8 @@ namespace distplan {
 [[nodiscard]] std::vector<Count> stage_layer_counts(const Scenario& s);
 
 /// Peak (micro-batch, chunk) activation sets alive on `stage` for a schedule with closed form:
-/// GPipe m*v; 1F1B and ZB-H1 min(p - stage, m); ZB-H2 min(2(p - stage) - 1, m);
+/// GPipe m; 1F1B min(p - stage, m); ZB-H1 min(p, m); ZB-H2 min(2p - 1, m) (activations live
+/// until the weight pass);
 /// interleaved 1F1B min(2(p - stage - 1) + (v - 1)p + 1, m*v) (Megatron-LM's warm-up count + 1).
 [[nodiscard]] Count inflight_chunks(Schedule schedule, Count pp, Count virtual_stages, Count stage,
                                     Count num_microbatches) noexcept;
