@@ -57,7 +57,12 @@ void install_search(CLI::App& app) {
       ->check(CLI::Range(1, 10000));
   cmd->add_flag("--quiet", opts->quiet, "No progress on stderr");
   cmd->callback([opts] {
-    const nlohmann::json doc = read_document(opts->common);
+    nlohmann::json doc = read_document(opts->common);
+    if (opts->common.input.empty()) {
+      // Without input: the embedded example's model, cluster and batch, every layout searched.
+      doc.erase("parallel");
+      if (doc.contains("training")) doc["training"].erase("micro_batch_size");
+    }
     search::Request req = search::request_from_json(
         doc, [&](const nlohmann::json& d) { return read_scenario(opts->common, d, {"search"}); });
     if (opts->threads >= 0) req.options.threads = opts->threads;

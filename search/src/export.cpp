@@ -1,10 +1,13 @@
 // Layout exports. Mappings and departures: docs/exports.md.
 #include "distplan/search/export.h"
 
+#include <algorithm>
 #include <sstream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+
+#include "distplan/planner/layout.h"
 
 namespace distplan::search {
 
@@ -84,6 +87,21 @@ Exported megatron(const Scenario& s) {
   // Layout.
   arg("--tensor-model-parallel-size", p.tp);
   arg("--pipeline-model-parallel-size", p.pp);
+  if (p.pp > 1 && m.num_layers % p.pp != 0) {
+    // Megatron-Core's uneven split: own counts for the first and last stage, the middle equal.
+    const std::vector<Count> layers = stage_layer_counts(s);
+    const bool middle_equal = p.pp == 2 || std::all_of(layers.begin() + 1, layers.end() - 1,
+                                                       [&](Count c) { return c == layers[1]; });
+    if (middle_equal) {
+      arg("--decoder-first-pipeline-num-layers", layers.front());
+      arg("--decoder-last-pipeline-num-layers", layers.back());
+    } else {
+      out.notes.push_back(fmt::format(
+          "the planner's split of {} layers over {} stages has unequal middle stages, which "
+          "Megatron-LM cannot express; set pp to a count that divides the layers",
+          m.num_layers, p.pp));
+    }
+  }
   if (p.schedule == Schedule::interleaved_1f1b) {
     arg("--num-layers-per-virtual-pipeline-stage", m.num_layers / (p.pp * p.virtual_stages));
   } else if (p.schedule != Schedule::one_f_one_b && p.pp > 1) {
@@ -164,6 +182,12 @@ Exported deepspeed(const Scenario& s) {
   if (p.tp > 1) j["tensor_parallel"] = {{"autotp_size", p.tp}};
   if (p.pp > 1) {
     j["pipeline"] = {{"stages", p.pp}, {"partition", "uniform"}};
+    if (s.model.num_layers % p.pp != 0) {
+      out.notes.push_back(fmt::format(
+          "{} layers do not split evenly over {} stages; DeepSpeed's uniform partition places the "
+          "extra layers differently from the plan",
+          s.model.num_layers, p.pp));
+    }
     if (p.schedule != Schedule::one_f_one_b) {
       out.notes.push_back(schedule_note(s, "the DeepSpeed pipeline engine (1F1B)"));
     }
@@ -236,6 +260,12 @@ Exported torchtitan(const Scenario& s) {
         "schedule {} maps to torch.distributed.pipelining's InterleavedZeroBubble (a looped "
         "schedule with one stage per rank here)",
         to_string(p.schedule)));
+  }
+  if (p.pp > 1 && s.model.num_layers % p.pp != 0) {
+    out.notes.push_back(fmt::format(
+        "{} layers do not split evenly over {} stages; set module_fqns_per_model_part to the "
+        "plan's split (extra layers on the middle stages)",
+        s.model.num_layers, p.pp));
   }
   if (!p.sequence_parallel && p.tp > 1) {
     out.notes.push_back("torchtitan's tensor parallelism always shards the sequence (sp on)");

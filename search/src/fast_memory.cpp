@@ -109,24 +109,30 @@ Bytes FastMemory::stage_total(const Layout& l, Count st, Count layer_count) cons
   if (st == 0 && t.dropout > 0) extra += sp ? token_h / tp : token_h;
   if (st == pp - 1) extra += 2 * (sp ? token_h * cb / tp : token_h * cb);
   const Count chunks = inflight_chunks(l.schedule, pp, v, st, nmb);
-  const Count inflight_mb = std::min(nmb, ceil_div(chunks, v));
-  Bytes activations = chunks * (layer_count / v) * act_layer + inflight_mb * extra;
+  // The embedding's and LM head's tensors: once per chunk in flight without interleaving, once
+  // with it (they belong to the first and last chunk only).
+  const Count extra_live = v == 1 ? chunks : 1;
+  Bytes activations = chunks * (layer_count / v) * act_layer + extra_live * extra;
   if (l.recompute == Recompute::full && layer_count > 0) {
-    activations += act_[sp ? 1 : 0][static_cast<int>(Recompute::none)];
+    // The layer being recomputed: its full activations, less the kept input counted above.
+    activations += act_[sp ? 1 : 0][static_cast<int>(Recompute::none)] - act_layer;
   }
 
-  Bytes buffers = 0;
+  // Buffers: the logits workspace and the ZeRO-2/3 unit buffers are never alive together.
+  Bytes logits_ws = 0;
   if (st == pp - 1) {
     const Bytes logits = act_tokens * (vocab_ / tp) * (cb + 4);
     const Count live = l.schedule == Schedule::gpipe ? nmb : 1;
-    buffers += logits * live;
+    logits_ws = logits * live;
   }
-  if (S > 1 && l.zero_stage == 2) buffers += largest_unit * gb;
+  Bytes zero_ws = 0;
+  if (S > 1 && l.zero_stage == 2) zero_ws = largest_unit * gb;
   if (S > 1 && l.zero_stage == 3) {
     const Count units_held = unit_count[0] + unit_count[1] + unit_count[2];
     const Count live = std::min(units_held, 1 + base_.assumptions.zero3_prefetch_layers);
-    buffers += live * largest_unit * cb + largest_unit * gb;
+    zero_ws = live * largest_unit * cb + largest_unit * gb;
   }
+  const Bytes buffers = std::max(logits_ws, zero_ws);
   return weights + grads + opt + activations + buffers + base_.cluster.runtime_reserve_bytes;
 }
 

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "distplan/planner/layout.h"
 #include "distplan/search/search.h"
 #include "distplan/search/search_json.h"
 
@@ -129,6 +130,22 @@ TEST(Export, TorchtitanConfigIsThePlansValues) {
   EXPECT_EQ(tr.at("local_batch_size"), "128");  // 512 / dp, split into pipeline micro-batches
   EXPECT_EQ(tr.at("seq_len"), "4096");
   EXPECT_EQ(toml_table(text, "activation_checkpoint").at("mode"), "\"selective\"");
+}
+
+TEST(Export, MegatronUnevenStagesGiveFirstAndLastCounts) {
+  // 80 layers over pp = 6: 13 each, 2 extra on stages 1 and 2 (planner) -> unequal middle stages.
+  Scenario s =
+      scenario_of(layout(8, 6, 1, 0, 0, Recompute::none, true, Schedule::one_f_one_b, 1, 1));
+  s.cluster.num_gpus = 48;
+  EXPECT_FALSE(export_scenario(s, ExportFormat::megatron).notes.empty());
+  // 80 layers over pp = 3: 26 / 28 / 26; first and last counts say it all.
+  Scenario t =
+      scenario_of(layout(8, 3, 1, 0, 0, Recompute::none, true, Schedule::one_f_one_b, 1, 1));
+  t.cluster.num_gpus = 24;
+  const auto a = megatron_args(export_scenario(t, ExportFormat::megatron).text);
+  const std::vector<Count> layers = stage_layer_counts(t);
+  EXPECT_EQ(a.find("--decoder-first-pipeline-num-layers")->second, std::to_string(layers.front()));
+  EXPECT_EQ(a.find("--decoder-last-pipeline-num-layers")->second, std::to_string(layers.back()));
 }
 
 TEST(Export, DeparturesAreNoted) {
