@@ -437,15 +437,26 @@ class Trainer {
   }
   // Sequence parallel: norm weights, row-parallel biases and the position embedding see only
   // this rank's tokens; their gradients are summed over the TP group (Megatron-LM's
-  // allreduce of sequence-parallel gradients).
+  // allreduce of sequence-parallel gradients), one call per unit on the concatenated gradients.
   void sp_reduce_partials(Unit& u, Tensor& grad) {
     if (!sp_) return;
+    Count total = 0;
+    for (const Param& p : u.params)
+      if (p.sp_partial) total += p.numel();
+    if (total == 0) return;
+    Vec flat(static_cast<std::size_t>(total));
+    Count at = 0;
     for (const Param& p : u.params) {
       if (!p.sp_partial) continue;
-      Vec gv(static_cast<std::size_t>(p.numel()));
-      grad.read(gv.data(), p.numel(), p.offset);
-      tp_all_reduce(gv, "sequence-parallel gradients", gb_);
-      grad.write(gv.data(), p.numel(), p.offset);
+      grad.read(flat.data() + at, p.numel(), p.offset);
+      at += p.numel();
+    }
+    tp_all_reduce(flat, "sequence-parallel gradients", gb_);
+    at = 0;
+    for (const Param& p : u.params) {
+      if (!p.sp_partial) continue;
+      grad.write(flat.data() + at, p.numel(), p.offset);
+      at += p.numel();
     }
   }
 
