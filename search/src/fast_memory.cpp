@@ -41,6 +41,16 @@ void FastMemory::set_outer(const Outer& o) {
   layers_first_ = layers.front();
   layers_second_ = layers.size() > 1 ? layers[1] : layers.front();
   layers_last_ = layers.back();
+  flops_ = layer_flops(table_, o.micro_batch_size, s.training.seq_length);
+  // As estimate.cpp: head forward 2 * tokens * h * V (padded), and the dtype's dense peak.
+  head_forward_ = 2.0 * static_cast<double>(o.micro_batch_size * s.training.seq_length) *
+                  static_cast<double>(s.model.hidden_size) * static_cast<double>(vocab_);
+  const PeakFlops& pk = s.cluster.gpu.peak_flops;
+  const FlopsPerSecond peak = s.training.precision == DType::bf16   ? pk.bf16
+                              : s.training.precision == DType::fp16 ? pk.fp16
+                              : pk.tf32 > 0                         ? pk.tf32
+                                                                    : pk.fp32;
+  rate_ = peak * s.assumptions.compute_efficiency;
   for (int sp = 0; sp < 2; ++sp) {
     for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full}) {
       act_[sp][static_cast<int>(r)] =
@@ -147,6 +157,49 @@ Bytes FastMemory::peak_bytes(const Layout& l) const noexcept {
     if (l.pp > 2) peak = std::max(peak, stage_total(l, 1, layers_second_));
   }
   return peak;
+}
+
+Seconds FastMemory::step_lower_bound(const Layout& l) const noexcept {
+  // Per micro-batch on one GPU of a stage: its layers' forward, backward and recomputation
+  // matmuls, plus the LM head's three passes on the last stage. estimate()'s stage time adds TP
+  // communication to these; its step is at least m times the slowest stage (every schedule's
+  // pipeline term is m * t_max plus non-negative bubble, p2p, exposed-communication and optimizer
+  // terms).
+  double per_layer = flops_.forward + flops_.backward_input + flops_.backward_weight;
+  if (l.recompute == Recompute::full) per_layer += flops_.forward;
+  if (l.recompute == Recompute::selective) per_layer += flops_.selective_recompute;
+  const double tp = static_cast<double>(l.tp);
+  auto stage = [&](Count layers, bool last) {
+    return (static_cast<double>(layers) * per_layer + (last ? 3.0 * head_forward_ : 0.0)) / tp;
+  };
+  double busiest = stage(layers_first_, l.pp == 1);
+  if (l.pp > 1) {
+    busiest = std::max(busiest, stage(layers_last_, true));
+    busiest = std::max(busiest, stage(layers_second_, l.pp == 2));
+  }
+  // The pipeline term's bubble where its closed form bounds it by compute alone: GPipe and 1F1B
+  // (m - 1) t_max + sum_s t_s >= (m - 1) busiest + all stages' compute; interleaved
+  // m t_max + (p - 1) t_max / v. ZB-H1/H2's bubble depends on F + B - W of the slowest stage:
+  // left out (m t_max only).
+  const double m = static_cast<double>(num_microbatches_);
+  const double p = static_cast<double>(l.pp);
+  double pipe = m * busiest;
+  switch (l.schedule) {
+    case Schedule::gpipe:
+    case Schedule::one_f_one_b: {
+      const double all_stages =
+          (static_cast<double>(base_.model.num_layers) * per_layer + 3.0 * head_forward_) / tp;
+      pipe = (m - 1) * busiest + all_stages;
+      break;
+    }
+    case Schedule::interleaved_1f1b:
+      pipe = m * busiest + (p - 1) * busiest / static_cast<double>(l.virtual_stages);
+      break;
+    case Schedule::zb_h1:
+    case Schedule::zb_h2:
+      break;
+  }
+  return pipe / rate_;
 }
 
 }  // namespace distplan::search

@@ -100,6 +100,8 @@ class TopK {
     std::push_heap(heap_.begin(), heap_.end(), cmp);
   }
   [[nodiscard]] const std::vector<Candidate>& items() const { return heap_; }
+  [[nodiscard]] bool full() const noexcept { return keep_ > 0 && heap_.size() == keep_; }
+  [[nodiscard]] const Candidate& worst() const { return heap_.front(); }
 
  private:
   Objective obj_;
@@ -112,6 +114,7 @@ struct Partial {
   TopK top;
   std::uint64_t evaluated = 0;
   std::uint64_t feasible = 0;
+  std::uint64_t pruned = 0;
   RejectCounts rejected{};
   std::optional<Candidate> lowest_peak;    // lowest peak among layouts that do not fit
   std::optional<Candidate> fastest_below;  // objective "gpus": fastest fitting, under target
@@ -138,6 +141,24 @@ void search_worker(const Space& space, const Options& opt, const std::vector<Out
         // Peak memory first, exactly as estimate() has it; only what fits is estimated in full.
         f.peak_bytes = fast.peak_bytes(l);
         f.capacity_bytes = fast.capacity_bytes();
+      }
+      if (opt.fast_memory && fits(f, opt.memory_margin) && part.top.full()) {
+        // Bound pruning: a layout that fits but cannot enter this thread's kept best cannot
+        // enter the global best either (docs/search.md, "Pruning"). It is feasible; its full
+        // estimate is not needed.
+        const Candidate& worst = part.top.worst();
+        bool pruned = false;
+        if (opt.objective == Objective::throughput) {
+          pruned = fast.step_lower_bound(l) > worst.f.step_seconds * (1.0 + 1e-6);
+        } else if (opt.objective == Objective::memory) {
+          pruned = f.peak_bytes > worst.f.peak_bytes;
+        }
+        if (pruned) {
+          ++part.evaluated;
+          ++part.feasible;
+          ++part.pruned;
+          return;
+        }
       }
       if (!opt.fast_memory || fits(f, opt.memory_margin)) {
         apply_layout(s, l);
@@ -327,6 +348,7 @@ Result run(const Space& space, const Options& opt) {
   for (const Partial& p : parts) {
     r.evaluated += p.evaluated;
     r.feasible += p.feasible;
+    r.pruned += p.pruned;
     for (int i = 0; i < kNumRejects; ++i) r.rejected[i] += p.rejected[i];
     best.insert(best.end(), p.top.items().begin(), p.top.items().end());
   }

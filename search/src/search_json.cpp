@@ -326,6 +326,7 @@ json result_to_json(const Request& req, const Result& r) {
       {"constraints", constraints_to_json(req.space.constraints)},
       {"evaluated", r.evaluated},
       {"feasible", r.feasible},
+      {"pruned", r.pruned},
       {"seconds", r.seconds},
       {"layouts_per_second", r.seconds > 0 ? static_cast<double>(r.evaluated) / r.seconds : 0.0},
       {"threads", r.threads},

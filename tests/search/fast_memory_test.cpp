@@ -19,7 +19,8 @@ Space space_of(nlohmann::json model, int gpus, int batch, int seq, nlohmann::jso
   return request_from_json(doc).space;
 }
 
-/// Every layout of the space: FastMemory's peak equals estimate()'s, byte for byte.
+/// Every layout of the space: FastMemory's peak equals estimate()'s, byte for byte, and its
+/// step-time bound is below estimate()'s step time.
 void expect_agreement(Space sp) {
   sp.constraints.tp_within_node = false;
   sp.constraints.zero_needs_dp = false;
@@ -37,6 +38,8 @@ void expect_agreement(Space sp) {
           << " zero=" << l.zero_stage << "/" << l.fsdp_shard_size << " v=" << l.virtual_stages
           << " sched=" << to_string(l.schedule) << " rc=" << to_string(l.recompute)
           << " sp=" << l.sequence_parallel;
+      EXPECT_LE(fast.step_lower_bound(l), e.time.step_seconds);
+      EXPECT_GT(fast.step_lower_bound(l), 0.0);
       ++checked;
     });
   }
@@ -76,6 +79,15 @@ TEST(FastMemory, SearchWithAndWithoutTheLeanPathAgrees) {
   EXPECT_EQ(fast.feasible, slow.feasible);
   EXPECT_EQ(fast.rejected, slow.rejected);
   EXPECT_EQ(fast.plans, slow.plans);
+  EXPECT_GT(fast.pruned, 0u);  // the bound did skip estimates
+  EXPECT_EQ(slow.pruned, 0u);
+  req.options.objective = Objective::memory;
+  req.options.fast_memory = true;
+  const Result fast_mem = run(req.space, req.options);
+  req.options.fast_memory = false;
+  const Result slow_mem = run(req.space, req.options);
+  EXPECT_EQ(fast_mem.feasible, slow_mem.feasible);
+  EXPECT_EQ(fast_mem.plans, slow_mem.plans);
 }
 
 }  // namespace

@@ -23,6 +23,10 @@ class FastMemory {
   /// Peak bytes per GPU of a layout whose outer part is the last set_outer().
   [[nodiscard]] Bytes peak_bytes(const Layout& l) const noexcept;
   [[nodiscard]] Bytes capacity_bytes() const noexcept { return base_.cluster.gpu.memory_bytes; }
+  /// A lower bound of estimate()'s step time: m micro-batches through the busiest stage's
+  /// matmuls at the planner's compute rate, every communication, bubble and optimizer term left
+  /// out (docs/search.md, "Pruning"). tests/search/fast_memory_test.cpp checks it is a bound.
+  [[nodiscard]] Seconds step_lower_bound(const Layout& l) const noexcept;
 
  private:
   [[nodiscard]] Bytes stage_total(const Layout& l, Count stage, Count layers) const noexcept;
@@ -34,7 +38,10 @@ class FastMemory {
   Count layer_params_ = 0;  // per TP rank
   Count num_microbatches_ = 0;
   Count layers_first_ = 0, layers_second_ = 0, layers_last_ = 0;
-  Bytes act_[2][3] = {};  // [sequence parallel][recompute] bytes per layer per micro-batch
+  Bytes act_[2][3] = {};     // [sequence parallel][recompute] bytes per layer per micro-batch
+  LayerFlops flops_{};       // one layer, one micro-batch, all TP ranks
+  Flops head_forward_ = 0;   // LM head forward FLOPs per micro-batch
+  FlopsPerSecond rate_ = 0;  // dense peak x compute efficiency
 };
 
 }  // namespace distplan::search

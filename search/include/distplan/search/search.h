@@ -28,7 +28,8 @@ struct Options {
   double target_tokens_per_second = 0;  // objective "gpus"
   int threads = 0;                      // 0: all hardware threads
   bool suggest = true;
-  /// Reject what does not fit with the lean memory path (FastMemory) before estimating.
+  /// Reject what does not fit with the lean memory path (FastMemory) before estimating, and skip
+  /// the estimate of what a bound proves cannot rank among the best.
   bool fast_memory = true;  // when nothing fits, search nearby spaces for what would fit
   /// Called from the calling thread with the fraction done, at most ~20 times a second.
   std::function<void(double fraction, std::uint64_t evaluated)> progress;
@@ -64,6 +65,7 @@ struct Result {
   Objective objective = Objective::throughput;
   std::uint64_t evaluated = 0;  // layouts estimated
   std::uint64_t feasible = 0;   // layouts that fit (and, for "gpus", reach the target)
+  std::uint64_t pruned = 0;     // feasible layouts a bound proved outside the best (not estimated)
   double seconds = 0;           // wall-clock time of the search
   int threads = 1;
   int simulated = 0;  // plans re-ranked by simulation
