@@ -133,6 +133,10 @@ void search_worker(const Space& space, const Options& opt, const std::vector<Out
   for (;;) {
     const std::size_t i = next.fetch_add(1, std::memory_order_relaxed);
     if (i >= outers.size()) break;
+    if (opt.cancel && opt.cancel->load(std::memory_order_relaxed)) {
+      done.fetch_add(1, std::memory_order_release);
+      continue;  // drain the remaining indices so the progress loop ends
+    }
     const std::uint64_t before = part.evaluated;
     if (opt.fast_memory) fast.set_outer(outers[i]);
     for_each_inner(space, outers[i], part.rejected, [&](const Layout& l) {
@@ -343,6 +347,7 @@ Result run(const Space& space, const Options& opt) {
     for (auto& th : pool) th.join();
   }
 
+  r.cancelled = opt.cancel && opt.cancel->load();
   // Merge in a thread-count-independent way: everything is ordered by a total key.
   std::vector<Candidate> best;
   for (const Partial& p : parts) {
@@ -404,7 +409,7 @@ Result run(const Space& space, const Options& opt) {
     }
     const std::optional<Candidate>& closest = fastest ? fastest : lowest;
     if (closest) r.closest = plan_of(space, closest->layout, false);
-    if (opt.suggest) add_suggestions(space, opt, r);
+    if (opt.suggest && !r.cancelled) add_suggestions(space, opt, r);
   }
   r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return r;

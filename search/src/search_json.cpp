@@ -261,16 +261,7 @@ Request request_from_json(const json& doc, const ScenarioParser& parse_scenario)
 }
 
 json layout_to_json(const Layout& l) {
-  json p = {{"tp", l.tp},
-            {"pp", l.pp},
-            {"dp", l.dp},
-            {"zero_stage", l.zero_stage},
-            {"fsdp_shard_size", l.fsdp_shard_size > 0 ? l.fsdp_shard_size : l.dp},
-            {"sequence_parallel", l.sequence_parallel},
-            {"recompute", std::string(to_string(l.recompute))},
-            {"schedule", std::string(to_string(l.schedule))},
-            {"virtual_stages", l.virtual_stages}};
-  return p;
+  return to_json(parallel_of(l));
 }
 
 namespace {

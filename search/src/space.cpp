@@ -68,6 +68,12 @@ void apply_layout(Scenario& s, const Layout& l) noexcept {
   s.cluster.num_gpus = l.num_gpus();
 }
 
+ParallelSpec parallel_of(const Layout& layout) {
+  Scenario s;
+  apply_layout(s, layout);
+  return s.parallel;
+}
+
 Scenario make_scenario(const Scenario& base, const Layout& layout) {
   Scenario s = base;
   apply_layout(s, layout);

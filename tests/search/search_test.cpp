@@ -176,6 +176,26 @@ TEST(Search, GpusObjectiveFindsTheFewestGpusForATarget) {
   }
 }
 
+TEST(Search, CancelStopsEarly) {
+  Request req = request_of("llama2-70b", 64, 512, 4096);
+  const Result full = run(req.space, req.options);
+  std::atomic<bool> cancel{true};
+  req.options.cancel = &cancel;
+  const Result r = run(req.space, req.options);
+  EXPECT_TRUE(r.cancelled);
+  EXPECT_FALSE(full.cancelled);
+  EXPECT_LT(r.evaluated, full.evaluated);
+}
+
+TEST(Search, ParallelOfSpellsTheWholeGroupShard) {
+  Layout l;
+  l.dp = 16;
+  l.zero_stage = 3;
+  EXPECT_EQ(parallel_of(l).fsdp_shard_size, 16);
+  l.fsdp_shard_size = 4;
+  EXPECT_EQ(parallel_of(l).fsdp_shard_size, 4);
+}
+
 TEST(Search, ProgressIsReportedAsAFraction) {
   Request req = request_of("llama2-70b", 64, 512, 4096);
   req.options.simulate_top = 0;

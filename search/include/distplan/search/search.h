@@ -3,6 +3,7 @@
 // make it fit. Deterministic for any thread count (docs/search.md).
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <optional>
 #include <string>
@@ -31,6 +32,9 @@ struct Options {
   /// Reject what does not fit with the lean memory path (FastMemory) before estimating, and skip
   /// the estimate of what a bound proves cannot rank among the best.
   bool fast_memory = true;  // when nothing fits, search nearby spaces for what would fit
+  /// When set and true, the workers stop at the next outer combination and run() returns what
+  /// it has (Result::cancelled), for interactive front ends.
+  const std::atomic<bool>* cancel = nullptr;
   /// Called from the calling thread with the fraction done, at most ~20 times a second.
   std::function<void(double fraction, std::uint64_t evaluated)> progress;
 };
@@ -70,6 +74,7 @@ struct Result {
   int threads = 1;
   int simulated = 0;  // plans re-ranked by simulation
   bool simulator_available = false;
+  bool cancelled = false;
   RejectCounts rejected{};
   std::vector<Plan> plans;              // best first, at most top_k
   std::optional<Plan> closest;          // when nothing fits: the layout with the lowest peak

@@ -103,6 +103,9 @@ struct Space {
   bool fewer_gpus = false;
 };
 
+/// The layout's `parallel` as the planner spells it (fsdp_shard_size = dp when not hybrid).
+[[nodiscard]] ParallelSpec parallel_of(const Layout& layout);
+
 /// The scenario of one layout: base with `parallel`, micro-batch size and GPU count replaced.
 [[nodiscard]] Scenario make_scenario(const Scenario& base, const Layout& layout);
 /// In-place variant for hot loops (no allocation when base has no explicit layers_per_stage).
