@@ -50,6 +50,35 @@ void BM_Search_Llama70B64(benchmark::State& state) {
 }
 BENCHMARK(BM_Search_Llama70B64)->Unit(benchmark::kMillisecond)->UseRealTime();
 
+// Llama-3.1-8B on 64 H100s, global batch 256: most layouts fit, so ranking (not memory) decides.
+void BM_Search_Llama8B64(benchmark::State& state) {
+  search::Request r = request("llama3.1-8b", 64, 256, 4096);
+  r.options.threads = 1;
+  std::uint64_t evaluated = 0;
+  for (auto _ : state) {
+    const search::Result res = search::run(r.space, r.options);
+    evaluated += res.evaluated;
+    benchmark::DoNotOptimize(res.plans.data());
+  }
+  state.SetItemsProcessed(static_cast<std::int64_t>(evaluated));
+}
+BENCHMARK(BM_Search_Llama8B64)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// Without the lean path and the bound: every fitting layout estimated in full.
+void BM_Search_Llama405B16kNoLeanPath(benchmark::State& state) {
+  search::Request r = request("llama3.1-405b", 16384, 2048, 8192);
+  r.options.threads = 1;
+  r.options.fast_memory = false;
+  std::uint64_t evaluated = 0;
+  for (auto _ : state) {
+    const search::Result res = search::run(r.space, r.options);
+    evaluated += res.evaluated;
+    benchmark::DoNotOptimize(res.plans.data());
+  }
+  state.SetItemsProcessed(static_cast<std::int64_t>(evaluated));
+}
+BENCHMARK(BM_Search_Llama405B16kNoLeanPath)->Unit(benchmark::kMillisecond)->UseRealTime();
+
 // One estimate() of one layout (the slow path every layout would take without the fast one).
 void BM_Search_EstimateOne(benchmark::State& state) {
   search::Request r = request("llama2-70b", 64, 512, 4096);
