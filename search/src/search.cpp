@@ -258,12 +258,17 @@ void add_suggestions(const Space& space, const Options& opt, Result& r) {
   sub.simulate_top = 0;
   sub.top_k = 1;
   sub.progress = nullptr;
-  // More GPUs: the same search on 2x .. 64x the cluster.
+  // More GPUs: the same search on 2x .. 64x the cluster. For a throughput target, the fastest
+  // layout of each larger cluster must reach it (a throughput search, which prunes).
+  const bool target = opt.objective == Objective::gpus;
+  if (target) sub.objective = Objective::throughput;
   for (Count k = 2; k <= 64; k *= 2) {
     Space more = space;
+    more.fewer_gpus = false;
     more.base.cluster.num_gpus = space.base.cluster.num_gpus * k;
     const Result rr = run(more, sub);
-    if (!rr.plans.empty()) {
+    if (!rr.plans.empty() &&
+        (!target || rr.plans.front().analytic.tokens_per_second >= opt.target_tokens_per_second)) {
       Suggestion g;
       g.change = "more_gpus";
       g.value = static_cast<double>(more.base.cluster.num_gpus);
@@ -271,7 +276,9 @@ void add_suggestions(const Space& space, const Options& opt, Result& r) {
       const Layout& l = rr.plans.front().layout;
       char buf[256];
       std::snprintf(buf, sizeof buf,
-                    "%lld GPUs (%lldx) would fit, e.g. tp=%lld pp=%lld dp=%lld ZeRO-%d",
+                    target ? "%lld GPUs (%lldx) would reach the target, e.g. tp=%lld pp=%lld "
+                             "dp=%lld ZeRO-%d"
+                           : "%lld GPUs (%lldx) would fit, e.g. tp=%lld pp=%lld dp=%lld ZeRO-%d",
                     static_cast<long long>(more.base.cluster.num_gpus), static_cast<long long>(k),
                     static_cast<long long>(l.tp), static_cast<long long>(l.pp),
                     static_cast<long long>(l.dp), l.zero_stage);

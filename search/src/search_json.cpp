@@ -391,7 +391,9 @@ std::string format_result_table(const Request& req, const Result& r) {
         "groups of 8.\n",
         to_gib(r.plans.front().figures.capacity_bytes), req.options.memory_margin * 100);
   } else {
+    const bool below = r.rejected[static_cast<int>(Reject::below_target)] > 0;
     o << (r.evaluated == 0 ? "No layout satisfies the constraints and pins.\n"
+          : below          ? "Layouts fit, but none reaches the target throughput.\n"
                            : "No layout fits.\n");
     if (r.closest) {
       o << "Closest:\n" << header;

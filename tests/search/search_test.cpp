@@ -196,6 +196,27 @@ TEST(Search, ParallelOfSpellsTheWholeGroupShard) {
   EXPECT_EQ(parallel_of(l).fsdp_shard_size, 4);
 }
 
+TEST(Search, UnreachableTargetSaysHowManyGpusWouldReachIt) {
+  Request req = request_of("llama3.1-8b", 8, 256, 4096);
+  req.options.objective = Objective::gpus;
+  req.space.fewer_gpus = true;
+  req.options.simulate_top = 0;
+  // The best of 8 GPUs, doubled: 8 GPUs cannot reach it, some larger cluster can.
+  Request eight = request_of("llama3.1-8b", 8, 256, 4096);
+  eight.options.simulate_top = 0;
+  req.options.target_tokens_per_second =
+      2.0 * run(eight.space, eight.options).plans.front().analytic.tokens_per_second;
+  const Result r = run(req.space, req.options);
+  EXPECT_TRUE(r.plans.empty());
+  EXPECT_GT(r.rejected[static_cast<int>(Reject::below_target)], 0u);
+  ASSERT_TRUE(r.closest.has_value());
+  EXPECT_LT(r.closest->analytic.tokens_per_second, req.options.target_tokens_per_second);
+  bool more = false;
+  for (const Suggestion& s : r.suggestions) more = more || s.change == "more_gpus";
+  EXPECT_TRUE(more);
+  EXPECT_NE(format_result_table(req, r).find("none reaches the target"), std::string::npos);
+}
+
 TEST(Search, ProgressIsReportedAsAFraction) {
   Request req = request_of("llama2-70b", 64, 512, 4096);
   req.options.simulate_top = 0;
