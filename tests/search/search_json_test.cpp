@@ -4,6 +4,8 @@
 #include <nlohmann/json.hpp>
 
 #include "distplan/planner/error.h"
+#include "distplan/planner/estimate.h"
+#include "distplan/planner/scenario_json.h"
 
 namespace distplan::search {
 namespace {
@@ -102,6 +104,25 @@ TEST(SearchJson, ResultDocumentCarriesTheContractFields) {
   EXPECT_TRUE(j.at("rejected").contains("out_of_memory"));
   const std::string table = format_result_table(req, r);
   EXPECT_NE(table.find("tokens/s"), std::string::npos);
+}
+
+TEST(SearchJson, BestPlanFedBackAsAScenarioGivesTheSameFigures) {
+  // The JSON round trip a user makes: copy the best plan's parallel and micro-batch into the
+  // scenario and run `distplan plan` on it.
+  nlohmann::json doc = base_doc();
+  doc["search"] = {{"top_k", 3}, {"simulate_top", 0}};
+  const Request req = request_from_json(doc);
+  const nlohmann::json out = result_to_json(req, run(req.space, req.options));
+  for (const nlohmann::json& plan : out.at("plans")) {
+    nlohmann::json scenario = base_doc();
+    scenario["parallel"] = plan.at("parallel");
+    scenario["training"]["micro_batch_size"] = plan.at("micro_batch_size");
+    const Estimate e = estimate(scenario_from_json(scenario));
+    EXPECT_EQ(plan.at("peak_bytes").get<Bytes>(), e.memory.peak_bytes);
+    EXPECT_EQ(plan.at("step_seconds").get<double>(), e.time.step_seconds);
+    EXPECT_EQ(plan.at("tokens_per_second").get<double>(), e.time.tokens_per_second);
+    EXPECT_EQ(plan.at("mfu").get<double>(), e.time.mfu);
+  }
 }
 
 }  // namespace
