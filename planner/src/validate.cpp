@@ -22,7 +22,8 @@ constexpr double kMaxParameters = 1e14;
   throw InputError(path, msg);
 }
 
-void check_model(const ModelSpec& m) {
+// Returns an upper estimate of the model's parameters (double: no integer product yet).
+double check_model(const ModelSpec& m) {
   if (m.hidden_size % m.num_attention_heads != 0) {
     fail("/model/hidden_size",
          fmt::format("hidden_size={} is not divisible by num_attention_heads={}", m.hidden_size,
@@ -45,6 +46,7 @@ void check_model(const ModelSpec& m) {
                                "distplan supports",
                                total, kMaxParameters));
   }
+  return total;
 }
 
 }  // namespace
@@ -54,7 +56,7 @@ void validate_scenario(const Scenario& s) {
   const ClusterSpec& c = s.cluster;
   const TrainingSpec& t = s.training;
   const ParallelSpec& p = s.parallel;
-  check_model(m);
+  const double parameters = check_model(m);
 
   // Cluster.
   const FlopsPerSecond peak = t.precision == DType::bf16 ? c.gpu.peak_flops.bf16
@@ -181,6 +183,18 @@ void validate_scenario(const Scenario& s) {
          fmt::format("activations of {:.3g} bytes per GPU exceed the {:.0e} bytes distplan can "
                      "represent; lower seq_length, micro_batch_size or global_batch_size",
                      std::max(act, logits), kMaxBytes));
+  }
+  // ZeRO-2 reduce-scatters gradients and ZeRO-3 all-gathers parameters once per micro-batch
+  // (forward, backward, and a recompute replay), so their bytes per step grow as P·m: bounded at
+  // fp32 and three passes (docs/trust.md, finding 2).
+  const double model_state_traffic =
+      parameters * 4.0 * 3.0 * static_cast<double>(std::max<Count>(m_mb, 1));
+  if (p.zero_stage >= 2 && model_state_traffic > kMaxBytes) {
+    fail("/training/global_batch_size",
+         fmt::format("ZeRO-{} moves the model state once per micro-batch: {} micro-batches of a "
+                     "{:.3g}-parameter model exceed the {:.0e} bytes per step distplan can "
+                     "represent; lower global_batch_size or raise micro_batch_size",
+                     p.zero_stage, m_mb, parameters, kMaxBytes));
   }
   const double tokens = static_cast<double>(t.global_batch_size) * sq;
   if (tokens > 1e15) {

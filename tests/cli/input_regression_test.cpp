@@ -7,6 +7,8 @@
 #include <nlohmann/json.hpp>
 
 #include "distplan/planner/error.h"
+#include "distplan/planner/estimate.h"
+#include "distplan/planner/report.h"
 #include "distplan/planner/scenario_json.h"
 
 namespace distplan {
@@ -33,6 +35,51 @@ TEST(InputRegression, OverflowingNumberIsInputErrorAtItsField) {
 TEST(InputRegression, SyntaxErrorsStayAtTheDocument) {
   EXPECT_EQ(error_path(R"({"model": )"), "");
   EXPECT_EQ(error_path("{\"model\": \"\xff\"}"), "");
+}
+
+// Finding 2: fit suggestions of a valid scenario with ~10^9 micro-batches per step tried "2 GPUs,
+// ZeRO-3", whose per-micro-batch parameter gathers (wire bytes = calls × bytes) overflowed int64 in
+// estimate() (UBSan: signed overflow). Validation now bounds ZeRO-2/3 traffic per step.
+nlohmann::json huge_batch_scenario() {
+  return nlohmann::json::parse(
+      R"({"cluster": {"gpu": "a100-40gb", "gpus_per_node": 1, "num_gpus": 1},
+    "model": "mistral-7b",
+    "parallel": {"dp": 1, "pp": 1, "tp": 1, "zero_stage": 0, "schedule": "gpipe"},
+    "training": {"global_batch_size": 1886671360, "micro_batch_size": 1, "precision": "fp32",
+                 "seq_length": 1}})");
+}
+
+TEST(InputRegression, ZeroThreeTrafficBeyondInt64IsRejected) {
+  nlohmann::json doc = huge_batch_scenario();
+  doc["cluster"]["num_gpus"] = 2;
+  doc["parallel"]["dp"] = 2;
+  doc["parallel"]["zero_stage"] = 3;
+  try {
+    (void)scenario_from_json(doc);
+    FAIL() << "accepted";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.path(), "/training/global_batch_size");
+    EXPECT_NE(std::string(e.what()).find("once per micro-batch"), std::string::npos);
+  }
+  // ZeRO-1 moves the model state once per step: the same batch stays valid.
+  doc["parallel"]["zero_stage"] = 1;
+  EXPECT_NO_THROW((void)scenario_from_json(doc));
+}
+
+TEST(InputRegression, FitSuggestionsOfAHugeBatchStayInRange) {
+  const Scenario s = scenario_from_json(huge_batch_scenario());
+  const Estimate e = estimate(s);
+  for (const FitSuggestion& f : fit_suggestions(s, e)) {
+    SCOPED_TRACE(f.change);
+    EXPECT_GE(f.peak_bytes, 0);
+    EXPECT_GE(f.saving_bytes, 0);
+    const Estimate fe = estimate(f.scenario);
+    EXPECT_GE(fe.communication.wire_bytes_per_gpu_per_step, 0);
+    for (const Collective& c : fe.communication.collectives) {
+      EXPECT_GE(c.wire_bytes_per_gpu_per_step, 0) << c.what;
+    }
+  }
+  EXPECT_FALSE(format_plan_table(s, e).empty());
 }
 
 }  // namespace
