@@ -14,9 +14,9 @@ cmake --build "$build" -j"$jobs" --target scenario_fuzz
 fuzzer="$build/scenario_fuzz"
 
 # Regression inputs: each once, without mutation.
-if compgen -G "fuzz/regressions/*" >/dev/null; then
+if compgen -G "fuzz/regressions/*.json" >/dev/null; then
   echo "fuzz: replaying $(ls fuzz/regressions | wc -l) regression inputs"
-  "$fuzzer" -runs=0 -timeout=10 -rss_limit_mb=2048 fuzz/regressions/* >/dev/null 2>"$build/replay.log" ||
+  "$fuzzer" -timeout=10 -rss_limit_mb=2048 fuzz/regressions/*.json >/dev/null 2>"$build/replay.log" ||
     { cat "$build/replay.log"; echo "fuzz: a regression input fails again" >&2; exit 1; }
 fi
 
