@@ -1,4 +1,5 @@
 // MPI communicators for CPU ranks. 16-bit buffers are reduced in fp32 and rounded back.
+#include <cstdlib>
 #include <cstring>
 #include <list>
 #include <stdexcept>
@@ -137,6 +138,20 @@ void mpi_finalize_if_initialised() {
   if (init && !fin) MPI_Finalize();
 }
 
+int mpi_world_rank() noexcept {
+  int init = 0, rank = 0;
+  MPI_Initialized(&init);
+  if (init) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+
+void mpi_abort(int code) noexcept {
+  int init = 0;
+  MPI_Initialized(&init);
+  if (init) MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);
+}
+
 std::vector<std::string> gather_measurements(const std::string& s) {
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -191,6 +206,12 @@ int mpi_init_if_needed() {
   return 1;
 }
 void mpi_finalize_if_initialised() {}
+int mpi_world_rank() noexcept {
+  return 0;
+}
+void mpi_abort(int code) noexcept {
+  std::_Exit(code);
+}
 std::vector<std::string> gather_measurements(const std::string& mine) {
   return {mine};
 }

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <string>
 
 #include "distplan/planner/check.h"
 
@@ -33,6 +34,11 @@ std::string_view to_string(MemoryTag t) noexcept {
 
 void* TrackingAllocator::allocate(Bytes bytes, MemoryTag tag) {
   DISTPLAN_CHECK(bytes >= 0, "negative allocation");
+  if (capacity_ > 0 && stats_.live_total + bytes > capacity_) {
+    throw OutOfMemory("out of memory: " + std::to_string(stats_.live_total) + " bytes live + " +
+                      std::to_string(bytes) + " requested (" + std::string(to_string(tag)) +
+                      ") > capacity " + std::to_string(capacity_));
+  }
   void* p = nullptr;
   const auto n = static_cast<std::size_t>(std::max<Bytes>(bytes, 1));
   if (device_ == Device::cpu) {

@@ -125,7 +125,13 @@ struct ChunkState {
 class Trainer {
  public:
   Trainer(const Scenario& s, const RunOptions& o, ProcessGroups& g)
-      : s_(s), m_(s.model), t_(s.training), p_(s.parallel), o_(o), g_(g), alloc_(o.device) {
+      : s_(s),
+        m_(s.model),
+        t_(s.training),
+        p_(s.parallel),
+        o_(o),
+        g_(g),
+        alloc_(o.device, o.capacity_bytes) {
     cb_ = t_.precision;
     gb_ = t_.grad_accumulation_dtype;
     tp_ = p_.tp;

@@ -5,6 +5,8 @@
 
 #include <array>
 #include <cstddef>
+#include <new>
+#include <string>
 #include <string_view>
 
 #include "distplan/planner/units.h"
@@ -30,9 +32,23 @@ struct MemoryStats {
   [[nodiscard]] Bytes live_of(MemoryTag t) const noexcept { return live[static_cast<int>(t)]; }
 };
 
+/// Thrown when the tracked live bytes would exceed the allocator's capacity, or the device has no
+/// memory left: a measured "does not fit", not an internal error.
+class OutOfMemory : public std::bad_alloc {
+ public:
+  explicit OutOfMemory(std::string what) : what_(std::move(what)) {}
+  [[nodiscard]] const char* what() const noexcept override { return what_.c_str(); }
+
+ private:
+  std::string what_;
+};
+
 class TrackingAllocator {
  public:
-  explicit TrackingAllocator(Device device = Device::cpu) : device_(device) {}
+  /// `capacity_bytes` > 0 bounds the tracked live total (the GPU's memory less the runtime's
+  /// reserve); 0: unbounded.
+  explicit TrackingAllocator(Device device = Device::cpu, Bytes capacity_bytes = 0)
+      : device_(device), capacity_(capacity_bytes) {}
   TrackingAllocator(const TrackingAllocator&) = delete;
   TrackingAllocator& operator=(const TrackingAllocator&) = delete;
 
@@ -47,6 +63,7 @@ class TrackingAllocator {
 
  private:
   Device device_;
+  Bytes capacity_ = 0;
   MemoryStats stats_;
 };
 

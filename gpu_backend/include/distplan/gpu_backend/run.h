@@ -19,6 +19,7 @@ struct RunOptions {
   CommBackend comm = CommBackend::emulated;  // mpi when the layout has several ranks
   int emulate_rank = 0;                      // the rank an emulated run stands for
   Device device = Device::cpu;
+  Bytes capacity_bytes = 0;  // > 0: allocations past it throw OutOfMemory (memory.h)
   std::uint64_t seed = 1234;
   float learning_rate = 1e-3f;
   float weight_decay = 0.01f;
@@ -50,6 +51,9 @@ struct Measurement {
 /// with tp*dp*pp ranks; rank 0's result holds every rank's measurement, other ranks' only theirs.
 /// Throws InputError for layouts the backend does not implement (docs/gpu_backend.md, "Limits").
 [[nodiscard]] Measurement run(const Scenario& s, const RunOptions& opts);
+
+/// True when built with CUDA and a GPU is visible (cudaGetDeviceCount succeeds with one or more).
+[[nodiscard]] bool cuda_available() noexcept;
 
 /// Throws InputError naming the field when the backend cannot run `s`.
 void check_supported(const Scenario& s);

@@ -1,0 +1,164 @@
+// `distplan validate` as a user runs it: a 2-rank CPU layout launched under mpirun by the CLI
+// itself, the distplan.validate/v1 document, exact weight/gradient/optimizer bytes, and a rank that
+// crashes or hangs stopping the whole job with exit 1 within the time-out.
+#include <dirent.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+namespace {
+
+using nlohmann::json;
+
+struct CliResult {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+  double seconds = 0;
+};
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// Runs `distplan <args>` with `env` prefixed, TMPDIR set to a directory of its own (so the ranks'
+// command lines can be recognised), and an outer time-out as a safety net.
+CliResult run_cli(const std::string& args, const std::string& env, const std::string& tmpdir) {
+  std::system(("mkdir -p " + tmpdir).c_str());
+  const std::string out = tmpdir + "/stdout", err = tmpdir + "/stderr";
+  const std::string cmd = env + " TMPDIR=" + tmpdir + " timeout 120 " + DISTPLAN_CLI + " " + args +
+                          " > " + out + " 2> " + err;
+  const auto t0 = std::chrono::steady_clock::now();
+  const int rc = std::system(cmd.c_str());
+  CliResult r;
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.exit_code = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+  r.out = read_file(out);
+  r.err = read_file(err);
+  return r;
+}
+
+std::string two_rank_scenario(const std::string& dir) {
+  const json doc = {{"model",
+                     {{"num_layers", 4},
+                      {"hidden_size", 64},
+                      {"num_attention_heads", 4},
+                      {"ffn_hidden_size", 256},
+                      {"vocab_size", 512},
+                      {"mlp", "gelu"},
+                      {"norm", "layernorm"},
+                      {"position_embedding", "learned"},
+                      {"max_position_embeddings", 32},
+                      {"tied_embeddings", false},
+                      {"bias", true}}},
+                    {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", 2}, {"gpus_per_node", 8}}},
+                    {"training",
+                     {{"seq_length", 32},
+                      {"global_batch_size", 4},
+                      {"micro_batch_size", 1},
+                      {"precision", "fp32"},
+                      {"optimizer", "adamw"}}},
+                    {"parallel", {{"tp", 1}, {"pp", 2}, {"dp", 1}, {"schedule", "1f1b"}}}};
+  std::system(("mkdir -p " + dir).c_str());
+  const std::string path = dir + "/scenario.json";
+  std::ofstream(path) << doc.dump();
+  return path;
+}
+
+// Processes whose command line mentions `marker` (ranks left behind).
+int processes_mentioning(const std::string& marker) {
+  int n = 0;
+  DIR* d = opendir("/proc");
+  if (d == nullptr) return 0;
+  while (dirent* e = readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::string cmdline = read_file("/proc/" + name + "/cmdline");
+    for (char& c : cmdline)
+      if (c == '\0') c = ' ';
+    if (cmdline.find(marker) != std::string::npos &&
+        cmdline.find("rank-worker-out") != std::string::npos)
+      ++n;
+  }
+  closedir(d);
+  return n;
+}
+
+TEST(ValidateCli, TwoRankLayoutReportsPredictedAndMeasured) {
+  const std::string dir = ::testing::TempDir() + "/validate_ok";
+  const std::string scenario = two_rank_scenario(dir);
+  const CliResult r = run_cli("validate " + scenario + " --steps 2 --timeout 60", "", dir + "/tmp");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json doc = json::parse(r.out);
+  EXPECT_EQ(doc.at("schema"), "distplan.validate/v1");
+  ASSERT_EQ(doc.at("losses").size(), 2u);
+  for (const json& l : doc.at("losses")) EXPECT_GT(l.get<double>(), 0.0);
+  const json& ps = doc.at("predicted").at("memory").at("stages");
+  const json& ms = doc.at("measured").at("memory").at("stages");
+  const json& es = doc.at("relative_error").at("memory").at("stages");
+  ASSERT_EQ(ps.size(), 2u);
+  ASSERT_EQ(ms.size(), 2u);
+  ASSERT_EQ(es.size(), 2u);
+  for (std::size_t i = 0; i < 2; ++i) {
+    SCOPED_TRACE("stage " + std::to_string(i));
+    for (const char* k : {"weights_bytes", "gradients_bytes", "optimizer_bytes"}) {
+      EXPECT_GT(ms[i].at(k).get<long long>(), 0) << k;
+      EXPECT_EQ(ms[i].at(k).get<long long>(), ps[i].at(k).get<long long>()) << k;
+      EXPECT_EQ(es[i].at(k).get<double>(), 0.0) << k;
+    }
+    EXPECT_TRUE(es[i].at("activations_bytes").is_number());
+  }
+  // Point-to-point traffic of both stages equals the planner's, byte for byte.
+  for (const json& st : doc.at("relative_error").at("communication").at("stages"))
+    EXPECT_EQ(st.at("collectives").at("pp/send_recv").get<double>(), 0.0);
+  EXPECT_GT(doc.at("measured").at("time").at("step_seconds").get<double>(), 0.0);
+  EXPECT_GT(doc.at("predicted").at("time").at("simulated_step_seconds").get<double>(), 0.0);
+  EXPECT_TRUE(doc.at("relative_error").at("time").at("simulated_step_seconds").is_number());
+
+  const CliResult t =
+      run_cli("validate " + scenario + " --steps 1 --format table", "", dir + "/tmp2");
+  ASSERT_EQ(t.exit_code, 0) << t.err;
+  EXPECT_NE(t.out.find("Memory per GPU"), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find("weights"), std::string::npos);
+  EXPECT_NE(t.out.find("pp/send_recv"), std::string::npos);
+}
+
+TEST(ValidateCli, CrashingRankStopsTheJobWithExitOne) {
+  const std::string dir = ::testing::TempDir() + "/validate_crash";
+  const std::string scenario = two_rank_scenario(dir);
+  const std::string tmp = dir + "/tmp";
+  const CliResult r =
+      run_cli("validate " + scenario + " --steps 2 --timeout 30", "DISTPLAN_TEST_FAULT=crash", tmp);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_LT(r.seconds, 30.0);
+  EXPECT_NE(r.err.find("a rank failed"), std::string::npos) << r.err;
+  EXPECT_TRUE(r.out.empty());
+  EXPECT_EQ(processes_mentioning(tmp), 0);
+}
+
+TEST(ValidateCli, HangingRankIsStoppedAtTheTimeout) {
+  const std::string dir = ::testing::TempDir() + "/validate_hang";
+  const std::string scenario = two_rank_scenario(dir);
+  const std::string tmp = dir + "/tmp";
+  const CliResult r =
+      run_cli("validate " + scenario + " --steps 2 --timeout 4", "DISTPLAN_TEST_FAULT=hang", tmp);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_GE(r.seconds, 4.0);
+  EXPECT_LT(r.seconds, 4.0 + 10.0);  // SIGTERM, then SIGKILL 3 s later
+  EXPECT_NE(r.err.find("did not finish within"), std::string::npos) << r.err;
+  EXPECT_TRUE(r.out.empty());
+  EXPECT_EQ(processes_mentioning(tmp), 0);
+}
+
+}  // namespace
