@@ -354,6 +354,7 @@ Result run(const Space& space, const Options& opt) {
     for (auto& th : pool) th.join();
   }
 
+  r.evaluate_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   r.cancelled = opt.cancel && opt.cancel->load();
   // Merge in a thread-count-independent way: everything is ordered by a total key.
   std::vector<Candidate> best;

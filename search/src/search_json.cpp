@@ -309,22 +309,23 @@ json result_to_json(const Request& req, const Result& r) {
   for (const Plan& p : r.plans) plans.push_back(plan_to_json_entry(p, rank++));
   json scenario = to_json(req.space.base);
   scenario.erase("parallel");
-  json j = {
-      {"schema", "distplan.search/v1"},
-      {"scenario", scenario},
-      {"objective", std::string(to_string(r.objective))},
-      {"memory_margin", req.options.memory_margin},
-      {"constraints", constraints_to_json(req.space.constraints)},
-      {"evaluated", r.evaluated},
-      {"feasible", r.feasible},
-      {"pruned", r.pruned},
-      {"seconds", r.seconds},
-      {"layouts_per_second", r.seconds > 0 ? static_cast<double>(r.evaluated) / r.seconds : 0.0},
-      {"threads", r.threads},
-      {"simulated", r.simulated},
-      {"simulator", r.simulator_available},
-      {"rejected", rejected},
-      {"plans", plans}};
+  json j = {{"schema", "distplan.search/v1"},
+            {"scenario", scenario},
+            {"objective", std::string(to_string(r.objective))},
+            {"memory_margin", req.options.memory_margin},
+            {"constraints", constraints_to_json(req.space.constraints)},
+            {"evaluated", r.evaluated},
+            {"feasible", r.feasible},
+            {"pruned", r.pruned},
+            {"seconds", r.seconds},
+            {"evaluate_seconds", r.evaluate_seconds},
+            {"layouts_per_second",
+             r.evaluate_seconds > 0 ? static_cast<double>(r.evaluated) / r.evaluate_seconds : 0.0},
+            {"threads", r.threads},
+            {"simulated", r.simulated},
+            {"simulator", r.simulator_available},
+            {"rejected", rejected},
+            {"plans", plans}};
   if (r.objective == Objective::gpus) {
     j["target_tokens_per_second"] = req.options.target_tokens_per_second;
   }
@@ -357,11 +358,12 @@ std::string format_result_table(const Request& req, const Result& r) {
                    b.model.name, b.cluster.num_gpus, b.cluster.gpu.name, b.cluster.gpus_per_node,
                    b.training.global_batch_size, b.training.seq_length);
   o << fmt::format(
-      "Objective {}; evaluated {} layouts in {:.3f} s ({:.2f} M/s, {} threads); "
+      "Objective {}; evaluated {} layouts in {:.3f} s ({:.2f} M/s over {:.3f} s of evaluation, {} "
+      "threads); "
       "{} fit; {} simulated{}\n\n",
       to_string(r.objective), r.evaluated, r.seconds,
-      r.seconds > 0 ? static_cast<double>(r.evaluated) / r.seconds / 1e6 : 0.0, r.threads,
-      r.feasible, r.simulated,
+      r.evaluate_seconds > 0 ? static_cast<double>(r.evaluated) / r.evaluate_seconds / 1e6 : 0.0,
+      r.evaluate_seconds, r.threads, r.feasible, r.simulated,
       r.simulator_available ? "" : " (simulator not built: analytic ranking)");
   auto row = [&](const Plan& p, const std::string& rank) {
     const Layout& l = p.layout;

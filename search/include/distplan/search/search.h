@@ -71,6 +71,7 @@ struct Result {
   std::uint64_t feasible = 0;   // layouts that fit (and, for "gpus", reach the target)
   std::uint64_t pruned = 0;     // feasible layouts a bound proved outside the best (not estimated)
   double seconds = 0;           // wall-clock time of the search
+  double evaluate_seconds = 0;  // of which enumerating and evaluating (before re-plan/simulate)
   int threads = 1;
   int simulated = 0;  // plans re-ranked by simulation
   bool simulator_available = false;
