@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Builds fuzz/scenario_fuzz (clang, libFuzzer + ASan + UBSan; the `fuzz` preset) in build-fuzz/,
-# replays every saved regression input, then fuzzes for FUZZ_SECONDS (default 60) from the seed
-# corpus. Any crash, sanitizer report, leak, time-out (> 10 s per input) or > 2 GB of memory
+# Builds the fuzz targets (clang, libFuzzer + ASan + UBSan; the `fuzz` preset) in build-fuzz/,
+# replays every saved regression input, then runs scenario_fuzz (bytes → JSON → plan/simulate, from
+# the seed corpus) and layout_fuzz (bytes → every scenario field) for FUZZ_SECONDS in all
+# (default 60, split evenly). Any crash, sanitizer report, leak, time-out (> 10 s per input) or > 2 GB of memory
 # fails the run; the input that caused it is left in build-fuzz/artifacts/. See docs/trust.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,7 +11,7 @@ jobs=${JOBS:-2}
 build=build-fuzz
 
 cmake --preset fuzz >/dev/null
-cmake --build "$build" -j"$jobs" --target scenario_fuzz
+cmake --build "$build" -j"$jobs" --target scenario_fuzz layout_fuzz
 fuzzer="$build/scenario_fuzz"
 
 # Regression inputs: each once, without mutation.
@@ -21,20 +22,26 @@ if compgen -G "fuzz/regressions/*.json" >/dev/null; then
 fi
 
 seeds="$build/seeds"
-corpus="$build/corpus"  # grows across local runs; CI starts from the seeds
 rm -rf "$seeds" "$build/artifacts"
-mkdir -p "$corpus" "$build/artifacts"
+mkdir -p "$build/artifacts"
 fuzz/make_corpus.sh "$seeds"
 
-echo "fuzz: scenario_fuzz for ${seconds} s"
-"$fuzzer" "$corpus" "$seeds" \
-  -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=65536 \
-  -dict=fuzz/scenario.dict -artifact_prefix="$build/artifacts/" -print_final_stats=1 \
-  2>"$build/fuzz.log" || {
-  tail -n 60 "$build/fuzz.log"
-  echo "fuzz: FINDING; input saved in $build/artifacts/:" >&2
-  ls -l "$build/artifacts/" >&2
-  exit 1
+# Corpora grow across local runs in build-fuzz/corpus-*; a fresh CI checkout starts from the seeds.
+run() {
+  local target=$1 secs=$2
+  shift 2
+  mkdir -p "$build/corpus-$target"
+  echo "fuzz: $target for ${secs} s"
+  "$build/$target" "$build/corpus-$target" "$@" \
+    -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -max_len=65536 \
+    -artifact_prefix="$build/artifacts/$target-" -print_final_stats=1 2>"$build/$target.log" || {
+    tail -n 60 "$build/$target.log"
+    echo "fuzz: FINDING in $target; input saved in $build/artifacts/:" >&2
+    ls -l "$build/artifacts/" >&2
+    exit 1
+  }
+  grep -E "^stat::(number_of_executed_units|peak_rss_mb)" "$build/$target.log" || true
 }
-grep -E "^(stat::number_of_executed_units|stat::peak_rss_mb|#[0-9]+ +DONE)" "$build/fuzz.log" || true
+run scenario_fuzz $((seconds / 2)) "$seeds" -dict=fuzz/scenario.dict
+run layout_fuzz $((seconds - seconds / 2))
 echo "fuzz: no findings"
