@@ -187,15 +187,7 @@ void SearchView::startSearch() {
       for (const search::Plan& p : result.plans) {
         SearchRow r;
         r.rank = ++rank;
-        r.parallel.tp = p.layout.tp;
-        r.parallel.pp = p.layout.pp;
-        r.parallel.dp = p.layout.dp;
-        r.parallel.zero_stage = p.layout.zero_stage;
-        r.parallel.fsdp_shard_size = p.layout.fsdp_shard_size;
-        r.parallel.sequence_parallel = p.layout.sequence_parallel;
-        r.parallel.recompute = p.layout.recompute;
-        r.parallel.schedule = p.layout.schedule;
-        r.parallel.virtual_stages = p.layout.virtual_stages;
+        r.parallel = search::parallel_of(p.layout);
         r.micro_batch_size = p.layout.micro_batch_size;
         r.peak_bytes = p.figures.peak_bytes;
         r.capacity_bytes = p.figures.capacity_bytes;

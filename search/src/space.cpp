@@ -286,10 +286,15 @@ void inner_lists(const Space& space, const Outer& o, RejectCounts& rejected, Inn
   }
   if (out.shard_sizes.empty()) std::erase_if(out.zero_stages, [](int z) { return z > 0; });
 
-  out.recompute =
-      !pin.recompute.empty()
-          ? pin.recompute
-          : std::vector<Recompute>{Recompute::none, Recompute::selective, Recompute::full};
+  // Selective recompute drops only the s x s attention tensors of standard attention (the layer
+  // op table); with flash attention it is the same layout as none, so it is not enumerated twice.
+  if (!pin.recompute.empty()) {
+    out.recompute = pin.recompute;
+  } else if (b.training.attention == Attention::flash) {
+    out.recompute = {Recompute::none, Recompute::full};
+  } else {
+    out.recompute = {Recompute::none, Recompute::selective, Recompute::full};
+  }
 
   out.sequence_parallel.clear();
   const std::vector<bool> sps =
