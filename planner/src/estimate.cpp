@@ -3,7 +3,9 @@
 #include "distplan/planner/estimate.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <limits>
 
 #include "distplan/planner/check.h"
 #include "distplan/planner/layer_ops.h"
@@ -15,6 +17,18 @@ Bytes ring_wire_bytes(CollectiveOp op, Bytes buffer_bytes, Count n) noexcept {
   // nccl-tests, doc/PERFORMANCE.md: a ring all-reduce sends 2(n-1)/n of the buffer per rank,
   // reduce-scatter and all-gather (n-1)/n; point-to-point sends the buffer once.
   using Wide = __int128;
+  if (buffer_bytes <= std::numeric_limits<Bytes>::max() / (2 * n)) {
+    // No overflow possible: plain 64-bit arithmetic (the 128-bit division is slow).
+    switch (op) {
+      case CollectiveOp::all_reduce:
+        return buffer_bytes * 2 * (n - 1) / n;
+      case CollectiveOp::reduce_scatter:
+      case CollectiveOp::all_gather:
+        return buffer_bytes * (n - 1) / n;
+      case CollectiveOp::send_recv:
+        return buffer_bytes;
+    }
+  }
   switch (op) {
     case CollectiveOp::all_reduce:
       return static_cast<Bytes>(Wide{buffer_bytes} * 2 * (n - 1) / n);
@@ -79,7 +93,9 @@ class Estimator {
         table_(build_layer_table(s.model, s.training)),
         layers_(stage_layer_counts(s)),
         layer_params_rank_(layer_parameters_per_tp_rank(table_, s.parallel.tp)),
-        layer_replicated_(replicated_parameters(table_)) {}
+        layer_replicated_(replicated_parameters(table_)) {
+    init_groups();
+  }
 
   [[nodiscard]] Count embedding_replicated() const noexcept {
     return m_.position_embedding == PositionEmbedding::learned
@@ -288,37 +304,63 @@ class Estimator {
   }
 
   // Communication and per-stage costs -----------------------------------------------------------
+  // Group sizes and links, computed once per estimate (indexed by Group).
+  struct GroupInfo {
+    Count size = 1;
+    Link link = Link::intra_node;
+    double bandwidth = 0;  // achieved, bytes/s
+    Seconds latency = 0;
+  };
+  [[nodiscard]] const GroupInfo& group(Group g) const noexcept {
+    return groups_[static_cast<std::size_t>(g)];
+  }
+  void init_groups() noexcept {
+    const ClusterSpec& c = s_.cluster;
+    for (Group g : {Group::dp, Group::dp_replicate, Group::tp, Group::pp, Group::embedding}) {
+      GroupInfo& x = groups_[static_cast<std::size_t>(g)];
+      x.size = group_size(s_, g);
+      x.link = group_link(s_, g);
+      const bool intra = x.link == Link::intra_node;
+      x.bandwidth = (intra ? c.intra_node_bandwidth : c.inter_node_bandwidth) *
+                    s_.assumptions.communication_efficiency;
+      x.latency = intra ? c.intra_node_latency : c.inter_node_latency;
+    }
+  }
+
+  // Alpha-beta time of `calls` calls with buffer `bytes` (docs/communication.md).
   [[nodiscard]] Seconds collective_seconds(Group g, CollectiveOp op, Bytes bytes,
                                            Count calls) const {
-    const Count n = group_size(s_, g);
+    const GroupInfo& x = group(g);
+    const Count n = x.size;
     if (n <= 1 || calls == 0) return 0;
-    const bool intra = group_link(s_, g) == Link::intra_node;
-    const ClusterSpec& c = s_.cluster;
-    const double bw = (intra ? c.intra_node_bandwidth : c.inter_node_bandwidth) *
-                      s_.assumptions.communication_efficiency;
-    const Seconds alpha = intra ? c.intra_node_latency : c.inter_node_latency;
     // Ring: 2(n-1) latency steps for all-reduce, n-1 for reduce-scatter / all-gather, 1 for p2p.
     const double steps = op == CollectiveOp::all_reduce  ? 2.0 * static_cast<double>(n - 1)
                          : op == CollectiveOp::send_recv ? 1.0
                                                          : static_cast<double>(n - 1);
     const double wire = static_cast<double>(ring_wire_bytes(op, bytes, n));
-    return static_cast<double>(calls) * (steps * alpha + wire / bw);
+    return static_cast<double>(calls) * (steps * x.latency + wire / x.bandwidth);
   }
 
   void add(std::vector<Collective>& out, Group g, CollectiveOp op, std::string_view what,
            Bytes bytes, Count calls) const {
-    const Count n = group_size(s_, g);
+    const GroupInfo& x = group(g);
+    const Count n = x.size;
     if (n <= 1 || calls <= 0 || bytes <= 0) return;
     Collective c;
     c.group = g;
     c.op = op;
-    c.link = group_link(s_, g);
+    c.link = x.link;
     c.what = what;
     c.group_size = n;
     c.bytes_per_call = bytes;
     c.calls_per_step = calls;
-    c.wire_bytes_per_gpu_per_step = ring_wire_bytes(op, bytes, n) * calls;
-    c.seconds_per_step = collective_seconds(g, op, bytes, calls);
+    const Bytes wire = ring_wire_bytes(op, bytes, n);
+    c.wire_bytes_per_gpu_per_step = wire * calls;
+    const double steps = op == CollectiveOp::all_reduce  ? 2.0 * static_cast<double>(n - 1)
+                         : op == CollectiveOp::send_recv ? 1.0
+                                                         : static_cast<double>(n - 1);
+    c.seconds_per_step =
+        static_cast<double>(calls) * (steps * x.latency + static_cast<double>(wire) / x.bandwidth);
     out.push_back(c);
   }
 
@@ -462,6 +504,7 @@ class Estimator {
         dense_peak(s_.cluster.gpu, t_.precision) * s_.assumptions.compute_efficiency;
     std::vector<Collective> scratch;
     scratch.reserve(24);
+    e.communication.collectives.reserve(24);
     Bytes best = -1;
     e.stage_costs.resize(static_cast<std::size_t>(pp));
     const Count m = nmb_;
@@ -517,7 +560,7 @@ class Estimator {
       }
       if (wire > best) {
         best = wire;
-        e.communication.collectives = scratch;
+        e.communication.collectives.swap(scratch);  // scratch is refilled from empty next stage
         e.communication.wire_bytes_per_gpu_per_step = wire;
       }
 
@@ -653,6 +696,7 @@ class Estimator {
   std::vector<Count> layers_;
   Count layer_params_rank_ = 0;
   Count layer_replicated_ = 0;
+  std::array<GroupInfo, 5> groups_{};
   Count vocab_ = 0;
   Count nmb_ = 0;
   LayerFlops lf_;

@@ -10,7 +10,7 @@ namespace distplan {
 namespace {
 
 struct Builder {
-  LayerTable table;
+  LayerTable& table;
   LayerOp& add(OpKind kind, std::string_view name) {
     DISTPLAN_CHECK(table.num_ops < kMaxLayerOps, "layer table full");
     LayerOp& op = table.ops[table.num_ops++];
@@ -72,7 +72,8 @@ void add_dropout(Builder& b, std::string_view name, const ModelSpec& m) {
 }  // namespace
 
 LayerTable build_layer_table(const ModelSpec& m, const TrainingSpec& t) {
-  Builder b;
+  LayerTable table;
+  Builder b{table};
   const Bytes act = bytes_of(t.precision);
   const bool dropout = t.dropout > 0.0;
   const Count h = m.hidden_size;
@@ -135,7 +136,7 @@ LayerTable build_layer_table(const ModelSpec& m, const TrainingSpec& t) {
   add_linear(b, "mlp_out", LinearKind::row_parallel, f, h, m.bias, act, TpShard::tp);
   if (dropout) add_dropout(b, "mlp_dropout", m);
   b.add(OpKind::residual_add, "mlp_residual");
-  return b.table;
+  return table;
 }
 
 Count layer_parameters(const LayerTable& table) noexcept {
