@@ -7,6 +7,10 @@
 #include "distplan/gpu_backend/tensor.h"
 #include "distplan/planner/check.h"
 
+#ifdef DISTPLAN_HAVE_CUDA
+#include "cuda_api.h"
+#endif
+
 namespace distplan::backend {
 
 void CommLog::record(Group g, CollectiveOp op, const std::string& what, Bytes bytes) {
@@ -64,9 +68,26 @@ int world_rank_of(const ParallelSpec& p, RankCoords c) noexcept {
 
 namespace {
 
+// Byte moves on the buffers' device.
+void move_bytes(Device d, void* dst, const void* src, std::size_t bytes) {
+#ifdef DISTPLAN_HAVE_CUDA
+  if (d == Device::cuda) return cuda::copy_on_device(dst, src, bytes);
+#endif
+  (void)d;
+  std::memmove(dst, src, bytes);
+}
+void zero_bytes(Device d, void* dst, std::size_t bytes) {
+#ifdef DISTPLAN_HAVE_CUDA
+  if (d == Device::cuda) return cuda::zero_on_device(dst, bytes);
+#endif
+  (void)d;
+  std::memset(dst, 0, bytes);
+}
+
 class EmulatedCommunicator final : public Communicator {
  public:
-  using Communicator::Communicator;
+  EmulatedCommunicator(Group g, int rank, int size, CommLog* log, Device device)
+      : Communicator(g, rank, size, log), device_(device) {}
   void barrier() override {}
 
  protected:
@@ -76,32 +97,37 @@ class EmulatedCommunicator final : public Communicator {
   void do_all_reduce(void*, Count, DType, ReduceOp) override {}
   void do_reduce_scatter(const void* in, void* out, Count n, DType dtype) override {
     const auto bytes = static_cast<std::size_t>(n * bytes_of(dtype));
-    std::memmove(out, static_cast<const char*>(in) + bytes * static_cast<std::size_t>(rank()),
-                 bytes);
+    move_bytes(device_, out,
+               static_cast<const char*>(in) + bytes * static_cast<std::size_t>(rank()), bytes);
   }
   void do_all_gather(const void* in, void* out, Count n, DType dtype) override {
     const auto bytes = static_cast<std::size_t>(n * bytes_of(dtype));
-    std::memmove(static_cast<char*>(out) + bytes * static_cast<std::size_t>(rank()), in, bytes);
+    move_bytes(device_, static_cast<char*>(out) + bytes * static_cast<std::size_t>(rank()), in,
+               bytes);
   }
   void do_send(const void*, Count, DType, int, int) override {}
   void do_recv(void* data, Count n, DType dtype, int, int) override {
-    std::memset(data, 0, static_cast<std::size_t>(n * bytes_of(dtype)));
+    zero_bytes(device_, data, static_cast<std::size_t>(n * bytes_of(dtype)));
   }
+
+ private:
+  Device device_;
 };
 
 }  // namespace
 
-std::unique_ptr<ProcessGroups> make_emulated_groups(const ParallelSpec& p, int world_rank) {
+std::unique_ptr<ProcessGroups> make_emulated_groups(const ParallelSpec& p, int world_rank,
+                                                    Device device) {
   auto g = std::make_unique<ProcessGroups>();
   g->coords = rank_coords(p, world_rank);
   g->world_rank = world_rank;
   g->world_size = static_cast<int>(p.tp * p.dp * p.pp);
   g->tp = std::make_unique<EmulatedCommunicator>(Group::tp, g->coords.tp, static_cast<int>(p.tp),
-                                                 &g->log);
+                                                 &g->log, device);
   g->dp = std::make_unique<EmulatedCommunicator>(Group::dp, g->coords.dp, static_cast<int>(p.dp),
-                                                 &g->log);
+                                                 &g->log, device);
   g->pp = std::make_unique<EmulatedCommunicator>(Group::pp, g->coords.pp, static_cast<int>(p.pp),
-                                                 &g->log);
+                                                 &g->log, device);
   g->world_reduce = [](double*, int, ReduceOp) {};
   g->gather_to_root = [](const std::string& s) { return std::vector<std::string>{s}; };
   return g;

@@ -5,11 +5,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <map>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 
 #include "distplan/gpu_backend/cpu_ops.h"
 #include "distplan/gpu_backend/run.h"
@@ -18,6 +20,10 @@
 #include "distplan/planner/error.h"
 #include "distplan/planner/layer_ops.h"
 #include "distplan/planner/layout.h"
+
+#ifdef DISTPLAN_HAVE_CUDA
+#include "cuda_api.h"
+#endif
 
 namespace distplan::backend {
 namespace {
@@ -412,7 +418,7 @@ class Trainer {
       g_.dp->all_gather(u.weights.data(), u.gathered.data(), u.shard, cb_,
                         std::string("parameters (") + unit_label(u.kind) + ", forward+backward)");
     } else {
-      std::memcpy(u.gathered.data(), u.weights.data(), static_cast<std::size_t>(u.weights.bytes()));
+      u.gathered.fill_from(u.weights.to_vector());
     }
   }
   void release(int ui) {
@@ -434,7 +440,7 @@ class Trainer {
       g_.dp->reduce_scatter(u.unit_grad.data(), part.data(), u.shard, gb_,
                             std::string("gradients (") + unit_label(u.kind) + ")");
     } else {
-      std::memcpy(part.data(), u.unit_grad.data(), static_cast<std::size_t>(part.bytes()));
+      part.fill_from(u.unit_grad.to_vector());
     }
     Vec acc = rd(u.grads), add = rd(part);
     for (std::size_t k = 0; k < acc.size(); ++k) acc[k] += add[k];
@@ -1190,9 +1196,25 @@ void check_supported(const Scenario& s) {
 
 Measurement run(const Scenario& s, const RunOptions& opts) {
   check_supported(s);
-  std::unique_ptr<ProcessGroups> groups = opts.comm == CommBackend::emulated
-                                              ? make_emulated_groups(s.parallel, opts.emulate_rank)
-                                              : make_mpi_groups(s.parallel);
+  // The CUDA device keeps every tensor in device memory (measured by the tracking allocator over
+  // cudaMalloc); the trainer's arithmetic reaches it through Tensor::read/write. Multi-rank CUDA
+  // runs need the NCCL groups.
+  std::unique_ptr<ProcessGroups> groups;
+  if (opts.comm == CommBackend::emulated) {
+    groups = make_emulated_groups(s.parallel, opts.emulate_rank, opts.device);
+  } else if (opts.device == Device::cuda) {
+#ifdef DISTPLAN_HAVE_NCCL
+    // One GPU per local rank (Open MPI's local rank; Slurm's as a fallback).
+    const char* lr = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    if (lr == nullptr) lr = std::getenv("SLURM_LOCALID");
+    cuda::set_device((lr ? std::atoi(lr) : 0) % std::max(cuda::device_count(), 1));
+    groups = make_nccl_groups(s.parallel);
+#else
+    throw std::runtime_error("multi-rank CUDA runs need a build with NCCL and MPI");
+#endif
+  } else {
+    groups = make_mpi_groups(s.parallel);
+  }
   Measurement m;
   {
     Trainer trainer(s, opts, *groups);

@@ -13,6 +13,7 @@
 #include <tuple>
 #include <vector>
 
+#include "distplan/gpu_backend/memory.h"
 #include "distplan/planner/estimate.h"
 #include "distplan/planner/spec.h"
 
@@ -102,12 +103,17 @@ struct ProcessGroups {
 };
 
 /// Emulated groups for `world_rank` of the layout: every collective keeps its shape, moves nothing.
+/// `device`: where the buffers handed to the collectives live.
 [[nodiscard]] std::unique_ptr<ProcessGroups> make_emulated_groups(const ParallelSpec& p,
-                                                                  int world_rank);
+                                                                  int world_rank,
+                                                                  Device device = Device::cpu);
 /// MPI groups (MPI_COMM_WORLD split by Megatron order); MPI must be initialised and the world size
 /// equal tp*dp*pp. Throws std::runtime_error when built without MPI.
 [[nodiscard]] std::unique_ptr<ProcessGroups> make_mpi_groups(const ParallelSpec& p);
 [[nodiscard]] bool mpi_available() noexcept;
+/// NCCL groups on device buffers (unique ids shared through MPI); built only with CUDA, NCCL and
+/// MPI (DISTPLAN_HAVE_NCCL).
+[[nodiscard]] std::unique_ptr<ProcessGroups> make_nccl_groups(const ParallelSpec& p);
 /// MPI_Init once (thread level single) when not yet initialised; returns the world size.
 int mpi_init_if_needed();
 void mpi_finalize_if_initialised();

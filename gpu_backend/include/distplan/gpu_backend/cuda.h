@@ -1,0 +1,90 @@
+// The CUDA device: memory, copies and the kernels of the layer op table on device pointers.
+// Declarations only (no CUDA headers), available when built with CUDA (DISTPLAN_HAVE_CUDA).
+// Storage is fp32 for every op but the GEMMs, which take fp32, bf16 or fp16 inputs and accumulate
+// in fp32 (cublasGemmEx, CUBLAS_COMPUTE_32F); casts move between the storage types. The CPU ops
+// (cpu_ops.h) are the oracle these kernels are tested against
+// (tests/gpu_backend/cuda_ops_test.cpp).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace distplan::backend::cuda {
+
+/// Visible GPUs; 0 when there is no driver or device (never throws).
+[[nodiscard]] int device_count() noexcept;
+/// Selects the GPU this process uses.
+void set_device(int index);
+/// cudaMalloc + cudaMemset 0; throws OutOfMemory (memory.h) when the device is full.
+[[nodiscard]] void* device_alloc_zeroed(std::size_t bytes);
+void device_free(void* p) noexcept;
+void copy_to_device(void* dst, const void* src, std::size_t bytes);
+void copy_to_host(void* dst, const void* src, std::size_t bytes);
+void copy_on_device(void* dst, const void* src, std::size_t bytes);  // may overlap
+void zero_on_device(void* dst, std::size_t bytes);
+void synchronize();
+/// Bytes the device reports in use (cudaMemGetInfo: total - free), the driver's own figure.
+[[nodiscard]] std::size_t device_used_bytes();
+
+/// Storage type codes for GEMM inputs and casts, numbered as planner DType (spec.h).
+enum class Type : int { fp32 = 0, fp16 = 1, bf16 = 2 };
+
+/// Elements [offset, offset + n) of a device tensor of storage type `dtype` (a Type code) read
+/// into fp32 host memory, or written from it (rounded to nearest even): Tensor::read/write.
+void read_as_float(const void* data, int dtype, long long offset, long long n, float* out);
+void write_from_float(void* data, int dtype, long long offset, long long n, const float* in);
+
+// --- GEMMs (cuBLAS), row-major as cpu_ops.h: y (N,O) = x (N,I) W^T (+ bias), W (O,I) ---------
+/// `t` is the storage type of x, w and y; bias (fp32, may be null) is added by a kernel.
+void linear_forward(Type t, const void* x, const void* w, const float* bias, void* y, int N, int I,
+                    int O);
+/// dx (N,I) = dy (N,O) W
+void linear_backward_input(Type t, const void* dy, const void* w, void* dx, int N, int I, int O);
+/// dW (O,I) += dy^T x (dw fp32); dbias (O) += column sums of dy (fp32 dy only; may be null).
+void linear_backward_weight(Type t, const void* dy, const void* x, float* dw, float* dbias, int N,
+                            int I, int O);
+
+/// y (N,O) += bias (O) broadcast over rows, in y's storage type; dbias (O) += column sums of dy.
+void add_bias(Type t, void* y, const float* bias, int N, int O);
+void bias_grad(const float* dy, float* dbias, int N, int O);
+
+// --- thin kernels, fp32 ---------------------------------------------------------------------
+void cast(Type from, const void* in, Type to, void* out, std::size_t n);
+void layernorm_forward(const float* x, const float* gamma, const float* beta, float* y, float* mean,
+                       float* rstd, int N, int C, float eps);
+void layernorm_backward(const float* dy, const float* x, const float* gamma, const float* mean,
+                        const float* rstd, float* dx, float* dgamma, float* dbeta, int N, int C);
+void rmsnorm_forward(const float* x, const float* gamma, float* y, float* rstd, int N, int C,
+                     float eps);
+void rmsnorm_backward(const float* dy, const float* x, const float* gamma, const float* rstd,
+                      float* dx, float* dgamma, int N, int C);
+void gelu_forward(const float* x, float* y, std::size_t n);
+void gelu_backward(const float* dy, const float* x, float* dx, std::size_t n);
+void swiglu_forward(const float* gate, const float* up, float* y, std::size_t n);
+void swiglu_backward(const float* dy, const float* gate, const float* up, float* dgate, float* dup,
+                     std::size_t n);
+/// Causal attention with materialised probabilities probs (b,a,s,s); q (s,b,a,d), k/v (s,b,g,d).
+void attention_forward(const float* q, const float* k, const float* v, float* out, float* probs,
+                       int s, int b, int a, int g, int d);
+void attention_backward(const float* dout, const float* q, const float* k, const float* v,
+                        const float* probs, float* dq, float* dk, float* dv, int s, int b, int a,
+                        int g, int d);
+void embedding_forward(const std::int32_t* ids, const float* table, float* out, int N, int C,
+                       int vocab_start, int V);
+void embedding_backward(const std::int32_t* ids, const float* dout, float* dtable, int N, int C,
+                        int vocab_start, int V);
+void ce_local_max(const float* logits, float* row_max, int N, int V);
+void ce_local_sumexp(const float* logits, const float* row_max, float* sumexp, int N, int V);
+void ce_local_target(const float* logits, const std::int32_t* targets, float* target_logit, int N,
+                     int V, int vocab_start);
+void ce_backward(const float* logits, const float* row_max, const float* sumexp,
+                 const std::int32_t* targets, const float* dloss, float* dlogits, int N, int V,
+                 int vocab_start);
+/// Adam/AdamW on fp32 master weights, as cpu::adam_step.
+void adam_step(float* master, const float* grad, float* m, float* v, std::size_t n, float lr,
+               float beta1, float beta2, float eps, float weight_decay, bool decoupled,
+               long long step, float grad_scale);
+/// True when any element is inf or NaN.
+[[nodiscard]] bool has_overflow(const float* x, std::size_t n);
+
+}  // namespace distplan::backend::cuda

@@ -1,0 +1,434 @@
+// Thin CUDA kernels of the layer op table, fp32 (formulas as cpu_ops.cpp, the oracle). Simple
+// mappings: one thread per row for norms and attention rows, grid-stride loops elsewhere.
+// No fmt, Eigen or JSON here (TOOLCHAIN.md).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+
+#include "cuda_api.h"
+#include "cuda_check.h"
+
+namespace distplan::backend::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+int blocks_for(std::size_t n) {
+  const std::size_t b = (n + kThreads - 1) / kThreads;
+  return static_cast<int>(b < 65535 ? (b == 0 ? 1 : b) : 65535);
+}
+#define GRID_STRIDE(i, n) \
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += gridDim.x * blockDim.x)
+
+__device__ float load(Type t, const void* p, std::size_t i) {
+  switch (t) {
+    case Type::bf16:
+      return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    case Type::fp16:
+      return __half2float(static_cast<const __half*>(p)[i]);
+    default:
+      return static_cast<const float*>(p)[i];
+  }
+}
+__device__ void store(Type t, void* p, std::size_t i, float v) {
+  switch (t) {
+    case Type::bf16:
+      static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
+      break;
+    case Type::fp16:
+      static_cast<__half*>(p)[i] = __float2half_rn(v);
+      break;
+    default:
+      static_cast<float*>(p)[i] = v;
+  }
+}
+
+__global__ void k_cast(Type from, const void* in, Type to, void* out, std::size_t n) {
+  GRID_STRIDE(i, n) store(to, out, i, load(from, in, i));
+}
+__global__ void k_add_bias(Type t, void* y, const float* bias, std::size_t N, std::size_t O) {
+  GRID_STRIDE(i, N * O) store(t, y, i, load(t, y, i) + bias[i % O]);
+}
+__global__ void k_bias_grad(const float* dy, float* dbias, int N, int O) {
+  const int o = blockIdx.x * blockDim.x + threadIdx.x;
+  if (o >= O) return;
+  float acc = 0;
+  for (int n = 0; n < N; ++n) acc += dy[static_cast<std::size_t>(n) * O + o];
+  dbias[o] += acc;
+}
+
+__global__ void k_layernorm_fwd(const float* x, const float* g, const float* b, float* y,
+                                float* mean, float* rstd, int N, int C, float eps) {
+  const int n = blockIdx.x * blockDim.x + threadIdx.x;
+  if (n >= N) return;
+  const float* xr = x + static_cast<std::size_t>(n) * C;
+  double mu = 0, var = 0;
+  for (int c = 0; c < C; ++c) mu += xr[c];
+  mu /= C;
+  for (int c = 0; c < C; ++c) var += (xr[c] - mu) * (xr[c] - mu);
+  var /= C;
+  const double rs = 1.0 / sqrt(var + eps);
+  mean[n] = static_cast<float>(mu);
+  rstd[n] = static_cast<float>(rs);
+  for (int c = 0; c < C; ++c)
+    y[static_cast<std::size_t>(n) * C + c] =
+        static_cast<float>((xr[c] - mu) * rs) * g[c] + (b ? b[c] : 0.0f);
+}
+__global__ void k_layernorm_bwd_dx(const float* dy, const float* x, const float* g,
+                                   const float* mean, const float* rstd, float* dx, int N, int C) {
+  const int n = blockIdx.x * blockDim.x + threadIdx.x;
+  if (n >= N) return;
+  const std::size_t o = static_cast<std::size_t>(n) * C;
+  double s1 = 0, s2 = 0;
+  for (int c = 0; c < C; ++c) {
+    const double xh = (x[o + c] - mean[n]) * rstd[n];
+    const double dxh = dy[o + c] * g[c];
+    s1 += dxh;
+    s2 += dxh * xh;
+  }
+  for (int c = 0; c < C; ++c) {
+    const double xh = (x[o + c] - mean[n]) * rstd[n];
+    const double dxh = dy[o + c] * g[c];
+    dx[o + c] = static_cast<float>(rstd[n] * (dxh - s1 / C - xh * s2 / C));
+  }
+}
+__global__ void k_layernorm_bwd_params(const float* dy, const float* x, const float* mean,
+                                       const float* rstd, float* dg, float* db, int N, int C) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  double ag = 0, ab = 0;
+  for (int n = 0; n < N; ++n) {
+    const std::size_t o = static_cast<std::size_t>(n) * C + c;
+    ag += dy[o] * (x[o] - mean[n]) * rstd[n];
+    ab += dy[o];
+  }
+  dg[c] += static_cast<float>(ag);
+  if (db) db[c] += static_cast<float>(ab);
+}
+__global__ void k_rmsnorm_fwd(const float* x, const float* g, float* y, float* rstd, int N, int C,
+                              float eps) {
+  const int n = blockIdx.x * blockDim.x + threadIdx.x;
+  if (n >= N) return;
+  const std::size_t o = static_cast<std::size_t>(n) * C;
+  double ms = 0;
+  for (int c = 0; c < C; ++c) ms += static_cast<double>(x[o + c]) * x[o + c];
+  const double rs = 1.0 / sqrt(ms / C + eps);
+  rstd[n] = static_cast<float>(rs);
+  for (int c = 0; c < C; ++c) y[o + c] = static_cast<float>(x[o + c] * rs) * g[c];
+}
+__global__ void k_rmsnorm_bwd_dx(const float* dy, const float* x, const float* g, const float* rstd,
+                                 float* dx, int N, int C) {
+  const int n = blockIdx.x * blockDim.x + threadIdx.x;
+  if (n >= N) return;
+  const std::size_t o = static_cast<std::size_t>(n) * C;
+  double s = 0;
+  for (int c = 0; c < C; ++c) s += static_cast<double>(dy[o + c]) * g[c] * x[o + c];
+  const double r = rstd[n];
+  for (int c = 0; c < C; ++c)
+    dx[o + c] = static_cast<float>(r * dy[o + c] * g[c] - r * r * r * x[o + c] * s / C);
+}
+__global__ void k_rmsnorm_bwd_params(const float* dy, const float* x, const float* rstd, float* dg,
+                                     int N, int C) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  double a = 0;
+  for (int n = 0; n < N; ++n) {
+    const std::size_t o = static_cast<std::size_t>(n) * C + c;
+    a += static_cast<double>(dy[o]) * x[o] * rstd[n];
+  }
+  dg[c] += static_cast<float>(a);
+}
+
+constexpr double kGeluC = 0.7978845608028654;  // sqrt(2/pi), GPT-2's tanh form
+__global__ void k_gelu_fwd(const float* x, float* y, std::size_t n) {
+  GRID_STRIDE(i, n) {
+    const double v = x[i];
+    y[i] = static_cast<float>(0.5 * v * (1 + tanh(kGeluC * (v + 0.044715 * v * v * v))));
+  }
+}
+__global__ void k_gelu_bwd(const float* dy, const float* x, float* dx, std::size_t n) {
+  GRID_STRIDE(i, n) {
+    const double v = x[i];
+    const double u = kGeluC * (v + 0.044715 * v * v * v);
+    const double t = tanh(u);
+    const double du = kGeluC * (1 + 3 * 0.044715 * v * v);
+    dx[i] = static_cast<float>(dy[i] * (0.5 * (1 + t) + 0.5 * v * (1 - t * t) * du));
+  }
+}
+__global__ void k_swiglu_fwd(const float* gate, const float* up, float* y, std::size_t n) {
+  GRID_STRIDE(i, n) {
+    const double gv = gate[i];
+    const double sg = 1.0 / (1.0 + exp(-gv));
+    y[i] = static_cast<float>(gv * sg * up[i]);
+  }
+}
+__global__ void k_swiglu_bwd(const float* dy, const float* gate, const float* up, float* dgate,
+                             float* dup, std::size_t n) {
+  GRID_STRIDE(i, n) {
+    const double gv = gate[i];
+    const double sg = 1.0 / (1.0 + exp(-gv));
+    dup[i] = static_cast<float>(dy[i] * gv * sg);
+    dgate[i] = static_cast<float>(dy[i] * up[i] * sg * (1 + gv * (1 - sg)));
+  }
+}
+
+__device__ std::size_t qoff(int i, int bi, int h, int b, int a, int d) {
+  return ((static_cast<std::size_t>(i) * b + bi) * a + h) * d;
+}
+// One thread per (bi, h, i) row: scores, softmax into probs, out = probs V.
+__global__ void k_attention_fwd(const float* q, const float* k, const float* v, float* out,
+                                float* probs, int s, int b, int a, int g, int d) {
+  const int r = blockIdx.x * blockDim.x + threadIdx.x;
+  if (r >= b * a * s) return;
+  const int i = r % s, h = (r / s) % a, bi = r / (s * a);
+  const int hk = h / (a / g);
+  const double scale = 1.0 / sqrt(static_cast<double>(d));
+  float* p = probs + ((static_cast<std::size_t>(bi) * a + h) * s + i) * s;
+  const float* qi = q + qoff(i, bi, h, b, a, d);
+  double mx = -1e300;
+  for (int j = 0; j <= i; ++j) {
+    const float* kj = k + qoff(j, bi, hk, b, g, d);
+    double acc = 0;
+    for (int e = 0; e < d; ++e) acc += static_cast<double>(qi[e]) * kj[e];
+    acc *= scale;
+    p[j] = static_cast<float>(acc);
+    mx = acc > mx ? acc : mx;
+  }
+  double sum = 0;
+  for (int j = 0; j <= i; ++j) sum += exp(static_cast<double>(p[j]) - mx);
+  for (int j = 0; j < s; ++j)
+    p[j] = j <= i ? static_cast<float>(exp(static_cast<double>(p[j]) - mx) / sum) : 0.0f;
+  float* o = out + qoff(i, bi, h, b, a, d);
+  for (int e = 0; e < d; ++e) {
+    double acc = 0;
+    for (int j = 0; j <= i; ++j) acc += static_cast<double>(p[j]) * v[qoff(j, bi, hk, b, g, d) + e];
+    o[e] = static_cast<float>(acc);
+  }
+}
+// One thread per (bi, h, i) row: dq of the row, and dk/dv contributions by atomics (GQA heads
+// share k/v rows).
+__global__ void k_attention_bwd(const float* dout, const float* q, const float* k, const float* v,
+                                const float* probs, float* dq, float* dk, float* dv, int s, int b,
+                                int a, int g, int d) {
+  const int r = blockIdx.x * blockDim.x + threadIdx.x;
+  if (r >= b * a * s) return;
+  const int i = r % s, h = (r / s) % a, bi = r / (s * a);
+  const int hk = h / (a / g);
+  const double scale = 1.0 / sqrt(static_cast<double>(d));
+  const float* p = probs + ((static_cast<std::size_t>(bi) * a + h) * s + i) * s;
+  const float* doi = dout + qoff(i, bi, h, b, a, d);
+  const float* qi = q + qoff(i, bi, h, b, a, d);
+  double D = 0;
+  for (int j = 0; j <= i; ++j) {
+    const float* vj = v + qoff(j, bi, hk, b, g, d);
+    double dp = 0;
+    for (int e = 0; e < d; ++e) dp += static_cast<double>(doi[e]) * vj[e];
+    D += p[j] * dp;
+  }
+  float* dqi = dq + qoff(i, bi, h, b, a, d);
+  for (int j = 0; j <= i; ++j) {
+    const float* vj = v + qoff(j, bi, hk, b, g, d);
+    const float* kj = k + qoff(j, bi, hk, b, g, d);
+    double dp = 0;
+    for (int e = 0; e < d; ++e) dp += static_cast<double>(doi[e]) * vj[e];
+    const double ds = p[j] * (dp - D) * scale;
+    float* dkj = dk + qoff(j, bi, hk, b, g, d);
+    float* dvj = dv + qoff(j, bi, hk, b, g, d);
+    for (int e = 0; e < d; ++e) {
+      dqi[e] += static_cast<float>(ds * kj[e]);
+      atomicAdd(dkj + e, static_cast<float>(ds * qi[e]));
+      atomicAdd(dvj + e, p[j] * doi[e]);
+    }
+  }
+}
+
+__global__ void k_embedding_fwd(const std::int32_t* ids, const float* table, float* out, int N,
+                                int C, int start, int V) {
+  GRID_STRIDE(i, static_cast<std::size_t>(N) * C) {
+    const int n = static_cast<int>(i / C), c = static_cast<int>(i % C);
+    const int row = ids[n] - start;
+    out[i] = row >= 0 && row < V ? table[static_cast<std::size_t>(row) * C + c] : 0.0f;
+  }
+}
+__global__ void k_embedding_bwd(const std::int32_t* ids, const float* dout, float* dtable, int N,
+                                int C, int start, int V) {
+  GRID_STRIDE(i, static_cast<std::size_t>(N) * C) {
+    const int n = static_cast<int>(i / C), c = static_cast<int>(i % C);
+    const int row = ids[n] - start;
+    if (row >= 0 && row < V) atomicAdd(dtable + static_cast<std::size_t>(row) * C + c, dout[i]);
+  }
+}
+__global__ void k_ce_max(const float* logits, float* mx, int N, int V) {
+  const int n = blockIdx.x * blockDim.x + threadIdx.x;
+  if (n >= N) return;
+  float m = -INFINITY;
+  for (int j = 0; j < V; ++j) m = fmaxf(m, logits[static_cast<std::size_t>(n) * V + j]);
+  mx[n] = m;
+}
+__global__ void k_ce_sumexp(const float* logits, const float* mx, float* se, int N, int V) {
+  const int n = blockIdx.x * blockDim.x + threadIdx.x;
+  if (n >= N) return;
+  double s = 0;
+  for (int j = 0; j < V; ++j)
+    s += exp(static_cast<double>(logits[static_cast<std::size_t>(n) * V + j]) - mx[n]);
+  se[n] = static_cast<float>(s);
+}
+__global__ void k_ce_target(const float* logits, const std::int32_t* t, float* tl, int N, int V,
+                            int start) {
+  const int n = blockIdx.x * blockDim.x + threadIdx.x;
+  if (n >= N) return;
+  const int j = t[n] - start;
+  tl[n] = j >= 0 && j < V ? logits[static_cast<std::size_t>(n) * V + j] : 0.0f;
+}
+__global__ void k_ce_bwd(const float* logits, const float* mx, const float* se,
+                         const std::int32_t* t, const float* dloss, float* dl, int N, int V,
+                         int start) {
+  GRID_STRIDE(i, static_cast<std::size_t>(N) * V) {
+    const int n = static_cast<int>(i / V), j = static_cast<int>(i % V);
+    double p = exp(static_cast<double>(logits[i]) - mx[n]) / se[n];
+    if (j == t[n] - start) p -= 1.0;
+    dl[i] = static_cast<float>(p * dloss[n]);
+  }
+}
+__global__ void k_adam(float* w, const float* gr, float* m, float* v, std::size_t n, float lr,
+                       float b1, float b2, float eps, float wd, bool decoupled, double bc1,
+                       double bc2, float gs) {
+  GRID_STRIDE(i, n) {
+    float g = gr[i] * gs;
+    if (!decoupled) g += wd * w[i];
+    m[i] = b1 * m[i] + (1 - b1) * g;
+    v[i] = b2 * v[i] + (1 - b2) * g * g;
+    const double mh = m[i] / bc1, vh = v[i] / bc2;
+    double upd = mh / (sqrt(vh) + eps);
+    if (decoupled) upd += wd * w[i];
+    w[i] = static_cast<float>(w[i] - lr * upd);
+  }
+}
+__global__ void k_overflow(const float* x, std::size_t n, int* flag) {
+  GRID_STRIDE(i, n) if (!isfinite(x[i]))* flag = 1;
+}
+
+dim3 rows(int n) {
+  return dim3(static_cast<unsigned>((n + kThreads - 1) / kThreads));
+}
+
+}  // namespace
+
+void cast(Type from, const void* in, Type to, void* out, std::size_t n) {
+  k_cast<<<blocks_for(n), kThreads>>>(from, in, to, out, n);
+  DISTPLAN_CUDA_CHECK_LAUNCH();
+}
+void add_bias(Type t, void* y, const float* bias, int N, int O) {
+  k_add_bias<<<blocks_for(static_cast<std::size_t>(N) * O), kThreads>>>(t, y, bias, N, O);
+  DISTPLAN_CUDA_CHECK_LAUNCH();
+}
+void bias_grad(const float* dy, float* dbias, int N, int O) {
+  k_bias_grad<<<rows(O), kThreads>>>(dy, dbias, N, O);
+  DISTPLAN_CUDA_CHECK_LAUNCH();
+}
+void layernorm_forward(const float* x, const float* gamma, const float* beta, float* y, float* mean,
+                       float* rstd, int N, int C, float eps) {
+  k_layernorm_fwd<<<rows(N), kThreads>>>(x, gamma, beta, y, mean, rstd, N, C, eps);
+  DISTPLAN_CUDA_CHECK_LAUNCH();
+}
+void layernorm_backward(const float* dy, const float* x, const float* gamma, const float* mean,
+                        const float* rstd, float* dx, float* dgamma, float* dbeta, int N, int C) {
+  k_layernorm_bwd_dx<<<rows(N), kThreads>>>(dy, x, gamma, mean, rstd, dx, N, C);
+  DISTPLAN_CUDA_CHECK_LAUNCH();
+  k_layernorm_bwd_params<<<rows(C), kThreads>>>(dy, x, mean, rstd, dgamma, dbeta, N, C);
+  DISTPLAN_CUDA_CHECK_LAUNCH();
+}
+void rmsnorm_forward(const float* x, const float* gamma, float* y, float* rstd, int N, int C,
+                     float eps) {
+  k_rmsnorm_fwd<<<rows(N), kThreads>>>(x, gamma, y, rstd, N, C, eps);
+  DISTPLAN_CUDA_CHECK_LAUNCH();
+}
+void rmsnorm_backward(const float* dy, const float* x, const float* gamma, const float* rstd,
+                      float* dx, float* dgamma, int N, int C) {
+  k_rmsnorm_bwd_dx<<<rows(N), kThreads>>>(dy, x, gamma, rstd, dx, N, C);
+  DISTPLAN_CUDA_CHECK_LAUNCH();
+  k_rmsnorm_bwd_params<<<rows(C), kThreads>>>(dy, x, rstd, dgamma, N, C);
+  DISTPLAN_CUDA_CHECK_LAUNCH();
+}
+void gelu_forward(const float* x, float* y, std::size_t n) {
+  k_gelu_fwd<<<blocks_for(n), kThreads>>>(x, y, n);
+  DISTPLAN_CUDA_CHECK_LAUNCH();
+}
+void gelu_backward(const float* dy, const float* x, float* dx, std::size_t n) {
+  k_gelu_bwd<<<blocks_for(n), kThreads>>>(dy, x, dx, n);
+  DISTPLAN_CUDA_CHECK_LAUNCH();
+}
+void swiglu_forward(const float* gate, const float* up, float* y, std::size_t n) {
+  k_swiglu_fwd<<<blocks_for(n), kThreads>>>(gate, up, y, n);
+  DISTPLAN_CUDA_CHECK_LAUNCH();
+}
+void swiglu_backward(const float* dy, const float* gate, const float* up, float* dgate, float* dup,
+                     std::size_t n) {
+  k_swiglu_bwd<<<blocks_for(n), kThreads>>>(dy, gate, up, dgate, dup, n);
+  DISTPLAN_CUDA_CHECK_LAUNCH();
+}
+void attention_forward(const float* q, const float* k, const float* v, float* out, float* probs,
+                       int s, int b, int a, int g, int d) {
+  k_attention_fwd<<<rows(b * a * s), kThreads>>>(q, k, v, out, probs, s, b, a, g, d);
+  DISTPLAN_CUDA_CHECK_LAUNCH();
+}
+void attention_backward(const float* dout, const float* q, const float* k, const float* v,
+                        const float* probs, float* dq, float* dk, float* dv, int s, int b, int a,
+                        int g, int d) {
+  k_attention_bwd<<<rows(b * a * s), kThreads>>>(dout, q, k, v, probs, dq, dk, dv, s, b, a, g, d);
+  DISTPLAN_CUDA_CHECK_LAUNCH();
+}
+void embedding_forward(const std::int32_t* ids, const float* table, float* out, int N, int C,
+                       int vocab_start, int V) {
+  k_embedding_fwd<<<blocks_for(static_cast<std::size_t>(N) * C), kThreads>>>(ids, table, out, N, C,
+                                                                             vocab_start, V);
+  DISTPLAN_CUDA_CHECK_LAUNCH();
+}
+void embedding_backward(const std::int32_t* ids, const float* dout, float* dtable, int N, int C,
+                        int vocab_start, int V) {
+  k_embedding_bwd<<<blocks_for(static_cast<std::size_t>(N) * C), kThreads>>>(ids, dout, dtable, N,
+                                                                             C, vocab_start, V);
+  DISTPLAN_CUDA_CHECK_LAUNCH();
+}
+void ce_local_max(const float* logits, float* row_max, int N, int V) {
+  k_ce_max<<<rows(N), kThreads>>>(logits, row_max, N, V);
+  DISTPLAN_CUDA_CHECK_LAUNCH();
+}
+void ce_local_sumexp(const float* logits, const float* row_max, float* sumexp, int N, int V) {
+  k_ce_sumexp<<<rows(N), kThreads>>>(logits, row_max, sumexp, N, V);
+  DISTPLAN_CUDA_CHECK_LAUNCH();
+}
+void ce_local_target(const float* logits, const std::int32_t* targets, float* target_logit, int N,
+                     int V, int vocab_start) {
+  k_ce_target<<<rows(N), kThreads>>>(logits, targets, target_logit, N, V, vocab_start);
+  DISTPLAN_CUDA_CHECK_LAUNCH();
+}
+void ce_backward(const float* logits, const float* row_max, const float* sumexp,
+                 const std::int32_t* targets, const float* dloss, float* dlogits, int N, int V,
+                 int vocab_start) {
+  k_ce_bwd<<<blocks_for(static_cast<std::size_t>(N) * V), kThreads>>>(
+      logits, row_max, sumexp, targets, dloss, dlogits, N, V, vocab_start);
+  DISTPLAN_CUDA_CHECK_LAUNCH();
+}
+void adam_step(float* master, const float* grad, float* m, float* v, std::size_t n, float lr,
+               float beta1, float beta2, float eps, float weight_decay, bool decoupled,
+               long long step, float grad_scale) {
+  const double bc1 = 1 - pow(static_cast<double>(beta1), static_cast<double>(step));
+  const double bc2 = 1 - pow(static_cast<double>(beta2), static_cast<double>(step));
+  k_adam<<<blocks_for(n), kThreads>>>(master, grad, m, v, n, lr, beta1, beta2, eps, weight_decay,
+                                      decoupled, bc1, bc2, grad_scale);
+  DISTPLAN_CUDA_CHECK_LAUNCH();
+}
+bool has_overflow(const float* x, std::size_t n) {
+  int* flag = nullptr;
+  DISTPLAN_CUDA_CHECK(cudaMalloc(&flag, sizeof(int)));
+  DISTPLAN_CUDA_CHECK(cudaMemset(flag, 0, sizeof(int)));
+  k_overflow<<<blocks_for(n), kThreads>>>(x, n, flag);
+  DISTPLAN_CUDA_CHECK_LAUNCH();
+  int h = 0;
+  DISTPLAN_CUDA_CHECK(cudaMemcpy(&h, flag, sizeof(int), cudaMemcpyDeviceToHost));
+  DISTPLAN_CUDA_CHECK(cudaFree(flag));
+  return h != 0;
+}
+
+}  // namespace distplan::backend::cuda

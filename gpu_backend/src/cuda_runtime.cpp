@@ -1,0 +1,165 @@
+// CUDA memory, copies, the checked-call handler and the cuBLAS GEMMs (row-major y = x W^T mapped
+// onto column-major cuBLAS: y^T = W x^T). Compiled only with CUDA.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cuda_api.h"
+#include "cuda_check.h"
+#include "distplan/gpu_backend/memory.h"
+#include "distplan/gpu_backend/tensor.h"
+
+namespace distplan::backend::cuda {
+
+void check_failed(const char* library, const char* message, const char* expression,
+                  const char* function, const char* file, int line) {
+  throw std::runtime_error(std::string(library) + " error '" + message + "' in " + expression +
+                           " (" + function + ", " + file + ":" + std::to_string(line) + ")");
+}
+
+int device_count() noexcept {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();  // clear the sticky "no driver" error
+    return 0;
+  }
+  return n;
+}
+
+void set_device(int index) {
+  DISTPLAN_CUDA_CHECK(cudaSetDevice(index));
+}
+
+void* device_alloc_zeroed(std::size_t bytes) {
+  void* p = nullptr;
+  const cudaError_t e = cudaMalloc(&p, bytes);
+  if (e == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();
+    throw OutOfMemory("cudaMalloc of " + std::to_string(bytes) + " bytes: out of device memory");
+  }
+  DISTPLAN_CUDA_CHECK(e);
+  DISTPLAN_CUDA_CHECK(cudaMemset(p, 0, bytes));
+  return p;
+}
+
+void device_free(void* p) noexcept {
+  (void)cudaFree(p);
+}
+
+void copy_to_device(void* dst, const void* src, std::size_t bytes) {
+  DISTPLAN_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+}
+void copy_to_host(void* dst, const void* src, std::size_t bytes) {
+  DISTPLAN_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+}
+void copy_on_device(void* dst, const void* src, std::size_t bytes) {
+  DISTPLAN_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
+}
+void zero_on_device(void* dst, std::size_t bytes) {
+  DISTPLAN_CUDA_CHECK(cudaMemset(dst, 0, bytes));
+}
+void synchronize() {
+  DISTPLAN_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+void read_as_float(const void* data, int dtype, long long offset, long long n, float* out) {
+  const auto t = static_cast<Type>(dtype);
+  const std::size_t es = t == Type::fp32 ? 4 : 2;
+  const char* src = static_cast<const char*>(data) + offset * static_cast<long long>(es);
+  if (t == Type::fp32) {
+    copy_to_host(out, src, static_cast<std::size_t>(n) * 4);
+    return;
+  }
+  std::vector<std::uint16_t> h(static_cast<std::size_t>(n));
+  copy_to_host(h.data(), src, h.size() * 2);
+  for (std::size_t i = 0; i < h.size(); ++i)
+    out[i] = t == Type::bf16 ? bf16_to_float(h[i]) : fp16_to_float(h[i]);
+}
+
+void write_from_float(void* data, int dtype, long long offset, long long n, const float* in) {
+  const auto t = static_cast<Type>(dtype);
+  const std::size_t es = t == Type::fp32 ? 4 : 2;
+  char* dst = static_cast<char*>(data) + offset * static_cast<long long>(es);
+  if (t == Type::fp32) {
+    copy_to_device(dst, in, static_cast<std::size_t>(n) * 4);
+    return;
+  }
+  std::vector<std::uint16_t> h(static_cast<std::size_t>(n));
+  for (std::size_t i = 0; i < h.size(); ++i)
+    h[i] = t == Type::bf16 ? float_to_bf16(in[i]) : float_to_fp16(in[i]);
+  copy_to_device(dst, h.data(), h.size() * 2);
+}
+
+std::size_t device_used_bytes() {
+  std::size_t free = 0, total = 0;
+  DISTPLAN_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  return total - free;
+}
+
+namespace {
+
+cublasHandle_t handle() {
+  thread_local cublasHandle_t h = [] {
+    cublasHandle_t x = nullptr;
+    DISTPLAN_CUBLAS_CHECK(cublasCreate(&x));
+    return x;
+  }();
+  return h;
+}
+
+cudaDataType_t data_type(Type t) {
+  switch (t) {
+    case Type::bf16:
+      return CUDA_R_16BF;
+    case Type::fp16:
+      return CUDA_R_16F;
+    default:
+      return CUDA_R_32F;
+  }
+}
+
+// Column-major C (m,n) = alpha op(A) op(B) + beta C, fp32 accumulation.
+void gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void* A, Type at,
+          int lda, const void* B, Type bt, int ldb, float beta, void* C, Type ct, int ldc) {
+  const float alpha = 1.0f;
+  DISTPLAN_CUBLAS_CHECK(cublasGemmEx(handle(), ta, tb, m, n, k, &alpha, A, data_type(at), lda, B,
+                                     data_type(bt), ldb, &beta, C, data_type(ct), ldc,
+                                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+}  // namespace
+
+void linear_forward(Type t, const void* x, const void* w, const float* bias, void* y, int N, int I,
+                    int O) {
+  // y^T (O,N) = W (O,I) x^T (I,N); row-major W is column-major W^T (I,O).
+  gemm(CUBLAS_OP_T, CUBLAS_OP_N, O, N, I, w, t, I, x, t, I, 0.0f, y, t, O);
+  if (bias != nullptr) add_bias(t, y, bias, N, O);
+}
+
+void linear_backward_input(Type t, const void* dy, const void* w, void* dx, int N, int I, int O) {
+  // dx^T (I,N) = W^T (I,O) dy^T (O,N).
+  gemm(CUBLAS_OP_N, CUBLAS_OP_N, I, N, O, w, t, I, dy, t, O, 0.0f, dx, t, I);
+}
+
+void linear_backward_weight(Type t, const void* dy, const void* x, float* dw, float* dbias, int N,
+                            int I, int O) {
+  // dW^T (I,O) += x^T (I,N) dy (N,O); fp32 output.
+  gemm(CUBLAS_OP_N, CUBLAS_OP_T, I, O, N, x, t, I, dy, t, O, 1.0f, dw, Type::fp32, I);
+  if (dbias == nullptr) return;
+  if (t == Type::fp32) {
+    bias_grad(static_cast<const float*>(dy), dbias, N, O);
+    return;
+  }
+  const std::size_t n = static_cast<std::size_t>(N) * O;
+  float* dy32 = nullptr;
+  DISTPLAN_CUDA_CHECK(cudaMalloc(&dy32, n * sizeof(float)));
+  cast(t, dy, Type::fp32, dy32, n);
+  bias_grad(dy32, dbias, N, O);
+  DISTPLAN_CUDA_CHECK(cudaFree(dy32));
+}
+
+}  // namespace distplan::backend::cuda
