@@ -191,6 +191,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Layout{"single", J{{"tp", 1}, {"pp", 1}, {"dp", 1}}},
                       Layout{"dp2", J{{"dp", 2}}}, Layout{"tp2", J{{"tp", 2}}},
                       Layout{"tp2_sp", J{{"tp", 2}, {"sequence_parallel", true}}},
+                      Layout{"tp2_sp_pp2", J{{"tp", 2}, {"pp", 2}, {"sequence_parallel", true}}},
                       Layout{"pp2_gpipe", J{{"pp", 2}, {"schedule", "gpipe"}}},
                       Layout{"pp2_1f1b", J{{"pp", 2}, {"schedule", "1f1b"}}},
                       Layout{"pp2_interleaved",
