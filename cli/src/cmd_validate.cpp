@@ -405,7 +405,7 @@ Report compare(const Scenario& s, const Estimate& e, const BackendResult& br,
                                       static_cast<double>(peak))},
                    {"stages", estages}};
 
-  // Communication per stage (the ranks tp = 0, dp = 0 of each stage), against
+  // Communication per stage (the first rank of each stage), against
   // stage_communication().
   json pcs = json::array(), mcs = json::array(), ecs = json::array();
   Bytes busiest_wire = 0;
@@ -422,8 +422,12 @@ Report compare(const Scenario& s, const Estimate& e, const BackendResult& br,
       b.calls += c.calls_per_step;
       pc.wire += c.wire_bytes_per_gpu_per_step;
     }
+    // The stage's first measured rank (tp = 0, dp = 0 unless one emulated rank stands for it).
+    const backend::RankMeasurement* first = nullptr;
+    for (const backend::RankMeasurement& r : m.ranks)
+      if (r.coords.pp == st && (first == nullptr || r.rank < first->rank)) first = &r;
     for (const backend::RankMeasurement& r : m.ranks) {
-      if (r.coords.pp != st || r.coords.tp != 0 || r.coords.dp != 0) continue;
+      if (&r != first) continue;
       for (const auto& [k, v] : r.communication) {
         const auto [g, op, what] = k;
         auto& a = mc.by_what[{std::string(to_string(g)), std::string(to_string(op)), what}];
@@ -545,7 +549,9 @@ Report compare(const Scenario& s, const Estimate& e, const BackendResult& br,
                    st_err.is_null() ? std::string("n/a") : pct(st_err.get<double>()));
   t << fmt::format("  planner step ({})  {:>10.3f} {:>10.3f}\n", s.cluster.gpu.name,
                    e.time.step_seconds * 1e3, step * 1e3);
-  t << "\nLoss per step:";
+  t << (o.emulate_rank >= 0 && ranks_of(s) > 1
+            ? "\nLoss per step (emulated collectives move no data: not the model's loss):"
+            : "\nLoss per step:");
   for (double l : m.losses) t << fmt::format(" {:.6f}", l);
   t << "\n";
 

@@ -134,6 +134,23 @@ TEST(ValidateCli, TwoRankLayoutReportsPredictedAndMeasured) {
   EXPECT_NE(t.out.find("pp/send_recv"), std::string::npos);
 }
 
+TEST(ValidateCli, EmulatedRankMeasuresItsStageOnly) {
+  const std::string dir = ::testing::TempDir() + "/validate_emulated";
+  const std::string scenario = two_rank_scenario(dir);
+  const CliResult r = run_cli("validate " + scenario + " --steps 1 --emulate-rank 1", "", dir);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json doc = json::parse(r.out);
+  const json& ms = doc.at("measured").at("memory").at("stages");
+  ASSERT_EQ(ms.size(), 1u);
+  EXPECT_EQ(ms[0].at("stage"), 1);
+  const json& ps = doc.at("predicted").at("memory").at("stages").at(1);
+  for (const char* k : {"weights_bytes", "gradients_bytes", "optimizer_bytes"})
+    EXPECT_EQ(ms[0].at(k).get<long long>(), ps.at(k).get<long long>()) << k;
+  const json& ec = doc.at("relative_error").at("communication").at("stages");
+  ASSERT_EQ(ec.size(), 1u);
+  EXPECT_EQ(ec[0].at("collectives").at("pp/send_recv").get<double>(), 0.0);
+}
+
 TEST(ValidateCli, CrashingRankStopsTheJobWithExitOne) {
   const std::string dir = ::testing::TempDir() + "/validate_crash";
   const std::string scenario = two_rank_scenario(dir);
