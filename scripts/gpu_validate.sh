@@ -23,7 +23,7 @@ say "configure + build (Release, Ninja, sm_80;sm_90) in $BUILD"
 cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDISTPLAN_BUILD_GUI=OFF \
   -DDISTPLAN_ENABLE_CUDA=ON >> "$LOG" 2>&1 || { say "configure failed"; exit 1; }
 JOBS=$(nproc 2>/dev/null || echo 4)
-cmake --build "$BUILD" -j "$JOBS" --target distplan gpu_backend_cuda_ops_test gpu_backend_bench \
+cmake --build "$BUILD" -j "$JOBS" --target distplan gpu_backend_cuda_ops_test gpu_backend_training_test gpu_backend_bench \
   >> "$LOG" 2>&1 || { say "build failed"; exit 1; }
 
 GPUS=$(nvidia-smi -L 2>/dev/null | wc -l)
@@ -34,6 +34,10 @@ say "CUDA ops against the CPU oracle"
 "$BUILD/tests/gpu_backend/gpu_backend_cuda_ops_test" --gtest_output="json:$OUT_DIR/cuda_ops.json" \
   >> "$LOG" 2>&1
 OPS_RC=$?
+say "CUDA trainer against the CPU trainer"
+"$BUILD/tests/gpu_backend/gpu_backend_training_test" --gtest_filter='CudaTrainer.*' \
+  --gtest_output="json:$OUT_DIR/cuda_trainer.json" >> "$LOG" 2>&1
+TRAINER_RC=$?
 
 # scenario file | extra validate arguments | time limit (s)
 RUNS=(
@@ -64,6 +68,7 @@ timeout 90 "$BUILD/bench/gpu_backend_bench" --benchmark_format=json \
   echo "  \"schema\": \"distplan.gpu_validate/v1\","
   echo "  \"gpus\": $GPUS,"
   echo "  \"cuda_ops_exit_code\": $OPS_RC,"
+  echo "  \"cuda_trainer_exit_code\": $TRAINER_RC,"
   echo "  \"seconds\": $(($(date +%s) - START)),"
   echo "  \"runs\": ["
   for i in "${!RESULTS[@]}"; do

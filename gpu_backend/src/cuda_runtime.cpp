@@ -162,4 +162,61 @@ void linear_backward_weight(Type t, const void* dy, const void* x, float* dw, fl
   DISTPLAN_CUDA_CHECK(cudaFree(dy32));
 }
 
+namespace {
+
+// A device copy of a host array (or zeros), freed with the scope.
+class Staged {
+ public:
+  Staged(const float* host, std::size_t n) : n_(n) {
+    p_ = static_cast<float*>(device_alloc_zeroed(n * sizeof(float)));
+    if (host != nullptr) copy_to_device(p_, host, n * sizeof(float));
+  }
+  ~Staged() { device_free(p_); }
+  Staged(const Staged&) = delete;
+  Staged& operator=(const Staged&) = delete;
+  float* get() { return p_; }
+  void to_host(float* host) const { copy_to_host(host, p_, n_ * sizeof(float)); }
+
+ private:
+  std::size_t n_;
+  float* p_ = nullptr;
+};
+
+std::size_t sz(int a, int b) {
+  return static_cast<std::size_t>(a) * static_cast<std::size_t>(b);
+}
+
+}  // namespace
+
+void linear_forward_host(const float* x, const float* w, const float* bias, float* y, int N, int I,
+                         int O) {
+  Staged xd(x, sz(N, I)), wd(w, sz(O, I)), yd(nullptr, sz(N, O));
+  if (bias != nullptr) {
+    Staged bd(bias, sz(O, 1));
+    linear_forward(Type::fp32, xd.get(), wd.get(), bd.get(), yd.get(), N, I, O);
+  } else {
+    linear_forward(Type::fp32, xd.get(), wd.get(), nullptr, yd.get(), N, I, O);
+  }
+  yd.to_host(y);
+}
+
+void linear_backward_input_host(const float* dy, const float* w, float* dx, int N, int I, int O) {
+  Staged dyd(dy, sz(N, O)), wd(w, sz(O, I)), dxd(nullptr, sz(N, I));
+  linear_backward_input(Type::fp32, dyd.get(), wd.get(), dxd.get(), N, I, O);
+  dxd.to_host(dx);
+}
+
+void linear_backward_weight_host(const float* dy, const float* x, float* dw, float* dbias, int N,
+                                 int I, int O) {
+  Staged dyd(dy, sz(N, O)), xd(x, sz(N, I)), dwd(dw, sz(O, I));
+  if (dbias != nullptr) {
+    Staged dbd(dbias, sz(O, 1));
+    linear_backward_weight(Type::fp32, dyd.get(), xd.get(), dwd.get(), dbd.get(), N, I, O);
+    dbd.to_host(dbias);
+  } else {
+    linear_backward_weight(Type::fp32, dyd.get(), xd.get(), dwd.get(), nullptr, N, I, O);
+  }
+  dwd.to_host(dw);
+}
+
 }  // namespace distplan::backend::cuda

@@ -528,22 +528,43 @@ class Trainer {
     Vec b;
     if (bi >= 0) b = param(u, bi);
     Vec y(static_cast<std::size_t>(n * out));
-    cpu::linear_forward(x.data(), w.data(), bi >= 0 ? b.data() : nullptr, y.data(), n, in, out);
+    const float* bp = bi >= 0 ? b.data() : nullptr;
+#ifdef DISTPLAN_HAVE_CUDA
+    if (o_.device == Device::cuda) {
+      cuda::linear_forward_host(x.data(), w.data(), bp, y.data(), ii(n), ii(in), ii(out));
+    } else
+#endif
+      cpu::linear_forward(x.data(), w.data(), bp, y.data(), n, in, out);
     rnd(y, cb_);
     return y;
+  }
+  static int ii(Count v) {
+    DISTPLAN_CHECK(v <= 0x7FFFFFFF, "GEMM dimension over 2^31");
+    return static_cast<int>(v);
   }
   Vec linear_bwd_input(Unit& u, int wi, const Vec& dy, Count n, Count in, Count out) {
     const Vec w = param(u, wi);
     Vec dx(static_cast<std::size_t>(n * in));
-    cpu::linear_backward_input(dy.data(), w.data(), dx.data(), n, in, out);
+#ifdef DISTPLAN_HAVE_CUDA
+    if (o_.device == Device::cuda) {
+      cuda::linear_backward_input_host(dy.data(), w.data(), dx.data(), ii(n), ii(in), ii(out));
+    } else
+#endif
+      cpu::linear_backward_input(dy.data(), w.data(), dx.data(), n, in, out);
     rnd(dx, cb_);
     return dx;
   }
   void linear_bwd_weight(Unit& u, int wi, int bi, const Vec& dy, const Vec& x, Count n, Count in,
                          Count out) {
     Vec dw(static_cast<std::size_t>(in * out), 0.0f), db(static_cast<std::size_t>(out), 0.0f);
-    cpu::linear_backward_weight(dy.data(), x.data(), dw.data(), bi >= 0 ? db.data() : nullptr, n,
-                                in, out);
+    float* dbp = bi >= 0 ? db.data() : nullptr;
+#ifdef DISTPLAN_HAVE_CUDA
+    if (o_.device == Device::cuda) {
+      cuda::linear_backward_weight_host(dy.data(), x.data(), dw.data(), dbp, ii(n), ii(in),
+                                        ii(out));
+    } else
+#endif
+      cpu::linear_backward_weight(dy.data(), x.data(), dw.data(), dbp, n, in, out);
     add_grad(u, wi, dw);
     if (bi >= 0) add_grad(u, bi, db);
   }
@@ -564,8 +585,12 @@ class Trainer {
   }
 
   // ---- one transformer layer ------------------------------------------------------------------
-  bool flash() const { return t_.attention == Attention::flash; }
-  bool rotary() const { return m_.position_embedding == PositionEmbedding::rotary; }
+  bool flash() const {
+    return t_.attention == Attention::flash;
+  }
+  bool rotary() const {
+    return m_.position_embedding == PositionEmbedding::rotary;
+  }
 
   // Forward of one layer from its saved input sv.x; fills `sv` and returns the output (Nl,h).
   Vec layer_forward(int ui, const LayerParams& lp, LayerSaved& sv) {
@@ -783,9 +808,15 @@ class Trainer {
   int tag(bool grad, Count mb, Count vs) const {
     return static_cast<int>((grad ? 1 : 0) + 2 * (vs + pp_ * v_ * mb));
   }
-  Count vstage(Count c) const { return c * pp_ + stage_; }
-  int prev_stage() const { return static_cast<int>((stage_ + pp_ - 1) % pp_); }
-  int next_stage() const { return static_cast<int>((stage_ + 1) % pp_); }
+  Count vstage(Count c) const {
+    return c * pp_ + stage_;
+  }
+  int prev_stage() const {
+    return static_cast<int>((stage_ + pp_ - 1) % pp_);
+  }
+  int next_stage() const {
+    return static_cast<int>((stage_ + 1) % pp_);
+  }
 
   // Units of a chunk in forward order.
   std::vector<int> chunk_units(const Chunk& ch) const {

@@ -185,6 +185,26 @@ TEST_P(LayoutTest, TrainsLikeOneRankAndMatchesThePlanner) {
   expect_matches_planner(s, m);
 }
 
+// The CUDA device (tensors in device memory, GEMMs in cuBLAS) trains the single-rank model like the
+// CPU oracle and measures the same bytes per category. Skips itself without a GPU.
+TEST(CudaTrainer, TrainsLikeTheCpuAndMeasuresTheSameMemory) {
+  if (!cuda_available()) GTEST_SKIP() << "no GPU visible";
+  const Scenario s =
+      scenario_from_json(tiny_scenario(Layout{"cuda", {{"tp", 1}, {"pp", 1}, {"dp", 1}}}));
+  RunOptions o;
+  o.comm = CommBackend::emulated;
+  const Measurement cpu_run = run(s, o);
+  o.device = Device::cuda;
+  const Measurement gpu_run = run(s, o);
+  ASSERT_EQ(gpu_run.losses.size(), cpu_run.losses.size());
+  for (std::size_t i = 0; i < cpu_run.losses.size(); ++i)
+    EXPECT_NEAR(gpu_run.losses[i], cpu_run.losses[i], 1e-4 * std::abs(cpu_run.losses[i])) << i;
+  for (const MemoryTag t : {MemoryTag::weights, MemoryTag::gradients, MemoryTag::optimizer,
+                            MemoryTag::activations, MemoryTag::buffers})
+    EXPECT_EQ(gpu_run.ranks.front().memory.peak_of(t), cpu_run.ranks.front().memory.peak_of(t))
+        << to_string(t);
+}
+
 using J = nlohmann::json;
 INSTANTIATE_TEST_SUITE_P(
     Matrix, LayoutTest,
