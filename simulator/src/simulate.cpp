@@ -466,6 +466,14 @@ std::vector<StageTimes> stage_times(const Scenario& s, const Estimate& e, const 
 
 SimResult simulate(const Scenario& s, const Estimate& e, const SimOptions& opts) {
   const Count p = s.parallel.pp, v = s.parallel.virtual_stages, m = s.num_microbatches();
+  // A step is simulated pass by pass; bound the work (time and memory grow linearly with it).
+  if (static_cast<double>(m) * static_cast<double>(p) * static_cast<double>(v) > kMaxPasses) {
+    throw InputError(
+        "/training/global_batch_size",
+        fmt::format("simulating {} micro-batches x {} stages x {} chunks exceeds the {:.0f} passes "
+                    "a step may have; lower global_batch_size or raise micro_batch_size",
+                    m, p, v, kMaxPasses));
+  }
   SchedulePrograms generated;
   const SchedulePrograms* prog = opts.program;
   if (prog) {

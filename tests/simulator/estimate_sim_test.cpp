@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "distplan/planner/error.h"
 #include "distplan/planner/estimate.h"
 #include "distplan/planner/scenario_json.h"
 #include "distplan/simulator/simulate.h"
@@ -22,6 +23,21 @@ Scenario scenario(const char* schedule, int pp, int v, int zero) {
   j["parallel"]["virtual_stages"] = v;
   j["parallel"]["zero_stage"] = zero;
   return scenario_from_json(j);
+}
+
+TEST(SimulateEstimate, RefusesStepsBeyondThePassBound) {
+  nlohmann::json j = nlohmann::json::parse(R"({
+    "model": "llama2-7b",
+    "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+    "training": {"seq_length": 128, "global_batch_size": 33554432},
+    "parallel": {"pp": 8, "zero_stage": 0}})");
+  const Scenario s = scenario_from_json(j);  // 2^25 micro-batches x 8 stages
+  try {
+    (void)simulate(s, estimate(s));
+    FAIL() << "simulated 2^28 passes";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.path(), "/training/global_batch_size");
+  }
 }
 
 TEST(SimulateEstimate, EverySchedulePositiveAndBounded) {

@@ -110,9 +110,14 @@ struct SimResult {
   bool operator==(const SimResult&) const = default;
 };
 
+/// The most (micro-batch, stage, chunk) passes one simulated step may have: 2^24, about 2 s and
+/// 500 MB of simulation (a 1F1B step with p = 64 and m = 4096 has 2^18).
+inline constexpr double kMaxPasses = 16777216.0;
+
 /// Simulates one step. `e` supplies the per-stage costs (e.stage_costs, unless opts.costs) and the
 /// activation bytes per micro-batch (e.memory.stages). Throws InputError for a custom program that
-/// does not fit the scenario or fails check_program, or a schedule the scenario cannot build.
+/// does not fit the scenario or fails check_program, a schedule the scenario cannot build, or a
+/// step of more than kMaxPasses passes.
 [[nodiscard]] SimResult simulate(const Scenario& s, const Estimate& e, const SimOptions& opts = {});
 
 /// True when the two pipeline stages' first GPUs sit in different nodes (Megatron-LM rank order,
