@@ -34,7 +34,6 @@
 #include "command.h"
 #include "distplan/gpu_backend/comm.h"
 #include "distplan/gpu_backend/measurement_json.h"
-#include "distplan/gpu_backend/planner_compat.h"
 #include "distplan/gpu_backend/run.h"
 #include "distplan/planner/error.h"
 #include "distplan/planner/estimate.h"
@@ -465,13 +464,6 @@ Report compare(const Scenario& s, const Estimate& e, const BackendResult& br,
                     rel(static_cast<double>(pc.wire), static_cast<double>(mc.wire))},
                    {"collectives", eo}});
   }
-  // Without the planner's stage_communication() (planner_compat.h) every stage is compared with
-  // the busiest stage's list; say so.
-  const bool per_stage = !backend::stage_communication_is_stand_in();
-  if (!per_stage)
-    t << "  note: this planner library lists only the busiest stage's collectives; every stage "
-         "is compared with that list\n";
-  predicted["communication"]["per_stage"] = per_stage;
   predicted["communication"]["stages"] = pcs;
   measured["communication"] = {{"wire_bytes_per_gpu_per_step", busiest_wire}, {"stages", mcs}};
   err["communication"] = {{"stages", ecs}};

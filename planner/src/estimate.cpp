@@ -709,4 +709,8 @@ Estimate estimate(const Scenario& scenario) {
   return Estimator(scenario).run();
 }
 
+std::vector<Collective> stage_communication(const Scenario& scenario, int stage) {
+  return Estimator(scenario).collectives_of(stage);
+}
+
 }  // namespace distplan

@@ -15,7 +15,6 @@
 #include <nlohmann/json.hpp>
 
 #include "distplan/gpu_backend/measurement_json.h"
-#include "distplan/gpu_backend/planner_compat.h"
 #include "distplan/gpu_backend/run.h"
 #include "distplan/planner/estimate.h"
 #include "distplan/planner/layout.h"
@@ -127,22 +126,9 @@ void expect_matches_planner(const Scenario& s, const Measurement& m) {
       }
     }
   }
-  // Every stage's collectives equal the planner's list for that stage, per (group, op). With the
-  // stand-in for stage_communication() (planner_compat.h) only the busiest stage's list is known:
-  // the stage whose measured ring wire bytes are largest (first on ties), as the planner picks it.
+  // Every stage's collectives equal the planner's list for that stage, per (group, op).
   std::vector<int> stages;
   for (int st = 0; st < s.parallel.pp; ++st) stages.push_back(st);
-  (void)stage_communication(s, 0);
-  if (stage_communication_is_stand_in()) {
-    std::map<int, Bytes> wire;
-    for (const auto& [st, c] : stage_comm)
-      for (const auto& [k, v] : c)
-        wire[st] += ring_wire_bytes(k.second, v.bytes / v.calls, group_size(s, k.first)) * v.calls;
-    int busiest = 0;
-    for (const auto& [st, w] : wire)
-      if (w > wire[busiest]) busiest = st;
-    stages = {busiest};
-  }
   for (const int st : stages) {
     SCOPED_TRACE("stage " + std::to_string(st));
     std::map<std::pair<Group, CollectiveOp>, CommTotals> predicted;
