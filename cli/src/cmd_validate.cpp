@@ -352,7 +352,11 @@ Report compare(const Scenario& s, const Estimate& e, const BackendResult& br,
   // Memory per stage: the largest figure of the stage's ranks in each category.
   json mstages = json::array(), estages = json::array();
   Bytes peak = 0;
-  t << "\nMemory per GPU (GiB)      predicted   measured   rel. error\n";
+  // People read GiB for real models and MiB (2^20 bytes) for the small ones a CPU runs.
+  const bool in_gib = e.memory.peak_bytes - s.cluster.runtime_reserve_bytes >= (Bytes{1} << 30);
+  const double unit = in_gib ? static_cast<double>(Bytes{1} << 30) : static_cast<double>(1 << 20);
+  t << fmt::format("\nMemory per GPU ({})      predicted   measured   rel. error\n",
+                   in_gib ? "GiB" : "MiB");
   for (int st = 0; st < pp; ++st) {
     json ms = {{"stage", st}};
     bool present = false;
@@ -384,14 +388,14 @@ Report compare(const Scenario& s, const Estimate& e, const BackendResult& br,
       // compared with the predicted total less the runtime reserve.
       if (key == "runtime_bytes") {
         es[key] = nullptr;
-        t << fmt::format("  {:<22}{:>10.6f} {:>10}   n/a\n", c, pv / (1ull << 30), "-");
+        t << fmt::format("  {:<22}{:>10.3f} {:>10}   n/a\n", c, pv / unit, "-");
         continue;
       }
       if (key == "total_bytes") pv -= ps.value("runtime_bytes", 0.0);
       es[key] = rel(pv, mv);
       const json& r = es[key];
-      t << fmt::format("  {:<22}{:>10.6f} {:>10.6f}   {}\n", c, pv / (1ull << 30),
-                       mv / (1ull << 30), r.is_null() ? std::string("n/a") : pct(r.get<double>()));
+      t << fmt::format("  {:<22}{:>10.3f} {:>10.3f}   {}\n", c, pv / unit, mv / unit,
+                       r.is_null() ? std::string("n/a") : pct(r.get<double>()));
     }
     estages.push_back(es);
   }
