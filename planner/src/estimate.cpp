@@ -310,6 +310,7 @@ class Estimator {
     Link link = Link::intra_node;
     double bandwidth = 0;  // achieved, bytes/s
     Seconds latency = 0;
+    Bytes max_plain_bytes = 0;  // largest buffer whose ring bytes fit 64-bit arithmetic
   };
   [[nodiscard]] const GroupInfo& group(Group g) const noexcept {
     return groups_[static_cast<std::size_t>(g)];
@@ -324,6 +325,7 @@ class Estimator {
       x.bandwidth = (intra ? c.intra_node_bandwidth : c.inter_node_bandwidth) *
                     s_.assumptions.communication_efficiency;
       x.latency = intra ? c.intra_node_latency : c.inter_node_latency;
+      x.max_plain_bytes = std::numeric_limits<Bytes>::max() / (2 * x.size);
     }
   }
 
@@ -354,7 +356,12 @@ class Estimator {
     c.group_size = n;
     c.bytes_per_call = bytes;
     c.calls_per_step = calls;
-    const Bytes wire = ring_wire_bytes(op, bytes, n);
+    // Exact ring bytes; plain 64-bit arithmetic when it cannot overflow (the common case).
+    const Bytes wire = bytes <= x.max_plain_bytes
+                           ? (op == CollectiveOp::all_reduce  ? bytes * 2 * (n - 1) / n
+                              : op == CollectiveOp::send_recv ? bytes
+                                                              : bytes * (n - 1) / n)
+                           : ring_wire_bytes(op, bytes, n);
     c.wire_bytes_per_gpu_per_step = wire * calls;
     const double steps = op == CollectiveOp::all_reduce  ? 2.0 * static_cast<double>(n - 1)
                          : op == CollectiveOp::send_recv ? 1.0

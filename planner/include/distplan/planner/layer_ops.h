@@ -67,7 +67,7 @@ struct LayerOp {
   int num_saved = 0;
 };
 
-inline constexpr int kMaxLayerOps = 16;
+inline constexpr int kMaxLayerOps = 12;  // a GPT layer with dropout has exactly 12
 
 /// One transformer layer: ops in forward order.
 struct LayerTable {
