@@ -184,16 +184,24 @@ std::string format_plan_table(const Scenario& s, const Estimate& e) {
   line("");
   line(fmt::format("Memory per GPU (GiB = 2^30 bytes), capacity {} GiB",
                    gib(e.memory.capacity_bytes)));
+  if (s.parallel.virtual_stages > 1) {
+    line(fmt::format("  (layers: the first chunk of each stage, +{} more chunks every {} layers)",
+                     s.parallel.virtual_stages - 1,
+                     s.model.num_layers / s.parallel.virtual_stages));
+  }
   line(fmt::format("  {:>5} {:>9} {:>8} {:>9} {:>9} {:>9} {:>11} {:>9} {:>9} {:>9}", "stage",
                    "layers", "in-fl.", "weights", "grads", "optim", "activations", "buffers",
                    "runtime", "total"));
   for (const StageMemory& st : e.memory.stages) {
-    line(fmt::format("  {:>5} {:>9} {:>8.2f} {:>9} {:>9} {:>9} {:>11} {:>9} {:>9} {:>9}{}",
-                     st.stage, fmt::format("{}-{}", st.first_layer, st.end_layer - 1),
-                     st.inflight_microbatches, gib(st.weights_bytes), gib(st.gradients_bytes),
-                     gib(st.optimizer_bytes), gib(st.activations_bytes), gib(st.buffers_bytes),
-                     gib(st.runtime_bytes), gib(st.total_bytes),
-                     st.stage == e.memory.peak_stage ? "  <- peak" : ""));
+    line(fmt::format(
+        "  {:>5} {:>9} {:>8.2f} {:>9} {:>9} {:>9} {:>11} {:>9} {:>9} {:>9}{}", st.stage,
+        s.parallel.virtual_stages > 1 ? fmt::format("{}-{} +{}", st.first_layer, st.end_layer - 1,
+                                                    s.parallel.virtual_stages - 1)
+                                      : fmt::format("{}-{}", st.first_layer, st.end_layer - 1),
+        st.inflight_microbatches, gib(st.weights_bytes), gib(st.gradients_bytes),
+        gib(st.optimizer_bytes), gib(st.activations_bytes), gib(st.buffers_bytes),
+        gib(st.runtime_bytes), gib(st.total_bytes),
+        st.stage == e.memory.peak_stage ? "  <- peak" : ""));
   }
   const StageMemory& peak = e.memory.stages[static_cast<std::size_t>(e.memory.peak_stage)];
   const std::array<std::pair<const char*, Bytes>, 5> cats = {
