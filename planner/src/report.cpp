@@ -139,7 +139,8 @@ std::vector<FitSuggestion> single_changes(const Scenario& s, const Estimate& e,
 }  // namespace
 
 std::vector<FitSuggestion> fit_suggestions(const Scenario& s, const Estimate& e) {
-  std::vector<FitSuggestion> out = single_changes(s, e);
+  // More GPUs are suggested only for a layout that does not fit.
+  std::vector<FitSuggestion> out = single_changes(s, e, /*more_gpus=*/!e.memory.fits);
   if (out.empty() || out.front().fits) return out;
   // No single change fits: combine the best change of each round, greedily, first on the same
   // GPUs and only then with more.
