@@ -1,9 +1,11 @@
 #include "validationview.h"
 
 #include <QBarCategoryAxis>
+#include <QBarSeries>
 #include <QBarSet>
 #include <QChart>
 #include <QChartView>
+#include <QCheckBox>
 #include <QCoreApplication>
 #include <QDir>
 #include <QFile>
@@ -13,8 +15,10 @@
 #include <QHeaderView>
 #include <QLabel>
 #include <QLineEdit>
+#include <QLogValueAxis>
 #include <QPlainTextEdit>
 #include <QProcess>
+#include <QProcessEnvironment>
 #include <QPushButton>
 #include <QSpinBox>
 #include <QSplitter>
@@ -24,6 +28,9 @@
 #include <QTemporaryFile>
 #include <QVBoxLayout>
 #include <QValueAxis>
+#include <algorithm>
+#include <cmath>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "categories.h"
@@ -35,30 +42,114 @@ namespace {
 
 using nlohmann::json;
 
+constexpr double kMiB = 1024.0 * 1024.0;
+constexpr double kGiBytes = 1024.0 * kMiB;
+
 /// The stages of a memory object: `{"memory": {"stages": [...]}}` or `{"stages": [...]}`.
 const json* stagesOf(const json& side) {
-  if (side.contains("memory") && side["memory"].contains("stages"))
+  if (side.contains("memory") && side["memory"].is_object() && side["memory"].contains("stages"))
     return &side["memory"]["stages"];
   if (side.contains("stages")) return &side["stages"];
   return nullptr;
 }
 
 double number(const json& obj, const char* key) {
-  return obj.contains(key) && obj[key].is_number() ? obj[key].get<double>() : 0.0;
+  return obj.is_object() && obj.contains(key) && obj[key].is_number() ? obj[key].get<double>()
+                                                                      : 0.0;
 }
 
-/// Every numeric leaf under `node`, with its JSON pointer.
+/// obj[key] as an integer, or `fallback` when obj is no object or the field no integer.
+long long integer(const json& obj, const char* key, long long fallback) {
+  return obj.is_object() && obj.contains(key) && obj[key].is_number_integer()
+             ? obj[key].get<long long>()
+             : fallback;
+}
+
+std::string str(const json& obj, const char* key, const std::string& fallback) {
+  return obj.is_object() && obj.contains(key) && obj[key].is_string() ? obj[key].get<std::string>()
+                                                                      : fallback;
+}
+
+const json& at(const json& obj, std::initializer_list<const char*> path) {
+  static const json kNull;
+  const json* node = &obj;
+  for (const char* key : path) {
+    if (!node->is_object() || !node->contains(key)) return kNull;
+    node = &(*node)[key];
+  }
+  return *node;
+}
+
+/// Every numeric or null leaf under `node` (a null error: the figure has no predicted value),
+/// with its path; a per-stage entry is named by its stage ("memory/stage 1/weights_bytes") and its
+/// "stage" number is not a figure.
 void flatten(const json& node, const std::string& path,
-             std::vector<std::pair<std::string, double>>& out) {
-  if (node.is_number()) {
-    out.emplace_back(path, node.get<double>());
+             std::vector<std::pair<std::string, json>>& out) {
+  if (node.is_number() || node.is_null()) {
+    out.emplace_back(path, node);
   } else if (node.is_object()) {
     for (auto it = node.begin(); it != node.end(); ++it)
       flatten(it.value(), path + "/" + it.key(), out);
   } else if (node.is_array()) {
-    for (std::size_t i = 0; i < node.size(); ++i)
-      flatten(node[i], path + "/" + std::to_string(i), out);
+    for (std::size_t i = 0; i < node.size(); ++i) {
+      const json& item = node[i];
+      if (item.is_object() && item.contains("stage") && item["stage"].is_number_integer()) {
+        json rest = item;
+        rest.erase("stage");
+        std::string base = path;
+        if (base.size() >= 7 && base.compare(base.size() - 7, 7, "/stages") == 0)
+          base.resize(base.size() - 7);
+        flatten(rest, base + "/stage " + std::to_string(item["stage"].get<int>()), out);
+      } else {
+        flatten(item, path + "/" + std::to_string(i), out);
+      }
+    }
   }
+}
+
+/// One stacked segment of the memory chart: the planner's categories less the runtime reserve
+/// (a host run has no device runtime; validate compares the predicted total without it), plus the
+/// measured `temporaries` the planner does not model.
+struct Segment {
+  QString key;
+  QString label;
+  QColor color;
+};
+
+std::vector<Segment> memorySegments() {
+  std::vector<Segment> out;
+  for (MemoryCategory c : kMemoryCategories) {
+    if (c == MemoryCategory::runtime) continue;
+    out.push_back({categoryKey(c), categoryLabel(c), categoryColor(c)});
+  }
+  out.push_back({QStringLiteral("temporaries"),
+                 QCoreApplication::translate("ValidationView", "Temporaries (measured only)"),
+                 QColor(0xba, 0xb0, 0xac)});
+  return out;
+}
+
+/// Bytes per step of one stage's collectives, by "group op".
+std::map<QString, double> bytesByOp(const json& stage) {
+  std::map<QString, double> out;
+  const json& list = at(stage, {"collectives"});
+  if (!list.is_array()) return out;
+  for (const json& c : list) {
+    const QString key = QStringLiteral("%1 %2").arg(QString::fromStdString(str(c, "group", "?")),
+                                                    QString::fromStdString(str(c, "op", "?")));
+    out[key] += number(c, "bytes_per_step");
+  }
+  return out;
+}
+
+QString ms(double seconds) {
+  return QStringLiteral("%1 ms").arg(seconds * 1e3, 0, 'f', 3);
+}
+
+QString percent(const json& value) {
+  if (!value.is_number()) return QCoreApplication::translate("ValidationView", "n/a");
+  return QStringLiteral("%1%2 %")
+      .arg(value.get<double>() >= 0 ? QStringLiteral("+") : QString())
+      .arg(value.get<double>() * 100, 0, 'f', 2);
 }
 
 }  // namespace
@@ -72,6 +163,9 @@ ValidationView::ValidationView(QWidget* parent) : QWidget(parent) {
   steps_->setValue(3);
   steps_->setPrefix(tr("steps "));
   run_ = new QPushButton(tr("Run on CPU"), this);
+  run_->setToolTip(
+      tr("distplan validate --device cpu on the scenario being edited (mpirun starts "
+         "one process per rank)"));
   stop_ = new QPushButton(tr("Stop"), this);
   stop_->setEnabled(false);
   auto* exportButton = new QPushButton(tr("Export chart…"), this);
@@ -87,12 +181,29 @@ ValidationView::ValidationView(QWidget* parent) : QWidget(parent) {
   chart_ = new QChart;
   chart_->setAnimationOptions(QChart::NoAnimation);
   chart_->legend()->setAlignment(Qt::AlignBottom);
-  chart_->setTitle(tr("Predicted against measured memory per GPU"));
+  chart_->setTitle(tr("Memory per GPU: predicted against measured"));
   chartView_ = new QChartView(chart_, this);
   chartView_->setRenderHint(QPainter::Antialiasing);
+  chartView_->setMinimumHeight(260);
+
+  commChart_ = new QChart;
+  commChart_->setAnimationOptions(QChart::NoAnimation);
+  commChart_->legend()->setAlignment(Qt::AlignBottom);
+  commChart_->setTitle(tr("Collectives per GPU per step (bytes handed)"));
+  commView_ = new QChartView(commChart_, this);
+  commView_->setRenderHint(QPainter::Antialiasing);
+  commView_->setMinimumHeight(220);
+  logScale_ = new QCheckBox(tr("Log scale"), this);
+  logScale_->setToolTip(tr("Small data-parallel bars stay visible beside tensor-parallel ones"));
+
+  summary_ = new QLabel(this);
+  summary_->setTextFormat(Qt::RichText);
+  summary_->setWordWrap(true);
+  summary_->setAlignment(Qt::AlignTop | Qt::AlignLeft);
+  summary_->setTextInteractionFlags(Qt::TextSelectableByMouse);
 
   errors_ = new QTableWidget(0, 2, this);
-  errors_->setHorizontalHeaderLabels({tr("Figure"), tr("Relative error")});
+  errors_->setHorizontalHeaderLabels({tr("Figure"), tr("Relative error (%)")});
   errors_->horizontalHeader()->setSectionResizeMode(0, QHeaderView::Stretch);
   errors_->verticalHeader()->hide();
   errors_->setEditTriggers(QAbstractItemView::NoEditTriggers);
@@ -103,10 +214,11 @@ ValidationView::ValidationView(QWidget* parent) : QWidget(parent) {
                                                       tr("JSON (*.json);;All files (*)"));
     if (!path.isEmpty()) openFile(path);
   });
-  connect(run_, &QPushButton::clicked, this, &ValidationView::startRun);
+  connect(run_, &QPushButton::clicked, this, [this] { startRun(); });
   connect(stop_, &QPushButton::clicked, this, [this] {
     if (process_) process_->kill();
   });
+  connect(logScale_, &QCheckBox::toggled, this, [this] { rebuildCommunicationChart(); });
   connect(exportButton, &QPushButton::clicked, this,
           [this] { exportWidgetWithDialog(this, chartView_, QStringLiteral("validation")); });
 
@@ -118,11 +230,26 @@ ValidationView::ValidationView(QWidget* parent) : QWidget(parent) {
   controls->addWidget(steps_);
   controls->addWidget(run_);
   controls->addWidget(stop_);
+
+  auto* commBox = new QWidget(this);
+  auto* commLayout = new QVBoxLayout(commBox);
+  commLayout->setContentsMargins(0, 0, 0, 0);
+  commLayout->addWidget(commView_, 1);
+  commLayout->addWidget(logScale_, 0, Qt::AlignRight);
+  auto* left = new QSplitter(Qt::Vertical, this);
+  left->addWidget(chartView_);
+  left->addWidget(commBox);
+  left->setStretchFactor(0, 1);
+  left->setStretchFactor(1, 1);
   auto* right = new QSplitter(Qt::Vertical, this);
+  right->addWidget(summary_);
   right->addWidget(errors_);
   right->addWidget(log_);
+  right->setStretchFactor(0, 0);
+  right->setStretchFactor(1, 2);
+  right->setStretchFactor(2, 1);
   auto* splitter = new QSplitter(Qt::Horizontal, this);
-  splitter->addWidget(chartView_);
+  splitter->addWidget(left);
   splitter->addWidget(right);
   splitter->setStretchFactor(0, 3);
   splitter->setStretchFactor(1, 2);
@@ -142,12 +269,22 @@ ValidationView::~ValidationView() {
 
 QString ValidationView::defaultCliPath() {
   const QDir here(QCoreApplication::applicationDirPath());
+  // build/gui/distplan-gui beside build/cli/distplan; tests run from build/tests/gui.
   for (const QString& candidate :
        {here.filePath(QStringLiteral("distplan")), here.filePath(QStringLiteral("../cli/distplan")),
         here.filePath(QStringLiteral("../../cli/distplan"))}) {
-    if (QFileInfo(candidate).isExecutable()) return QFileInfo(candidate).canonicalFilePath();
+    const QFileInfo info(candidate);
+    if (info.isFile() && info.isExecutable()) return info.canonicalFilePath();
   }
   return QStandardPaths::findExecutable(QStringLiteral("distplan"));
+}
+
+void ValidationView::setCliPath(const QString& path) {
+  cliPath_->setText(path);
+}
+
+QString ValidationView::cliPath() const {
+  return cliPath_->text();
 }
 
 void ValidationView::setScenarioDocument(const QByteArray& json) {
@@ -156,6 +293,18 @@ void ValidationView::setScenarioDocument(const QByteArray& json) {
 
 QString ValidationView::logText() const {
   return log_->toPlainText();
+}
+
+QString ValidationView::summaryText() const {
+  return summary_->text();
+}
+
+bool ValidationView::communicationLogScale() const {
+  return logScale_->isChecked();
+}
+
+void ValidationView::setCommunicationLogScale(bool on) {
+  logScale_->setChecked(on);  // toggled() rebuilds when the state changes
 }
 
 bool ValidationView::openFile(const QString& path) {
@@ -173,104 +322,287 @@ bool ValidationView::loadResult(const QByteArray& text) {
     log_->appendPlainText(tr("not a JSON document"));
     return false;
   }
-  const json* predicted = doc.contains("predicted") ? stagesOf(doc["predicted"]) : nullptr;
-  const json* measured = doc.contains("measured") ? stagesOf(doc["measured"]) : nullptr;
-  if (!predicted || !measured) {
+  if (!doc.contains("predicted") || !doc.contains("measured") ||
+      !at(doc, {"predicted", "memory"}).is_object() ||
+      !at(doc, {"measured", "memory"}).is_object()) {
     log_->appendPlainText(tr("not a validation result: it needs predicted and measured memory"));
     return false;
   }
+  const json& predictedSide = doc["predicted"];
+  const json& measuredSide = doc["measured"];
+  const json* predicted = stagesOf(predictedSide);
+  const json* measured = stagesOf(measuredSide);
+  const bool outOfMemory = at(measuredSide, {"memory", "fits"}) == json(false);
 
-  // One stacked bar for each of predicted and measured per stage, stacked by category.
+  // Memory: one stacked bar for each of predicted and measured per stage. Measured stages carry
+  // their stage number (an emulated rank measures one stage only).
   chart_->removeAllSeries();
   for (QAbstractAxis* axis : chart_->axes()) {
     chart_->removeAxis(axis);
     delete axis;
   }
-  auto* series = new QStackedBarSeries;
+  std::vector<std::pair<const json*, const json*>> pairs;  // (predicted, measured) per stage
   QStringList labels;
-  const std::size_t stages = std::min(predicted->size(), measured->size());
-  for (std::size_t i = 0; i < stages; ++i) {
-    labels << tr("S%1 predicted").arg(i) << tr("S%1 measured").arg(i);
+  if (predicted && measured && predicted->is_array() && measured->is_array()) {
+    for (std::size_t i = 0; i < measured->size(); ++i) {
+      const json& m = (*measured)[i];
+      const std::size_t stage =
+          m.contains("stage") && m["stage"].is_number_integer() ? m["stage"].get<std::size_t>() : i;
+      if (stage >= predicted->size()) continue;
+      pairs.emplace_back(&(*predicted)[stage], &m);
+      labels << tr("S%1 predicted").arg(stage) << tr("S%1 measured").arg(stage);
+    }
   }
-  double maxGiB = 0;
-  std::vector<double> totals(2 * stages, 0.0);
-  for (MemoryCategory c : kMemoryCategories) {
-    auto* set = new QBarSet(categoryLabel(c));
-    set->setColor(categoryColor(c));
-    set->setBorderColor(categoryColor(c).darker(130));
-    const std::string key = categoryKey(c).toStdString() + "_bytes";
-    for (std::size_t i = 0; i < stages; ++i) {
-      const double p = number((*predicted)[i], key.c_str()) / kGiB;
-      const double m = number((*measured)[i], key.c_str()) / kGiB;
-      *set << p << m;
-      totals[2 * i] += p;
-      totals[2 * i + 1] += m;
+  const std::vector<Segment> segments = memorySegments();
+  double maxBytes = 0;
+  std::vector<double> totals(2 * pairs.size(), 0.0);
+  for (const Segment& seg : segments) {
+    const std::string key = seg.key.toStdString() + "_bytes";
+    for (std::size_t i = 0; i < pairs.size(); ++i) {
+      totals[2 * i] += number(*pairs[i].first, key.c_str());
+      totals[2 * i + 1] += number(*pairs[i].second, key.c_str());
+    }
+  }
+  for (double t : totals) maxBytes = std::max(maxBytes, t);
+  // GiB for real models, MiB for the small ones a CPU runs (as `distplan validate` prints them).
+  memoryUnit_ = maxBytes >= kGiBytes ? kGiBytes : kMiB;
+  const QString unitName = memoryUnit_ == kGiBytes ? tr("GiB") : tr("MiB");
+  auto* series = new QStackedBarSeries;
+  for (const Segment& seg : segments) {
+    auto* set = new QBarSet(seg.label);
+    set->setColor(seg.color);
+    set->setBorderColor(seg.color.darker(130));
+    const std::string key = seg.key.toStdString() + "_bytes";
+    for (const auto& [p, m] : pairs) {
+      *set << number(*p, key.c_str()) / memoryUnit_ << number(*m, key.c_str()) / memoryUnit_;
     }
     series->append(set);
   }
-  for (double t : totals) maxGiB = std::max(maxGiB, t);
   chart_->addSeries(series);
   auto* x = new QBarCategoryAxis;
   x->append(labels);
   auto* y = new QValueAxis;
-  y->setTitleText(tr("GiB per GPU"));
-  y->setRange(0, maxGiB > 0 ? maxGiB * 1.1 : 1.0);
+  y->setTitleText(tr("%1 per GPU (runtime reserve not shown)").arg(unitName));
+  y->setLabelFormat(QStringLiteral("%.3g"));
+  y->setRange(0, maxBytes > 0 ? maxBytes / memoryUnit_ * 1.1 : 1.0);
   y->applyNiceNumbers();
   chart_->addAxis(x, Qt::AlignBottom);
   chart_->addAxis(y, Qt::AlignLeft);
   series->attachAxis(x);
   series->attachAxis(y);
 
-  // The relative errors the result reports (every number under its error object).
-  std::vector<std::pair<std::string, double>> rows;
+  // Communication: bytes handed per (group, op), per stage, predicted beside measured.
+  commLabels_.clear();
+  commPredicted_.clear();
+  commMeasured_.clear();
+  const json& pcs = at(predictedSide, {"communication", "stages"});
+  const json& mcs = at(measuredSide, {"communication", "stages"});
+  if (pcs.is_array() && mcs.is_array()) {
+    for (const json& ms : mcs) {
+      const long long stage = integer(ms, "stage", 0);
+      const json* ps = nullptr;
+      for (const json& p : pcs)
+        if (integer(p, "stage", -1) == stage) ps = &p;
+      std::map<QString, double> pm = ps ? bytesByOp(*ps) : std::map<QString, double>{};
+      const std::map<QString, double> mm = bytesByOp(ms);
+      std::map<QString, bool> keys;
+      for (const auto& [k, unused] : pm) keys[k] = true;
+      for (const auto& [k, unused] : mm) keys[k] = true;
+      for (const auto& [k, unused] : keys) {
+        commLabels_ << QStringLiteral("S%1 %2").arg(stage).arg(k);
+        commPredicted_.push_back(pm.count(k) ? pm.at(k) : 0.0);
+        commMeasured_.push_back(mm.count(k) ? mm.at(k) : 0.0);
+      }
+    }
+  }
+  rebuildCommunicationChart();
+
+  // Summary: the run, the step time, the losses.
+  QStringList lines;
+  const QString device = QString::fromStdString(str(doc, "device", "?"));
+  const json& model = at(doc, {"scenario", "model"});
+  QString modelName = tr("model");
+  if (model.is_string()) modelName = QString::fromStdString(model.get<std::string>());
+  if (model.is_object() && model.contains("name") && model["name"].is_string())
+    modelName = QString::fromStdString(model["name"].get<std::string>());
+  const json& par = at(doc, {"scenario", "parallel"});
+  lines << tr("<b>%1</b> on %2, %3 rank(s), tp %4 · pp %5 · dp %6, %7 step(s)")
+               .arg(modelName.toHtmlEscaped(), device)
+               .arg(integer(doc, "ranks", 1))
+               .arg(integer(par, "tp", 1))
+               .arg(integer(par, "pp", 1))
+               .arg(integer(par, "dp", 1))
+               .arg(integer(doc, "steps", 0));
+  if (doc.contains("emulate_rank") && doc["emulate_rank"].is_number_integer())
+    lines << tr("Emulated rank %1 (collectives move no data)").arg(doc["emulate_rank"].get<int>());
+  if (outOfMemory) {
+    lines << tr("<b>Measured: does not fit</b> — %1")
+                 .arg(QString::fromStdString(
+                          at(measuredSide, {"memory", "message"}).is_string()
+                              ? at(measuredSide, {"memory", "message"}).get<std::string>()
+                              : std::string())
+                          .toHtmlEscaped());
+  }
+  const json& ptime = at(predictedSide, {"time"});
+  const json& mtime = at(measuredSide, {"time"});
+  if (mtime.is_object()) {
+    const double step = number(mtime, "step_seconds");
+    const double opt = number(mtime, "optimizer_seconds");
+    lines << tr("Step (simulated with measured pass times): predicted %1, measured %2 without "
+                "the optimizer's %3 (%4)")
+                 .arg(ms(number(ptime, "simulated_step_seconds")), ms(step - opt), ms(opt),
+                      percent(at(doc, {"relative_error", "time", "simulated_step_seconds"})));
+    lines << tr("Pipeline bubble: predicted %1 %, measured %2 %")
+                 .arg(number(ptime, "simulated_bubble_fraction") * 100, 0, 'f', 1)
+                 .arg(number(mtime, "bubble_fraction") * 100, 0, 'f', 1);
+    lines << tr("Planner step on %1: %2 (analytic)")
+                 .arg(QString::fromStdString(
+                          at(doc, {"scenario", "cluster", "gpu"}).is_string()
+                              ? at(doc, {"scenario", "cluster", "gpu"}).get<std::string>()
+                              : std::string("the GPU")),
+                      ms(number(ptime, "step_seconds")));
+  }
+  if (doc.contains("losses") && doc["losses"].is_array() && !doc["losses"].empty()) {
+    QStringList losses;
+    for (const json& l : doc["losses"])
+      if (l.is_number()) losses << QString::number(l.get<double>(), 'f', 4);
+    lines << tr("Loss per step: %1").arg(losses.join(QStringLiteral(" → ")));
+  }
+  // skipped_steps: one flag per step (fp16 loss scaling skipped the update on overflow).
+  if (doc.contains("skipped_steps") && doc["skipped_steps"].is_array()) {
+    int skipped = 0;
+    for (const json& flag : doc["skipped_steps"]) skipped += flag == json(true) ? 1 : 0;
+    if (skipped > 0) lines << tr("Skipped steps (fp16 overflow): %1").arg(skipped);
+  }
+  summary_->setText(lines.join(QStringLiteral("<br>")));
+
+  // The relative errors the result reports (every number under its error object; null: n/a).
+  std::vector<std::pair<std::string, json>> rows;
   for (const char* key : {"relative_error", "relative_errors", "errors", "error"}) {
-    if (doc.contains(key)) flatten(doc[key], std::string("/") + key, rows);
+    if (doc.contains(key)) flatten(doc[key], "", rows);
   }
   errors_->setSortingEnabled(false);
   errors_->setRowCount(static_cast<int>(rows.size()));
   for (int i = 0; i < static_cast<int>(rows.size()); ++i) {
     const auto& [path, value] = rows[static_cast<std::size_t>(i)];
-    errors_->setItem(i, 0, new QTableWidgetItem(QString::fromStdString(path)));
+    errors_->setItem(i, 0, new QTableWidgetItem(QString::fromStdString(path.substr(1))));
     auto* item = new QTableWidgetItem;
-    item->setData(Qt::DisplayRole, value * 100);
-    item->setData(Qt::ToolTipRole, tr("%1 %").arg(value * 100, 0, 'f', 3));
-    if (std::abs(value) > 0.10) item->setForeground(QColor(0xb0, 0x00, 0x20));
+    if (value.is_number()) {
+      const double v = value.get<double>();
+      item->setData(Qt::DisplayRole, std::round(v * 1e5) / 1e3);  // percent, 3 decimals
+      item->setData(Qt::ToolTipRole, percent(value));
+      if (std::abs(v) > 0.10) item->setForeground(QColor(0xb0, 0x00, 0x20));
+    } else {
+      item->setData(Qt::DisplayRole, tr("n/a"));
+      item->setData(Qt::ToolTipRole, tr("no prediction to compare with"));
+    }
     errors_->setItem(i, 1, item);
   }
-  errors_->setHorizontalHeaderLabels({tr("Figure"), tr("Relative error (%)")});
   errors_->setSortingEnabled(true);
   emit resultLoaded();
   return true;
 }
 
-void ValidationView::startRun() {
-  if (process_) return;
+void ValidationView::rebuildCommunicationChart() {
+  commChart_->removeAllSeries();
+  for (QAbstractAxis* axis : commChart_->axes()) {
+    commChart_->removeAxis(axis);
+    delete axis;
+  }
+  const bool log = logScale_->isChecked();
+  double maxBytes = 0, minPositive = 0;
+  for (const auto* values : {&commPredicted_, &commMeasured_}) {
+    for (double v : *values) {
+      maxBytes = std::max(maxBytes, v);
+      if (v > 0 && (minPositive == 0 || v < minPositive)) minPositive = v;
+    }
+  }
+  const double unit = maxBytes >= kGiBytes ? kGiBytes : kMiB;
+  const QString unitName = unit == kGiBytes ? tr("GiB") : tr("MiB");
+  auto* series = new QBarSeries;
+  auto* predicted = new QBarSet(tr("Predicted"));
+  auto* measured = new QBarSet(tr("Measured"));
+  predicted->setColor(QColor(0x4e, 0x79, 0xa7));
+  measured->setColor(QColor(0xf2, 0x8e, 0x2b));
+  // A log axis cannot show zero: an absent collective is drawn at the axis floor.
+  const double floor =
+      log && minPositive > 0 ? std::pow(10.0, std::floor(std::log10(minPositive / unit))) : 0.0;
+  for (std::size_t i = 0; i < commPredicted_.size(); ++i) {
+    *predicted << std::max(commPredicted_[i] / unit, floor);
+    *measured << std::max(commMeasured_[i] / unit, floor);
+  }
+  series->append(predicted);
+  series->append(measured);
+  commChart_->addSeries(series);
+  auto* x = new QBarCategoryAxis;
+  x->append(commLabels_);
+  x->setLabelsAngle(commLabels_.size() > 6 ? -30 : 0);
+  commChart_->addAxis(x, Qt::AlignBottom);
+  series->attachAxis(x);
+  const QString title = tr("%1 per step (bytes handed)").arg(unitName);
+  if (log && maxBytes > 0) {
+    auto* y = new QLogValueAxis;
+    y->setBase(10);
+    y->setLabelFormat(QStringLiteral("%.3g"));
+    y->setTitleText(title + tr(", log scale"));
+    y->setRange(floor, std::pow(10.0, std::ceil(std::log10(maxBytes / unit * 1.5))));
+    commChart_->addAxis(y, Qt::AlignLeft);
+    series->attachAxis(y);
+  } else {
+    auto* y = new QValueAxis;
+    y->setTitleText(title);
+    y->setLabelFormat(QStringLiteral("%.3g"));
+    y->setRange(0, maxBytes > 0 ? maxBytes / unit * 1.1 : 1.0);
+    y->applyNiceNumbers();
+    commChart_->addAxis(y, Qt::AlignLeft);
+    series->attachAxis(y);
+  }
+}
+
+bool ValidationView::startRun() {
+  if (process_) return false;
   const QString cli = cliPath_->text();
   if (cli.isEmpty() || !QFileInfo(cli).isExecutable()) {
     log_->appendPlainText(tr("no distplan CLI at \"%1\"").arg(cli));
-    return;
+    return false;
+  }
+  if (scenario_.isEmpty()) {
+    log_->appendPlainText(tr("no scenario to validate"));
+    return false;
   }
   delete scenarioFile_;
   scenarioFile_ =
       new QTemporaryFile(QDir::tempPath() + QStringLiteral("/distplan-XXXXXX.json"), this);
   if (!scenarioFile_->open() || scenarioFile_->write(scenario_) != scenario_.size()) {
     log_->appendPlainText(tr("cannot write the scenario to a temporary file"));
-    return;
+    return false;
   }
   scenarioFile_->flush();
   stdout_.clear();
+  stderrTail_.clear();
   process_ = new QProcess(this);
-  connect(process_, &QProcess::readyReadStandardOutput, this, [this] {
-    const QByteArray chunk = process_->readAllStandardOutput();
-    stdout_ += chunk;
-  });
+  // Local ranks talk through shared memory (TOOLCHAIN.md); the CLI sets the rest of Open MPI's
+  // defaults itself.
+  QProcessEnvironment env = QProcessEnvironment::systemEnvironment();
+  if (!env.contains(QStringLiteral("OMPI_MCA_btl")))
+    env.insert(QStringLiteral("OMPI_MCA_btl"), QStringLiteral("self,vader"));
+  process_->setProcessEnvironment(env);
+  connect(process_, &QProcess::readyReadStandardOutput, this,
+          [this] { stdout_ += process_->readAllStandardOutput(); });
   connect(process_, &QProcess::readyReadStandardError, this, [this] {
-    log_->appendPlainText(QString::fromUtf8(process_->readAllStandardError()).trimmed());
+    // Whole lines as they arrive; a partial line waits for its end.
+    stderrTail_ += process_->readAllStandardError();
+    const qsizetype end = stderrTail_.lastIndexOf('\n');
+    if (end < 0) return;
+    log_->appendPlainText(QString::fromUtf8(stderrTail_.left(end)));
+    stderrTail_.remove(0, end + 1);
   });
-  connect(process_, &QProcess::finished, this,
-          [this](int exitCode, QProcess::ExitStatus) { runFinished(exitCode); });
-  connect(process_, &QProcess::errorOccurred, this, [this](QProcess::ProcessError) {
+  connect(process_, &QProcess::finished, this, [this](int exitCode, QProcess::ExitStatus status) {
+    finishRun(status == QProcess::NormalExit ? exitCode : -1);
+  });
+  connect(process_, &QProcess::errorOccurred, this, [this](QProcess::ProcessError error) {
     log_->appendPlainText(tr("process error: %1").arg(process_->errorString()));
+    if (error == QProcess::FailedToStart) finishRun(-1);
   });
   const QStringList args{
       QStringLiteral("validate"), QStringLiteral("--device"),       QStringLiteral("cpu"),
@@ -279,15 +611,21 @@ void ValidationView::startRun() {
   run_->setEnabled(false);
   stop_->setEnabled(true);
   process_->start(cli, args);
+  return true;
 }
 
-void ValidationView::runFinished(int exitCode) {
-  log_->appendPlainText(tr("exit code %1").arg(exitCode));
+void ValidationView::finishRun(int exitCode) {
+  if (!process_) return;
+  if (!stderrTail_.isEmpty()) log_->appendPlainText(QString::fromUtf8(stderrTail_));
+  stderrTail_.clear();
+  log_->appendPlainText(exitCode >= 0 ? tr("exit code %1").arg(exitCode) : tr("stopped"));
   run_->setEnabled(true);
   stop_->setEnabled(false);
+  process_->disconnect(this);
   process_->deleteLater();
   process_ = nullptr;
-  if (exitCode == 0) loadResult(stdout_);
+  const bool loaded = exitCode == 0 && loadResult(stdout_);
+  emit runFinished(exitCode, loaded);
 }
 
 }  // namespace distplan::gui

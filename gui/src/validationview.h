@@ -1,13 +1,19 @@
 // Validation tab: opens a `distplan validate` result (distplan.validate/v1), or runs one on the CPU
-// through the CLI as a subprocess with its log streaming; shows predicted against measured memory
-// per stage and category (the memory chart's colours) and the relative error of every figure.
+// through the CLI as a subprocess with its log streaming. Shows predicted against measured memory
+// per stage and category (the memory chart's colours), the bytes handed to each collective per
+// stage, the step time and losses, and the relative error of every figure.
 #pragma once
 
 #include <QByteArray>
+#include <QString>
+#include <QStringList>
 #include <QWidget>
+#include <vector>
 
 class QChart;
 class QChartView;
+class QCheckBox;
+class QLabel;
 class QLineEdit;
 class QPlainTextEdit;
 class QProcess;
@@ -30,32 +36,60 @@ class ValidationView : public QWidget {
   /// Shows a validate result; returns false (and says why in the log) when it cannot be read.
   bool loadResult(const QByteArray& json);
   bool openFile(const QString& path);
-  void startRun();
+  /// Starts `distplan validate --device cpu` on the scenario; false when it cannot start.
+  bool startRun();
+  [[nodiscard]] bool isRunning() const { return process_ != nullptr; }
 
+  /// Predicted against measured memory per stage (the tab's main chart, what "Export" writes).
   [[nodiscard]] QChartView* chartView() const { return chartView_; }
+  /// Bytes handed to each (group, op) per step, predicted against measured, per stage.
+  [[nodiscard]] QChartView* communicationChartView() const { return commView_; }
   [[nodiscard]] QTableWidget* errorTable() const { return errors_; }
   [[nodiscard]] QString logText() const;
-  /// The CLI the run starts: next to this program, in the build tree, or on PATH.
+  /// Time, losses and run facts of the loaded result, as shown above the error table.
+  [[nodiscard]] QString summaryText() const;
+  /// Bytes per unit of the memory chart's axis: 2^30 (GiB) or 2^20 (MiB) for small models.
+  [[nodiscard]] double memoryUnitBytes() const { return memoryUnit_; }
+  /// Draws the communication chart on a log axis (small DP bars beside TP ones).
+  void setCommunicationLogScale(bool on);
+  [[nodiscard]] bool communicationLogScale() const;
+
+  void setCliPath(const QString& path);
+  [[nodiscard]] QString cliPath() const;
+  /// The CLI a run starts: `distplan` next to this program, in the build tree's cli/ beside it
+  /// (build/gui and build/cli), or on PATH; empty when none is found.
   [[nodiscard]] static QString defaultCliPath();
 
  signals:
   void resultLoaded();
+  /// A run ended; `loaded` is true when its output was a result the view now shows.
+  void runFinished(int exitCode, bool loaded);
 
  private:
-  void runFinished(int exitCode);
+  void finishRun(int exitCode);
+  void rebuildCommunicationChart();
 
   QByteArray scenario_;
+  // The communication chart's bars: "S<stage> <group> <op>", bytes per step.
+  QStringList commLabels_;
+  std::vector<double> commPredicted_, commMeasured_;
+  double memoryUnit_ = 1024.0 * 1024.0 * 1024.0;
   QLineEdit* cliPath_ = nullptr;
   QSpinBox* steps_ = nullptr;
   QPushButton* run_ = nullptr;
   QPushButton* stop_ = nullptr;
+  QCheckBox* logScale_ = nullptr;
+  QLabel* summary_ = nullptr;
   QPlainTextEdit* log_ = nullptr;
   QChart* chart_ = nullptr;
   QChartView* chartView_ = nullptr;
+  QChart* commChart_ = nullptr;
+  QChartView* commView_ = nullptr;
   QTableWidget* errors_ = nullptr;
   QProcess* process_ = nullptr;
   QTemporaryFile* scenarioFile_ = nullptr;
   QByteArray stdout_;
+  QByteArray stderrTail_;
 };
 
 }  // namespace distplan::gui

@@ -1,0 +1,240 @@
+// The validation tab on real `distplan validate` output: the checked-in result of tiny-gpt
+// tp2·pp2·dp2 on the CPU (data/validation/tiny-gpt-tp2-pp2-dp2.result.json) loads, and every bar
+// equals the JSON's bytes in the axis unit; the communication chart switches to a log axis; the CLI
+// is found beside the GUI's build; and a CPU run started from the view (8 ranks under mpirun)
+// streams its log and shows its result.
+#include <QBarCategoryAxis>
+#include <QBarSeries>
+#include <QBarSet>
+#include <QChart>
+#include <QChartView>
+#include <QFile>
+#include <QFileInfo>
+#include <QLogValueAxis>
+#include <QSignalSpy>
+#include <QStackedBarSeries>
+#include <QTableWidget>
+#include <QValueAxis>
+#include <QtTest>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "validationview.h"
+
+using distplan::gui::ValidationView;
+using nlohmann::json;
+
+namespace {
+
+const QString kFixture =
+    QStringLiteral(DISTPLAN_SOURCE_DIR "/data/validation/tiny-gpt-tp2-pp2-dp2.result.json");
+const QString kScenario =
+    QStringLiteral(DISTPLAN_SOURCE_DIR "/data/validation/tiny-gpt-tp2-pp2-dp2.json");
+
+QByteArray readAll(const QString& path) {
+  QFile f(path);
+  return f.open(QIODevice::ReadOnly) ? f.readAll() : QByteArray();
+}
+
+// The memory chart stacks the planner's categories less the runtime reserve, then temporaries.
+const char* const kSegments[] = {"weights_bytes",     "gradients_bytes", "optimizer_bytes",
+                                 "activations_bytes", "buffers_bytes",   "temporaries_bytes"};
+
+double bytes(const json& stage, const char* key) {
+  return stage.contains(key) ? stage[key].get<double>() : 0.0;
+}
+
+/// Bytes per step by "S<stage> <group> <op>", summed over a side's collectives.
+std::map<QString, double> commByLabel(const json& stages) {
+  std::map<QString, double> out;
+  for (const json& st : stages) {
+    for (const json& c : st["collectives"]) {
+      out[QStringLiteral("S%1 %2 %3")
+              .arg(st["stage"].get<int>())
+              .arg(QString::fromStdString(c["group"].get<std::string>()),
+                   QString::fromStdString(c["op"].get<std::string>()))] +=
+          c["bytes_per_step"].get<double>();
+    }
+  }
+  return out;
+}
+
+/// The figures of an error object: numbers and nulls, less each per-stage entry's "stage".
+std::size_t leaves(const json& node) {
+  if (node.is_number() || node.is_null()) return 1;
+  std::size_t n = 0;
+  if (node.is_object()) {
+    for (auto it = node.begin(); it != node.end(); ++it)
+      if (it.key() != "stage") n += leaves(it.value());
+  } else if (node.is_array()) {
+    for (const json& child : node) n += leaves(child);
+  }
+  return n;
+}
+
+}  // namespace
+
+class ValidationTest : public QObject {
+  Q_OBJECT
+
+ private slots:
+  void fixtureBarsEqualTheResultsBytes() {
+    const QByteArray text = readAll(kFixture);
+    QVERIFY(!text.isEmpty());
+    const json doc = json::parse(text.toStdString());
+    QCOMPARE(doc["schema"].get<std::string>(), std::string("distplan.validate/v1"));
+    ValidationView view;
+    QSignalSpy loaded(&view, &ValidationView::resultLoaded);
+    QVERIFY(view.openFile(kFixture));
+    QCOMPARE(loaded.count(), 1);
+
+    // Memory: a tiny model is drawn in MiB, two bars (predicted, measured) per measured stage.
+    QCOMPARE(view.memoryUnitBytes(), 1024.0 * 1024.0);
+    auto* series = qobject_cast<QStackedBarSeries*>(view.chartView()->chart()->series().value(0));
+    QVERIFY(series);
+    const json& pst = doc["predicted"]["memory"]["stages"];
+    const json& mst = doc["measured"]["memory"]["stages"];
+    QCOMPARE(mst.size(), std::size_t{2});
+    QCOMPARE(series->barSets().size(), static_cast<qsizetype>(std::size(kSegments)));
+    for (std::size_t k = 0; k < std::size(kSegments); ++k) {
+      const QBarSet* set = series->barSets().at(static_cast<qsizetype>(k));
+      QCOMPARE(set->count(), static_cast<qsizetype>(2 * mst.size()));
+      for (std::size_t i = 0; i < mst.size(); ++i) {
+        const json& m = mst[i];
+        const json& p = pst[m["stage"].get<std::size_t>()];
+        QCOMPARE(set->at(static_cast<qsizetype>(2 * i)), bytes(p, kSegments[k]) / (1 << 20));
+        QCOMPARE(set->at(static_cast<qsizetype>(2 * i + 1)), bytes(m, kSegments[k]) / (1 << 20));
+      }
+    }
+    // The weights of a stage are measured exactly as predicted (docs/gpu_backend.md).
+    QVERIFY(series->barSets().at(0)->at(0) > 0);
+    QCOMPARE(series->barSets().at(0)->at(1), series->barSets().at(0)->at(0));
+    auto* memAxis =
+        qobject_cast<QValueAxis*>(view.chartView()->chart()->axes(Qt::Vertical).value(0));
+    QVERIFY(memAxis);
+    QVERIFY(memAxis->titleText().contains(QStringLiteral("MiB")));
+
+    // Communication: one category per stage and (group, op), bars in MiB per step.
+    auto* comm =
+        qobject_cast<QBarSeries*>(view.communicationChartView()->chart()->series().value(0));
+    QVERIFY(comm);
+    QCOMPARE(comm->barSets().size(), 2);
+    auto* axis = qobject_cast<QBarCategoryAxis*>(
+        view.communicationChartView()->chart()->axes(Qt::Horizontal).value(0));
+    QVERIFY(axis);
+    const auto predicted = commByLabel(doc["predicted"]["communication"]["stages"]);
+    const auto measured = commByLabel(doc["measured"]["communication"]["stages"]);
+    QVERIFY(!measured.empty());
+    std::map<QString, bool> labels;
+    for (const auto& [k, v] : predicted) labels[k] = true;
+    for (const auto& [k, v] : measured) labels[k] = true;
+    QCOMPARE(axis->count(), static_cast<qsizetype>(labels.size()));
+    for (qsizetype i = 0; i < axis->count(); ++i) {
+      const QString label = axis->categories().at(i);
+      QVERIFY2(labels.count(label), qPrintable(label));
+      const double p = predicted.count(label) ? predicted.at(label) : 0.0;
+      const double m = measured.count(label) ? measured.at(label) : 0.0;
+      QCOMPARE(comm->barSets().at(0)->at(i), p / (1 << 20));
+      QCOMPARE(comm->barSets().at(1)->at(i), m / (1 << 20));
+    }
+
+    // Every relative error is a row (null ones read n/a); time and losses are in the summary.
+    QCOMPARE(view.errorTable()->rowCount(), static_cast<int>(leaves(doc["relative_error"])));
+    const QString summary = view.summaryText();
+    QVERIFY(summary.contains(QStringLiteral("tiny-gpt")));
+    QVERIFY(summary.contains(QStringLiteral(" ms")));
+    for (const json& l : doc["losses"])
+      QVERIFY2(summary.contains(QString::number(l.get<double>(), 'f', 4)), qPrintable(summary));
+  }
+
+  void communicationLogScaleKeepsTheBars() {
+    ValidationView view;
+    QVERIFY(view.openFile(kFixture));
+    auto values = [&view] {
+      auto* s =
+          qobject_cast<QBarSeries*>(view.communicationChartView()->chart()->series().value(0));
+      std::vector<double> out;
+      for (const QBarSet* set : s->barSets())
+        for (qsizetype i = 0; i < set->count(); ++i) out.push_back(set->at(i));
+      return out;
+    };
+    const std::vector<double> linear = values();
+    view.setCommunicationLogScale(true);
+    QVERIFY(view.communicationLogScale());
+    auto* logAxis = qobject_cast<QLogValueAxis*>(
+        view.communicationChartView()->chart()->axes(Qt::Vertical).value(0));
+    QVERIFY(logAxis);
+    const std::vector<double> logged = values();
+    QCOMPARE(logged.size(), linear.size());
+    for (std::size_t i = 0; i < linear.size(); ++i) {
+      // Positive bars are unchanged; an absent collective sits on the axis floor.
+      if (linear[i] > 0)
+        QCOMPARE(logged[i], linear[i]);
+      else
+        QCOMPARE(logged[i], logAxis->min());
+      QVERIFY(logged[i] >= logAxis->min() && logged[i] <= logAxis->max());
+    }
+    view.setCommunicationLogScale(false);
+    QVERIFY(qobject_cast<QValueAxis*>(
+        view.communicationChartView()->chart()->axes(Qt::Vertical).value(0)));
+  }
+
+  void anOutOfMemoryResultLoadsWithoutBars() {
+    const json doc = {
+        {"schema", "distplan.validate/v1"},
+        {"device", "cpu"},
+        {"steps", 1},
+        {"predicted", {{"memory", {{"stages", json::array()}}}}},
+        {"measured", {{"memory", {{"fits", false}, {"message", "out of host memory"}}}}},
+        {"relative_error", {{"memory", {{"fits", 0.0}}}}},
+        {"losses", json::array()}};
+    ValidationView view;
+    QVERIFY(view.loadResult(QByteArray::fromStdString(doc.dump())));
+    QVERIFY(view.summaryText().contains(QStringLiteral("out of host memory")));
+    QCOMPARE(view.errorTable()->rowCount(), 1);
+    QVERIFY(!view.loadResult("{\"schema\": \"distplan.plan/v1\", \"memory\": {}}"));
+  }
+
+  void theCliIsFoundBesideTheGuiBuild() {
+    // Tests run from build/tests/gui; the GUI from build/gui: both reach build/cli/distplan.
+    QCOMPARE(ValidationView::defaultCliPath(),
+             QFileInfo(QStringLiteral(DISTPLAN_CLI_EXE)).canonicalFilePath());
+  }
+
+  void aCpuRunStartedFromTheViewShowsItsResult() {
+    if (QStandardPaths::findExecutable(QStringLiteral("mpirun")).isEmpty() &&
+        QStandardPaths::findExecutable(QStringLiteral("mpiexec")).isEmpty())
+      QSKIP("no mpirun on PATH: the 8-rank layout needs it");
+    ValidationView view;
+    view.setCliPath(QStringLiteral(DISTPLAN_CLI_EXE));
+    QVERIFY(!view.startRun());  // no scenario yet
+    QVERIFY(view.logText().contains(QStringLiteral("no scenario")));
+    view.setScenarioDocument(readAll(kScenario));
+    QSignalSpy finished(&view, &ValidationView::runFinished);
+    QSignalSpy loaded(&view, &ValidationView::resultLoaded);
+    QVERIFY(view.startRun());
+    QVERIFY(view.isRunning());
+    QVERIFY(!view.startRun());  // one run at a time
+    QVERIFY(finished.wait(240000));
+    QVERIFY2(finished.at(0).at(0).toInt() == 0, qPrintable(view.logText()));
+    QVERIFY2(finished.at(0).at(1).toBool(), qPrintable(view.logText()));
+    QCOMPARE(loaded.count(), 1);
+    QVERIFY(!view.isRunning());
+    QVERIFY(view.logText().contains(QStringLiteral("validate --device cpu")));
+    QVERIFY(view.logText().contains(QStringLiteral("exit code 0")));
+    // Two stages measured: predicted and measured bars for each; weights measured as predicted.
+    auto* series = qobject_cast<QStackedBarSeries*>(view.chartView()->chart()->series().value(0));
+    QVERIFY(series);
+    const QBarSet* weights = series->barSets().at(0);
+    QCOMPARE(weights->count(), 4);
+    for (qsizetype i = 0; i < 4; i += 2) {
+      QVERIFY(weights->at(i) > 0);
+      QCOMPARE(weights->at(i + 1), weights->at(i));
+    }
+    QVERIFY(view.errorTable()->rowCount() > 0);
+    QVERIFY(view.summaryText().contains(QStringLiteral("Loss per step")));
+  }
+};
+
+QTEST_MAIN(ValidationTest)
+#include "validation_test.moc"
