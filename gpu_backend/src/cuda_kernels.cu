@@ -308,6 +308,10 @@ __global__ void k_overflow(const float* x, std::size_t n, int* flag) {
   GRID_STRIDE(i, n) if (!isfinite(x[i]))* flag = 1;
 }
 
+__global__ void k_add(const float* a, const float* b, float* y, std::size_t n) {
+  GRID_STRIDE(i, n) y[i] = a[i] + b[i];
+}
+
 dim3 rows(int n) {
   return dim3(static_cast<unsigned>((n + kThreads - 1) / kThreads));
 }
@@ -429,6 +433,11 @@ bool has_overflow(const float* x, std::size_t n) {
   DISTPLAN_CUDA_CHECK(cudaMemcpy(&h, flag, sizeof(int), cudaMemcpyDeviceToHost));
   DISTPLAN_CUDA_CHECK(cudaFree(flag));
   return h != 0;
+}
+
+void add(const float* a, const float* b, float* y, std::size_t n) {
+  k_add<<<blocks_for(n), kThreads>>>(a, b, y, n);
+  DISTPLAN_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace distplan::backend::cuda

@@ -12,6 +12,7 @@
 #include "cuda_check.h"
 #include "distplan/gpu_backend/memory.h"
 #include "distplan/gpu_backend/tensor.h"
+#include "distplan/planner/check.h"
 
 namespace distplan::backend::cuda {
 
@@ -61,6 +62,27 @@ void copy_on_device(void* dst, const void* src, std::size_t bytes) {
 }
 void zero_on_device(void* dst, std::size_t bytes) {
   DISTPLAN_CUDA_CHECK(cudaMemset(dst, 0, bytes));
+}
+void copy_rows_on_device(void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch,
+                         std::size_t row_bytes, std::size_t rows) {
+  DISTPLAN_CHECK(row_bytes <= dst_pitch && row_bytes <= src_pitch, "row wider than its pitch");
+  if (rows == 0 || row_bytes == 0) return;
+  DISTPLAN_CUDA_CHECK(
+      cudaMemcpy2D(dst, dst_pitch, src, src_pitch, row_bytes, rows, cudaMemcpyDeviceToDevice));
+}
+std::string device_name() {
+  int dev = 0;
+  DISTPLAN_CUDA_CHECK(cudaGetDevice(&dev));
+  cudaDeviceProp p{};
+  DISTPLAN_CUDA_CHECK(cudaGetDeviceProperties(&p, dev));
+  return p.name;
+}
+int compute_capability() {
+  int dev = 0, major = 0, minor = 0;
+  DISTPLAN_CUDA_CHECK(cudaGetDevice(&dev));
+  DISTPLAN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  DISTPLAN_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  return major * 10 + minor;
 }
 void synchronize() {
   DISTPLAN_CUDA_CHECK(cudaDeviceSynchronize());

@@ -139,6 +139,12 @@ std::vector<float> Tensor::to_vector() const {
 }
 
 void Tensor::zero() {
+  if (alloc_ != nullptr && alloc_->device() == Device::cuda) {
+#ifdef DISTPLAN_HAVE_CUDA
+    if (data_ != nullptr) cuda::zero_on_device(data_, static_cast<std::size_t>(bytes()));  // +0.0
+    return;
+#endif
+  }
   std::vector<float> z(static_cast<std::size_t>(numel_), 0.0f);
   write(z.data(), numel_);
 }

@@ -13,6 +13,7 @@
 #include <optional>
 #include <stdexcept>
 
+#include "distplan/gpu_backend/device_ops.h"
 #include "distplan/gpu_backend/cpu_ops.h"
 #include "distplan/gpu_backend/run.h"
 #include "distplan/gpu_backend/tensor.h"
@@ -481,10 +482,10 @@ class Trainer {
     const Vec g = param(u, gi);
     if (m_.norm == Norm::layernorm) {
       const Vec b = param(u, bi);
-      cpu::layernorm_forward(x.data(), g.data(), b.data(), y.data(), mean.data(), rstd.data(), n,
-                             h_, 1e-5);
+      dev::layernorm_forward(o_.device, x.data(), g.data(), b.data(), y.data(), mean.data(),
+                             rstd.data(), n, h_, 1e-5);
     } else {
-      cpu::rmsnorm_forward(x.data(), g.data(), y.data(), rstd.data(), n, h_, 1e-5);
+      dev::rmsnorm_forward(o_.device, x.data(), g.data(), y.data(), rstd.data(), n, h_, 1e-5);
     }
     rnd(y, cb_);
     return y;
@@ -495,14 +496,14 @@ class Trainer {
     const Vec g = param(u, gi);
     if (m_.norm == Norm::layernorm) {
       Vec zero(h_, 0.0f);
-      cpu::layernorm_forward(x.data(), g.data(), zero.data(), y.data(), mean.data(), rstd.data(), n,
-                             h_, 1e-5);
-      cpu::layernorm_backward(dy.data(), x.data(), g.data(), mean.data(), rstd.data(), dx.data(),
-                              dg.data(), db.data(), n, h_);
+      dev::layernorm_forward(o_.device, x.data(), g.data(), zero.data(), y.data(), mean.data(),
+                             rstd.data(), n, h_, 1e-5);
+      dev::layernorm_backward(o_.device, dy.data(), x.data(), g.data(), mean.data(), rstd.data(),
+                              dx.data(), dg.data(), db.data(), n, h_);
     } else {
-      cpu::rmsnorm_forward(x.data(), g.data(), y.data(), rstd.data(), n, h_, 1e-5);
-      cpu::rmsnorm_backward(dy.data(), x.data(), g.data(), rstd.data(), dx.data(), dg.data(), n,
-                            h_);
+      dev::rmsnorm_forward(o_.device, x.data(), g.data(), y.data(), rstd.data(), n, h_, 1e-5);
+      dev::rmsnorm_backward(o_.device, dy.data(), x.data(), g.data(), rstd.data(), dx.data(),
+                            dg.data(), n, h_);
     }
     return dx;
   }
@@ -511,14 +512,14 @@ class Trainer {
     const Vec g = param(u, gi);
     if (m_.norm == Norm::layernorm) {
       Vec zero(h_, 0.0f);
-      cpu::layernorm_forward(x.data(), g.data(), zero.data(), y.data(), mean.data(), rstd.data(), n,
-                             h_, 1e-5);
-      cpu::layernorm_backward(dy.data(), x.data(), g.data(), mean.data(), rstd.data(), dx.data(),
-                              dg.data(), db.data(), n, h_);
+      dev::layernorm_forward(o_.device, x.data(), g.data(), zero.data(), y.data(), mean.data(),
+                             rstd.data(), n, h_, 1e-5);
+      dev::layernorm_backward(o_.device, dy.data(), x.data(), g.data(), mean.data(), rstd.data(),
+                              dx.data(), dg.data(), db.data(), n, h_);
     } else {
-      cpu::rmsnorm_forward(x.data(), g.data(), y.data(), rstd.data(), n, h_, 1e-5);
-      cpu::rmsnorm_backward(dy.data(), x.data(), g.data(), rstd.data(), dx.data(), dg.data(), n,
-                            h_);
+      dev::rmsnorm_forward(o_.device, x.data(), g.data(), y.data(), rstd.data(), n, h_, 1e-5);
+      dev::rmsnorm_backward(o_.device, dy.data(), x.data(), g.data(), rstd.data(), dx.data(),
+                            dg.data(), n, h_);
     }
     add_grad(u, gi, dg);
     if (bi >= 0) add_grad(u, bi, db);
@@ -577,8 +578,8 @@ class Trainer {
                                    a_l_, g_l_, d_);
     } else {
       probs->assign(static_cast<std::size_t>(b * a_l_ * s * s), 0.0f);
-      cpu::attention_forward(q.data(), k.data(), v.data(), out.data(), probs->data(), s, b, a_l_,
-                             g_l_, d_);
+      dev::attention_forward(o_.device, q.data(), k.data(), v.data(), out.data(), probs->data(), s,
+                             b, a_l_, g_l_, d_);
       rnd(*probs, cb_);
     }
     rnd(out, cb_);
@@ -643,9 +644,9 @@ class Trainer {
     if (m_.mlp == Mlp::swiglu) {
       Vec gate(act.size()), up(act.size());
       split_halves(fc1, gate, up);
-      cpu::swiglu_forward(gate.data(), up.data(), act.data(), N_ * f_l_);
+      dev::swiglu_forward(o_.device, gate.data(), up.data(), act.data(), N_ * f_l_);
     } else {
-      cpu::gelu_forward(fc1.data(), act.data(), N_ * f_l_);
+      dev::gelu_forward(o_.device, fc1.data(), act.data(), N_ * f_l_);
     }
     rnd(act, cb_);
     sv.act = save_act(act);
@@ -689,13 +690,14 @@ class Trainer {
       Vec gate(static_cast<std::size_t>(N_ * f_l_)), up(gate.size()), dg(gate.size()),
           du(gate.size());
       split_halves(fc1, gate, up);
-      cpu::swiglu_backward(dact.data(), gate.data(), up.data(), dg.data(), du.data(), N_ * f_l_);
+      dev::swiglu_backward(o_.device, dact.data(), gate.data(), up.data(), dg.data(), du.data(),
+                           N_ * f_l_);
       for (Count n = 0; n < N_; ++n) {
         std::copy(dg.data() + n * f_l_, dg.data() + (n + 1) * f_l_, dfc1.data() + n * mi_l_);
         std::copy(du.data() + n * f_l_, du.data() + (n + 1) * f_l_, dfc1.data() + n * mi_l_ + f_l_);
       }
     } else {
-      cpu::gelu_backward(dact.data(), fc1.data(), dfc1.data(), N_ * f_l_);
+      dev::gelu_backward(o_.device, dact.data(), fc1.data(), dfc1.data(), N_ * f_l_);
     }
     rnd(dfc1, cb_);
     Vec dln2 = reduce_out(linear_bwd_input(u, lp.in_w, dfc1, N_, h_, mi_l_), "layer activations");
@@ -735,8 +737,8 @@ class Trainer {
       } else {
         probs = rd(sv.probs);
       }
-      cpu::attention_backward(dattn.data(), q.data(), k.data(), v.data(), probs.data(), dq.data(),
-                              dk.data(), dv.data(), s, b, a_l_, g_l_, d_);
+      dev::attention_backward(o_.device, dattn.data(), q.data(), k.data(), v.data(), probs.data(),
+                              dq.data(), dk.data(), dv.data(), s, b, a_l_, g_l_, d_);
     }
     if (rotary()) {
       cpu::rotary_backward(dq.data(), s, b, a_l_, d_, 10000.0);
@@ -845,8 +847,8 @@ class Trainer {
       st.ids = batch_tokens(step, mb, 0);
       Vec table = param(u, 0);
       Vec e(static_cast<std::size_t>(N_ * h_));
-      cpu::embedding_forward(st.ids.data(), table.data(), e.data(), N_, h_, g_.coords.tp * vl_,
-                             vl_);
+      dev::embedding_forward(o_.device, st.ids.data(), table.data(), e.data(), N_, h_,
+                             g_.coords.tp * vl_, vl_);
       rnd(e, cb_);
       if (tp_ > 1) {
         if (sp_) {
@@ -916,11 +918,12 @@ class Trainer {
     hs.targets = batch_tokens(step, mb, 1);
     // Vocab-parallel cross-entropy: max, target logit and sum of exponentials over the TP group.
     Vec mx(N_), tl(N_), se(N_), loss(N_);
-    cpu::ce_local_max(logits.data(), mx.data(), N_, vl_);
+    dev::ce_local_max(o_.device, logits.data(), mx.data(), N_, vl_);
     if (tp_ > 1) tp_all_reduce_max(mx, "cross-entropy statistics");
-    cpu::ce_local_target(logits.data(), hs.targets.data(), tl.data(), N_, vl_, g_.coords.tp * vl_);
+    dev::ce_local_target(o_.device, logits.data(), hs.targets.data(), tl.data(), N_, vl_,
+                         g_.coords.tp * vl_);
     if (tp_ > 1) tp_all_reduce(tl, "cross-entropy statistics", DType::fp32);
-    cpu::ce_local_sumexp(logits.data(), mx.data(), se.data(), N_, vl_);
+    dev::ce_local_sumexp(o_.device, logits.data(), mx.data(), se.data(), N_, vl_);
     if (tp_ > 1) tp_all_reduce(se, "cross-entropy statistics", DType::fp32);
     cpu::ce_loss(mx.data(), se.data(), tl.data(), loss.data(), N_);
     // The fp32 softmax, kept to the backward; its gradient is softmax - onehot.
@@ -993,7 +996,8 @@ class Trainer {
       // Backward of the reduce-scatter into the sequence-parallel region: an all-gather.
       const Vec dxf = gather_in(dx, "embedding output gradient");
       Vec dt(static_cast<std::size_t>(vl_ * h_), 0.0f);
-      cpu::embedding_backward(ids.data(), dxf.data(), dt.data(), N_, h_, g_.coords.tp * vl_, vl_);
+      dev::embedding_backward(o_.device, ids.data(), dxf.data(), dt.data(), N_, h_,
+                              g_.coords.tp * vl_, vl_);
       add_grad(u, 0, dt);
     });
   }
@@ -1122,6 +1126,15 @@ class Trainer {
     if (t_.precision == DType::fp16) {
       for (Unit& u : units_) {
         const Count off = p_.zero_stage >= 2 ? 0 : opt_begin(u);
+#ifdef DISTPLAN_HAVE_CUDA
+        if (o_.device == Device::cuda) {
+          DeviceF32 tmp;
+          if (cuda::has_overflow(fp32_view(u.grads, off, opt_count(u), tmp),
+                                 static_cast<std::size_t>(opt_count(u))))
+            overflow = 1;
+          continue;
+        }
+#endif
         Vec gv(static_cast<std::size_t>(opt_count(u)));
         u.grads.read(gv.data(), opt_count(u), off);
         if (cpu::has_overflow(gv.data(), opt_count(u))) overflow = 1;
@@ -1142,7 +1155,71 @@ class Trainer {
     return {loss / static_cast<double>(t_.global_batch_size * t_.seq_length), overflow != 0};
   }
 
+#ifdef DISTPLAN_HAVE_CUDA
+  // A raw fp32 device buffer outside the tracking allocator (a cast's scratch), freed with the
+  // scope.
+  class DeviceF32 {
+   public:
+    DeviceF32() = default;
+    DeviceF32(const DeviceF32&) = delete;
+    DeviceF32& operator=(const DeviceF32&) = delete;
+    ~DeviceF32() {
+      if (p_ != nullptr) cuda::device_free(p_);
+    }
+    float* allocate(Count n) {
+      DISTPLAN_CHECK(p_ == nullptr && n >= 0, "scratch buffer allocated twice");
+      p_ = static_cast<float*>(
+          cuda::device_alloc_zeroed(static_cast<std::size_t>(std::max<Count>(n, 1)) * 4));
+      return p_;
+    }
+
+   private:
+    float* p_ = nullptr;
+  };
+  static cuda::Type cuda_type(DType d) {
+    return static_cast<cuda::Type>(static_cast<int>(d));
+  }
+  // Elements [off, off + n) of a device tensor as fp32 on the device: the tensor itself when it is
+  // fp32, else a cast into `scratch`.
+  static const float* fp32_view(const Tensor& t, Count off, Count n, DeviceF32& scratch) {
+    DISTPLAN_CHECK(off >= 0 && off + n <= t.numel(), "device view out of range");
+    if (t.dtype() == DType::fp32) return t.f32() + off;
+    float* out = scratch.allocate(n);
+    const char* src = static_cast<const char*>(t.data()) + off * bytes_of(t.dtype());
+    cuda::cast(cuda_type(t.dtype()), src, cuda::Type::fp32, out, static_cast<std::size_t>(n));
+    return out;
+  }
+  // Adam/AdamW on the device: gradients, fp32 master weights and both moments never leave it; the
+  // compute-dtype weights are a cast of the master weights (round to nearest even, as
+  // Tensor::write on the CPU).
+  void adam_step_on_device(Unit& u) {
+    const Count lo = opt_begin(u), n = opt_count(u);
+    const Count woff = p_.zero_stage >= 3 ? 0 : lo;
+    DISTPLAN_CHECK(u.m.numel() == n && u.v.numel() == n, "optimizer state size");
+    DeviceF32 scratch;
+    const float* g = fp32_view(u.grads, p_.zero_stage >= 2 ? 0 : lo, n, scratch);
+    float* w = cb_ != DType::fp32 ? u.master.f32() : u.weights.f32() + woff;
+    cpu::AdamConfig c;
+    c.lr = o_.learning_rate;
+    c.weight_decay = o_.weight_decay;
+    c.decoupled = t_.optimizer == Optimizer::adamw;
+    cuda::adam_step(w, g, u.m.f32(), u.v.f32(), static_cast<std::size_t>(n), c.lr, c.beta1, c.beta2,
+                    c.eps, c.weight_decay, c.decoupled, opt_steps_, 1.0f / loss_scale_);
+    if (cb_ != DType::fp32) {
+      char* dst = static_cast<char*>(u.weights.data()) + woff * bytes_of(cb_);
+      cuda::cast(cuda::Type::fp32, w, cuda_type(cb_), dst, static_cast<std::size_t>(n));
+    }
+  }
+#endif
+
   void optimizer_step(Unit& u) {
+#ifdef DISTPLAN_HAVE_CUDA
+    if (o_.device == Device::cuda && t_.optimizer != Optimizer::sgd) {
+      adam_step_on_device(u);
+      gather_updated_shards(u);
+      return;
+    }
+#endif
     const Count lo = opt_begin(u), n = opt_count(u);
     const bool z3 = p_.zero_stage >= 3;
     Vec g(static_cast<std::size_t>(n));
@@ -1156,7 +1233,13 @@ class Trainer {
     }
     const float gscale = 1.0f / loss_scale_;
     if (t_.optimizer == Optimizer::sgd) {
-      cpu::sgd_step(w.data(), g.data(), u.m.f32(), n, o_.learning_rate, 0.9f, gscale);
+      if (o_.device == Device::cuda) {  // no SGD kernel: the momentum makes a host round trip
+        Vec mom = rd(u.m);
+        cpu::sgd_step(w.data(), g.data(), mom.data(), n, o_.learning_rate, 0.9f, gscale);
+        u.m.fill_from(mom);
+      } else {
+        cpu::sgd_step(w.data(), g.data(), u.m.f32(), n, o_.learning_rate, 0.9f, gscale);
+      }
     } else {
       cpu::AdamConfig c;
       c.lr = o_.learning_rate;
@@ -1166,11 +1249,21 @@ class Trainer {
     }
     if (cb_ != DType::fp32) u.master.write(w.data(), n);
     u.weights.write(w.data(), n, z3 ? 0 : lo);
-    // ZeRO-1/2: every rank gathers the updated shards into its full weights.
-    if (!z3 && S_ > 1) {
+    gather_updated_shards(u);
+  }
+
+  // ZeRO-1/2: every rank gathers the updated shards into its full weights.
+  void gather_updated_shards(Unit& u) {
+    const Count lo = opt_begin(u);
+    if (p_.zero_stage < 3 && S_ > 1) {
       Tensor mine(alloc_, {u.shard}, cb_, MemoryTag::temporaries);
-      std::memcpy(mine.data(), static_cast<char*>(u.weights.data()) + lo * bytes_of(cb_),
-                  static_cast<std::size_t>(mine.bytes()));
+      const char* src = static_cast<const char*>(u.weights.data()) + lo * bytes_of(cb_);
+#ifdef DISTPLAN_HAVE_CUDA
+      if (o_.device == Device::cuda) {
+        cuda::copy_on_device(mine.data(), src, static_cast<std::size_t>(mine.bytes()));
+      } else
+#endif
+        std::memcpy(mine.data(), src, static_cast<std::size_t>(mine.bytes()));
       g_.dp->all_gather(mine.data(), u.weights.data(), u.shard, cb_,
                         std::string("parameters (") + unit_label(u.kind) + ")");
     }

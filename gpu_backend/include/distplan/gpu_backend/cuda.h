@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace distplan::backend::cuda {
 
@@ -25,6 +26,14 @@ void zero_on_device(void* dst, std::size_t bytes);
 void synchronize();
 /// Bytes the device reports in use (cudaMemGetInfo: total - free), the driver's own figure.
 [[nodiscard]] std::size_t device_used_bytes();
+
+/// Copies `rows` rows of `row_bytes` between device arrays of row pitches `dst_pitch` and
+/// `src_pitch` bytes (cudaMemcpy2D): splits and packs of fused projections.
+void copy_rows_on_device(void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch,
+                         std::size_t row_bytes, std::size_t rows);
+/// The selected GPU's name and compute capability (major * 10 + minor).
+[[nodiscard]] std::string device_name();
+[[nodiscard]] int compute_capability();
 
 /// Storage type codes for GEMM inputs and casts, numbered as planner DType (spec.h).
 enum class Type : int { fp32 = 0, fp16 = 1, bf16 = 2 };
@@ -94,5 +103,24 @@ void adam_step(float* master, const float* grad, float* m, float* v, std::size_t
                long long step, float grad_scale);
 /// True when any element is inf or NaN.
 [[nodiscard]] bool has_overflow(const float* x, std::size_t n);
+/// y = a + b elementwise (residual connections); y may alias a or b.
+void add(const float* a, const float* b, float* y, std::size_t n);
+
+// --- one GPT layer stack, forward + backward, entirely on the device -------------------------
+/// Pre-norm GPT layers (LayerNorm, multi-head causal attention, GeLU MLP, no biases) with bf16
+/// weights and GEMM inputs, fp32 accumulation and fp32 activations for the thin kernels above:
+/// the ops the trainer runs on one rank without TP, with no host round trip in between.
+struct LayerStackConfig {
+  int hidden = 4096, heads = 32, ffn = 0 /* 0: 4 * hidden */, seq = 2048, batch = 1, layers = 2;
+  int reps = 3;            // timed repetitions after one warm-up
+  bool gemm_only = false;  // run only the GEMMs (the cuBLAS share of the same step)
+};
+struct LayerStackTiming {
+  double seconds = 0;       // mean over reps of forward + backward of the whole stack
+  double model_flops = 0;   // Narayanan et al. 2021: per layer 72 B s h^2 (1 + s / 6h) for f = 4h
+  double gemm_flops = 0;    // the GEMM part: per layer 6 N h (4h + 2f)
+  double device_bytes = 0;  // device memory the stack allocated
+};
+[[nodiscard]] LayerStackTiming time_layer_stack(const LayerStackConfig& c);
 
 }  // namespace distplan::backend::cuda

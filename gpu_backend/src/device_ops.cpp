@@ -1,0 +1,287 @@
+#include "distplan/gpu_backend/device_ops.h"
+
+#include <cstddef>
+
+#include "distplan/gpu_backend/cpu_ops.h"
+#include "distplan/planner/check.h"
+
+#ifdef DISTPLAN_HAVE_CUDA
+#include "cuda_api.h"
+#endif
+
+namespace distplan::backend::dev {
+namespace {
+
+#ifdef DISTPLAN_HAVE_CUDA
+bool on_cuda(Device d) {
+  return d == Device::cuda;
+}
+
+int ii(Count v) {
+  DISTPLAN_CHECK(v >= 0 && v <= 0x7FFFFFFF, "CUDA op dimension outside [0, 2^31)");
+  return static_cast<int>(v);
+}
+std::size_t zz(Count v) {
+  DISTPLAN_CHECK(v >= 0, "negative CUDA op size");
+  return static_cast<std::size_t>(v);
+}
+
+// A device copy of `n` host elements (zeros when `host` is null), freed with the scope; `out()`
+// copies it back.
+template <class T>
+class Staged {
+ public:
+  Staged(const T* host, Count n) : n_(zz(n)) {
+    p_ = static_cast<T*>(cuda::device_alloc_zeroed(bytes() == 0 ? sizeof(T) : bytes()));
+    if (host != nullptr && n_ > 0) cuda::copy_to_device(p_, host, bytes());
+  }
+  ~Staged() { cuda::device_free(p_); }
+  Staged(const Staged&) = delete;
+  Staged& operator=(const Staged&) = delete;
+  T* get() { return p_; }
+  void out(T* host) const {
+    if (n_ > 0) cuda::copy_to_host(host, p_, bytes());
+  }
+
+ private:
+  std::size_t bytes() const { return n_ * sizeof(T); }
+  std::size_t n_;
+  T* p_ = nullptr;
+};
+using F = Staged<float>;
+using I32 = Staged<std::int32_t>;
+#endif
+
+}  // namespace
+
+void layernorm_forward([[maybe_unused]] Device d, const float* x, const float* gamma,
+                       const float* beta, float* y, float* mean, float* rstd, Count N, Count C,
+                       double eps) {
+#ifdef DISTPLAN_HAVE_CUDA
+  if (on_cuda(d)) {
+    F xd(x, N * C), gd(gamma, C), yd(nullptr, N * C), md(nullptr, N), rd(nullptr, N);
+    if (beta != nullptr) {
+      F bd(beta, C);
+      cuda::layernorm_forward(xd.get(), gd.get(), bd.get(), yd.get(), md.get(), rd.get(), ii(N),
+                              ii(C), static_cast<float>(eps));
+    } else {
+      cuda::layernorm_forward(xd.get(), gd.get(), nullptr, yd.get(), md.get(), rd.get(), ii(N),
+                              ii(C), static_cast<float>(eps));
+    }
+    yd.out(y);
+    md.out(mean);
+    rd.out(rstd);
+    return;
+  }
+#endif
+  cpu::layernorm_forward(x, gamma, beta, y, mean, rstd, N, C, eps);
+}
+
+void layernorm_backward([[maybe_unused]] Device d, const float* dy, const float* x,
+                        const float* gamma, const float* mean, const float* rstd, float* dx,
+                        float* dgamma, float* dbeta, Count N, Count C) {
+#ifdef DISTPLAN_HAVE_CUDA
+  if (on_cuda(d)) {
+    DISTPLAN_CHECK(dbeta != nullptr, "layernorm_backward on CUDA needs dbeta");
+    F dyd(dy, N * C), xd(x, N * C), gd(gamma, C), md(mean, N), rd(rstd, N), dxd(nullptr, N * C),
+        dgd(dgamma, C), dbd(dbeta, C);
+    cuda::layernorm_backward(dyd.get(), xd.get(), gd.get(), md.get(), rd.get(), dxd.get(),
+                             dgd.get(), dbd.get(), ii(N), ii(C));
+    dxd.out(dx);
+    dgd.out(dgamma);
+    dbd.out(dbeta);
+    return;
+  }
+#endif
+  cpu::layernorm_backward(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, N, C);
+}
+
+void rmsnorm_forward([[maybe_unused]] Device d, const float* x, const float* gamma, float* y,
+                     float* rstd, Count N, Count C, double eps) {
+#ifdef DISTPLAN_HAVE_CUDA
+  if (on_cuda(d)) {
+    F xd(x, N * C), gd(gamma, C), yd(nullptr, N * C), rd(nullptr, N);
+    cuda::rmsnorm_forward(xd.get(), gd.get(), yd.get(), rd.get(), ii(N), ii(C),
+                          static_cast<float>(eps));
+    yd.out(y);
+    rd.out(rstd);
+    return;
+  }
+#endif
+  cpu::rmsnorm_forward(x, gamma, y, rstd, N, C, eps);
+}
+
+void rmsnorm_backward([[maybe_unused]] Device d, const float* dy, const float* x,
+                      const float* gamma, const float* rstd, float* dx, float* dgamma, Count N,
+                      Count C) {
+#ifdef DISTPLAN_HAVE_CUDA
+  if (on_cuda(d)) {
+    F dyd(dy, N * C), xd(x, N * C), gd(gamma, C), rd(rstd, N), dxd(nullptr, N * C), dgd(dgamma, C);
+    cuda::rmsnorm_backward(dyd.get(), xd.get(), gd.get(), rd.get(), dxd.get(), dgd.get(), ii(N),
+                           ii(C));
+    dxd.out(dx);
+    dgd.out(dgamma);
+    return;
+  }
+#endif
+  cpu::rmsnorm_backward(dy, x, gamma, rstd, dx, dgamma, N, C);
+}
+
+void gelu_forward([[maybe_unused]] Device d, const float* x, float* y, Count n) {
+#ifdef DISTPLAN_HAVE_CUDA
+  if (on_cuda(d)) {
+    F xd(x, n), yd(nullptr, n);
+    cuda::gelu_forward(xd.get(), yd.get(), zz(n));
+    yd.out(y);
+    return;
+  }
+#endif
+  cpu::gelu_forward(x, y, n);
+}
+
+void gelu_backward([[maybe_unused]] Device d, const float* dy, const float* x, float* dx, Count n) {
+#ifdef DISTPLAN_HAVE_CUDA
+  if (on_cuda(d)) {
+    F dyd(dy, n), xd(x, n), dxd(nullptr, n);
+    cuda::gelu_backward(dyd.get(), xd.get(), dxd.get(), zz(n));
+    dxd.out(dx);
+    return;
+  }
+#endif
+  cpu::gelu_backward(dy, x, dx, n);
+}
+
+void swiglu_forward([[maybe_unused]] Device d, const float* gate, const float* up, float* y,
+                    Count n) {
+#ifdef DISTPLAN_HAVE_CUDA
+  if (on_cuda(d)) {
+    F gd(gate, n), ud(up, n), yd(nullptr, n);
+    cuda::swiglu_forward(gd.get(), ud.get(), yd.get(), zz(n));
+    yd.out(y);
+    return;
+  }
+#endif
+  cpu::swiglu_forward(gate, up, y, n);
+}
+
+void swiglu_backward([[maybe_unused]] Device d, const float* dy, const float* gate, const float* up,
+                     float* dgate, float* dup, Count n) {
+#ifdef DISTPLAN_HAVE_CUDA
+  if (on_cuda(d)) {
+    F dyd(dy, n), gd(gate, n), ud(up, n), dgd(nullptr, n), dud(nullptr, n);
+    cuda::swiglu_backward(dyd.get(), gd.get(), ud.get(), dgd.get(), dud.get(), zz(n));
+    dgd.out(dgate);
+    dud.out(dup);
+    return;
+  }
+#endif
+  cpu::swiglu_backward(dy, gate, up, dgate, dup, n);
+}
+
+void attention_forward([[maybe_unused]] Device d, const float* q, const float* k, const float* v,
+                       float* out, float* probs, Count s, Count b, Count a, Count g, Count hd) {
+#ifdef DISTPLAN_HAVE_CUDA
+  if (on_cuda(d)) {
+    DISTPLAN_CHECK(g > 0 && a % g == 0, "query heads must be a multiple of key/value heads");
+    F qd(q, s * b * a * hd), kd(k, s * b * g * hd), vd(v, s * b * g * hd),
+        od(nullptr, s * b * a * hd), pd(nullptr, b * a * s * s);
+    cuda::attention_forward(qd.get(), kd.get(), vd.get(), od.get(), pd.get(), ii(s), ii(b), ii(a),
+                            ii(g), ii(hd));
+    od.out(out);
+    pd.out(probs);
+    return;
+  }
+#endif
+  cpu::attention_forward(q, k, v, out, probs, s, b, a, g, hd);
+}
+
+void attention_backward([[maybe_unused]] Device d, const float* dout, const float* q,
+                        const float* k, const float* v, const float* probs, float* dq, float* dk,
+                        float* dv, Count s, Count b, Count a, Count g, Count hd) {
+#ifdef DISTPLAN_HAVE_CUDA
+  if (on_cuda(d)) {
+    DISTPLAN_CHECK(g > 0 && a % g == 0, "query heads must be a multiple of key/value heads");
+    // The kernel accumulates into dq, dk and dv: they start from zero (the CPU op overwrites).
+    F dod(dout, s * b * a * hd), qd(q, s * b * a * hd), kd(k, s * b * g * hd),
+        vd(v, s * b * g * hd), pd(probs, b * a * s * s), dqd(nullptr, s * b * a * hd),
+        dkd(nullptr, s * b * g * hd), dvd(nullptr, s * b * g * hd);
+    cuda::attention_backward(dod.get(), qd.get(), kd.get(), vd.get(), pd.get(), dqd.get(),
+                             dkd.get(), dvd.get(), ii(s), ii(b), ii(a), ii(g), ii(hd));
+    dqd.out(dq);
+    dkd.out(dk);
+    dvd.out(dv);
+    return;
+  }
+#endif
+  cpu::attention_backward(dout, q, k, v, probs, dq, dk, dv, s, b, a, g, hd);
+}
+
+void embedding_forward([[maybe_unused]] Device d, const std::int32_t* ids, const float* table,
+                       float* out, Count N, Count C, Count vocab_start, Count V) {
+#ifdef DISTPLAN_HAVE_CUDA
+  if (on_cuda(d)) {
+    I32 idd(ids, N);
+    F td(table, V * C), od(nullptr, N * C);
+    cuda::embedding_forward(idd.get(), td.get(), od.get(), ii(N), ii(C), ii(vocab_start), ii(V));
+    od.out(out);
+    return;
+  }
+#endif
+  cpu::embedding_forward(ids, table, out, N, C, vocab_start, V);
+}
+
+void embedding_backward([[maybe_unused]] Device d, const std::int32_t* ids, const float* dout,
+                        float* dtable, Count N, Count C, Count vocab_start, Count V) {
+#ifdef DISTPLAN_HAVE_CUDA
+  if (on_cuda(d)) {
+    I32 idd(ids, N);
+    F dod(dout, N * C), dtd(dtable, V * C);
+    cuda::embedding_backward(idd.get(), dod.get(), dtd.get(), ii(N), ii(C), ii(vocab_start), ii(V));
+    dtd.out(dtable);
+    return;
+  }
+#endif
+  cpu::embedding_backward(ids, dout, dtable, N, C, vocab_start, V);
+}
+
+void ce_local_max([[maybe_unused]] Device d, const float* logits, float* row_max, Count N,
+                  Count V) {
+#ifdef DISTPLAN_HAVE_CUDA
+  if (on_cuda(d)) {
+    F ld(logits, N * V), md(nullptr, N);
+    cuda::ce_local_max(ld.get(), md.get(), ii(N), ii(V));
+    md.out(row_max);
+    return;
+  }
+#endif
+  cpu::ce_local_max(logits, row_max, N, V);
+}
+
+void ce_local_sumexp([[maybe_unused]] Device d, const float* logits, const float* row_max,
+                     float* sumexp, Count N, Count V) {
+#ifdef DISTPLAN_HAVE_CUDA
+  if (on_cuda(d)) {
+    F ld(logits, N * V), md(row_max, N), sd(nullptr, N);
+    cuda::ce_local_sumexp(ld.get(), md.get(), sd.get(), ii(N), ii(V));
+    sd.out(sumexp);
+    return;
+  }
+#endif
+  cpu::ce_local_sumexp(logits, row_max, sumexp, N, V);
+}
+
+void ce_local_target([[maybe_unused]] Device d, const float* logits, const std::int32_t* targets,
+                     float* target_logit, Count N, Count V, Count vocab_start) {
+#ifdef DISTPLAN_HAVE_CUDA
+  if (on_cuda(d)) {
+    F ld(logits, N * V), td(nullptr, N);
+    I32 tg(targets, N);
+    cuda::ce_local_target(ld.get(), tg.get(), td.get(), ii(N), ii(V), ii(vocab_start));
+    td.out(target_logit);
+    return;
+  }
+#endif
+  cpu::ce_local_target(logits, targets, target_logit, N, V, vocab_start);
+}
+
+}  // namespace distplan::backend::dev
