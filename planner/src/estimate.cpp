@@ -565,6 +565,7 @@ class Estimator {
             static_cast<double>(c.all_reduce * 2 + c.all_gather + c.reduce_scatter);
         tp_fwd = all_calls > 0 ? tp_total * fwd_calls / all_calls : 0;
       }
+      k.wire_bytes_per_step = wire;
       if (wire > best) {
         best = wire;
         e.communication.collectives.swap(scratch);  // scratch is refilled from empty next stage

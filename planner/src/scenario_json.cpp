@@ -580,7 +580,8 @@ json plan_to_json(const Scenario& s, const Estimate& e) {
                      {"zero3_gather_seconds", k.zero3_gather},
                      {"grad_reduce_seconds", k.grad_reduce},
                      {"param_gather_seconds", k.param_gather},
-                     {"optimizer_seconds", k.optimizer}});
+                     {"optimizer_seconds", k.optimizer},
+                     {"wire_bytes_per_gpu_per_step", k.wire_bytes_per_step}});
   }
   return {
       {"schema", "distplan.plan/v1"},

@@ -128,3 +128,24 @@ TEST(Communication, TiedEmbeddingsSyncAcrossFirstAndLastStage) {
 
 }  // namespace
 }  // namespace distplan
+
+namespace distplan {
+namespace {
+
+TEST(Communication, EveryStageKnowsItsWireBytesAndTheBusiestIsListed) {
+  const Scenario s = testing::scenario(testing::default_doc());
+  const Estimate e = estimate(s);
+  Bytes busiest = 0;
+  for (std::size_t st = 0; st < e.stage_costs.size(); ++st) {
+    Bytes sum = 0;
+    for (const Collective& c : stage_communication(s, static_cast<int>(st))) {
+      sum += c.wire_bytes_per_gpu_per_step;
+    }
+    EXPECT_EQ(e.stage_costs[st].wire_bytes_per_step, sum) << "stage " << st;
+    busiest = std::max(busiest, sum);
+  }
+  EXPECT_EQ(e.communication.wire_bytes_per_gpu_per_step, busiest);
+}
+
+}  // namespace
+}  // namespace distplan

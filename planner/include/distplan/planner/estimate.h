@@ -93,6 +93,7 @@ struct StageCosts {
   Seconds grad_reduce = 0;   // DP/ZeRO gradient reduction per step
   Seconds param_gather = 0;  // ZeRO-1/2 parameter all-gather after the optimizer step
   Seconds optimizer = 0;     // optimizer step (memory bound)
+  Bytes wire_bytes_per_step = 0;  // ring wire bytes one GPU of this stage sends per step
   bool operator==(const StageCosts&) const = default;
 };
 
