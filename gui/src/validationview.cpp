@@ -123,7 +123,7 @@ std::vector<Segment> memorySegments() {
     out.push_back({categoryKey(c), categoryLabel(c), categoryColor(c)});
   }
   out.push_back({QStringLiteral("temporaries"),
-                 QCoreApplication::translate("ValidationView", "Temporaries (measured only)"),
+                 QCoreApplication::translate("ValidationView", "Temporaries"),
                  QColor(0xba, 0xb0, 0xac)});
   return out;
 }
@@ -180,8 +180,8 @@ ValidationView::ValidationView(QWidget* parent) : QWidget(parent) {
 
   chart_ = new QChart;
   chart_->setAnimationOptions(QChart::NoAnimation);
-  chart_->legend()->setAlignment(Qt::AlignBottom);
-  chart_->setTitle(tr("Memory per GPU: predicted against measured"));
+  chart_->legend()->setAlignment(Qt::AlignRight);
+  chart_->setTitle(tr("Memory per GPU, predicted and measured"));
   chartView_ = new QChartView(chart_, this);
   chartView_->setRenderHint(QPainter::Antialiasing);
   chartView_->setMinimumHeight(260);
@@ -189,7 +189,7 @@ ValidationView::ValidationView(QWidget* parent) : QWidget(parent) {
   commChart_ = new QChart;
   commChart_->setAnimationOptions(QChart::NoAnimation);
   commChart_->legend()->setAlignment(Qt::AlignBottom);
-  commChart_->setTitle(tr("Collectives per GPU per step (bytes handed)"));
+  commChart_->setTitle(tr("Bytes handed to collectives"));
   commView_ = new QChartView(commChart_, this);
   commView_->setRenderHint(QPainter::Antialiasing);
   commView_->setMinimumHeight(220);
@@ -205,8 +205,11 @@ ValidationView::ValidationView(QWidget* parent) : QWidget(parent) {
   errors_ = new QTableWidget(0, 2, this);
   errors_->setHorizontalHeaderLabels({tr("Figure"), tr("Relative error (%)")});
   errors_->horizontalHeader()->setSectionResizeMode(0, QHeaderView::Stretch);
+  errors_->horizontalHeader()->setSectionResizeMode(1, QHeaderView::ResizeToContents);
+  errors_->verticalHeader()->setDefaultSectionSize(errors_->fontMetrics().height() + 6);
   errors_->verticalHeader()->hide();
   errors_->setEditTriggers(QAbstractItemView::NoEditTriggers);
+  errors_->horizontalHeader()->setSortIndicator(-1, Qt::AscendingOrder);
   errors_->setSortingEnabled(true);
 
   connect(open, &QPushButton::clicked, this, [this] {
@@ -236,23 +239,24 @@ ValidationView::ValidationView(QWidget* parent) : QWidget(parent) {
   commLayout->setContentsMargins(0, 0, 0, 0);
   commLayout->addWidget(commView_, 1);
   commLayout->addWidget(logScale_, 0, Qt::AlignRight);
-  auto* left = new QSplitter(Qt::Vertical, this);
-  left->addWidget(chartView_);
-  left->addWidget(commBox);
-  left->setStretchFactor(0, 1);
-  left->setStretchFactor(1, 1);
-  auto* right = new QSplitter(Qt::Vertical, this);
-  right->addWidget(summary_);
-  right->addWidget(errors_);
-  right->addWidget(log_);
-  right->setStretchFactor(0, 0);
-  right->setStretchFactor(1, 2);
-  right->setStretchFactor(2, 1);
-  auto* splitter = new QSplitter(Qt::Horizontal, this);
-  splitter->addWidget(left);
-  splitter->addWidget(right);
-  splitter->setStretchFactor(0, 3);
-  splitter->setStretchFactor(1, 2);
+  // Charts side by side on top; the run's summary, the error table and the log below.
+  auto* charts = new QSplitter(Qt::Horizontal, this);
+  charts->addWidget(chartView_);
+  charts->addWidget(commBox);
+  charts->setSizes({440, 560});
+  auto* figures = new QWidget(this);
+  auto* figuresLayout = new QVBoxLayout(figures);
+  figuresLayout->setContentsMargins(0, 0, 0, 0);
+  figuresLayout->addWidget(summary_);
+  figuresLayout->addWidget(errors_, 1);
+  auto* details = new QSplitter(Qt::Horizontal, this);
+  details->addWidget(figures);
+  details->addWidget(log_);
+  details->setSizes({600, 400});
+  auto* splitter = new QSplitter(Qt::Vertical, this);
+  splitter->addWidget(charts);
+  splitter->addWidget(details);
+  splitter->setSizes({550, 450});
   auto* layout = new QVBoxLayout(this);
   layout->addLayout(controls);
   layout->addWidget(splitter, 1);
@@ -313,7 +317,9 @@ bool ValidationView::openFile(const QString& path) {
     log_->appendPlainText(tr("cannot open %1: %2").arg(path, file.errorString()));
     return false;
   }
-  return loadResult(file.readAll());
+  const bool ok = loadResult(file.readAll());
+  if (ok) log_->appendPlainText(tr("opened %1").arg(QDir::toNativeSeparators(path)));
+  return ok;
 }
 
 bool ValidationView::loadResult(const QByteArray& text) {
@@ -350,7 +356,7 @@ bool ValidationView::loadResult(const QByteArray& text) {
           m.contains("stage") && m["stage"].is_number_integer() ? m["stage"].get<std::size_t>() : i;
       if (stage >= predicted->size()) continue;
       pairs.emplace_back(&(*predicted)[stage], &m);
-      labels << tr("S%1 predicted").arg(stage) << tr("S%1 measured").arg(stage);
+      labels << tr("S%1<br>pred.").arg(stage) << tr("S%1<br>meas.").arg(stage);
     }
   }
   const std::vector<Segment> segments = memorySegments();
@@ -381,8 +387,9 @@ bool ValidationView::loadResult(const QByteArray& text) {
   chart_->addSeries(series);
   auto* x = new QBarCategoryAxis;
   x->append(labels);
+  x->setTitleText(tr("stage: predicted, measured"));
   auto* y = new QValueAxis;
-  y->setTitleText(tr("%1 per GPU (runtime reserve not shown)").arg(unitName));
+  y->setTitleText(tr("%1 per GPU").arg(unitName));
   y->setLabelFormat(QStringLiteral("%.3g"));
   y->setRange(0, maxBytes > 0 ? maxBytes / memoryUnit_ * 1.1 : 1.0);
   y->applyNiceNumbers();
@@ -391,27 +398,33 @@ bool ValidationView::loadResult(const QByteArray& text) {
   series->attachAxis(x);
   series->attachAxis(y);
 
-  // Communication: bytes handed per (group, op), per stage, predicted beside measured.
+  // Communication: bytes handed per (group, op) and step, predicted beside measured per stage.
   commLabels_.clear();
+  commStages_.clear();
   commPredicted_.clear();
   commMeasured_.clear();
   const json& pcs = at(predictedSide, {"communication", "stages"});
   const json& mcs = at(measuredSide, {"communication", "stages"});
   if (pcs.is_array() && mcs.is_array()) {
+    std::vector<std::pair<std::map<QString, double>, std::map<QString, double>>> perStage;
+    std::map<QString, bool> keys;
     for (const json& ms : mcs) {
       const long long stage = integer(ms, "stage", 0);
       const json* ps = nullptr;
       for (const json& p : pcs)
         if (integer(p, "stage", -1) == stage) ps = &p;
-      std::map<QString, double> pm = ps ? bytesByOp(*ps) : std::map<QString, double>{};
-      const std::map<QString, double> mm = bytesByOp(ms);
-      std::map<QString, bool> keys;
-      for (const auto& [k, unused] : pm) keys[k] = true;
-      for (const auto& [k, unused] : mm) keys[k] = true;
-      for (const auto& [k, unused] : keys) {
-        commLabels_ << QStringLiteral("S%1 %2").arg(stage).arg(k);
-        commPredicted_.push_back(pm.count(k) ? pm.at(k) : 0.0);
-        commMeasured_.push_back(mm.count(k) ? mm.at(k) : 0.0);
+      perStage.emplace_back(ps ? bytesByOp(*ps) : std::map<QString, double>{}, bytesByOp(ms));
+      commStages_.push_back(static_cast<int>(stage));
+      for (const auto& [k, unused] : perStage.back().first) keys[k] = true;
+      for (const auto& [k, unused] : perStage.back().second) keys[k] = true;
+    }
+    for (const auto& [k, unused] : keys) commLabels_ << k;
+    for (const auto& [pm, mm] : perStage) {
+      commPredicted_.emplace_back();
+      commMeasured_.emplace_back();
+      for (const QString& k : commLabels_) {
+        commPredicted_.back().push_back(pm.count(k) ? pm.at(k) : 0.0);
+        commMeasured_.back().push_back(mm.count(k) ? mm.at(k) : 0.0);
       }
     }
   }
@@ -443,6 +456,12 @@ bool ValidationView::loadResult(const QByteArray& text) {
                               : std::string())
                           .toHtmlEscaped());
   }
+  if (!pairs.empty()) {
+    lines << tr("Memory without the runtime reserve (%1 %2 predicted; a host run has none); "
+                "temporaries are measured only: the planner does not model them.")
+                 .arg(number(*pairs.front().first, "runtime_bytes") / memoryUnit_, 0, 'f', 0)
+                 .arg(unitName);
+  }
   const json& ptime = at(predictedSide, {"time"});
   const json& mtime = at(measuredSide, {"time"});
   if (mtime.is_object()) {
@@ -455,11 +474,10 @@ bool ValidationView::loadResult(const QByteArray& text) {
     lines << tr("Pipeline bubble: predicted %1 %, measured %2 %")
                  .arg(number(ptime, "simulated_bubble_fraction") * 100, 0, 'f', 1)
                  .arg(number(mtime, "bubble_fraction") * 100, 0, 'f', 1);
-    lines << tr("Planner step on %1: %2 (analytic)")
-                 .arg(QString::fromStdString(
-                          at(doc, {"scenario", "cluster", "gpu"}).is_string()
-                              ? at(doc, {"scenario", "cluster", "gpu"}).get<std::string>()
-                              : std::string("the GPU")),
+    const json& gpu = at(doc, {"scenario", "cluster", "gpu"});
+    const std::string gpuName = gpu.is_string() ? gpu.get<std::string>() : str(gpu, "name", "?");
+    lines << tr("Planner's analytic step on a %1: %2")
+                 .arg(QString::fromStdString(gpuName).toHtmlEscaped(),
                       ms(number(ptime, "step_seconds")));
   }
   if (doc.contains("losses") && doc["losses"].is_array() && !doc["losses"].empty()) {
@@ -477,9 +495,15 @@ bool ValidationView::loadResult(const QByteArray& text) {
   summary_->setText(lines.join(QStringLiteral("<br>")));
 
   // The relative errors the result reports (every number under its error object; null: n/a).
+  // Time and memory first (the figures a person checks), then communication, then the rest.
   std::vector<std::pair<std::string, json>> rows;
-  for (const char* key : {"relative_error", "relative_errors", "errors", "error"}) {
-    if (doc.contains(key)) flatten(doc[key], "", rows);
+  const json& err = at(doc, {"relative_error"});
+  if (err.is_object()) {
+    for (const char* key : {"time", "memory", "communication"})
+      if (err.contains(key)) flatten(err[key], std::string("/") + key, rows);
+    for (auto it = err.begin(); it != err.end(); ++it)
+      if (it.key() != "time" && it.key() != "memory" && it.key() != "communication")
+        flatten(it.value(), "/" + it.key(), rows);
   }
   errors_->setSortingEnabled(false);
   errors_->setRowCount(static_cast<int>(rows.size()));
@@ -498,6 +522,8 @@ bool ValidationView::loadResult(const QByteArray& text) {
     }
     errors_->setItem(i, 1, item);
   }
+  // Rows stay in that order until a person sorts by a column.
+  errors_->horizontalHeader()->setSortIndicator(-1, Qt::AscendingOrder);
   errors_->setSortingEnabled(true);
   emit resultLoaded();
   return true;
@@ -511,40 +537,62 @@ void ValidationView::rebuildCommunicationChart() {
   }
   const bool log = logScale_->isChecked();
   double maxBytes = 0, minPositive = 0;
-  for (const auto* values : {&commPredicted_, &commMeasured_}) {
-    for (double v : *values) {
-      maxBytes = std::max(maxBytes, v);
-      if (v > 0 && (minPositive == 0 || v < minPositive)) minPositive = v;
+  for (const auto* side : {&commPredicted_, &commMeasured_}) {
+    for (const std::vector<double>& values : *side) {
+      for (double v : values) {
+        maxBytes = std::max(maxBytes, v);
+        if (v > 0 && (minPositive == 0 || v < minPositive)) minPositive = v;
+      }
     }
   }
   const double unit = maxBytes >= kGiBytes ? kGiBytes : kMiB;
   const QString unitName = unit == kGiBytes ? tr("GiB") : tr("MiB");
-  auto* series = new QBarSeries;
-  auto* predicted = new QBarSet(tr("Predicted"));
-  auto* measured = new QBarSet(tr("Measured"));
-  predicted->setColor(QColor(0x4e, 0x79, 0xa7));
-  measured->setColor(QColor(0xf2, 0x8e, 0x2b));
   // A log axis cannot show zero: an absent collective is drawn at the axis floor.
   const double floor =
       log && minPositive > 0 ? std::pow(10.0, std::floor(std::log10(minPositive / unit))) : 0.0;
-  for (std::size_t i = 0; i < commPredicted_.size(); ++i) {
-    *predicted << std::max(commPredicted_[i] / unit, floor);
-    *measured << std::max(commMeasured_[i] / unit, floor);
+  // Stage s: a dark (predicted) and a light (measured) shade of its own hue.
+  static const QColor kShades[][2] = {{QColor(0x4e, 0x79, 0xa7), QColor(0xa0, 0xcb, 0xe8)},
+                                      {QColor(0xf2, 0x8e, 0x2b), QColor(0xff, 0xbe, 0x7d)},
+                                      {QColor(0x59, 0xa1, 0x4f), QColor(0x8c, 0xd1, 0x7d)},
+                                      {QColor(0xb0, 0x7a, 0xa1), QColor(0xd4, 0xa6, 0xc8)}};
+  auto* series = new QBarSeries;
+  for (std::size_t s = 0; s < commStages_.size(); ++s) {
+    auto* predicted = new QBarSet(tr("S%1 predicted").arg(commStages_[s]));
+    auto* measured = new QBarSet(tr("S%1 measured").arg(commStages_[s]));
+    const auto& shade = kShades[s % std::size(kShades)];
+    predicted->setColor(shade[0]);
+    measured->setColor(shade[1]);
+    predicted->setBorderColor(shade[0].darker(130));
+    measured->setBorderColor(shade[0]);
+    for (std::size_t k = 0; k < commPredicted_[s].size(); ++k) {
+      *predicted << std::max(commPredicted_[s][k] / unit, floor);
+      *measured << std::max(commMeasured_[s][k] / unit, floor);
+    }
+    series->append(predicted);
+    series->append(measured);
   }
-  series->append(predicted);
-  series->append(measured);
   commChart_->addSeries(series);
   auto* x = new QBarCategoryAxis;
-  x->append(commLabels_);
-  x->setLabelsAngle(commLabels_.size() > 6 ? -30 : 0);
+  // The group over the op, the op broken at its word ("tp", "reduce-", "scatter"): a label is
+  // cut to its category's width.
+  QStringList twoLine;
+  for (const QString& label : commLabels_) {
+    twoLine << QString(label)
+                   .replace(QLatin1Char(' '), QStringLiteral("<br>"))
+                   .replace(QLatin1Char('_'), QStringLiteral("-<br>"));
+  }
+  x->append(twoLine);
+  QFont small = x->labelsFont();
+  small.setPointSizeF(small.pointSizeF() * 0.9);
+  x->setLabelsFont(small);
   commChart_->addAxis(x, Qt::AlignBottom);
   series->attachAxis(x);
-  const QString title = tr("%1 per step (bytes handed)").arg(unitName);
+  const QString title = tr("%1 per GPU per step").arg(unitName);
   if (log && maxBytes > 0) {
     auto* y = new QLogValueAxis;
     y->setBase(10);
     y->setLabelFormat(QStringLiteral("%.3g"));
-    y->setTitleText(title + tr(", log scale"));
+    y->setTitleText(title + tr(" (log)"));
     y->setRange(floor, std::pow(10.0, std::ceil(std::log10(maxBytes / unit * 1.5))));
     commChart_->addAxis(y, Qt::AlignLeft);
     series->attachAxis(y);

@@ -42,8 +42,11 @@ class ValidationView : public QWidget {
 
   /// Predicted against measured memory per stage (the tab's main chart, what "Export" writes).
   [[nodiscard]] QChartView* chartView() const { return chartView_; }
-  /// Bytes handed to each (group, op) per step, predicted against measured, per stage.
+  /// Bytes handed to each (group, op) per step: one category per (group, op), and the bar sets
+  /// "S<stage> predicted", "S<stage> measured" for every measured stage.
   [[nodiscard]] QChartView* communicationChartView() const { return commView_; }
+  /// The communication chart's categories as "<group> <op>" (the axis breaks them into lines).
+  [[nodiscard]] QStringList communicationCategories() const { return commLabels_; }
   [[nodiscard]] QTableWidget* errorTable() const { return errors_; }
   [[nodiscard]] QString logText() const;
   /// Time, losses and run facts of the loaded result, as shown above the error table.
@@ -70,9 +73,11 @@ class ValidationView : public QWidget {
   void rebuildCommunicationChart();
 
   QByteArray scenario_;
-  // The communication chart's bars: "S<stage> <group> <op>", bytes per step.
+  // The communication chart: one category per "<group> <op>", one predicted and one measured
+  // bar per measured stage, bytes per step ([stage index][category]).
   QStringList commLabels_;
-  std::vector<double> commPredicted_, commMeasured_;
+  std::vector<int> commStages_;
+  std::vector<std::vector<double>> commPredicted_, commMeasured_;
   double memoryUnit_ = 1024.0 * 1024.0 * 1024.0;
   QLineEdit* cliPath_ = nullptr;
   QSpinBox* steps_ = nullptr;

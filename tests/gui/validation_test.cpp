@@ -114,28 +114,46 @@ class ValidationTest : public QObject {
     QVERIFY(memAxis);
     QVERIFY(memAxis->titleText().contains(QStringLiteral("MiB")));
 
-    // Communication: one category per stage and (group, op), bars in MiB per step.
+    // Communication: one category per (group, op); per measured stage a predicted and a measured
+    // bar set, in MiB per step.
     auto* comm =
         qobject_cast<QBarSeries*>(view.communicationChartView()->chart()->series().value(0));
     QVERIFY(comm);
-    QCOMPARE(comm->barSets().size(), 2);
+    const json& mcs = doc["measured"]["communication"]["stages"];
+    QCOMPARE(comm->barSets().size(), static_cast<qsizetype>(2 * mcs.size()));
     auto* axis = qobject_cast<QBarCategoryAxis*>(
         view.communicationChartView()->chart()->axes(Qt::Horizontal).value(0));
     QVERIFY(axis);
     const auto predicted = commByLabel(doc["predicted"]["communication"]["stages"]);
-    const auto measured = commByLabel(doc["measured"]["communication"]["stages"]);
+    const auto measured = commByLabel(mcs);
     QVERIFY(!measured.empty());
-    std::map<QString, bool> labels;
-    for (const auto& [k, v] : predicted) labels[k] = true;
-    for (const auto& [k, v] : measured) labels[k] = true;
-    QCOMPARE(axis->count(), static_cast<qsizetype>(labels.size()));
+    std::map<QString, bool> ops;  // "group op" over every stage
+    for (const auto* side : {&predicted, &measured})
+      for (const auto& [k, v] : *side) ops[k.section(QLatin1Char(' '), 1)] = true;
+    QCOMPARE(axis->count(), static_cast<qsizetype>(ops.size()));
+    const QStringList categories = view.communicationCategories();
+    QCOMPARE(categories.size(), axis->count());
     for (qsizetype i = 0; i < axis->count(); ++i) {
-      const QString label = axis->categories().at(i);
-      QVERIFY2(labels.count(label), qPrintable(label));
-      const double p = predicted.count(label) ? predicted.at(label) : 0.0;
-      const double m = measured.count(label) ? measured.at(label) : 0.0;
-      QCOMPARE(comm->barSets().at(0)->at(i), p / (1 << 20));
-      QCOMPARE(comm->barSets().at(1)->at(i), m / (1 << 20));
+      // The axis shows the same category over lines: "tp<br>reduce-<br>scatter".
+      QCOMPARE(QString(axis->categories().at(i))
+                   .remove(QStringLiteral("-<br>"))
+                   .replace(QStringLiteral("<br>"), QStringLiteral(" ")),
+               QString(categories.at(i)).remove(QLatin1Char('_')));
+    }
+    for (std::size_t s = 0; s < mcs.size(); ++s) {
+      const int stage = mcs[s]["stage"].get<int>();
+      const QBarSet* p = comm->barSets().at(static_cast<qsizetype>(2 * s));
+      const QBarSet* m = comm->barSets().at(static_cast<qsizetype>(2 * s + 1));
+      QCOMPARE(p->label(), QStringLiteral("S%1 predicted").arg(stage));
+      QCOMPARE(m->label(), QStringLiteral("S%1 measured").arg(stage));
+      for (qsizetype i = 0; i < axis->count(); ++i) {
+        const QString key = QStringLiteral("S%1 %2").arg(stage).arg(categories.at(i));
+        QVERIFY2(ops.count(categories.at(i)), qPrintable(key));
+        const double pb = predicted.count(key) ? predicted.at(key) : 0.0;
+        const double mb = measured.count(key) ? measured.at(key) : 0.0;
+        QCOMPARE(p->at(i), pb / (1 << 20));
+        QCOMPARE(m->at(i), mb / (1 << 20));
+      }
     }
 
     // Every relative error is a row (null ones read n/a); time and losses are in the summary.
