@@ -2,7 +2,10 @@
 # One command for a GPU machine: builds the CUDA path (Release, Ninja), runs the CUDA ops against
 # the CPU oracle, and `distplan validate --device cuda` on the scenarios in data/validation/
 # (single GPU with --emulate-rank on large layouts; all GPUs where the layout fits the machine),
-# then writes one results JSON to $OUT (or ./out). Budget: under 8 minutes on one H100/H200.
+# times one GPT layer stack forward + backward on device-resident data against the GPU's dense
+# bf16 peak (distplan-cuda-layer-bench; LAYER_HIDDEN, LAYER_HEADS, LAYER_SEQ, LAYER_LAYERS override
+# the hidden 4096 / 32 heads / seq 1024 / 2 layers shape), then writes one results JSON to $OUT
+# (or ./out). Budget: under 8 minutes on one H100/H200.
 #   scripts/gpu_validate.sh [build-dir]
 set -uo pipefail
 
@@ -24,6 +27,7 @@ cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDISTPLAN_BUIL
   -DDISTPLAN_ENABLE_CUDA=ON >> "$LOG" 2>&1 || { say "configure failed"; exit 1; }
 JOBS=$(nproc 2>/dev/null || echo 4)
 cmake --build "$BUILD" -j "$JOBS" --target distplan gpu_backend_cuda_ops_test gpu_backend_training_test gpu_backend_bench \
+  distplan-cuda-layer-bench \
   >> "$LOG" 2>&1 || { say "build failed"; exit 1; }
 
 GPUS=$(nvidia-smi -L 2>/dev/null | wc -l)
@@ -38,6 +42,18 @@ say "CUDA trainer against the CPU trainer"
 "$BUILD/tests/gpu_backend/gpu_backend_training_test" --gtest_filter='CudaTrainer.*' \
   --gtest_output="json:$OUT_DIR/cuda_trainer.json" >> "$LOG" 2>&1
 TRAINER_RC=$?
+
+say "layer stack forward+backward on the GPU (limit 150 s)"
+timeout 150 "$BUILD/gpu_backend/distplan-cuda-layer-bench" --hidden "${LAYER_HIDDEN:-4096}" \
+  --heads "${LAYER_HEADS:-32}" --seq "${LAYER_SEQ:-1024}" --batch 1 --layers "${LAYER_LAYERS:-2}" \
+  --reps 2 > "$OUT_DIR/layer_stack.json" 2>> "$LOG"
+LAYER_RC=$?
+say "  exit $LAYER_RC"
+LAYER_JSON=null
+if [ "$LAYER_RC" -eq 0 ] && [ -s "$OUT_DIR/layer_stack.json" ]; then
+  LAYER_JSON=$(cat "$OUT_DIR/layer_stack.json")
+  grep -E '"(tflops|fraction_of_peak)"' "$OUT_DIR/layer_stack.json" | tee -a "$LOG"
+fi
 
 # scenario file | extra validate arguments | time limit (s)
 RUNS=(
@@ -69,6 +85,8 @@ timeout 90 "$BUILD/bench/gpu_backend_bench" --benchmark_format=json \
   echo "  \"gpus\": $GPUS,"
   echo "  \"cuda_ops_exit_code\": $OPS_RC,"
   echo "  \"cuda_trainer_exit_code\": $TRAINER_RC,"
+  echo "  \"layer_stack_exit_code\": $LAYER_RC,"
+  echo "  \"layer_stack\": $LAYER_JSON,"
   echo "  \"seconds\": $(($(date +%s) - START)),"
   echo "  \"runs\": ["
   for i in "${!RESULTS[@]}"; do

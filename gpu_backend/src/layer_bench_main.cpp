@@ -62,11 +62,14 @@ int main(int argc, char** argv) {
     const std::string name = cuda::device_name();
     const int cc = cuda::compute_capability();
     const double peak = peak_override > 0 ? peak_override : dense_bf16_peak(name, cc);
-    c.gemm_only = false;
-    const cuda::LayerStackTiming full = cuda::time_layer_stack(c);
+    // The GEMMs alone first (fast, and logged at once), then the whole stack.
     cuda::LayerStackConfig g = c;
     g.gemm_only = true;
     const cuda::LayerStackTiming gemm = cuda::time_layer_stack(g);
+    std::cerr << "gemms only: " << gemm.seconds << " s, "
+              << (gemm.seconds > 0 ? gemm.gemm_flops / gemm.seconds / 1e12 : 0.0) << " TFLOP/s\n";
+    c.gemm_only = false;
+    const cuda::LayerStackTiming full = cuda::time_layer_stack(c);
     auto tflops = [](double flops, double s) { return s > 0 ? flops / s / 1e12 : 0.0; };
     nlohmann::json j;
     j["schema"] = "distplan.layer_stack/v1";

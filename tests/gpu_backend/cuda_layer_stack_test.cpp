@@ -1,5 +1,6 @@
 // The device-resident GPT layer stack (cuda.h: time_layer_stack) runs forward + backward on a small
-// shape and counts FLOPs as Narayanan et al. 2021 (Megatron-LM, sec. 5.1): per layer and step
+// shape and counts FLOPs as Narayanan et al. 2021 (Megatron-LM at scale, FLOP count without
+// recomputation, LM head excluded): per layer and step
 // 72 B s h^2 (1 + s / (6h)) with f = 4h, of which the GEMMs are 72 B s h^2. Skips without a GPU.
 #include <gtest/gtest.h>
 
