@@ -171,12 +171,11 @@ TEST_P(LayoutTest, TrainsLikeOneRankAndMatchesThePlanner) {
   expect_matches_planner(s, m);
 }
 
-// The CUDA device (tensors in device memory, GEMMs in cuBLAS) trains the single-rank model like the
-// CPU oracle and measures the same bytes per category. Skips itself without a GPU.
-TEST(CudaTrainer, TrainsLikeTheCpuAndMeasuresTheSameMemory) {
-  if (!cuda_available()) GTEST_SKIP() << "no GPU visible";
-  const Scenario s =
-      scenario_from_json(tiny_scenario(Layout{"cuda", {{"tp", 1}, {"pp", 1}, {"dp", 1}}}));
+// The CUDA device (tensors in device memory, GEMMs in cuBLAS, the other ops through the device
+// dispatch) trains the single-rank model like the CPU oracle within `tol` of its losses and
+// measures the same bytes per category. Skips itself without a GPU.
+void expect_cuda_trains_like_cpu(const Layout& l, double tol) {
+  const Scenario s = scenario_from_json(tiny_scenario(l));
   RunOptions o;
   o.comm = CommBackend::emulated;
   const Measurement cpu_run = run(s, o);
@@ -184,11 +183,37 @@ TEST(CudaTrainer, TrainsLikeTheCpuAndMeasuresTheSameMemory) {
   const Measurement gpu_run = run(s, o);
   ASSERT_EQ(gpu_run.losses.size(), cpu_run.losses.size());
   for (std::size_t i = 0; i < cpu_run.losses.size(); ++i)
-    EXPECT_NEAR(gpu_run.losses[i], cpu_run.losses[i], 1e-4 * std::abs(cpu_run.losses[i])) << i;
+    EXPECT_NEAR(gpu_run.losses[i], cpu_run.losses[i], tol * std::abs(cpu_run.losses[i])) << i;
+  EXPECT_EQ(gpu_run.skipped, cpu_run.skipped);
   for (const MemoryTag t : {MemoryTag::weights, MemoryTag::gradients, MemoryTag::optimizer,
                             MemoryTag::activations, MemoryTag::buffers})
     EXPECT_EQ(gpu_run.ranks.front().memory.peak_of(t), cpu_run.ranks.front().memory.peak_of(t))
         << to_string(t);
+}
+
+TEST(CudaTrainer, TrainsLikeTheCpuAndMeasuresTheSameMemory) {
+  if (!cuda_available()) GTEST_SKIP() << "no GPU visible";
+  expect_cuda_trains_like_cpu(Layout{"cuda", {{"tp", 1}, {"pp", 1}, {"dp", 1}}}, 1e-4);
+}
+
+// GPT with standard attention in fp32: LayerNorm, GeLU, the attention kernels, embedding, the
+// cross-entropy pieces and AdamW on the device; fp32 throughout, so the 1e-4 bound above.
+TEST(CudaTrainer, StandardAttentionGptRunsItsOpsOnTheDeviceLikeTheCpu) {
+  if (!cuda_available()) GTEST_SKIP() << "no GPU visible";
+  expect_cuda_trains_like_cpu(
+      Layout{"cuda_std", {{"tp", 1}, {"pp", 1}, {"dp", 1}}, "fp32", "standard"}, 1e-4);
+}
+
+// Llama (RMSNorm, SwiGLU, grouped key/value heads) in bf16 and fp16: device casts of gradients
+// and master weights, and in fp16 the overflow check on the device. The 2e-2 bound of the layout
+// matrix for 16-bit storage (LayoutTest above), where rounding ties may break differently.
+TEST(CudaTrainer, LlamaIn16BitStorageTrainsLikeTheCpu) {
+  if (!cuda_available()) GTEST_SKIP() << "no GPU visible";
+  for (const char* precision : {"bf16", "fp16"}) {
+    SCOPED_TRACE(precision);
+    expect_cuda_trains_like_cpu(
+        Layout{"cuda_llama", {{"tp", 1}, {"pp", 1}, {"dp", 1}}, precision, "standard", true}, 2e-2);
+  }
 }
 
 using J = nlohmann::json;
