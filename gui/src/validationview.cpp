@@ -26,9 +26,14 @@
 #include <QStandardPaths>
 #include <QTableWidget>
 #include <QTemporaryFile>
+#include <QTimer>
 #include <QVBoxLayout>
 #include <QValueAxis>
 #include <algorithm>
+#ifdef Q_OS_LINUX
+#include <sys/types.h>
+#include <csignal>
+#endif
 #include <cmath>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -152,6 +157,52 @@ QString percent(const json& value) {
       .arg(value.get<double>() * 100, 0, 'f', 2);
 }
 
+/// The processes whose parent is `parent`, from /proc ("pid (comm) state ppid ...").
+std::vector<pid_t> childrenOf(qint64 parent) {
+  std::vector<pid_t> out;
+#ifdef Q_OS_LINUX
+  for (const QString& entry : QDir(QStringLiteral("/proc")).entryList(QDir::Dirs)) {
+    bool numeric = false;
+    const pid_t pid = static_cast<pid_t>(entry.toLongLong(&numeric));
+    if (!numeric) continue;
+    QFile stat(QStringLiteral("/proc/%1/stat").arg(entry));
+    if (!stat.open(QIODevice::ReadOnly)) continue;
+    const QByteArray line = stat.readAll();
+    const QList<QByteArray> fields = line.mid(line.lastIndexOf(')') + 2).split(' ');
+    if (fields.size() > 1 && fields[1].toLongLong() == parent) out.push_back(pid);
+  }
+#else
+  Q_UNUSED(parent);
+#endif
+  return out;
+}
+
+/// Stops a `distplan validate` run. The CLI starts mpirun in a process group of its own
+/// (cli/src/cmd_validate.cpp) and Open MPI gives each rank its own group: killing the CLI alone
+/// leaves them running. mpirun's group gets SIGTERM (mpirun stops its ranks), the CLI SIGKILL,
+/// and every group of mpirun and its ranks SIGKILL 3 s later.
+void stopProcessTree(QProcess* process) {
+#ifdef Q_OS_LINUX
+  std::vector<pid_t> launchers, groups;
+  if (process->processId() > 0) {
+    for (pid_t launcher : childrenOf(process->processId())) {
+      launchers.push_back(launcher);
+      groups.push_back(launcher);
+      for (pid_t rank : childrenOf(launcher)) groups.push_back(rank);
+    }
+  }
+  for (pid_t group : launchers) ::kill(-group, SIGTERM);
+  process->kill();
+  if (!groups.empty()) {
+    QTimer::singleShot(3000, [groups] {
+      for (pid_t group : groups) ::kill(-group, SIGKILL);
+    });
+  }
+#else
+  process->kill();
+#endif
+}
+
 }  // namespace
 
 ValidationView::ValidationView(QWidget* parent) : QWidget(parent) {
@@ -218,9 +269,7 @@ ValidationView::ValidationView(QWidget* parent) : QWidget(parent) {
     if (!path.isEmpty()) openFile(path);
   });
   connect(run_, &QPushButton::clicked, this, [this] { startRun(); });
-  connect(stop_, &QPushButton::clicked, this, [this] {
-    if (process_) process_->kill();
-  });
+  connect(stop_, &QPushButton::clicked, this, &ValidationView::stopRun);
   connect(logScale_, &QCheckBox::toggled, this, [this] { rebuildCommunicationChart(); });
   connect(exportButton, &QPushButton::clicked, this,
           [this] { exportWidgetWithDialog(this, chartView_, QStringLiteral("validation")); });
@@ -266,9 +315,15 @@ ValidationView::ValidationView(QWidget* parent) : QWidget(parent) {
 ValidationView::~ValidationView() {
   if (process_) {
     process_->disconnect(this);
-    process_->kill();
+    stopProcessTree(process_);
     process_->waitForFinished(2000);
   }
+}
+
+void ValidationView::stopRun() {
+  if (!process_) return;
+  log_->appendPlainText(tr("stopping the run and its ranks"));
+  stopProcessTree(process_);
 }
 
 QString ValidationView::defaultCliPath() {

@@ -38,6 +38,8 @@ class ValidationView : public QWidget {
   bool openFile(const QString& path);
   /// Starts `distplan validate --device cpu` on the scenario; false when it cannot start.
   bool startRun();
+  /// Stops a run: the CLI, and mpirun with its ranks.
+  void stopRun();
   [[nodiscard]] bool isRunning() const { return process_ != nullptr; }
 
   /// Predicted against measured memory per stage (the tab's main chart, what "Export" writes).

@@ -8,14 +8,18 @@
 #include <QBarSet>
 #include <QChart>
 #include <QChartView>
+#include <QDir>
+#include <QElapsedTimer>
 #include <QFile>
 #include <QFileInfo>
 #include <QLogValueAxis>
 #include <QSignalSpy>
+#include <QSpinBox>
 #include <QStackedBarSeries>
 #include <QTableWidget>
 #include <QValueAxis>
 #include <QtTest>
+#include <algorithm>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -70,6 +74,31 @@ std::size_t leaves(const json& node) {
     for (const json& child : node) n += leaves(child);
   }
   return n;
+}
+
+/// The processes whose parent is `parent` (Linux /proc).
+std::vector<qint64> childrenOf(qint64 parent) {
+  std::vector<qint64> out;
+  for (const QString& entry : QDir(QStringLiteral("/proc")).entryList(QDir::Dirs)) {
+    bool numeric = false;
+    const qint64 pid = entry.toLongLong(&numeric);
+    if (!numeric) continue;
+    QFile stat(QStringLiteral("/proc/%1/stat").arg(entry));
+    if (!stat.open(QIODevice::ReadOnly)) continue;
+    const QByteArray line = stat.readAll();
+    const QList<QByteArray> fields = line.mid(line.lastIndexOf(')') + 2).split(' ');
+    // A zombie waits for its parent to reap it: it runs no more.
+    if (fields.size() > 1 && fields[1].toLongLong() == parent && fields[0] != "Z")
+      out.push_back(pid);
+  }
+  return out;
+}
+
+bool alive(qint64 pid) {
+  QFile stat(QStringLiteral("/proc/%1/stat").arg(pid));
+  if (!stat.open(QIODevice::ReadOnly)) return false;
+  const QByteArray line = stat.readAll();
+  return !line.mid(line.lastIndexOf(')') + 2).startsWith("Z");
 }
 
 }  // namespace
@@ -251,6 +280,45 @@ class ValidationTest : public QObject {
     }
     QVERIFY(view.errorTable()->rowCount() > 0);
     QVERIFY(view.summaryText().contains(QStringLiteral("Loss per step")));
+  }
+
+  void stoppingARunStopsMpirunAndItsRanks() {
+#ifndef Q_OS_LINUX
+    QSKIP("finds the ranks through /proc");
+#endif
+    if (QStandardPaths::findExecutable(QStringLiteral("mpirun")).isEmpty())
+      QSKIP("no mpirun on PATH: the 8-rank layout needs it");
+    ValidationView view;
+    view.setCliPath(QStringLiteral(DISTPLAN_CLI_EXE));
+    view.setScenarioDocument(readAll(kScenario));
+    auto* steps = view.findChild<QSpinBox*>();
+    QVERIFY(steps);
+    steps->setValue(1000);  // minutes of training: the run is stopped long before its end
+    QSignalSpy finished(&view, &ValidationView::runFinished);
+    QVERIFY(view.startRun());
+    // The CLI (a child of this test), its mpirun, and mpirun's ranks.
+    std::vector<qint64> tree;
+    QElapsedTimer clock;
+    clock.start();
+    while (clock.elapsed() < 30000) {
+      tree.clear();
+      for (qint64 cli : childrenOf(QCoreApplication::applicationPid())) {
+        tree.push_back(cli);
+        for (qint64 mpirun : childrenOf(cli)) {
+          tree.push_back(mpirun);
+          for (qint64 rank : childrenOf(mpirun)) tree.push_back(rank);
+        }
+      }
+      if (tree.size() >= 2 + 8) break;
+      QTest::qWait(100);
+    }
+    QVERIFY2(tree.size() >= 2 + 8, qPrintable(QStringLiteral("%1 processes").arg(tree.size())));
+    view.stopRun();
+    QVERIFY(finished.wait(10000));
+    QCOMPARE(finished.at(0).at(1).toBool(), false);
+    QVERIFY(!view.isRunning());
+    // Every process of the run ends (SIGTERM to mpirun's group, SIGKILL 3 s later).
+    QTRY_VERIFY_WITH_TIMEOUT(std::none_of(tree.begin(), tree.end(), alive), 10000);
   }
 };
 
