@@ -454,8 +454,11 @@ class Estimator {
         const Count replicated = i == 0   ? layer_replicated_
                                  : i == 1 ? embedding_replicated()
                                           : head_replicated();
-        add(out, Group::tp, CollectiveOp::all_reduce, "sequence-parallel gradients",
-            replicated * gb(), x.count * per_dp_reduction);
+        static constexpr std::string_view kSp[] = {"sequence-parallel gradients (layers)",
+                                                   "sequence-parallel gradients (embedding)",
+                                                   "sequence-parallel gradients (lm head)"};
+        add(out, Group::tp, CollectiveOp::all_reduce, kSp[i], replicated * gb(),
+            x.count * per_dp_reduction);
       }
     }
 
