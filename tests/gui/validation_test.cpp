@@ -13,6 +13,7 @@
 #include <QFile>
 #include <QFileInfo>
 #include <QLogValueAxis>
+#include <QProcess>
 #include <QSignalSpy>
 #include <QSpinBox>
 #include <QStackedBarSeries>
@@ -280,6 +281,41 @@ class ValidationTest : public QObject {
     }
     QVERIFY(view.errorTable()->rowCount() > 0);
     QVERIFY(view.summaryText().contains(QStringLiteral("Loss per step")));
+  }
+
+  void anEmulatedRankShowsOnlyItsStage() {
+    // Rank 5 of tp2·pp2·dp2 is on stage 1: rank = tp_rank + t·(dp_rank + dp·pp_rank)
+    // (docs/layout.md), 5 = 1 + 2·(0 + 2·1). The CLI runs it in process, without mpirun.
+    QProcess cli;
+    cli.start(QStringLiteral(DISTPLAN_CLI_EXE),
+              {QStringLiteral("validate"), QStringLiteral("--device"), QStringLiteral("cpu"),
+               QStringLiteral("--steps"), QStringLiteral("1"), QStringLiteral("--emulate-rank"),
+               QStringLiteral("5"), kScenario});
+    QVERIFY(cli.waitForFinished(120000));
+    QVERIFY2(cli.exitCode() == 0, cli.readAllStandardError().constData());
+    const QByteArray out = cli.readAllStandardOutput();
+    const json doc = json::parse(out.toStdString());
+    QCOMPARE(doc["measured"]["memory"]["stages"].size(), std::size_t{1});
+    const int stage = doc["measured"]["memory"]["stages"][0]["stage"].get<int>();
+    QCOMPARE(stage, 1);
+    ValidationView view;
+    QVERIFY(view.loadResult(out));
+    auto* series = qobject_cast<QStackedBarSeries*>(view.chartView()->chart()->series().value(0));
+    QVERIFY(series);
+    const QBarSet* weights = series->barSets().at(0);
+    QCOMPARE(weights->count(), 2);
+    // The predicted bar is the measured stage's, not stage 0's.
+    QCOMPARE(weights->at(0),
+             doc["predicted"]["memory"]["stages"][static_cast<std::size_t>(stage)]["weights_bytes"]
+                     .get<double>() /
+                 view.memoryUnitBytes());
+    QCOMPARE(weights->at(1), weights->at(0));
+    auto* comm =
+        qobject_cast<QBarSeries*>(view.communicationChartView()->chart()->series().value(0));
+    QVERIFY(comm);
+    QCOMPARE(comm->barSets().size(), 2);
+    QCOMPARE(comm->barSets().at(0)->label(), QStringLiteral("S%1 predicted").arg(stage));
+    QVERIFY(view.summaryText().contains(QStringLiteral("Emulated rank 5")));
   }
 
   void stoppingARunStopsMpirunAndItsRanks() {
