@@ -20,6 +20,7 @@
 #include <QProcess>
 #include <QProcessEnvironment>
 #include <QPushButton>
+#include <QSaveFile>
 #include <QSpinBox>
 #include <QSplitter>
 #include <QStackedBarSeries>
@@ -220,6 +221,9 @@ ValidationView::ValidationView(QWidget* parent) : QWidget(parent) {
   stop_ = new QPushButton(tr("Stop"), this);
   stop_->setEnabled(false);
   auto* exportButton = new QPushButton(tr("Export chart…"), this);
+  save_ = new QPushButton(tr("Save result…"), this);
+  save_->setToolTip(tr("Save the result on screen as distplan.validate/v1 JSON"));
+  save_->setEnabled(false);
 
   log_ = new QPlainTextEdit(this);
   log_->setReadOnly(true);
@@ -271,6 +275,12 @@ ValidationView::ValidationView(QWidget* parent) : QWidget(parent) {
   connect(run_, &QPushButton::clicked, this, [this] { startRun(); });
   connect(stop_, &QPushButton::clicked, this, &ValidationView::stopRun);
   connect(logScale_, &QCheckBox::toggled, this, [this] { rebuildCommunicationChart(); });
+  connect(save_, &QPushButton::clicked, this, [this] {
+    const QString path =
+        QFileDialog::getSaveFileName(this, tr("Save validation result"),
+                                     QStringLiteral("validation.result.json"), tr("JSON (*.json)"));
+    if (!path.isEmpty()) saveResult(path);
+  });
   connect(exportButton, &QPushButton::clicked, this,
           [this] { exportWidgetWithDialog(this, chartView_, QStringLiteral("validation")); });
 
@@ -309,7 +319,11 @@ ValidationView::ValidationView(QWidget* parent) : QWidget(parent) {
   auto* layout = new QVBoxLayout(this);
   layout->addLayout(controls);
   layout->addWidget(splitter, 1);
-  layout->addWidget(exportButton, 0, Qt::AlignRight);
+  auto* bottom = new QHBoxLayout;
+  bottom->addStretch(1);
+  bottom->addWidget(save_);
+  bottom->addWidget(exportButton);
+  layout->addLayout(bottom);
 }
 
 ValidationView::~ValidationView() {
@@ -375,6 +389,17 @@ bool ValidationView::openFile(const QString& path) {
   const bool ok = loadResult(file.readAll());
   if (ok) log_->appendPlainText(tr("opened %1").arg(QDir::toNativeSeparators(path)));
   return ok;
+}
+
+bool ValidationView::saveResult(const QString& path) {
+  if (result_.isEmpty()) return false;
+  QSaveFile file(path);
+  if (!file.open(QIODevice::WriteOnly) || file.write(result_) != result_.size() || !file.commit()) {
+    log_->appendPlainText(tr("cannot write %1: %2").arg(path, file.errorString()));
+    return false;
+  }
+  log_->appendPlainText(tr("saved %1").arg(QDir::toNativeSeparators(path)));
+  return true;
 }
 
 bool ValidationView::loadResult(const QByteArray& text) {
@@ -580,6 +605,8 @@ bool ValidationView::loadResult(const QByteArray& text) {
   // Rows stay in that order until a person sorts by a column.
   errors_->horizontalHeader()->setSortIndicator(-1, Qt::AscendingOrder);
   errors_->setSortingEnabled(true);
+  result_ = text;
+  save_->setEnabled(true);
   emit resultLoaded();
   return true;
 }

@@ -36,6 +36,9 @@ class ValidationView : public QWidget {
   /// Shows a validate result; returns false (and says why in the log) when it cannot be read.
   bool loadResult(const QByteArray& json);
   bool openFile(const QString& path);
+  /// Writes the result on screen (as the CLI wrote it) to `path`; false when there is none or the
+  /// file cannot be written.
+  bool saveResult(const QString& path);
   /// Starts `distplan validate --device cpu` on the scenario; false when it cannot start.
   bool startRun();
   /// Stops a run: the CLI, and mpirun with its ranks.
@@ -96,6 +99,8 @@ class ValidationView : public QWidget {
   QProcess* process_ = nullptr;
   QTemporaryFile* scenarioFile_ = nullptr;
   QByteArray stdout_;
+  QByteArray result_;  // the document on screen, as read
+  QPushButton* save_ = nullptr;
   QByteArray stderrTail_;
 };
 

@@ -18,6 +18,7 @@
 #include <QSpinBox>
 #include <QStackedBarSeries>
 #include <QTableWidget>
+#include <QTemporaryDir>
 #include <QValueAxis>
 #include <QtTest>
 #include <algorithm>
@@ -241,6 +242,8 @@ class ValidationTest : public QObject {
     QVERIFY(view.summaryText().contains(QStringLiteral("out of host memory")));
     QCOMPARE(view.errorTable()->rowCount(), 1);
     QVERIFY(!view.loadResult("{\"schema\": \"distplan.plan/v1\", \"memory\": {}}"));
+    ValidationView empty;
+    QVERIFY(!empty.saveResult(QDir::temp().filePath(QStringLiteral("never-written.json"))));
   }
 
   void theCliIsFoundBesideTheGuiBuild() {
@@ -281,6 +284,21 @@ class ValidationTest : public QObject {
     }
     QVERIFY(view.errorTable()->rowCount() > 0);
     QVERIFY(view.summaryText().contains(QStringLiteral("Loss per step")));
+    // The run's result saves as the CLI wrote it and opens again with the same bars.
+    QTemporaryDir dir;
+    const QString saved = dir.filePath(QStringLiteral("run.result.json"));
+    QVERIFY(view.saveResult(saved));
+    const json doc = json::parse(readAll(saved).toStdString());
+    QCOMPARE(doc["schema"].get<std::string>(), std::string("distplan.validate/v1"));
+    QCOMPARE(doc["ranks"].get<int>(), 8);
+    ValidationView reopened;
+    QVERIFY(reopened.openFile(saved));
+    auto* again =
+        qobject_cast<QStackedBarSeries*>(reopened.chartView()->chart()->series().value(0));
+    QVERIFY(again);
+    for (qsizetype k = 0; k < series->barSets().size(); ++k)
+      for (qsizetype i = 0; i < series->barSets().at(k)->count(); ++i)
+        QCOMPARE(again->barSets().at(k)->at(i), series->barSets().at(k)->at(i));
   }
 
   void anEmulatedRankShowsOnlyItsStage() {
