@@ -336,6 +336,27 @@ class ValidationTest : public QObject {
     QVERIFY(view.summaryText().contains(QStringLiteral("Emulated rank 5")));
   }
 
+  void aRejectedScenarioShowsTheCliErrorInTheLog() {
+    // tp = 3 does not divide tiny-gpt's 4 attention heads: the CLI refuses before any rank runs,
+    // with its JSON error on stderr and exit code 2 (API.md "Errors").
+    json scenario = json::parse(readAll(kScenario).toStdString());
+    scenario["parallel"]["tp"] = 3;
+    scenario["cluster"]["num_gpus"] = 12;  // tp·pp·dp: the head count is what is wrong
+    ValidationView view;
+    view.setCliPath(QStringLiteral(DISTPLAN_CLI_EXE));
+    view.setScenarioDocument(QByteArray::fromStdString(scenario.dump()));
+    QVERIFY(view.openFile(kFixture));
+    QSignalSpy finished(&view, &ValidationView::runFinished);
+    QVERIFY(view.startRun());
+    QVERIFY(finished.wait(60000));
+    QCOMPARE(finished.at(0).at(0).toInt(), 2);
+    QCOMPARE(finished.at(0).at(1).toBool(), false);
+    QVERIFY2(view.logText().contains(QStringLiteral("/parallel/tp")), qPrintable(view.logText()));
+    QVERIFY(view.logText().contains(QStringLiteral("exit code 2")));
+    // The result on screen stays.
+    QVERIFY(view.summaryText().contains(QStringLiteral("tiny-gpt")));
+  }
+
   void stoppingARunStopsMpirunAndItsRanks() {
 #ifndef Q_OS_LINUX
     QSKIP("finds the ranks through /proc");
