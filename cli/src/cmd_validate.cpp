@@ -54,6 +54,7 @@ struct ValidateOptions {
   int emulate_rank = -1;
   double timeout_seconds = 600;
   std::string rank_worker_out;  // hidden: this process is one rank under mpirun
+  std::string trace_path;       // --trace: the executed timeline as a Chrome / Perfetto trace
 };
 
 Count ranks_of(const Scenario& s) {
@@ -581,6 +582,9 @@ void install_validate(CLI::App& app) {
   cmd->add_option("--timeout", opts->timeout_seconds,
                   "Seconds before a multi-rank run is stopped as hung")
       ->check(CLI::PositiveNumber);
+  cmd->add_option("--trace", opts->trace_path,
+                  "Write the executed timeline of the measured step (one rank per stage) as a "
+                  "Chrome / Perfetto trace to this file");
   cmd->add_option("--rank-worker-out", opts->rank_worker_out)->group("");
   cmd->callback([opts] {
     const json doc = read_document(opts->common);
@@ -598,6 +602,11 @@ void install_validate(CLI::App& app) {
     const Estimate e = estimate(s);
     const BackendResult br = run_backend(s, to_json(s), *opts);
     const Report r = compare(s, e, br, *opts);
+    if (!opts->trace_path.empty() && br.fits) {
+      std::ofstream f(opts->trace_path);
+      if (!f) throw InputError("", "--trace: cannot write '" + opts->trace_path + "'");
+      f << backend::timeline_trace_json(br.m);
+    }
     if (opts->common.format == Format::table) {
       std::cout << r.table;
     } else {

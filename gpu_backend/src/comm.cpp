@@ -66,6 +66,27 @@ int world_rank_of(const ParallelSpec& p, RankCoords c) noexcept {
   return static_cast<int>(c.tp + p.tp * (c.dp + p.dp * c.pp));
 }
 
+GroupSplit group_split(const ParallelSpec& p, RankCoords c, Group g) noexcept {
+  const int tp = static_cast<int>(p.tp), dp = static_cast<int>(p.dp), pp = static_cast<int>(p.pp);
+  const int S =
+      p.zero_stage == 0 || p.fsdp_shard_size <= 0 ? dp : static_cast<int>(p.fsdp_shard_size);
+  const int world = tp * dp * pp;
+  switch (g) {
+    case Group::tp:
+      return {c.dp + dp * c.pp, c.tp, tp};
+    case Group::dp:
+      return {c.tp + tp * (c.pp + pp * (c.dp / S)), c.dp % S, S};
+    case Group::dp_replicate:
+      return {c.tp + tp * (c.pp + pp * (c.dp % S)), c.dp / S, dp / S};
+    case Group::pp:
+      return {c.tp + tp * c.dp, c.pp, pp};
+    case Group::embedding:
+      if (pp > 1 && (c.pp == 0 || c.pp == pp - 1)) return {c.tp + tp * c.dp, c.pp == 0 ? 0 : 1, 2};
+      return {world + world_rank_of(p, c), 0, 1};
+  }
+  return {};
+}
+
 namespace {
 
 // Byte moves on the buffers' device.
@@ -122,12 +143,15 @@ std::unique_ptr<ProcessGroups> make_emulated_groups(const ParallelSpec& p, int w
   g->coords = rank_coords(p, world_rank);
   g->world_rank = world_rank;
   g->world_size = static_cast<int>(p.tp * p.dp * p.pp);
-  g->tp = std::make_unique<EmulatedCommunicator>(Group::tp, g->coords.tp, static_cast<int>(p.tp),
-                                                 &g->log, device);
-  g->dp = std::make_unique<EmulatedCommunicator>(Group::dp, g->coords.dp, static_cast<int>(p.dp),
-                                                 &g->log, device);
-  g->pp = std::make_unique<EmulatedCommunicator>(Group::pp, g->coords.pp, static_cast<int>(p.pp),
-                                                 &g->log, device);
+  auto make = [&](Group grp) {
+    const GroupSplit sp = group_split(p, g->coords, grp);
+    return std::make_unique<EmulatedCommunicator>(grp, sp.key, sp.size, &g->log, device);
+  };
+  g->tp = make(Group::tp);
+  g->dp = make(Group::dp);
+  g->pp = make(Group::pp);
+  g->dp_replicate = make(Group::dp_replicate);
+  g->embedding = make(Group::embedding);
   g->world_reduce = [](double*, int, ReduceOp) {};
   g->gather_to_root = [](const std::string& s) { return std::vector<std::string>{s}; };
   return g;

@@ -100,16 +100,21 @@ std::unique_ptr<ProcessGroups> make_nccl_groups(const ParallelSpec& p) {
   DISTPLAN_CHECK(g->world_size == p.tp * p.dp * p.pp, "MPI world size differs from tp*dp*pp");
   const RankCoords c = rank_coords(p, g->world_rank);
   g->coords = c;
-  const int tp = static_cast<int>(p.tp), dp = static_cast<int>(p.dp);
   // Colour = the coordinates the group does not span; key = its rank in the group (Megatron order).
   auto split = [&](int colour, int key) {
     MPI_Comm m;
     MPI_Comm_split(MPI_COMM_WORLD, colour, key, &m);
     return m;
   };
-  g->tp = std::make_unique<NcclCommunicator>(Group::tp, split(c.dp + dp * c.pp, c.tp), &g->log);
-  g->dp = std::make_unique<NcclCommunicator>(Group::dp, split(c.tp + tp * c.pp, c.dp), &g->log);
-  g->pp = std::make_unique<NcclCommunicator>(Group::pp, split(c.tp + tp * c.dp, c.pp), &g->log);
+  auto make = [&](Group grp) {
+    const GroupSplit sp = group_split(p, c, grp);
+    return std::make_unique<NcclCommunicator>(grp, split(sp.colour, sp.key), &g->log);
+  };
+  g->tp = make(Group::tp);
+  g->dp = make(Group::dp);
+  g->pp = make(Group::pp);
+  g->dp_replicate = make(Group::dp_replicate);
+  g->embedding = make(Group::embedding);
   g->world_reduce = [](double* x, int n, ReduceOp op) {
     MPI_Allreduce(MPI_IN_PLACE, x, n, MPI_DOUBLE, op == ReduceOp::sum ? MPI_SUM : MPI_MAX,
                   MPI_COMM_WORLD);

@@ -1,6 +1,11 @@
 #include "distplan/gpu_backend/measurement_json.h"
 
+#include <algorithm>
+#include <set>
+
 #include <nlohmann/json.hpp>
+
+#include "distplan/simulator/simulate_json.h"
 
 namespace distplan::backend {
 namespace {
@@ -21,6 +26,18 @@ sim::Op action_op_from(const std::string& s) {
        {sim::Op::forward, sim::Op::backward, sim::Op::backward_input, sim::Op::backward_weight})
     if (sim::to_string(o) == s) return o;
   return sim::Op::forward;
+}
+
+sim::Track track_from(const std::string& s) {
+  for (sim::Track t : {sim::Track::compute, sim::Track::send_next, sim::Track::send_prev,
+                       sim::Track::dp, sim::Track::zero3})
+    if (sim::to_string(t) == s) return t;
+  return sim::Track::compute;
+}
+sim::SliceKind kind_from(const std::string& s) {
+  for (int k = 0; k <= static_cast<int>(sim::SliceKind::zero3_gather); ++k)
+    if (sim::to_string(static_cast<sim::SliceKind>(k)) == s) return static_cast<sim::SliceKind>(k);
+  return sim::SliceKind::forward;
 }
 
 }  // namespace
@@ -46,6 +63,15 @@ nlohmann::json to_json(const RankMeasurement& r) {
                     {"bytes", v.bytes},
                     {"calls", v.calls}});
   }
+  nlohmann::json timeline = nlohmann::json::array();
+  for (const sim::TraceEvent& e : r.timeline) {
+    timeline.push_back({{"track", sim::to_string(e.track)},
+                        {"kind", sim::to_string(e.kind)},
+                        {"microbatch", e.microbatch},
+                        {"chunk", e.chunk},
+                        {"start_seconds", e.start},
+                        {"seconds", e.duration}});
+  }
   return {{"rank", r.rank},
           {"tp", r.coords.tp},
           {"dp", r.coords.dp},
@@ -53,6 +79,7 @@ nlohmann::json to_json(const RankMeasurement& r) {
           {"memory", mem},
           {"actions", actions},
           {"communication", comm},
+          {"timeline", timeline},
           {"step_seconds", r.step_seconds},
           {"optimizer_seconds", r.optimizer_seconds}};
 }
@@ -82,6 +109,19 @@ RankMeasurement rank_measurement_from_json(const nlohmann::json& j) {
                    op_from(c.at("op").get<std::string>()), c.at("what").get<std::string>()};
     r.communication[k] = CommTotals{c.at("bytes").get<Bytes>(), c.at("calls").get<Count>()};
   }
+  if (j.contains("timeline")) {
+    for (const auto& t : j.at("timeline")) {
+      sim::TraceEvent e;
+      e.stage = static_cast<std::int32_t>(r.coords.pp);
+      e.track = track_from(t.at("track").get<std::string>());
+      e.kind = kind_from(t.at("kind").get<std::string>());
+      e.microbatch = t.at("microbatch").get<std::int32_t>();
+      e.chunk = t.at("chunk").get<std::int32_t>();
+      e.start = t.at("start_seconds").get<double>();
+      e.duration = t.at("seconds").get<double>();
+      r.timeline.push_back(e);
+    }
+  }
   r.step_seconds = j.at("step_seconds").get<double>();
   r.optimizer_seconds = j.at("optimizer_seconds").get<double>();
   return r;
@@ -102,6 +142,33 @@ Measurement measurement_from_json(const nlohmann::json& j) {
   m.skipped = j.at("skipped").get<std::vector<bool>>();
   for (const auto& r : j.at("ranks")) m.ranks.push_back(rank_measurement_from_json(r));
   return m;
+}
+
+std::string timeline_trace_json(const Measurement& m) {
+  std::vector<const RankMeasurement*> ranks;
+  for (const RankMeasurement& r : m.ranks) ranks.push_back(&r);
+  std::sort(ranks.begin(), ranks.end(),
+            [](const RankMeasurement* a, const RankMeasurement* b) { return a->rank < b->rank; });
+  sim::SimResult r;
+  std::set<int> seen;
+  for (const RankMeasurement* x : ranks) {
+    if (!seen.insert(x->coords.pp).second) continue;
+    sim::StageResult st;
+    st.stage = x->coords.pp;
+    st.optimizer_seconds = x->optimizer_seconds;
+    r.stages.push_back(st);
+    r.step_seconds = std::max(r.step_seconds, x->step_seconds);
+    for (sim::TraceEvent e : x->timeline) {
+      e.stage = static_cast<std::int32_t>(x->coords.pp);
+      r.trace.push_back(e);
+    }
+  }
+  std::sort(r.stages.begin(), r.stages.end(),
+            [](const sim::StageResult& a, const sim::StageResult& b) { return a.stage < b.stage; });
+  nlohmann::json doc = nlohmann::json::parse(sim::trace_to_json(r));
+  doc["otherData"] = {{"generator", "distplan validate (executed timeline)"},
+                      {"step_seconds", r.step_seconds}};
+  return doc.dump(1) + "\n";
 }
 
 }  // namespace distplan::backend

@@ -13,8 +13,8 @@
 #include <optional>
 #include <stdexcept>
 
-#include "distplan/gpu_backend/device_ops.h"
 #include "distplan/gpu_backend/cpu_ops.h"
+#include "distplan/gpu_backend/device_ops.h"
 #include "distplan/gpu_backend/run.h"
 #include "distplan/gpu_backend/tensor.h"
 #include "distplan/planner/check.h"
@@ -34,6 +34,20 @@ using Clock = std::chrono::steady_clock;
 
 Seconds since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+sim::SliceKind slice_kind(sim::Op op) {
+  switch (op) {
+    case sim::Op::forward:
+      return sim::SliceKind::forward;
+    case sim::Op::backward:
+      return sim::SliceKind::backward;
+    case sim::Op::backward_input:
+      return sim::SliceKind::backward_input;
+    case sim::Op::backward_weight:
+      return sim::SliceKind::backward_weight;
+  }
+  return sim::SliceKind::forward;
 }
 
 // Counter-based hash (splitmix64): any element of any parameter can be generated on its own, so
@@ -67,7 +81,8 @@ const char* unit_label(int kind) {
 }
 
 struct Unit {
-  int kind = 0;  // 0 layer, 1 embedding, 2 head
+  int kind = 0;   // 0 layer, 1 embedding, 2 head
+  int chunk = 0;  // the model chunk holding it
   std::vector<Param> params;
   Count numel = 0;      // per TP rank
   Count padded = 0;     // rounded up to a multiple of the ZeRO shard size (planner: padded())
@@ -170,7 +185,9 @@ class Trainer {
       g_.log.clear();
       alloc_.reset_peaks();
       executed_.clear();
+      timeline_.clear();
       const auto t0 = Clock::now();
+      step_t0_ = t0;
       const auto [loss, skipped] = train_step(step);
       rm.step_seconds = since(t0);
       out.losses.push_back(loss);
@@ -180,6 +197,7 @@ class Trainer {
     rm.coords = g_.coords;
     rm.memory = alloc_.stats();
     rm.actions = executed_;
+    rm.timeline = timeline_;
     rm.communication = g_.log.entries();
     rm.optimizer_seconds = optimizer_seconds_;
     out.ranks.push_back(std::move(rm));
@@ -279,12 +297,14 @@ class Trainer {
         if (m_.position_embedding == PositionEmbedding::learned) {
           u.add(m_.max_position_embeddings, h_, Init::normal, uid(100000, 1), identity(), sp_);
         }
+        u.chunk = static_cast<int>(c);
         ch.embedding = static_cast<int>(units_.size());
         units_.push_back(std::move(u));
       }
       for (Count l = 0; l < per_chunk; ++l) {
         LayerParams lp;
         units_.push_back(make_layer_unit(ch.first_layer + l, lp));
+        units_.back().chunk = static_cast<int>(c);
         ch.layer_units.push_back(static_cast<int>(units_.size()) - 1);
         ch.layer_params.push_back(lp);
       }
@@ -293,9 +313,20 @@ class Trainer {
         u.kind = 2;
         u.add(1, h_, Init::one, uid(100001, 0), identity(), sp_);
         if (m_.norm == Norm::layernorm) u.add(1, h_, Init::zero, uid(100001, 1), identity(), sp_);
-        u.add(vl_, h_, Init::normal, uid(100001, 2),
-              [=, this](Count i) { return rank_row0 * h_ + i; });
+        // Tied embeddings: with pp > 1 the last stage holds a copy of the word embedding (same
+        // parameter id, so the same initial values); with pp = 1 the LM head is the embedding.
+        if (!m_.tied_embeddings) {
+          u.add(vl_, h_, Init::normal, uid(100001, 2),
+                [=, this](Count i) { return rank_row0 * h_ + i; });
+        } else if (pp_ > 1) {
+          u.add(vl_, h_, Init::normal, uid(100000, 0),
+                [=, this](Count i) { return rank_row0 * h_ + i; });
+        }
+        u.chunk = static_cast<int>(c);
         ch.head = static_cast<int>(units_.size());
+        const bool own = !m_.tied_embeddings || pp_ > 1;
+        head_w_unit_ = own ? ch.head : chunks_.empty() ? ch.embedding : chunks_.front().embedding;
+        head_w_param_ = own ? static_cast<int>(u.params.size()) - 1 : 0;
         units_.push_back(std::move(u));
       }
       chunks_.push_back(std::move(ch));
@@ -334,8 +365,24 @@ class Trainer {
   }
 
   // The optimizer's range of a unit: all of it (ZeRO 0) or this rank's shard.
-  Count opt_begin(const Unit& u) const { return p_.zero_stage == 0 ? 0 : g_.coords.dp * u.shard; }
+  // The shard index is this rank's place in its shard group (S consecutive dp ranks).
+  Count opt_begin(const Unit& u) const {
+    return p_.zero_stage == 0 ? 0 : static_cast<Count>(g_.dp->rank()) * u.shard;
+  }
   Count opt_count(const Unit& u) const { return p_.zero_stage == 0 ? u.padded : u.shard; }
+
+  // ---- timeline -------------------------------------------------------------------------------
+  void mark(sim::Track track, sim::SliceKind kind, Count mb, Count chunk, Clock::time_point t0) {
+    sim::TraceEvent e;
+    e.stage = static_cast<std::int32_t>(stage_);
+    e.track = track;
+    e.kind = kind;
+    e.microbatch = static_cast<std::int32_t>(mb);
+    e.chunk = static_cast<std::int32_t>(chunk);
+    e.start = std::chrono::duration<double>(t0 - step_t0_).count();
+    e.duration = since(t0);
+    timeline_.push_back(e);
+  }
 
   // ---- tensors and communication helpers ------------------------------------------------------
   Vec rd(const Tensor& t) const { return t.to_vector(); }
@@ -416,8 +463,10 @@ class Trainer {
     if (!u.gathered.empty()) return;
     u.gathered = Tensor(alloc_, {u.padded}, cb_, MemoryTag::buffers);
     if (S_ > 1) {
+      const auto t0 = Clock::now();
       g_.dp->all_gather(u.weights.data(), u.gathered.data(), u.shard, cb_,
                         std::string("parameters (") + unit_label(u.kind) + ", forward+backward)");
+      mark(sim::Track::zero3, sim::SliceKind::zero3_gather, cur_mb_, u.chunk, t0);
     } else {
       u.gathered.fill_from(u.weights.to_vector());
     }
@@ -438,8 +487,10 @@ class Trainer {
     sp_reduce_partials(u, u.unit_grad);
     Tensor part(alloc_, {u.shard}, gb_, MemoryTag::temporaries);
     if (S_ > 1) {
+      const auto t0 = Clock::now();
       g_.dp->reduce_scatter(u.unit_grad.data(), part.data(), u.shard, gb_,
                             std::string("gradients (") + unit_label(u.kind) + ")");
+      mark(sim::Track::dp, sim::SliceKind::grad_reduce, cur_mb_, u.chunk, t0);
     } else {
       part.fill_from(u.unit_grad.to_vector());
     }
@@ -886,9 +937,11 @@ class Trainer {
       head_forward(st, x, step, mb);
       release(pass[pi]);
     } else {
+      const auto t0 = Clock::now();
       Tensor out = pack(x, cb_);
       g_.pp->send(out.data(), out.numel(), cb_, next_stage(), tag(false, mb, vstage(c) + 1),
                   "activations (forward)");
+      mark(sim::Track::send_next, sim::SliceKind::send_activation, mb, c, t0);
     }
   }
 
@@ -912,8 +965,8 @@ class Trainer {
     const Vec y = norm_fwd(u, 0, ln ? 1 : -1, x, Nl_);
     hs.ln = save_act(y);
     const Vec yf = gather_in(y, "lm head input");
-    const int wi = ln ? 2 : 1;
-    Vec logits = linear_fwd(u, wi, -1, yf, N_, h_, vl_);
+    Vec logits = linear_fwd(units_[static_cast<std::size_t>(head_w_unit_)], head_w_param_, -1, yf,
+                            N_, h_, vl_);
     hs.logits = save(logits, cb_, MemoryTag::buffers);
     hs.targets = batch_tokens(step, mb, 1);
     // Vocab-parallel cross-entropy: max, target logit and sum of exponentials over the TP group.
@@ -956,8 +1009,8 @@ class Trainer {
       for (Count j = 0; j < vl_; ++j) dlogits[n * vl_ + j] *= dl;
     }
     rnd(dlogits, cb_);
-    const int wi = ln ? 2 : 1;
-    Vec dyf = linear_bwd_input(u, wi, dlogits, N_, h_, vl_);
+    const int wu = head_w_unit_, wi = head_w_param_;
+    Vec dyf = linear_bwd_input(units_[static_cast<std::size_t>(wu)], wi, dlogits, N_, h_, vl_);
     Vec dy;
     if (tp_ > 1 && sp_) {
       dy = tp_reduce_scatter(dyf, "lm head input gradient");
@@ -966,8 +1019,8 @@ class Trainer {
       dy = dyf;
     }
     HeadSaved* H = &hs;
-    jobs.push_back([this, ui, wi, dlogits, H] {
-      linear_bwd_weight(units_[static_cast<std::size_t>(ui)], wi, -1, dlogits,
+    jobs.push_back([this, wu, wi, dlogits, H] {
+      linear_bwd_weight(units_[static_cast<std::size_t>(wu)], wi, -1, dlogits,
                         gather_in(rd(H->ln), "lm head input"), N_, h_, vl_);
     });
     hs.logits.release();
@@ -1053,9 +1106,11 @@ class Trainer {
       flush(jobs, pass[pi]);
       release(pass[pi]);
     } else {
+      const auto t0 = Clock::now();
       Tensor out = pack(dy, cb_);
       g_.pp->send(out.data(), out.numel(), cb_, prev_stage(), tag(true, mb, vstage(c) - 1),
                   "gradients (backward)");
+      mark(sim::Track::send_prev, sim::SliceKind::send_gradient, mb, c, t0);
     }
     if (!split) states_.erase({mb, c});
   }
@@ -1088,6 +1143,7 @@ class Trainer {
     for (Unit& u : units_) u.grads.zero();
     for (const sim::Action& a : program_.programs[static_cast<std::size_t>(stage_)]) {
       const auto t0 = Clock::now();
+      cur_mb_ = a.microbatch;
       switch (a.op) {
         case sim::Op::forward:
           forward(step, a.microbatch, a.chunk);
@@ -1103,11 +1159,30 @@ class Trainer {
           break;
       }
       executed_.push_back({a, since(t0)});
+      mark(sim::Track::compute, slice_kind(a.op), a.microbatch, a.chunk, t0);
     }
+    cur_mb_ = -1;
     g_.pp->barrier();
     const auto t0 = Clock::now();
+    // Tied embeddings (pp > 1): the first stage's word embedding and the last stage's copy sum
+    // their gradients over the embedding group, once per step (Megatron-LM's
+    // _allreduce_word_embedding_grads), before the data-parallel reduction.
+    if (m_.tied_embeddings && pp_ > 1 && (stage_ == 0 || stage_ == pp_ - 1)) {
+      const auto te = Clock::now();
+      Unit& u = units_[static_cast<std::size_t>(stage_ == 0 ? chunks_.front().embedding
+                                                            : chunks_.back().head)];
+      const Param& w = stage_ == 0 ? u.params.front() : u.params.back();
+      char* base = static_cast<char*>(u.grads.data());
+      g_.embedding->all_reduce(base + w.offset * bytes_of(gb_), w.numel(), gb_, ReduceOp::sum,
+                               "tied embedding gradients");
+      mark(sim::Track::dp, sim::SliceKind::grad_reduce, -1, stage_ == 0 ? 0 : v_ - 1, te);
+    }
     // Data-parallel reduction (ZeRO 0/1: once per step, unit by unit).
     for (Unit& u : units_) {
+      const auto tu = Clock::now();
+      const bool replicas = p_.zero_stage > 0 && g_.dp_replicate->size() > 1;
+      const bool reduces =
+          (p_.zero_stage <= 1 && sp_) || S_ > 1 || (p_.zero_stage == 0 && p_.dp > 1) || replicas;
       if (p_.zero_stage <= 1) sp_reduce_partials(u, u.grads);
       if (S_ > 1 || (p_.zero_stage == 0 && p_.dp > 1)) {
         const std::string what = std::string("gradients (") + unit_label(u.kind) + ")";
@@ -1120,7 +1195,16 @@ class Trainer {
           u.grads.write(pv.data(), u.shard, opt_begin(u));
         }
       }
+      // Hybrid sharding: each shard is summed over the dp/S replicas holding it, once per step.
+      if (replicas) {
+        char* base = static_cast<char*>(u.grads.data());
+        const Count off = p_.zero_stage >= 2 ? 0 : opt_begin(u);
+        g_.dp_replicate->all_reduce(base + off * bytes_of(gb_), u.shard, gb_, ReduceOp::sum,
+                                    std::string("gradients (") + unit_label(u.kind) + ")");
+      }
+      if (reduces) mark(sim::Track::dp, sim::SliceKind::grad_reduce, -1, u.chunk, tu);
     }
+    const auto t_opt = Clock::now();
     // fp16: skip the step when any gradient overflowed (all ranks agree).
     double overflow = 0;
     if (t_.precision == DType::fp16) {
@@ -1150,6 +1234,7 @@ class Trainer {
       good_steps_ = 0;
     }
     optimizer_seconds_ = since(t0);
+    mark(sim::Track::compute, sim::SliceKind::optimizer, -1, -1, t_opt);
     double loss = loss_sum_;
     g_.world_reduce(&loss, 1, ReduceOp::sum);
     return {loss / static_cast<double>(t_.global_batch_size * t_.seq_length), overflow != 0};
@@ -1264,8 +1349,10 @@ class Trainer {
       } else
 #endif
         std::memcpy(mine.data(), src, static_cast<std::size_t>(mine.bytes()));
+      const auto t0 = Clock::now();
       g_.dp->all_gather(mine.data(), u.weights.data(), u.shard, cb_,
                         std::string("parameters (") + unit_label(u.kind) + ")");
+      mark(sim::Track::dp, sim::SliceKind::param_gather, -1, u.chunk, t0);
     }
   }
 
@@ -1286,6 +1373,10 @@ class Trainer {
   std::vector<Chunk> chunks_;
   std::map<std::pair<Count, Count>, ChunkState> states_;
   std::vector<ExecutedAction> executed_;
+  std::vector<sim::TraceEvent> timeline_;
+  Clock::time_point step_t0_ = Clock::now();
+  Count cur_mb_ = -1;
+  int head_w_unit_ = -1, head_w_param_ = -1;  // the LM head weight: (unit, parameter)
   double loss_sum_ = 0;
   float loss_scale_ = 1.0f;
   Count opt_steps_ = 0, good_steps_ = 0;
@@ -1297,13 +1388,12 @@ class Trainer {
 void check_supported(const Scenario& s) {
   if (s.training.dropout > 0)
     throw InputError("/training/dropout", "the backend trains without dropout");
-  if (s.model.tied_embeddings) {
+  if (s.model.tied_embeddings && s.parallel.zero_stage >= 2) {
     throw InputError("/model/tied_embeddings",
-                     "the backend does not implement tied embeddings yet");
+                     "the backend implements tied embeddings with ZeRO 0 and 1 only");
   }
-  if (s.parallel.zero_stage > 0 && s.shard_size() != s.parallel.dp) {
-    throw InputError("/parallel/fsdp_shard_size",
-                     "the backend does not implement hybrid sharding yet");
+  if (s.parallel.zero_stage > 0 && s.parallel.dp % s.shard_size() != 0) {
+    throw InputError("/parallel/fsdp_shard_size", "fsdp_shard_size must divide dp");
   }
   if (s.parallel.sequence_parallel && s.training.seq_length % s.parallel.tp != 0) {
     throw InputError("/training/seq_length",

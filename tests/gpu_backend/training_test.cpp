@@ -30,6 +30,7 @@ struct Layout {
   const char* precision = "fp32";
   const char* attention = "flash";
   bool llama = false;
+  bool tied = false;  // model.tied_embeddings
 };
 
 nlohmann::json tiny_scenario(const Layout& l) {
@@ -45,7 +46,7 @@ nlohmann::json tiny_scenario(const Layout& l) {
                           {"norm", "layernorm"},
                           {"position_embedding", "learned"},
                           {"max_position_embeddings", 32},
-                          {"tied_embeddings", false},
+                          {"tied_embeddings", l.tied},
                           {"bias", true}};
   if (l.llama) {
     model["mlp"] = "swiglu";
@@ -150,6 +151,45 @@ void expect_matches_planner(const Scenario& s, const Measurement& m) {
   }
 }
 
+// The executed timeline as a trace (timeline_trace_json): it parses, has one process per stage,
+// and on each stage's compute thread one slice per executed action, in program order and without
+// overlap, then the optimizer; every slice carries the action's micro-batch and chunk.
+void expect_trace_is_the_program(const Scenario& s, const Measurement& m) {
+  const nlohmann::json doc = nlohmann::json::parse(timeline_trace_json(m));
+  const sim::SchedulePrograms prog = sim::make_schedule(
+      s.parallel.schedule, s.parallel.pp, s.num_microbatches(), s.parallel.virtual_stages);
+  std::map<int, std::vector<sim::Action>> actions;
+  std::map<int, int> optimizer, processes;
+  std::map<int, double> end;
+  for (const nlohmann::json& e : doc.at("traceEvents")) {
+    const int pid = e.at("pid").get<int>();
+    if (e.at("ph") == "M" && e.at("name") == "process_name") ++processes[pid];
+    if (e.at("ph") != "X" || e.at("tid").get<int>() != 0) continue;
+    const std::string kind = e.at("args").at("kind").get<std::string>();
+    const double ts = e.at("ts").get<double>();
+    EXPECT_GE(ts + 1e-3, end[pid]) << e.dump();
+    end[pid] = ts + e.at("dur").get<double>();
+    if (kind == "optimizer") {
+      ++optimizer[pid];
+      continue;
+    }
+    EXPECT_EQ(optimizer[pid], 0) << "an action after the optimizer: " << e.dump();
+    sim::Action a;
+    for (sim::Op op :
+         {sim::Op::forward, sim::Op::backward, sim::Op::backward_input, sim::Op::backward_weight})
+      if (sim::to_string(op) == kind) a.op = op;
+    a.microbatch = e.at("args").at("microbatch").get<std::int32_t>();
+    a.chunk = e.at("args").at("chunk").get<std::int32_t>();
+    actions[pid].push_back(a);
+  }
+  for (int st = 0; st < s.parallel.pp; ++st) {
+    SCOPED_TRACE("trace of stage " + std::to_string(st));
+    EXPECT_EQ(processes[st], 1);
+    EXPECT_EQ(optimizer[st], 1);
+    EXPECT_EQ(actions[st], prog.programs[static_cast<std::size_t>(st)]);
+  }
+}
+
 class LayoutTest : public ::testing::TestWithParam<Layout> {};
 
 TEST_P(LayoutTest, TrainsLikeOneRankAndMatchesThePlanner) {
@@ -169,6 +209,7 @@ TEST_P(LayoutTest, TrainsLikeOneRankAndMatchesThePlanner) {
   EXPECT_NE(m.losses.front(), m.losses.back());
   ASSERT_EQ(static_cast<Count>(m.ranks.size()), ranks);
   expect_matches_planner(s, m);
+  expect_trace_is_the_program(s, m);
 }
 
 // The CUDA device (tensors in device memory, GEMMs in cuBLAS, the other ops through the device
@@ -237,7 +278,18 @@ INSTANTIATE_TEST_SUITE_P(
         Layout{"recompute_full", J{{"pp", 2}, {"recompute", "full"}}},
         Layout{"dp2_tp2_pp2", J{{"dp", 2}, {"tp", 2}, {"pp", 2}}},
         Layout{"bf16_dp2_tp2", J{{"dp", 2}, {"tp", 2}}, "bf16"},
-        Layout{"llama_tp2_pp2", J{{"tp", 2}, {"pp", 2}}, "fp32", "flash", true}),
+        Layout{"llama_tp2_pp2", J{{"tp", 2}, {"pp", 2}}, "fp32", "flash", true},
+        // Hybrid sharding: shard groups of 2 consecutive dp ranks, shards all-reduced over the 2
+        // replicas (dp_replicate).
+        Layout{"hybrid_zero1_dp4_s2", J{{"dp", 4}, {"zero_stage", 1}, {"fsdp_shard_size", 2}}},
+        Layout{"hybrid_zero2_dp4_s2", J{{"dp", 4}, {"zero_stage", 2}, {"fsdp_shard_size", 2}}},
+        Layout{"hybrid_zero3_dp4_s2", J{{"dp", 4}, {"zero_stage", 3}, {"fsdp_shard_size", 2}}},
+        // Tied embeddings: a copy on the last stage summed with the first (pp2), the embedding
+        // itself as the LM head (pp1, vocab-parallel over tp2), and with ZeRO-1 over dp2.
+        Layout{"tied_pp2", J{{"pp", 2}}, "fp32", "flash", false, true},
+        Layout{"tied_tp2", J{{"tp", 2}}, "fp32", "flash", false, true},
+        Layout{"tied_zero1_dp2_pp2", J{{"dp", 2}, {"pp", 2}, {"zero_stage", 1}}, "fp32", "flash",
+               false, true}),
     [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

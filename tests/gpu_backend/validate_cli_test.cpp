@@ -8,8 +8,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -132,6 +134,50 @@ TEST(ValidateCli, TwoRankLayoutReportsPredictedAndMeasured) {
   EXPECT_NE(t.out.find("Memory per GPU"), std::string::npos) << t.out;
   EXPECT_NE(t.out.find("weights"), std::string::npos);
   EXPECT_NE(t.out.find("pp/send_recv"), std::string::npos);
+}
+
+// `--trace FILE`: the executed timeline in the simulator's Chrome / Perfetto format: one process
+// per stage, and on each stage's compute thread one slice per action of its 1F1B program (p = 2,
+// m = 4) in program order, named like the simulator's ("Fmb0 c0", "Bmb0 c0"), followed by the
+// optimizer.
+TEST(ValidateCli, TraceHoldsTheExecutedProgramOfEveryStage) {
+  const std::string dir = ::testing::TempDir() + "/validate_trace";
+  const std::string scenario = two_rank_scenario(dir);
+  const std::string trace = dir + "/trace.json";
+  std::remove(trace.c_str());
+  const CliResult r = run_cli("validate " + scenario + " --steps 1 --trace " + trace, "", dir);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json doc = json::parse(read_file(trace));
+  const json& events = doc.at("traceEvents");
+  std::map<int, std::vector<std::string>> compute;
+  std::map<int, std::string> process;
+  std::map<int, double> last_end;
+  int sends = 0;
+  for (const json& e : events) {
+    if (e.at("ph") == "M" && e.at("name") == "process_name")
+      process[e.at("pid").get<int>()] = e.at("args").at("name").get<std::string>();
+    if (e.at("ph") != "X") continue;
+    const int pid = e.at("pid").get<int>();
+    if (e.at("cat") == "communication") ++sends;
+    if (e.at("tid").get<int>() != 0) continue;
+    compute[pid].push_back(e.at("name").get<std::string>());
+    // Compute slices of a stage do not overlap: each starts after the previous one ends.
+    const double ts = e.at("ts").get<double>();
+    EXPECT_GE(ts + 1e-3, last_end[pid]) << e.dump();
+    last_end[pid] = ts + e.at("dur").get<double>();
+  }
+  ASSERT_EQ(process.size(), 2u);
+  EXPECT_EQ(process[0], "stage 0");
+  EXPECT_EQ(process[1], "stage 1");
+  // 1F1B with p = 2, m = 4: stage 0 warms up with 1 forward, stage 1 with none.
+  const std::vector<std::string> stage0 = {"Fmb0 c0", "Fmb1 c0", "Bmb0 c0", "Fmb2 c0",  "Bmb1 c0",
+                                           "Fmb3 c0", "Bmb2 c0", "Bmb3 c0", "optimizer"};
+  const std::vector<std::string> stage1 = {"Fmb0 c0", "Bmb0 c0", "Fmb1 c0", "Bmb1 c0",  "Fmb2 c0",
+                                           "Bmb2 c0", "Fmb3 c0", "Bmb3 c0", "optimizer"};
+  EXPECT_EQ(compute[0], stage0);
+  EXPECT_EQ(compute[1], stage1);
+  // Activations forward and gradients back: 4 sends each way, plus the DP reduction slices.
+  EXPECT_GE(sends, 8);
 }
 
 TEST(ValidateCli, EmulatedRankMeasuresItsStageOnly) {

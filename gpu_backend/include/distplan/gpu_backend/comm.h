@@ -87,6 +87,17 @@ struct RankCoords {
 [[nodiscard]] RankCoords rank_coords(const ParallelSpec& p, int world_rank) noexcept;
 [[nodiscard]] int world_rank_of(const ParallelSpec& p, RankCoords c) noexcept;
 
+/// How the world splits into one group: ranks with equal `colour` form it, ordered by `key` (this
+/// rank's index in it), `size` members. Megatron-LM order (DESIGN.md, "Ranks and groups"), with
+/// S = the ZeRO shard size (dp under ZeRO 0, else Scenario::shard_size()):
+/// dp = S consecutive dp ranks (the shard group), dp_replicate = the dp/S ranks holding the same
+/// shard (hybrid sharding), embedding = first and last stage at equal (tp, dp) when pp > 1
+/// (tied embeddings; a group of one elsewhere).
+struct GroupSplit {
+  int colour = 0, key = 0, size = 1;
+};
+[[nodiscard]] GroupSplit group_split(const ParallelSpec& p, RankCoords c, Group g) noexcept;
+
 enum class CommBackend { emulated, mpi, nccl };
 
 /// The groups one rank belongs to. A group of size 1 still exists; the model never calls it.
@@ -94,7 +105,7 @@ struct ProcessGroups {
   RankCoords coords;
   int world_rank = 0;
   int world_size = 1;
-  std::unique_ptr<Communicator> tp, dp, pp;
+  std::unique_ptr<Communicator> tp, dp, pp, dp_replicate, embedding;
   CommLog log;
   /// Sum (or max) of a few doubles over all ranks, for the loss and overflow flag; not recorded.
   std::function<void(double*, int, ReduceOp)> world_reduce;

@@ -11,6 +11,7 @@
 #include "distplan/gpu_backend/memory.h"
 #include "distplan/planner/spec.h"
 #include "distplan/simulator/schedule.h"
+#include "distplan/simulator/simulate.h"
 
 namespace distplan::backend {
 
@@ -36,6 +37,10 @@ struct RankMeasurement {
   RankCoords coords;
   MemoryStats memory;                   // peaks over the measured step, at requested size
   std::vector<ExecutedAction> actions;  // this stage's program as executed
+  /// The executed timeline of the measured step, seconds from the rank's step start: every action
+  /// and the optimizer on the compute track, sends, DP/ZeRO reductions and gathers on their
+  /// streams (the simulator's tracks and slice kinds; `stage` = this rank's stage).
+  std::vector<sim::TraceEvent> timeline;
   std::map<CommLog::Key, CommTotals> communication;  // bytes handed per (group, op, what)
   Seconds step_seconds = 0;
   Seconds optimizer_seconds = 0;
