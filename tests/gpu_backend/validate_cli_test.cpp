@@ -51,27 +51,34 @@ CliResult run_cli(const std::string& args, const std::string& env, const std::st
   return r;
 }
 
-std::string two_rank_scenario(const std::string& dir) {
-  const json doc = {{"model",
-                     {{"num_layers", 4},
-                      {"hidden_size", 64},
-                      {"num_attention_heads", 4},
-                      {"ffn_hidden_size", 256},
-                      {"vocab_size", 512},
-                      {"mlp", "gelu"},
-                      {"norm", "layernorm"},
-                      {"position_embedding", "learned"},
-                      {"max_position_embeddings", 32},
-                      {"tied_embeddings", false},
-                      {"bias", true}}},
-                    {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", 2}, {"gpus_per_node", 8}}},
-                    {"training",
-                     {{"seq_length", 32},
-                      {"global_batch_size", 4},
-                      {"micro_batch_size", 1},
-                      {"precision", "fp32"},
-                      {"optimizer", "adamw"}}},
-                    {"parallel", {{"tp", 1}, {"pp", 2}, {"dp", 1}, {"schedule", "1f1b"}}}};
+std::string two_rank_scenario(const std::string& dir, const json& parallel = json(nullptr),
+                              bool tied = false) {
+  json doc = {{"model",
+               {{"num_layers", 4},
+                {"hidden_size", 64},
+                {"num_attention_heads", 4},
+                {"ffn_hidden_size", 256},
+                {"vocab_size", 512},
+                {"mlp", "gelu"},
+                {"norm", "layernorm"},
+                {"position_embedding", "learned"},
+                {"max_position_embeddings", 32},
+                {"tied_embeddings", false},
+                {"bias", true}}},
+              {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", 2}, {"gpus_per_node", 8}}},
+              {"training",
+               {{"seq_length", 32},
+                {"global_batch_size", 4},
+                {"micro_batch_size", 1},
+                {"precision", "fp32"},
+                {"optimizer", "adamw"}}},
+              {"parallel", {{"tp", 1}, {"pp", 2}, {"dp", 1}, {"schedule", "1f1b"}}}};
+  if (!parallel.is_null()) {
+    doc["parallel"] = parallel;
+    doc["cluster"]["num_gpus"] =
+        parallel.value("tp", 1) * parallel.value("pp", 1) * parallel.value("dp", 1);
+  }
+  doc["model"]["tied_embeddings"] = tied;
   std::system(("mkdir -p " + dir).c_str());
   const std::string path = dir + "/scenario.json";
   std::ofstream(path) << doc.dump();
@@ -178,6 +185,47 @@ TEST(ValidateCli, TraceHoldsTheExecutedProgramOfEveryStage) {
   EXPECT_EQ(compute[1], stage1);
   // Activations forward and gradients back: 4 sends each way, plus the DP reduction slices.
   EXPECT_GE(sends, 8);
+}
+
+// Hybrid sharding (dp4, ZeRO-2, shard groups of 2) and tied embeddings (ZeRO-1 dp2 x pp2) through
+// the CLI: every stage's bytes per (group, op) equal the planner's, including the replicas'
+// all-reduce (dp_replicate) and the tied embedding gradients (embedding group); tied embeddings
+// with ZeRO-2 are refused with the field's path.
+TEST(ValidateCli, HybridShardingAndTiedEmbeddingsMatchThePlannersCollectives) {
+  struct Case {
+    const char* name;
+    json parallel;
+    bool tied;
+    const char* key;  // the group/op the layout adds
+  };
+  const Case cases[] = {
+      {"hybrid",
+       {{"dp", 4}, {"zero_stage", 2}, {"fsdp_shard_size", 2}},
+       false,
+       "dp_replicate/all_reduce"},
+      {"tied", {{"dp", 2}, {"pp", 2}, {"zero_stage", 1}}, true, "embedding/all_reduce"}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const std::string dir = ::testing::TempDir() + "/validate_" + c.name;
+    const std::string scenario = two_rank_scenario(dir, c.parallel, c.tied);
+    const CliResult r = run_cli("validate " + scenario + " --steps 2 --timeout 60", "", dir);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const json doc = json::parse(r.out);
+    int with_key = 0;
+    for (const json& st : doc.at("relative_error").at("communication").at("stages")) {
+      for (const auto& [k, v] : st.at("collectives").items()) {
+        ASSERT_TRUE(v.is_number()) << k;
+        EXPECT_EQ(v.get<double>(), 0.0) << k;
+      }
+      if (st.at("collectives").contains(c.key)) ++with_key;
+    }
+    EXPECT_EQ(with_key, doc.at("scenario").at("parallel").value("pp", 1)) << c.key;
+  }
+  const std::string dir = ::testing::TempDir() + "/validate_tied_zero2";
+  const std::string scenario = two_rank_scenario(dir, {{"pp", 2}, {"zero_stage", 2}}, true);
+  const CliResult r = run_cli("validate " + scenario + " --steps 1", "", dir);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("/model/tied_embeddings"), std::string::npos) << r.err;
 }
 
 TEST(ValidateCli, EmulatedRankMeasuresItsStageOnly) {
