@@ -599,13 +599,23 @@ void install_validate(CLI::App& app) {
                                        opts->emulate_rank, ranks_of(s) - 1));
     if (opts->device == "cuda" && !backend::cuda_available())
       throw std::runtime_error("validate: --device cuda needs a CUDA build and a visible GPU");
+    // The trace file is opened before the run, so a path that cannot be written fails at once.
+    std::ofstream trace;
+    if (!opts->trace_path.empty()) {
+      trace.open(opts->trace_path);
+      if (!trace) throw InputError("", "--trace: cannot write '" + opts->trace_path + "'");
+    }
     const Estimate e = estimate(s);
     const BackendResult br = run_backend(s, to_json(s), *opts);
     const Report r = compare(s, e, br, *opts);
-    if (!opts->trace_path.empty() && br.fits) {
-      std::ofstream f(opts->trace_path);
-      if (!f) throw InputError("", "--trace: cannot write '" + opts->trace_path + "'");
-      f << backend::timeline_trace_json(br.m);
+    if (trace.is_open()) {
+      if (br.fits) {
+        trace << backend::timeline_trace_json(br.m);
+      } else {
+        trace.close();
+        std::error_code ec;
+        fs::remove(opts->trace_path, ec);  // out of memory: no timeline
+      }
     }
     if (opts->common.format == Format::table) {
       std::cout << r.table;
