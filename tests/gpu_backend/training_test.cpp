@@ -284,10 +284,18 @@ INSTANTIATE_TEST_SUITE_P(
         Layout{"hybrid_zero1_dp4_s2", J{{"dp", 4}, {"zero_stage", 1}, {"fsdp_shard_size", 2}}},
         Layout{"hybrid_zero2_dp4_s2", J{{"dp", 4}, {"zero_stage", 2}, {"fsdp_shard_size", 2}}},
         Layout{"hybrid_zero3_dp4_s2", J{{"dp", 4}, {"zero_stage", 3}, {"fsdp_shard_size", 2}}},
+        Layout{"hybrid_zero1_dp4_s2_pp2",
+               J{{"dp", 4}, {"pp", 2}, {"zero_stage", 1}, {"fsdp_shard_size", 2}}},
         // Tied embeddings: a copy on the last stage summed with the first (pp2), the embedding
         // itself as the LM head (pp1, vocab-parallel over tp2), and with ZeRO-1 over dp2.
         Layout{"tied_pp2", J{{"pp", 2}}, "fp32", "flash", false, true},
         Layout{"tied_tp2", J{{"tp", 2}}, "fp32", "flash", false, true},
+        Layout{"tied_pp2_interleaved",
+               J{{"pp", 2}, {"schedule", "interleaved_1f1b"}, {"virtual_stages", 2}}, "fp32",
+               "flash", false, true},
+        Layout{"tied_pp2_zb_h1_zero1_dp2",
+               J{{"pp", 2}, {"dp", 2}, {"schedule", "zb_h1"}, {"zero_stage", 1}}, "fp32", "flash",
+               false, true},
         Layout{"tied_zero1_dp2_pp2", J{{"dp", 2}, {"pp", 2}, {"zero_stage", 1}}, "fp32", "flash",
                false, true}),
     [](const auto& info) { return std::string(info.param.name); });
