@@ -121,7 +121,8 @@ class Estimator {
     vocab_ = padded_vocab(s_);
     nmb_ = s_.num_microbatches();
     std::vector<Collective> out;
-    stage_collectives(stage, out);
+    auto keep = [&out](const Collective& c) { out.push_back(c); };
+    stage_collectives(stage, keep);
     return out;
   }
 
@@ -343,8 +344,11 @@ class Estimator {
     return static_cast<double>(calls) * (steps * x.latency + wire / x.bandwidth);
   }
 
-  void add(std::vector<Collective>& out, Group g, CollectiveOp op, std::string_view what,
-           Bytes bytes, Count calls) const {
+  // Hands one collective to `out`, a callable taking const Collective& (it may store it, or only
+  // add up its figures).
+  template <typename Sink>
+  void add(Sink& out, Group g, CollectiveOp op, std::string_view what, Bytes bytes,
+           Count calls) const {
     const GroupInfo& x = group(g);
     const Count n = x.size;
     if (n <= 1 || calls <= 0 || bytes <= 0) return;
@@ -368,7 +372,7 @@ class Estimator {
                                                          : static_cast<double>(n - 1);
     c.seconds_per_step =
         static_cast<double>(calls) * (steps * x.latency + static_cast<double>(wire) / x.bandwidth);
-    out.push_back(c);
+    out(c);
   }
 
   // TP collectives of one micro-batch through one layer (Korthikanti et al. 2022, sec. 4.2.2):
@@ -395,8 +399,8 @@ class Estimator {
     return c;
   }
 
-  void stage_collectives(int st, std::vector<Collective>& out) const {
-    out.clear();
+  template <typename Sink>
+  void stage_collectives(int st, Sink& out) const {
     const StageUnits u = units(st);
     const Count m = nmb_;
     const Count v = p_.virtual_stages;
@@ -512,10 +516,8 @@ class Estimator {
     const Count pp = p_.pp;
     const double rate =
         dense_peak(s_.cluster.gpu, t_.precision) * s_.assumptions.compute_efficiency;
-    std::vector<Collective> scratch;
-    scratch.reserve(24);
-    e.communication.collectives.reserve(24);
     Bytes best = -1;
+    int busiest = 0;
     e.stage_costs.resize(static_cast<std::size_t>(pp));
     const Count m = nmb_;
     for (int st = 0; st < pp; ++st) {
@@ -526,11 +528,11 @@ class Estimator {
             e.stage_costs[static_cast<std::size_t>(st - 1)];
         continue;
       }
-      stage_collectives(st, scratch);
       Bytes wire = 0;
       StageCosts& k = e.stage_costs[static_cast<std::size_t>(st)];
       Seconds tp_fwd = 0, tp_total = 0;
-      for (const Collective& c : scratch) {
+      // Add up this stage's figures; only the busiest stage's list is kept (below).
+      auto tally = [&](const Collective& c) {
         wire += c.wire_bytes_per_gpu_per_step;
         switch (c.group) {
           case Group::tp:
@@ -552,7 +554,8 @@ class Estimator {
             }
             break;
         }
-      }
+      };
+      stage_collectives(st, tally);
       if (pp > 1 && k.p2p == 0 && m > 0) {
         // The last stage sends no activations forward; it still receives them at the same cost.
         k.p2p =
@@ -571,8 +574,7 @@ class Estimator {
       k.wire_bytes_per_step = wire;
       if (wire > best) {
         best = wire;
-        e.communication.collectives.swap(scratch);  // scratch is refilled from empty next stage
-        e.communication.wire_bytes_per_gpu_per_step = wire;
+        busiest = st;
       }
 
       // Compute per micro-batch on one GPU of this stage.
@@ -607,6 +609,13 @@ class Estimator {
           grads_read + 2.0 * static_cast<double>(sm.optimizer_bytes) +
           static_cast<double>(p_.zero_stage == 3 ? sm.weights_bytes : sm.weights_bytes / shard());
       k.optimizer = touched / s_.cluster.gpu.memory_bandwidth;
+    }
+    // The busiest GPU's collectives, listed once.
+    if (best >= 0) {
+      e.communication.wire_bytes_per_gpu_per_step = best;
+      e.communication.collectives.reserve(24);
+      auto keep = [&e](const Collective& c) { e.communication.collectives.push_back(c); };
+      stage_collectives(busiest, keep);
     }
   }
 
