@@ -227,8 +227,8 @@ class Trainer {
   }
   // Row-parallel weight (rows x full_cols) split t ways by columns.
   std::function<Count(Count)> row_cols(Count full_cols) const {
-    const Count r = g_.coords.tp, t = tp_, lc = full_cols / tp_;
-    return [r, t, lc, full_cols](Count i) { return (i / lc) * full_cols + r * lc + i % lc; };
+    const Count r = g_.coords.tp, lc = full_cols / tp_;
+    return [r, lc, full_cols](Count i) { return (i / lc) * full_cols + r * lc + i % lc; };
   }
   static std::function<Count(Count)> identity() {
     return [](Count i) { return i; };
