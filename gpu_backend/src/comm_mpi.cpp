@@ -11,6 +11,8 @@
 
 #ifdef DISTPLAN_HAVE_MPI
 #include <mpi.h>
+
+#include "mpi_groups.h"
 #endif
 
 namespace distplan::backend {
@@ -172,7 +174,8 @@ std::vector<std::string> gather_measurements(const std::string& s) {
   return out;
 }
 
-std::unique_ptr<ProcessGroups> make_mpi_groups(const ParallelSpec& p) {
+std::unique_ptr<ProcessGroups> make_groups_over_mpi(const ParallelSpec& p,
+                                                    const MakeCommunicator& make_comm) {
   auto g = std::make_unique<ProcessGroups>();
   MPI_Comm_rank(MPI_COMM_WORLD, &g->world_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &g->world_size);
@@ -180,14 +183,11 @@ std::unique_ptr<ProcessGroups> make_mpi_groups(const ParallelSpec& p) {
   const RankCoords c = rank_coords(p, g->world_rank);
   g->coords = c;
   // Colour = the coordinates the group does not span; key = the spanned one (its rank in it).
-  auto split = [&](int colour, int key) {
-    MPI_Comm comm;
-    MPI_Comm_split(MPI_COMM_WORLD, colour, key, &comm);
-    return comm;
-  };
   auto make = [&](Group grp) {
     const GroupSplit sp = group_split(p, c, grp);
-    return std::make_unique<MpiCommunicator>(grp, split(sp.colour, sp.key), &g->log);
+    MPI_Comm comm;
+    MPI_Comm_split(MPI_COMM_WORLD, sp.colour, sp.key, &comm);
+    return make_comm(grp, comm, &g->log);
   };
   g->tp = make(Group::tp);
   g->dp = make(Group::dp);
@@ -200,6 +200,12 @@ std::unique_ptr<ProcessGroups> make_mpi_groups(const ParallelSpec& p) {
   };
   g->gather_to_root = gather_measurements;
   return g;
+}
+
+std::unique_ptr<ProcessGroups> make_mpi_groups(const ParallelSpec& p) {
+  return make_groups_over_mpi(p, [](Group grp, MPI_Comm comm, CommLog* log) {
+    return std::make_unique<MpiCommunicator>(grp, comm, log);
+  });
 }
 
 #else

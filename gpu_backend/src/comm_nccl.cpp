@@ -10,6 +10,7 @@
 #include "cuda_check.h"
 #include "distplan/gpu_backend/comm.h"
 #include "distplan/planner/check.h"
+#include "mpi_groups.h"
 
 namespace distplan::backend {
 namespace {
@@ -94,33 +95,9 @@ class NcclCommunicator final : public Communicator {
 }  // namespace
 
 std::unique_ptr<ProcessGroups> make_nccl_groups(const ParallelSpec& p) {
-  auto g = std::make_unique<ProcessGroups>();
-  MPI_Comm_rank(MPI_COMM_WORLD, &g->world_rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &g->world_size);
-  DISTPLAN_CHECK(g->world_size == p.tp * p.dp * p.pp, "MPI world size differs from tp*dp*pp");
-  const RankCoords c = rank_coords(p, g->world_rank);
-  g->coords = c;
-  // Colour = the coordinates the group does not span; key = its rank in the group (Megatron order).
-  auto split = [&](int colour, int key) {
-    MPI_Comm m;
-    MPI_Comm_split(MPI_COMM_WORLD, colour, key, &m);
-    return m;
-  };
-  auto make = [&](Group grp) {
-    const GroupSplit sp = group_split(p, c, grp);
-    return std::make_unique<NcclCommunicator>(grp, split(sp.colour, sp.key), &g->log);
-  };
-  g->tp = make(Group::tp);
-  g->dp = make(Group::dp);
-  g->pp = make(Group::pp);
-  g->dp_replicate = make(Group::dp_replicate);
-  g->embedding = make(Group::embedding);
-  g->world_reduce = [](double* x, int n, ReduceOp op) {
-    MPI_Allreduce(MPI_IN_PLACE, x, n, MPI_DOUBLE, op == ReduceOp::sum ? MPI_SUM : MPI_MAX,
-                  MPI_COMM_WORLD);
-  };
-  g->gather_to_root = [](const std::string& s) { return gather_measurements(s); };
-  return g;
+  return make_groups_over_mpi(p, [](Group grp, MPI_Comm comm, CommLog* log) {
+    return std::make_unique<NcclCommunicator>(grp, comm, log);
+  });
 }
 
 }  // namespace distplan::backend
