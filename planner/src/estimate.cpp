@@ -237,21 +237,21 @@ class Estimator {
       }
 
       // Activations: per micro-batch through this GPU's layers, times what is in flight.
-      Bytes extra = 0;
       const Bytes token_h = act_tokens() * h;
-      if (st == 0 && t_.dropout > 0)
-        extra += sp ? token_h / tp : token_h;  // embedding dropout mask
-      if (st == pp - 1)
-        extra += 2 * (sp ? token_h * cb() / tp : token_h * cb());  // final norm, LM head inputs
-      sm.activation_bytes_per_microbatch = u.layer.count * act_layer + extra;
+      sm.embedding_activation_bytes =
+          st == 0 && t_.dropout > 0 ? (sp ? token_h / tp : token_h) : 0;  // dropout mask
+      sm.head_activation_bytes =
+          st == pp - 1 ? 2 * (sp ? token_h * cb() / tp : token_h * cb())  // final norm, LM head
+                       : 0;
+      sm.activation_bytes_per_microbatch =
+          u.layer.count * act_layer + sm.embedding_activation_bytes + sm.head_activation_bytes;
       sm.inflight_chunks = inflight_chunks(p_.schedule, pp, v, st, nmb_);
       sm.inflight_microbatches = static_cast<double>(sm.inflight_chunks) / static_cast<double>(v);
-      // The embedding's and LM head's tensors belong to the first and last chunk only; under
-      // interleaving those chunks are in flight once at a time on their stages (Megatron-LM's
-      // order runs the last chunk's backward right after its forward on the last stage).
-      const Count extra_live = v == 1 ? sm.inflight_chunks : 1;
+      // The embedding's and LM head's tensors belong to the first and last virtual stage only;
+      // the schedule's order decides how many of those chunks are in flight at the peak.
       sm.activations_bytes =
-          sm.inflight_chunks * (u.layer.count / v) * act_layer + extra_live * extra;
+          activation_peak_bytes(p_.schedule, pp, v, st, nmb_, (u.layer.count / v) * act_layer,
+                                sm.embedding_activation_bytes, sm.head_activation_bytes);
       if (p_.recompute == Recompute::full && u.layer.count > 0) {
         // The layer being recomputed in backward: its full activations, of which the kept input
         // is already counted.

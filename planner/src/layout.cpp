@@ -37,14 +37,56 @@ Count inflight_chunks(Schedule schedule, Count pp, Count v, Count stage, Count m
       // (Qi et al. 2023, Table 2: (2p - 1) M_B).
       return std::min(2 * pp - 1, m);
     case Schedule::interleaved_1f1b: {
-      // Megatron-LM forward_backward_pipelining_with_interleaving: num_warmup =
-      // (p - stage - 1) * 2 + (v - 1) * p, capped at m * v; the steady state adds one.
+      // Megatron-LM get_pp_rank_microbatches (NVIDIA/Megatron-LM
+      // megatron/core/pipeline_parallel/schedules.py, commit 00611e6e): num_warmup =
+      // (p - stage - 1) * 2 + (v - 1) * p, capped at m * v; the steady state adds one. With one
+      // chunk the schedule is plain 1F1B (make_interleaved_1f1b runs make_1f1b).
+      if (v == 1) return std::min(pp - stage, m);
       const Count total = m * v;
       const Count warmup = std::min((pp - stage - 1) * 2 + (v - 1) * pp, total);
       return std::min(warmup + 1, total);
     }
   }
   return m;
+}
+
+namespace {
+
+// Megatron-LM's interleaved order (get_schedule_table with groups of p micro-batches): among the
+// first k forward virtual micro-batches, how many run chunk c. Backward k runs chunk v - 1 - c of
+// the same table, so the backward count of chunk c is forward_chunk_count(v - 1 - c, ...).
+Count forward_chunk_count(Count c, Count k, Count pp, Count v) noexcept {
+  const Count group = pp * v;
+  return (k / group) * pp + std::clamp(k % group - c * pp, Count{0}, pp);
+}
+
+}  // namespace
+
+Bytes activation_peak_bytes(Schedule schedule, Count pp, Count v, Count stage, Count m,
+                            Bytes chunk_bytes, Bytes first_bytes, Bytes last_bytes) noexcept {
+  // The first virtual stage is chunk 0 of stage 0 and the last is chunk v - 1 of stage pp - 1
+  // (Megatron-LM's placement, virtual stage c * pp + s).
+  const Bytes first = stage == 0 ? first_bytes : 0;
+  const Bytes last = stage == pp - 1 ? last_bytes : 0;
+  const Count chunks = inflight_chunks(schedule, pp, v, stage, m);
+  if (v == 1) return chunks * (chunk_bytes + first + last);
+  // Interleaved: the stage holds W + 1 chunks at every steady-state forward (W warm-up forwards,
+  // then F, B pairs), fewer before and after; a forward only ever adds. When the warm-up is
+  // everything, all m v chunks are alive at the last forward.
+  const Count total = m * v;
+  const Count warmup = chunks - (chunks < total ? 1 : 0);
+  if (chunks == total) return total * chunk_bytes + m * (first + last);
+  // At steady step j the stage has started forwards [0, W + j] and finished backwards [0, j).
+  // Chunk counts repeat with period p v in j, so one period holds the peak.
+  Bytes peak = 0;
+  const Count steps = std::min(total - warmup, pp * v);
+  for (Count j = 0; j < steps; ++j) {
+    const Count k = warmup + j + 1;
+    const Count n_first = forward_chunk_count(0, k, pp, v) - forward_chunk_count(v - 1, j, pp, v);
+    const Count n_last = forward_chunk_count(v - 1, k, pp, v) - forward_chunk_count(0, j, pp, v);
+    peak = std::max(peak, n_first * first + n_last * last);
+  }
+  return chunks * chunk_bytes + peak;
 }
 
 namespace {

@@ -114,15 +114,12 @@ Bytes FastMemory::stage_total(const Layout& l, Count st, Count layer_count) cons
   }
 
   const Bytes act_layer = act_[sp ? 1 : 0][static_cast<int>(l.recompute)];
-  Bytes extra = 0;
   const Bytes token_h = act_tokens * h;
-  if (st == 0 && t.dropout > 0) extra += sp ? token_h / tp : token_h;
-  if (st == pp - 1) extra += 2 * (sp ? token_h * cb / tp : token_h * cb);
-  const Count chunks = inflight_chunks(l.schedule, pp, v, st, nmb);
-  // The embedding's and LM head's tensors: once per chunk in flight without interleaving, once
-  // with it (they belong to the first and last chunk only).
-  const Count extra_live = v == 1 ? chunks : 1;
-  Bytes activations = chunks * (layer_count / v) * act_layer + extra_live * extra;
+  const Bytes first = st == 0 && t.dropout > 0 ? (sp ? token_h / tp : token_h) : 0;
+  const Bytes last = st == pp - 1 ? 2 * (sp ? token_h * cb / tp : token_h * cb) : 0;
+  // The embedding's and LM head's tensors belong to the first and last virtual stage only.
+  Bytes activations =
+      activation_peak_bytes(l.schedule, pp, v, st, nmb, (layer_count / v) * act_layer, first, last);
   if (l.recompute == Recompute::full && layer_count > 0) {
     // The layer being recomputed: its full activations, less the kept input counted above.
     activations += act_[sp ? 1 : 0][static_cast<int>(Recompute::none)] - act_layer;

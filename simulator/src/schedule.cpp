@@ -138,7 +138,11 @@ SchedulePrograms make_interleaved_1f1b(Count p, Count m, Count v) {
   for (Count s = 0; s < p; ++s) {
     auto& prog = out.programs[static_cast<std::size_t>(s)];
     prog.reserve(static_cast<std::size_t>(2 * total));
-    const Count warmup = m == p ? total : std::min((p - s - 1) * 2 + (v - 1) * p, total);
+    // get_pp_rank_microbatches in NVIDIA/Megatron-LM megatron/core/pipeline_parallel/schedules.py
+    // (commit 00611e6eeb0b09b5ee074750956855215ddbd67f): (p - s - 1) * 2 + (v - 1) * N warm-up
+    // forwards with N = microbatch_group_size_per_vp_stage (default p), capped at m * v. Older
+    // versions ran every forward first when m == p; the current code has no such case.
+    const Count warmup = std::min((p - s - 1) * 2 + (v - 1) * p, total);
     auto forward = [&](Count k) {
       prog.push_back(act(Op::forward, microbatch_of(k), chunk_of(k, true)));
     };

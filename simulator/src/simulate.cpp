@@ -75,7 +75,9 @@ struct StageTimes {
   Count grad_buckets = 1;    // per chunk
   Seconds param_gather = 0;
   Seconds optimizer = 0;
-  Bytes activation_bytes = 0;  // one (micro-batch, chunk)
+  Bytes chunk_bytes = 0;  // one (micro-batch, chunk) through one chunk's layers
+  Bytes first_bytes = 0;  // more for a pass of the first virtual stage (embedding output)
+  Bytes last_bytes = 0;   // more for a pass of the last virtual stage (final norm, LM head)
 };
 
 enum EventKind : std::uint32_t { kDone = 0, kArriveForward = 1, kArriveBackward = 2, kWake = 3 };
@@ -93,6 +95,7 @@ struct StageState {
   Seconds busy_seconds = 0;
   Count inflight_chunks = 0, peak_chunks = 0;
   Count inflight_mbs = 0, peak_mbs = 0;
+  Bytes inflight_bytes = 0, peak_bytes = 0;
   Resource send_next, send_prev, dp, zero3;
 };
 
@@ -171,8 +174,15 @@ struct Run {
   }
 
   void memory_sample(std::size_t s, EventTime t) {
-    out.memory.push_back(MemorySample{static_cast<std::int32_t>(s), t,
-                                      ws.stages[s].inflight_chunks * times[s].activation_bytes});
+    out.memory.push_back(
+        MemorySample{static_cast<std::int32_t>(s), t, ws.stages[s].inflight_bytes});
+  }
+
+  // Saved activations of one (micro-batch, chunk) on stage s.
+  Bytes pass_bytes(std::size_t s, Count chunk) const noexcept {
+    const StageTimes& t = times[s];
+    const Count vs = chunk * p + static_cast<Count>(s);
+    return t.chunk_bytes + (vs == 0 ? t.first_bytes : 0) + (vs == last_virtual ? t.last_bytes : 0);
   }
 
   void issue_gather(std::size_t s, std::size_t pos, EventTime now) {
@@ -220,6 +230,8 @@ struct Run {
     if (a.op == Op::forward && !ws.alive[k]) {
       ws.alive[k] = 1;
       if (++st.inflight_chunks > st.peak_chunks) st.peak_chunks = st.inflight_chunks;
+      st.inflight_bytes += pass_bytes(s, a.chunk);
+      st.peak_bytes = std::max(st.peak_bytes, st.inflight_bytes);
       if (ws.mb_refs[s * static_cast<std::size_t>(m) + static_cast<std::size_t>(a.microbatch)]++ ==
           0) {
         if (++st.inflight_mbs > st.peak_mbs) st.peak_mbs = st.inflight_mbs;
@@ -239,6 +251,7 @@ struct Run {
     if (!ws.alive[k]) return;
     ws.alive[k] = 0;
     --st.inflight_chunks;
+    st.inflight_bytes -= pass_bytes(s, a.chunk);
     if (--ws.mb_refs[s * static_cast<std::size_t>(m) + static_cast<std::size_t>(a.microbatch)] == 0)
       --st.inflight_mbs;
     if (record) memory_sample(s, now);
@@ -316,8 +329,10 @@ struct Run {
         break;
       case Op::backward:
       case Op::backward_input:
-        if (vs != 0) send(s, false, a, now);
+        // Release first: with one stage the gradient goes to this stage itself, and an
+        // instantaneous send starts its next pass at once.
         if (a.op == Op::backward) release(s, a, now);
+        if (vs != 0) send(s, false, a, now);
         break;
       case Op::backward_weight:
         release(s, a, now);
@@ -393,7 +408,7 @@ struct Run {
       r.dp_communication_seconds = st.dp.busy_seconds + st.zero3.busy_seconds;
       r.peak_inflight_chunks = st.peak_chunks;
       r.peak_inflight_microbatches = st.peak_mbs;
-      r.peak_activation_bytes = st.peak_chunks * t.activation_bytes;
+      r.peak_activation_bytes = st.peak_bytes;
       step = std::max(step, r.end_seconds);
       busy_total += r.busy_seconds;
     }
@@ -422,8 +437,10 @@ std::vector<StageTimes> stage_times(const Scenario& s, const Estimate& e, const 
   for (Count i = 0; i < p; ++i) {
     StageTimes& t = times[static_cast<std::size_t>(i)];
     if (have_memory) {
-      t.activation_bytes =
-          e.memory.stages[static_cast<std::size_t>(i)].activation_bytes_per_microbatch / v;
+      const StageMemory& sm = e.memory.stages[static_cast<std::size_t>(i)];
+      t.first_bytes = sm.embedding_activation_bytes;
+      t.last_bytes = sm.head_activation_bytes;
+      t.chunk_bytes = (sm.activation_bytes_per_microbatch - t.first_bytes - t.last_bytes) / v;
     }
     if (opts.costs) {
       const CostOverride& c = *opts.costs;

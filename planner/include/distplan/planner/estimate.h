@@ -22,6 +22,8 @@ struct StageMemory {
       0;                      // peak micro-batches with saved activations (stage-equivalents)
   Count inflight_chunks = 0;  // the same in (micro-batch, chunk) pairs; = above when v = 1
   Bytes activation_bytes_per_microbatch = 0;  // one micro-batch through all of this GPU's layers
+  Bytes embedding_activation_bytes = 0;  // of the above: the first virtual stage's own (dropout)
+  Bytes head_activation_bytes = 0;       // of the above: the last virtual stage's (norm, LM head)
   Bytes weights_bytes = 0;
   Bytes gradients_bytes = 0;
   Bytes optimizer_bytes = 0;

@@ -21,6 +21,14 @@ namespace distplan {
 [[nodiscard]] Count inflight_chunks(Schedule schedule, Count pp, Count virtual_stages, Count stage,
                                     Count num_microbatches) noexcept;
 
+/// Peak bytes of saved activations on `stage`: every in-flight (micro-batch, chunk) pair holds
+/// `chunk_bytes` (its layers), pairs of the first virtual stage also `first_bytes` (embedding
+/// output masks) and pairs of the last virtual stage `last_bytes` (final norm, LM head inputs).
+/// Equals the simulator's peak for the schedule's program (docs/simulator.md, "Memory").
+[[nodiscard]] Bytes activation_peak_bytes(Schedule schedule, Count pp, Count virtual_stages,
+                                          Count stage, Count num_microbatches, Bytes chunk_bytes,
+                                          Bytes first_bytes, Bytes last_bytes) noexcept;
+
 /// Ranks spanned by a group and the link its collectives cross.
 [[nodiscard]] Count group_size(const Scenario& s, Group g) noexcept;
 [[nodiscard]] Link group_link(const Scenario& s, Group g) noexcept;

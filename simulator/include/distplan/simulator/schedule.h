@@ -52,8 +52,9 @@ struct SchedulePrograms {
 /// forwards, then alternates one forward and one backward, then drains the backwards.
 [[nodiscard]] SchedulePrograms make_1f1b(Count p, Count m);
 /// Megatron-LM's interleaved 1F1B with v chunks per GPU (Narayanan et al. 2021, Sec. 2.2;
-/// megatron/core/pipeline_parallel/schedules.py): warm-up (p - s - 1)*2 + (v - 1)*p virtual
-/// micro-batches capped at m*v (all of them when m == p). Requires m % p == 0 (InputError).
+/// megatron/core/pipeline_parallel/schedules.py, get_pp_rank_microbatches): warm-up
+/// (p - s - 1)*2 + (v - 1)*p virtual micro-batches capped at m*v, with Megatron-LM's default
+/// micro-batch group of p. Requires m % p == 0 (InputError).
 [[nodiscard]] SchedulePrograms make_interleaved_1f1b(Count p, Count m, Count v);
 /// ZB-H1 (Qi et al. 2023, Sec. 2.1): 1F1B's warm-up with the backward split into B and W, stage s
 /// deferring its first s weight passes, so every stage keeps at most p micro-batches alive.
