@@ -175,6 +175,10 @@ SchedulePrograms make_zb_h2(Count p, Count m) {
   return out;
 }
 
+bool steps_overlap(Schedule kind) noexcept {
+  return kind == Schedule::zb_h2;
+}
+
 SchedulePrograms make_schedule(Schedule kind, Count p, Count m, Count v) {
   if (v != 1 && kind != Schedule::interleaved_1f1b) {
     throw InputError("/parallel/virtual_stages",

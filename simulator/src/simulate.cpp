@@ -119,6 +119,7 @@ struct Run {
   bool overlap_grad_reduce;
   bool overlap_param_gather;
   bool per_microbatch_reduce;  // ZeRO-2/3: gradients are reduce-scattered after every micro-batch
+  bool overlap_steps;          // steps_overlap(schedule): the step is the longest stage span
   bool record;
   Workspace& ws;
   SimResult& out;  // trace and memory are appended when `record`
@@ -409,7 +410,9 @@ struct Run {
       r.peak_inflight_chunks = st.peak_chunks;
       r.peak_inflight_microbatches = st.peak_mbs;
       r.peak_activation_bytes = st.peak_bytes;
-      step = std::max(step, r.end_seconds);
+      // Overlapping steps: each stage starts its next step as soon as its own work is done, so
+      // shifting every stage's timeline by its longest span is a feasible period.
+      step = std::max(step, overlap_steps ? r.end_seconds - r.first_start_seconds : r.end_seconds);
       busy_total += r.busy_seconds;
     }
     out.step_seconds = step;
@@ -517,6 +520,7 @@ SimResult simulate(const Scenario& s, const Estimate& e, const SimOptions& opts)
           s.assumptions.overlap_grad_reduce,
           s.assumptions.overlap_param_gather,
           per_mb,
+          steps_overlap(s.parallel.schedule),
           opts.record_trace,
           ws,
           out};
@@ -530,7 +534,7 @@ SimResult simulate(const Scenario& s, const Estimate& e, const SimOptions& opts)
     std::vector<StageTimes> quiet = times;
     for (StageTimes& t : quiet) t.p2p = t.zero3_gather = t.grad_reduce = t.param_gather = 0;
     SimResult q;
-    Run again{*prog, quiet, true, true, per_mb, false, ws, q};
+    Run again{*prog, quiet, true, true, per_mb, steps_overlap(s.parallel.schedule), false, ws, q};
     again.run();
     out.exposed_communication_seconds = std::max(0.0, out.step_seconds - q.step_seconds);
   }

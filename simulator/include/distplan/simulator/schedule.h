@@ -61,7 +61,17 @@ struct SchedulePrograms {
 [[nodiscard]] SchedulePrograms make_zb_h1(Count p, Count m);
 /// ZB-H2 (Qi et al. 2023, Sec. 2.2): min(2(p - s) - 1, m) warm-up forwards and 2s deferred weight
 /// passes on stage s (at most 2p - 1 micro-batches alive); a parallelogram when T_F = T_B = T_W.
+/// The order of the authors' get_hand_schedule(warmup_c = 2) (sail-sg/zero-bubble-pipeline-
+/// parallelism, megatron/core/pipeline_parallel/efficiency.py): F, then B and its due W per step.
 [[nodiscard]] SchedulePrograms make_zb_h2(Count p, Count m);
+
+/// Whether consecutive steps overlap. ZB-H2 is run as Qi et al. 2023 run it: with the optimizer's
+/// post-validation (Sec. 4) no step-wide synchronization holds the first stages until the last
+/// one finishes, so a stage starts its next step as soon as its own work is done and its
+/// parallelogram tiles with the next step's. The simulated step is then the longest span of one
+/// stage (first pass to end, optimizer included), which is how the paper's Table 5 counts ZB-H2's
+/// bubble.
+[[nodiscard]] bool steps_overlap(Schedule kind) noexcept;
 
 /// The generator for a scenario's schedule kind. Throws InputError (path "/parallel/schedule" or
 /// "/parallel/virtual_stages") when the kind cannot be built for (p, m, v).
