@@ -76,6 +76,7 @@ Bytes activation_peak_bytes(Schedule schedule, Count pp, Count v, Count stage, C
   const Count total = m * v;
   const Count warmup = chunks - (chunks < total ? 1 : 0);
   if (chunks == total) return total * chunk_bytes + m * (first + last);
+  if (first == 0 && last == 0) return chunks * chunk_bytes;
   // At steady step j the stage has started forwards [0, W + j] and finished backwards [0, j).
   // Chunk counts repeat with period p v in j, so one period holds the peak.
   Bytes peak = 0;
