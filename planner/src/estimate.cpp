@@ -171,9 +171,8 @@ class Estimator {
     for (int st = 0; st < pp; ++st) {
       const Count layers = layers_[static_cast<std::size_t>(st)];
       StageMemory& sm = mem.stages[static_cast<std::size_t>(st)];
-      sm = stage_memory(s_, ml,
-                        stage_unit_params(m_, p_.tp, pp, st, layers, vocab_, layer_params_rank_),
-                        act, st, vocab_);
+      stage_memory(s_, ml, stage_unit_params(m_, p_.tp, pp, st, layers, vocab_, layer_params_rank_),
+                   act, st, vocab_, sm);
       if (v == 1) {
         sm.first_layer = first_layer;
         sm.end_layer = first_layer + layers;

@@ -61,10 +61,10 @@ Bytes FastMemory::stage_total(const Layout& l, Count st, Count layer_count) cons
   const int stage = static_cast<int>(st);
   const StageUnitParams units =
       stage_unit_params(base_.model, l.tp, l.pp, stage, layer_count, vocab_, layer_params_);
-  return stage_memory(base_, ml, units,
-                      act_[l.sequence_parallel ? 1 : 0][static_cast<int>(l.recompute)], stage,
-                      vocab_)
-      .total_bytes;
+  StageMemory sm;
+  stage_memory(base_, ml, units, act_[l.sequence_parallel ? 1 : 0][static_cast<int>(l.recompute)],
+               stage, vocab_, sm);
+  return sm.total_bytes;
 }
 
 Bytes FastMemory::peak_bytes(const Layout& l) const noexcept {
