@@ -248,7 +248,7 @@ class Trainer {
       u.add(1, h_, Init::zero, uid(layer, 1), identity(), sp_), lp.norm1_b = idx(u.params.back());
     u.add((h_ + 2 * kvh) / tp_, h_, Init::normal, uid(layer, 2), column_rows({h_, kvh, kvh}, h_));
     lp.qkv_w = idx(u.params.back());
-    if (m_.bias) {
+    if (m_.bias || m_.qkv_bias) {  // Qwen2: biases on q, k and v only
       u.add((h_ + 2 * kvh) / tp_, 1, Init::zero, uid(layer, 3), column_rows({h_, kvh, kvh}, 1));
       lp.qkv_b = idx(u.params.back());
     }
@@ -782,9 +782,11 @@ class Trainer {
                                     d_);
     } else {
       Vec probs;
+      Tensor rebuilt;          // selective recompute's working set, alive for this layer's backward
       if (sv.probs.empty()) {  // selective recompute: rebuild the softmax from q and k
         Vec out;
         attention_fwd(q, k, v, out, &probs, nullptr);
+        rebuilt = save_act(probs);
       } else {
         probs = rd(sv.probs);
       }

@@ -10,6 +10,7 @@
 #include "distplan/planner/check.h"
 #include "distplan/planner/layer_ops.h"
 #include "distplan/planner/layout.h"
+#include "distplan/planner/memory_terms.h"
 
 namespace distplan {
 
@@ -45,14 +46,6 @@ namespace {
 
 Count ceil_div(Count a, Count b) noexcept {
   return (a + b - 1) / b;
-}
-
-// Bytes of optimizer state per parameter: the ZeRO paper's K (Rajbhandari et al. 2020, sec. 3.1):
-// fp32 master weights (mixed precision only) plus Adam's m and v, or SGD's momentum.
-Bytes optimizer_bytes_per_param(const TrainingSpec& t) noexcept {
-  const Bytes master = t.precision == DType::fp32 ? 0 : 4;
-  const Bytes states = t.optimizer == Optimizer::sgd ? 4 : 8;
-  return master + states;
 }
 
 FlopsPerSecond dense_peak(const GpuSpec& g, DType d) noexcept {
@@ -152,133 +145,43 @@ class Estimator {
   [[nodiscard]] Bytes hidden_bytes() const noexcept { return act_tokens() * m_.hidden_size * cb(); }
 
   [[nodiscard]] StageUnits units(int stage) const noexcept {
-    const Count h = m_.hidden_size;
-    const Count tp = p_.tp;
-    const bool first = stage == 0;
-    const bool last = stage == p_.pp - 1;
+    // One definition of what a stage holds (memory_terms.h), named for the collectives.
+    const StageUnitParams x =
+        stage_unit_params(m_, p_.tp, p_.pp, stage, layers_[static_cast<std::size_t>(stage)], vocab_,
+                          layer_params_rank_);
     StageUnits u;
-    u.layer = {"layers", layer_params_rank_, layers_[static_cast<std::size_t>(stage)]};
-    if (first) {
-      Count emb = vocab_ * h / tp;  // vocab-parallel embedding (Shoeybi et al. 2019, sec. 3)
-      if (m_.position_embedding == PositionEmbedding::learned)
-        emb += m_.max_position_embeddings * h;
-      u.embedding = {"embedding", emb, 1};
-    }
-    if (last) {
-      Count head = m_.norm == Norm::layernorm ? 2 * h : h;  // final norm
-      // Untied: the LM head's own weight. Tied across stages: Megatron-LM keeps a copy of the
-      // word embedding on the last stage and all-reduces its gradient with the first.
-      if (!m_.tied_embeddings || p_.pp > 1) head += vocab_ * h / tp;
-      u.head = {"lm_head", head, 1};
-    }
+    u.layer = {"layers", x.layer, x.layers};
+    u.embedding = {"embedding", x.embedding, x.embeddings};
+    u.head = {"lm_head", x.head, x.heads};
     return u;
   }
 
   // Memory ------------------------------------------------------------------------------------
   void memory(Estimate& e) {
+    // The terms are memory_terms.cpp's (docs/memory.md), shared with the search's lean path.
     const Count pp = p_.pp;
     const Count v = p_.virtual_stages;
-    const Count tp = p_.tp;
-    const Count h = m_.hidden_size;
-    const bool sp = p_.sequence_parallel;
-    const Bytes act_layer = layer_activation_bytes(table_, m_, t_, tp, sp, p_.recompute);
-    const Bytes act_layer_full = layer_activation_bytes(table_, m_, t_, tp, sp, Recompute::none);
-    const Bytes opt_k = optimizer_bytes_per_param(t_);
-    const Count S = shard();
-
+    const MemoryLayout ml = memory_layout(s_);
+    const LayerActivation act =
+        layer_activation(table_, m_, t_, p_.tp, p_.sequence_parallel, p_.recompute);
     MemoryEstimate& mem = e.memory;
     mem.capacity_bytes = s_.cluster.gpu.memory_bytes;
     mem.stages.resize(static_cast<std::size_t>(pp));
     Count first_layer = 0;
     for (int st = 0; st < pp; ++st) {
+      const Count layers = layers_[static_cast<std::size_t>(st)];
       StageMemory& sm = mem.stages[static_cast<std::size_t>(st)];
-      const StageUnits u = units(st);
-      sm.stage = st;
-      sm.num_layers = u.layer.count;
+      stage_memory(s_, ml, stage_unit_params(m_, p_.tp, pp, st, layers, vocab_, layer_params_rank_),
+                   act, st, vocab_, sm);
       if (v == 1) {
         sm.first_layer = first_layer;
-        sm.end_layer = first_layer + u.layer.count;
+        sm.end_layer = first_layer + layers;
         first_layer = sm.end_layer;
       } else {
-        const Count per_chunk = u.layer.count / v;
+        const Count per_chunk = layers / v;
         sm.first_layer = st * per_chunk;
         sm.end_layer = sm.first_layer + per_chunk;
       }
-      sm.parameters = u.params();
-
-      Count full = 0, sharded = 0, largest_unit = 0;
-      for (const Unit* x : {&u.layer, &u.embedding, &u.head}) {
-        if (x->count == 0) continue;
-        full += padded(x->params) * x->count;
-        sharded += ceil_div(x->params, S) * x->count;
-        largest_unit = std::max(largest_unit, padded(x->params));
-      }
-      switch (p_.zero_stage) {
-        case 0:
-          sm.weights_bytes = full * cb();
-          sm.gradients_bytes = full * gb();
-          sm.optimizer_bytes = full * opt_k;
-          break;
-        case 1:
-          sm.weights_bytes = full * cb();
-          sm.gradients_bytes = full * gb();
-          sm.optimizer_bytes = sharded * opt_k;
-          break;
-        case 2:
-          sm.weights_bytes = full * cb();
-          sm.gradients_bytes = sharded * gb();
-          sm.optimizer_bytes = sharded * opt_k;
-          break;
-        default:
-          sm.weights_bytes = sharded * cb();
-          sm.gradients_bytes = sharded * gb();
-          sm.optimizer_bytes = sharded * opt_k;
-          break;
-      }
-
-      // Activations: per micro-batch through this GPU's layers, times what is in flight.
-      const Bytes token_h = act_tokens() * h;
-      sm.embedding_activation_bytes =
-          st == 0 && t_.dropout > 0 ? (sp ? token_h / tp : token_h) : 0;  // dropout mask
-      sm.head_activation_bytes =
-          st == pp - 1 ? 2 * (sp ? token_h * cb() / tp : token_h * cb())  // final norm, LM head
-                       : 0;
-      sm.activation_bytes_per_microbatch =
-          u.layer.count * act_layer + sm.embedding_activation_bytes + sm.head_activation_bytes;
-      sm.inflight_chunks = inflight_chunks(p_.schedule, pp, v, st, nmb_);
-      sm.inflight_microbatches = static_cast<double>(sm.inflight_chunks) / static_cast<double>(v);
-      // The embedding's and LM head's tensors belong to the first and last virtual stage only;
-      // the schedule's order decides how many of those chunks are in flight at the peak.
-      sm.activations_bytes =
-          activation_peak_bytes(p_.schedule, pp, v, st, nmb_, (u.layer.count / v) * act_layer,
-                                sm.embedding_activation_bytes, sm.head_activation_bytes);
-      if (p_.recompute == Recompute::full && u.layer.count > 0) {
-        // The layer being recomputed in backward: its full activations, of which the kept input
-        // is already counted.
-        sm.activations_bytes += act_layer_full - act_layer;
-      }
-
-      // Buffers: the logits workspace lives from the last stage's forward to the loss gradient;
-      // ZeRO-2/3 unit buffers live while a unit's gradient is reduced or its parameters are
-      // gathered. The two are never alive together, so the category's peak is the larger.
-      Bytes logits_ws = 0;
-      if (st == pp - 1) {
-        // Logits in the compute dtype plus their fp32 softmax for the vocab-parallel loss.
-        const Bytes logits = act_tokens() * (vocab_ / tp) * (cb() + 4);
-        const Count live = p_.schedule == Schedule::gpipe ? nmb_ : 1;
-        logits_ws = logits * live;
-      }
-      Bytes zero_ws = 0;
-      if (S > 1 && p_.zero_stage == 2) zero_ws = largest_unit * gb();  // unit gradient before RS
-      if (S > 1 && p_.zero_stage == 3) {
-        const Count units_held = u.layer.count + u.embedding.count + u.head.count;
-        const Count live = std::min(units_held, 1 + s_.assumptions.zero3_prefetch_layers);
-        zero_ws = live * largest_unit * cb() + largest_unit * gb();
-      }
-      sm.buffers_bytes = std::max(logits_ws, zero_ws);
-      sm.runtime_bytes = s_.cluster.runtime_reserve_bytes;
-      sm.total_bytes = sm.weights_bytes + sm.gradients_bytes + sm.optimizer_bytes +
-                       sm.activations_bytes + sm.buffers_bytes + sm.runtime_bytes;
       if (sm.total_bytes > mem.peak_bytes) {
         mem.peak_bytes = sm.total_bytes;
         mem.peak_stage = st;

@@ -82,7 +82,10 @@ LayerTable build_layer_table(const ModelSpec& m, const TrainingSpec& t) {
   const Count a = m.num_attention_heads;
 
   add_norm(b, "input_norm", m, act);
-  add_linear(b, "qkv", LinearKind::column_parallel, h, h + 2 * kvh, m.bias, act, TpShard::sp);
+  // Qwen2's attention has biases on q, k and v only (Hugging Face Qwen2Attention:
+  // q_proj/k_proj/v_proj bias=True, o_proj bias=False).
+  add_linear(b, "qkv", LinearKind::column_parallel, h, h + 2 * kvh, m.bias || m.qkv_bias, act,
+             TpShard::sp);
 
   LayerOp& attn = b.add(OpKind::attention_core, "attention");
   // QK^T and (softmax)V: 2*h FLOPs each per query token per key (all heads), forward; backward
@@ -92,10 +95,17 @@ LayerTable build_layer_table(const ModelSpec& m, const TrainingSpec& t) {
   attn.backward_weight_factor = 0.0;
   Builder::save(attn,
                 {.name = "q", .per_token = h, .bytes_per_element = act, .shard = TpShard::tp});
-  Builder::save(attn,
-                {.name = "k", .per_token = kvh, .bytes_per_element = act, .shard = TpShard::tp});
-  Builder::save(attn,
-                {.name = "v", .per_token = kvh, .bytes_per_element = act, .shard = TpShard::tp});
+  // Keys and values as the score and context GEMMs see them. Flash attention reads the kv heads
+  // directly; unfused attention first expands them to all a heads and its batched GEMMs save the
+  // expanded copies (Megatron-LM megatron/core/transformer/dot_product_attention.py repeats the
+  // query groups before baddbmm/bmm; Hugging Face transformers' repeat_kv in
+  // models/llama/modeling_llama.py eager_attention_forward), so under GQA the standard core saves
+  // what MHA saves.
+  const Count kv_saved = t.attention == Attention::standard ? a * m.head_dim() : kvh;
+  Builder::save(
+      attn, {.name = "k", .per_token = kv_saved, .bytes_per_element = act, .shard = TpShard::tp});
+  Builder::save(
+      attn, {.name = "v", .per_token = kv_saved, .bytes_per_element = act, .shard = TpShard::tp});
   if (t.attention == Attention::standard) {
     // Softmax output (a s x s per sequence), and with dropout its mask and dropped output.
     Builder::save(attn, {.name = "probs",
@@ -154,29 +164,50 @@ Count layer_parameters_per_tp_rank(const LayerTable& table, Count tp) noexcept {
   return n;
 }
 
-Bytes layer_activation_bytes(const LayerTable& table, const ModelSpec& model,
-                             const TrainingSpec& training, Count tp, bool sequence_parallel,
-                             Recompute recompute) noexcept {
+LayerActivation layer_activation(const LayerTable& table, const ModelSpec& model,
+                                 const TrainingSpec& training, Count tp, bool sequence_parallel,
+                                 Recompute recompute) noexcept {
   const Count b = training.micro_batch_size;
   const Count s = training.seq_length;
-  if (recompute == Recompute::full) {
-    // Only the layer input survives (Korthikanti Table 2, "full": 2sbh), split along the
-    // sequence under sequence parallelism.
-    const Bytes in = b * s * model.hidden_size * bytes_of(training.precision);
-    return sequence_parallel ? in / tp : in;
-  }
-  Bytes total = 0;
+  Bytes all = 0, dropped = 0;
   for (const LayerOp& op : table) {
     for (int i = 0; i < op.num_saved; ++i) {
       const SavedTensor& t = op.saved[i];
-      if (recompute == Recompute::selective && t.dropped_by_selective) continue;
       const Bytes elems = b * s * (t.per_token + t.per_token_per_key * s);
       Bytes bytes = elems * t.bytes_per_element;
       if (t.shard == TpShard::tp || (t.shard == TpShard::sp && sequence_parallel)) bytes /= tp;
-      total += bytes;
+      all += bytes;
+      if (t.dropped_by_selective) dropped += bytes;
     }
   }
-  return total;
+  LayerActivation out;
+  switch (recompute) {
+    case Recompute::none:
+      out.kept = all;
+      break;
+    case Recompute::selective:
+      // The dropped tensors (the s x s softmax output and its dropout) are rebuilt for the layer
+      // whose backward runs (Korthikanti et al. 2022, sec. 5: recomputed in the backward pass).
+      out.kept = all - dropped;
+      out.working = dropped;
+      break;
+    case Recompute::full: {
+      // Only the layer input survives (Korthikanti Table 2, "full": 2sbh), split along the
+      // sequence under sequence parallelism. The layer being recomputed rebuilds all it saves and
+      // reuses the kept input as its first saved tensor.
+      const Bytes in = b * s * model.hidden_size * bytes_of(training.precision);
+      out.kept = sequence_parallel ? in / tp : in;
+      out.working = all - out.kept;
+      break;
+    }
+  }
+  return out;
+}
+
+Bytes layer_activation_bytes(const LayerTable& table, const ModelSpec& model,
+                             const TrainingSpec& training, Count tp, bool sequence_parallel,
+                             Recompute recompute) noexcept {
+  return layer_activation(table, model, training, tp, sequence_parallel, recompute).kept;
 }
 
 LayerFlops layer_flops(const LayerTable& table, Count micro_batch, Count seq) noexcept {

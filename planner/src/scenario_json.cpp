@@ -51,6 +51,7 @@ void read_model_fields(ObjectReader& r, ModelSpec& m) {
     m.max_position_embeddings = *v;
   if (auto v = r.boolean("tied_embeddings")) m.tied_embeddings = *v;
   if (auto v = r.boolean("bias")) m.bias = *v;
+  if (auto v = r.boolean("qkv_bias")) m.qkv_bias = *v;
 }
 
 }  // namespace
@@ -259,6 +260,88 @@ json parse_json_text(std::string_view text) {
   }
 }
 
+namespace {
+
+// config.json fields that add structure distplan does not model (Hugging Face transformers
+// configuration_mixtral.py, configuration_deepseek_v3.py, configuration_qwen2_moe.py,
+// configuration_qwen3_moe.py): refused, never planned as a dense model.
+struct UnsupportedField {
+  const char* key;
+  const char* what;
+};
+constexpr UnsupportedField kUnsupportedFields[] = {
+    {"num_local_experts", "Mixture-of-Experts layers (Mixtral's experts per layer)"},
+    {"n_routed_experts", "Mixture-of-Experts layers (DeepSeek's routed experts)"},
+    {"num_experts", "Mixture-of-Experts layers (Qwen-MoE's experts per layer)"},
+    {"n_shared_experts", "Mixture-of-Experts shared experts"},
+    {"shared_expert_intermediate_size", "Mixture-of-Experts shared experts"},
+    {"moe_intermediate_size", "Mixture-of-Experts expert FFN size"},
+    {"num_experts_per_tok", "Mixture-of-Experts routing (experts per token)"},
+    {"first_k_dense_replace", "Mixture-of-Experts layer placement"},
+    {"q_lora_rank", "multi-head latent attention (DeepSeek MLA)"},
+    {"kv_lora_rank", "multi-head latent attention (DeepSeek MLA)"},
+    {"qk_rope_head_dim", "multi-head latent attention (DeepSeek MLA)"},
+    {"qk_nope_head_dim", "multi-head latent attention (DeepSeek MLA)"},
+    {"v_head_dim", "multi-head latent attention (DeepSeek MLA)"},
+    {"num_nextn_predict_layers", "multi-token prediction modules"},
+    {"cross_attention_layers", "cross-attention layers"},
+    {"vision_config", "a vision encoder"},
+    {"text_config", "a multimodal model (nested text_config)"},
+};
+
+// Families whose config.json distplan maps field by field (docs/scenario.md).
+constexpr std::string_view kMappedTypes[] = {"llama", "mistral", "qwen2", "gpt2", "gpt_neox"};
+
+// A present field that turns the feature on: not null, not false, not 0, not "".
+bool enabled(const json& v) {
+  if (v.is_null()) return false;
+  if (v.is_boolean()) return v.get<bool>();
+  if (v.is_number()) return v.get<double>() != 0.0;
+  if (v.is_string()) return !v.get<std::string>().empty();
+  return true;
+}
+
+void refuse_unmodelled(const json& cfg, const std::string& path, const std::string& model_type) {
+  for (const UnsupportedField& f : kUnsupportedFields) {
+    auto it = cfg.find(f.key);
+    if (it == cfg.end() || !enabled(*it)) continue;
+    throw InputError(path + "/" + f.key,
+                     fmt::format("{} = {} declares {}, which distplan does not model; it would "
+                                 "be planned as a dense model with the wrong parameter count, so "
+                                 "it is refused",
+                                 f.key, it->dump().substr(0, 32), f.what));
+  }
+  if (!model_type.empty()) {
+    bool mapped = false;
+    for (std::string_view t : kMappedTypes) mapped |= model_type == t;
+    if (!mapped) {
+      throw InputError(path + "/model_type",
+                       fmt::format("model_type '{}' is not mapped by distplan (mapped: llama, "
+                                   "mistral, qwen2, gpt2, gpt_neox); give the model's fields "
+                                   "instead of hf_config",
+                                   model_type.substr(0, 64)));
+    }
+  }
+  auto flag = [&](const char* key, const char* what) {
+    auto it = cfg.find(key);
+    if (it != cfg.end() && enabled(*it))
+      throw InputError(path + "/" + key, fmt::format("{} = {}: {} is not modelled by distplan", key,
+                                                     it->dump().substr(0, 32), what));
+  };
+  flag("attention_bias", "a bias on every attention projection including o_proj");
+  flag("mlp_bias", "biases on the MLP projections only");
+  flag("use_qk_norm", "normalisation of queries and keys");
+  flag("qk_layernorm", "normalisation of queries and keys");
+  if (model_type == "qwen2") flag("use_sliding_window", "sliding-window attention");
+  if (model_type == "mistral" || model_type == "llama") {
+    // Mistral-7B-v0.1 attends to the last 4096 tokens only: attention FLOPs (and unfused
+    // attention's saved scores) differ from full causal attention beyond the window.
+    flag("sliding_window", "sliding-window attention");
+  }
+}
+
+}  // namespace
+
 ModelSpec model_from_hf_config(const json& cfg, std::string_view path_view) {
   const std::string path(path_view);
   if (!cfg.is_object()) throw InputError(path, "hf_config must be a JSON object (a config.json)");
@@ -289,6 +372,7 @@ ModelSpec model_from_hf_config(const json& cfg, std::string_view path_view) {
   };
   std::string model_type;
   if (auto it = cfg.find("model_type"); it != cfg.end() && it->is_string()) model_type = *it;
+  refuse_unmodelled(cfg, path, model_type);
   const bool gpt2 = model_type == "gpt2" || cfg.contains("n_embd");
   const bool neox = model_type == "gpt_neox";
   ModelSpec m;
@@ -326,7 +410,21 @@ ModelSpec model_from_hf_config(const json& cfg, std::string_view path_view) {
       m.mlp = (act == "silu" || act == "swiglu") ? Mlp::swiglu : Mlp::gelu;
       m.norm = Norm::rmsnorm;
       m.bias = false;
+      // Qwen2 (and Qwen2.5, which shares model_type qwen2) projects q, k and v with biases that
+      // config.json does not announce (transformers models/qwen2/modeling_qwen2.py).
+      m.qkv_bias = model_type == "qwen2";
       m.tied_embeddings = false;
+    }
+  }
+  // An explicit head_dim other than hidden/heads (Mistral-Nemo, Qwen3) changes the projections.
+  if (auto it = cfg.find("head_dim"); it != cfg.end() && !it->is_null()) {
+    if (!it->is_number_integer() || m.num_attention_heads == 0 ||
+        it->get<Count>() * m.num_attention_heads != m.hidden_size) {
+      throw InputError(path + "/head_dim",
+                       fmt::format("head_dim = {} differs from hidden_size / num_attention_heads "
+                                   "= {}/{}; an explicit head dimension is not modelled by "
+                                   "distplan",
+                                   it->dump().substr(0, 32), m.hidden_size, m.num_attention_heads));
     }
   }
   if (auto it = cfg.find("tie_word_embeddings"); it != cfg.end()) {
@@ -468,9 +566,12 @@ json to_json(const ModelSpec& m) {
             {"mlp", to_string(m.mlp)},
             {"norm", to_string(m.norm)},
             {"position_embedding", to_string(m.position_embedding)},
-            {"max_position_embeddings", m.max_position_embeddings},
             {"tied_embeddings", m.tied_embeddings},
-            {"bias", m.bias}};
+            {"bias", m.bias},
+            {"qkv_bias", m.qkv_bias}};
+  // Rotary models need no table length; 0 (unset) is not a valid input, so it is left out and the
+  // echo reads back to the same model.
+  if (m.max_position_embeddings > 0) j["max_position_embeddings"] = m.max_position_embeddings;
   return j;
 }
 

@@ -1,26 +1,13 @@
-// Mirrors Estimator::memory() in planner/src/estimate.cpp term by term (docs/memory.md for the
-// derivations); only the stage loop is cut to the stages that can hold the peak.
+// The lean memory path: the planner's per-stage memory terms (planner/src/memory_terms.cpp, the
+// same function estimate() calls), evaluated only on the stages that can hold the peak.
 #include "distplan/search/fast_memory.h"
 
 #include <algorithm>
 
 #include "distplan/planner/layout.h"
+#include "distplan/planner/memory_terms.h"
 
 namespace distplan::search {
-namespace {
-
-Count ceil_div(Count a, Count b) noexcept {
-  return (a + b - 1) / b;
-}
-
-// The ZeRO paper's K (Rajbhandari et al. 2020, sec. 3.1), as in estimate.cpp.
-Bytes optimizer_bytes_per_param(const TrainingSpec& t) noexcept {
-  const Bytes master = t.precision == DType::fp32 ? 0 : 4;
-  const Bytes states = t.optimizer == Optimizer::sgd ? 4 : 8;
-  return master + states;
-}
-
-}  // namespace
 
 FastMemory::FastMemory(const Scenario& base)
     : base_(base), table_(build_layer_table(base.model, base.training)) {}
@@ -54,93 +41,30 @@ void FastMemory::set_outer(const Outer& o) {
   for (int sp = 0; sp < 2; ++sp) {
     for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full}) {
       act_[sp][static_cast<int>(r)] =
-          layer_activation_bytes(table_, s.model, s.training, o.tp, sp == 1, r);
+          layer_activation(table_, s.model, s.training, o.tp, sp == 1, r);
     }
   }
 }
 
 Bytes FastMemory::stage_total(const Layout& l, Count st, Count layer_count) const noexcept {
-  const ModelSpec& m = base_.model;
-  const TrainingSpec& t = base_.training;
-  const Count pp = l.pp;
-  const Count v = l.virtual_stages;
-  const Count tp = l.tp;
-  const Count h = m.hidden_size;
-  const bool sp = l.sequence_parallel;
-  const Bytes cb = bytes_of(t.precision);
-  const Bytes gb = bytes_of(t.grad_accumulation_dtype);
-  const Count S = l.zero_stage == 0 ? 1 : (l.fsdp_shard_size > 0 ? l.fsdp_shard_size : l.dp);
-  auto padded = [&](Count u) { return l.zero_stage == 0 ? u : ceil_div(u, S) * S; };
-  const Count nmb = num_microbatches_;
-  const Count act_tokens = l.micro_batch_size * t.seq_length;
-
-  // Units: layers, embedding on the first stage, final norm and LM head on the last.
-  Count unit_params[3] = {layer_params_, 0, 0};
-  Count unit_count[3] = {layer_count, 0, 0};
-  if (st == 0) {
-    Count emb = vocab_ * h / tp;
-    if (m.position_embedding == PositionEmbedding::learned) emb += m.max_position_embeddings * h;
-    unit_params[1] = emb;
-    unit_count[1] = 1;
-  }
-  if (st == pp - 1) {
-    Count head = m.norm == Norm::layernorm ? 2 * h : h;
-    if (!m.tied_embeddings || pp > 1) head += vocab_ * h / tp;
-    unit_params[2] = head;
-    unit_count[2] = 1;
-  }
-  Count full = 0, sharded = 0, largest_unit = 0;
-  for (int i = 0; i < 3; ++i) {
-    if (unit_count[i] == 0) continue;
-    full += padded(unit_params[i]) * unit_count[i];
-    sharded += ceil_div(unit_params[i], S) * unit_count[i];
-    largest_unit = std::max(largest_unit, padded(unit_params[i]));
-  }
-  const Bytes opt_k = optimizer_bytes_per_param(t);
-  Bytes weights = 0, grads = 0, opt = 0;
-  switch (l.zero_stage) {
-    case 0:
-      weights = full * cb, grads = full * gb, opt = full * opt_k;
-      break;
-    case 1:
-      weights = full * cb, grads = full * gb, opt = sharded * opt_k;
-      break;
-    case 2:
-      weights = full * cb, grads = sharded * gb, opt = sharded * opt_k;
-      break;
-    default:
-      weights = sharded * cb, grads = sharded * gb, opt = sharded * opt_k;
-      break;
-  }
-
-  const Bytes act_layer = act_[sp ? 1 : 0][static_cast<int>(l.recompute)];
-  const Bytes token_h = act_tokens * h;
-  const Bytes first = st == 0 && t.dropout > 0 ? (sp ? token_h / tp : token_h) : 0;
-  const Bytes last = st == pp - 1 ? 2 * (sp ? token_h * cb / tp : token_h * cb) : 0;
-  // The embedding's and LM head's tensors belong to the first and last virtual stage only.
-  Bytes activations =
-      activation_peak_bytes(l.schedule, pp, v, st, nmb, (layer_count / v) * act_layer, first, last);
-  if (l.recompute == Recompute::full && layer_count > 0) {
-    // The layer being recomputed: its full activations, less the kept input counted above.
-    activations += act_[sp ? 1 : 0][static_cast<int>(Recompute::none)] - act_layer;
-  }
-
-  // Buffers: the logits workspace and the ZeRO-2/3 unit buffers are never alive together.
-  Bytes logits_ws = 0;
-  if (st == pp - 1) {
-    const Bytes logits = act_tokens * (vocab_ / tp) * (cb + 4);
-    const Count live = l.schedule == Schedule::gpipe ? nmb : 1;
-    logits_ws = logits * live;
-  }
-  Bytes zero_ws = 0;
-  if (S > 1 && l.zero_stage == 2) zero_ws = largest_unit * gb;
-  if (S > 1 && l.zero_stage == 3) {
-    const Count units_held = unit_count[0] + unit_count[1] + unit_count[2];
-    const Count live = std::min(units_held, 1 + base_.assumptions.zero3_prefetch_layers);
-    zero_ws = live * largest_unit * cb + largest_unit * gb;
-  }
-  const Bytes buffers = std::max(logits_ws, zero_ws);
-  return weights + grads + opt + activations + buffers + base_.cluster.runtime_reserve_bytes;
+  MemoryLayout ml;
+  ml.tp = l.tp;
+  ml.pp = l.pp;
+  ml.virtual_stages = l.virtual_stages;
+  ml.micro_batch_size = l.micro_batch_size;
+  ml.num_microbatches = num_microbatches_;
+  ml.zero_stage = l.zero_stage;
+  ml.shard = l.zero_stage == 0 ? 1 : (l.fsdp_shard_size > 0 ? l.fsdp_shard_size : l.dp);
+  ml.sequence_parallel = l.sequence_parallel;
+  ml.recompute = l.recompute;
+  ml.schedule = l.schedule;
+  const int stage = static_cast<int>(st);
+  const StageUnitParams units =
+      stage_unit_params(base_.model, l.tp, l.pp, stage, layer_count, vocab_, layer_params_);
+  StageMemory sm;
+  stage_memory(base_, ml, units, act_[l.sequence_parallel ? 1 : 0][static_cast<int>(l.recompute)],
+               stage, vocab_, sm);
+  return sm.total_bytes;
 }
 
 Bytes FastMemory::peak_bytes(const Layout& l) const noexcept {

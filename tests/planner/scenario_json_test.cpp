@@ -173,6 +173,87 @@ TEST(HfConfig, MapsLlamaMistralQwenGpt2AndNeox) {
   }
 }
 
+// Issue 12 item 1: a config.json that declares structure distplan does not model is refused at
+// that field, never planned as a dense model. Field names and values from the released configs
+// (mistralai/Mixtral-8x7B-v0.1, deepseek-ai/DeepSeek-V3, Qwen/Qwen1.5-MoE-A2.7B).
+TEST(HfConfig, RefusesWhatItDoesNotModelAtTheField) {
+  const json dense = {{"num_hidden_layers", 32},    {"hidden_size", 4096},
+                      {"num_attention_heads", 32},  {"num_key_value_heads", 8},
+                      {"intermediate_size", 14336}, {"vocab_size", 32000}};
+  auto expect_refused = [&](json cfg, const std::string& field, const std::string& needle) {
+    json doc = testing::default_doc();
+    doc["model"] = {{"hf_config", cfg}};
+    expect_error(doc, "/model/hf_config/" + field, needle);
+  };
+  json mixtral = dense;
+  mixtral["model_type"] = "mixtral";
+  mixtral["num_local_experts"] = 8;
+  mixtral["num_experts_per_tok"] = 2;
+  expect_refused(mixtral, "num_local_experts", "Mixture-of-Experts");
+  json deepseek = dense;
+  deepseek.update({{"model_type", "deepseek_v3"},
+                   {"n_routed_experts", 256},
+                   {"n_shared_experts", 1},
+                   {"moe_intermediate_size", 2048},
+                   {"q_lora_rank", 1536},
+                   {"kv_lora_rank", 512},
+                   {"qk_rope_head_dim", 64},
+                   {"num_nextn_predict_layers", 1}});
+  expect_refused(deepseek, "n_routed_experts", "Mixture-of-Experts");
+  deepseek.erase("n_routed_experts");
+  deepseek.erase("n_shared_experts");
+  deepseek.erase("moe_intermediate_size");
+  expect_refused(deepseek, "q_lora_rank", "latent attention");
+  json qwen_moe = dense;
+  qwen_moe.update({{"model_type", "qwen2_moe"}, {"num_experts", 60}});
+  expect_refused(qwen_moe, "num_experts", "Mixture-of-Experts");
+  json unknown = dense;
+  unknown["model_type"] = "falcon";
+  expect_refused(unknown, "model_type", "not mapped");
+  json llama = dense;
+  llama["model_type"] = "llama";
+  llama["attention_bias"] = true;
+  expect_refused(llama, "attention_bias", "not modelled");
+  llama.erase("attention_bias");
+  llama["head_dim"] = 64;  // 4096 / 32 = 128
+  expect_refused(llama, "head_dim", "head_dim");
+  llama["head_dim"] = 128;  // the implied one is accepted
+  json doc = testing::default_doc();
+  doc["model"] = {{"hf_config", llama}};
+  EXPECT_EQ(testing::scenario(doc).model.hidden_size, 4096);
+  // Disabled features are not refused: DeepSeek-V2-Lite's q_lora_rank null, Qwen2's
+  // use_sliding_window false, Mistral v0.2's sliding_window null.
+  llama["q_lora_rank"] = nullptr;
+  llama["sliding_window"] = nullptr;
+  doc["model"] = {{"hf_config", llama}};
+  EXPECT_NO_THROW((void)testing::scenario(doc));
+}
+
+// Qwen2 / Qwen2.5 (model_type qwen2) have q, k and v biases that config.json does not announce.
+// Qwen/Qwen2.5-7B's config.json; its safetensors index totals 15,231,233,024 bf16 bytes, i.e.
+// 7,615,616,512 parameters.
+TEST(HfConfig, CountsQwen2QkvBiases) {
+  const json qwen = {{"model_type", "qwen2"},        {"num_hidden_layers", 28},
+                     {"hidden_size", 3584},          {"num_attention_heads", 28},
+                     {"num_key_value_heads", 4},     {"intermediate_size", 18944},
+                     {"vocab_size", 152064},         {"max_position_embeddings", 131072},
+                     {"tie_word_embeddings", false}, {"use_sliding_window", false},
+                     {"sliding_window", 131072},     {"hidden_act", "silu"}};
+  const ModelSpec m = model_from_hf_config(qwen, "/m");
+  EXPECT_TRUE(m.qkv_bias);
+  EXPECT_FALSE(m.bias);
+  EXPECT_EQ(model_parameters(m), 7615616512);
+  // The same shapes without the biases: 28 layers x (3584 + 2 x 512) short.
+  ModelSpec no_bias = m;
+  no_bias.qkv_bias = false;
+  EXPECT_EQ(model_parameters(m) - model_parameters(no_bias), 28 * (3584 + 2 * 512));
+  EXPECT_EQ(m, [] {
+    ModelSpec p = *find_model_preset("qwen2.5-7b");
+    p.name = "hf:qwen2";
+    return p;
+  }());
+}
+
 TEST(Presets, AllRequiredPresetsLoadWithSources) {
   for (const char* name : {"gpt3-1.3b", "gpt3-6.7b", "gpt3-13b", "gpt3-175b", "llama2-7b",
                            "llama2-13b", "llama2-70b", "llama3.1-8b", "llama3.1-70b",

@@ -85,7 +85,19 @@ struct LayerTable {
 /// Parameters of one layer held by one TP rank (column/row weights split t ways).
 [[nodiscard]] Count layer_parameters_per_tp_rank(const LayerTable& table, Count tp) noexcept;
 
-/// Bytes one layer saves for backward for one micro-batch on one GPU.
+/// Activation bytes of one layer for one micro-batch on one GPU under a recompute mode.
+struct LayerActivation {
+  Bytes kept = 0;     // saved from the layer's forward to its backward
+  Bytes working = 0;  // rebuilt by recomputation while this layer's backward runs (one layer)
+};
+/// none: everything saved, no working set. selective: the s x s tensors are dropped and rebuilt
+/// in backward. full: only the input is kept; the rest is rebuilt (docs/layer_ops.md).
+[[nodiscard]] LayerActivation layer_activation(const LayerTable& table, const ModelSpec& model,
+                                               const TrainingSpec& training, Count tp,
+                                               bool sequence_parallel,
+                                               Recompute recompute) noexcept;
+
+/// Bytes one layer saves for backward for one micro-batch on one GPU (layer_activation().kept).
 /// Korthikanti et al. 2022, Table 2, generalised to GQA, SwiGLU, flash attention and no dropout.
 /// Full recompute keeps only the layer input (the row "full activation recomputation").
 [[nodiscard]] Bytes layer_activation_bytes(const LayerTable& table, const ModelSpec& model,

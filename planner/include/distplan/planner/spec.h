@@ -47,7 +47,8 @@ struct ModelSpec {
   PositionEmbedding position_embedding = PositionEmbedding::learned;
   Count max_position_embeddings = 0;  // used when position_embedding is learned
   bool tied_embeddings = false;
-  bool bias = false;  // biases on the linear layers
+  bool bias = false;      // biases on the linear layers
+  bool qkv_bias = false;  // biases on the q, k and v projections only (Qwen2); implied by bias
   bool operator==(const ModelSpec&) const = default;
 
   [[nodiscard]] Count head_dim() const noexcept { return hidden_size / num_attention_heads; }

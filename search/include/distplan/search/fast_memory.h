@@ -1,6 +1,6 @@
 // The search's lean memory path: the peak bytes per GPU of a layout, exactly as the planner's
-// estimate() computes them (planner/src/estimate.cpp, memory()), without building an Estimate.
-// It reuses the planner's layer table functions (layer_ops.h, layout.h) and evaluates only the
+// estimate() computes them, without building an Estimate. It calls the planner's per-stage
+// memory terms (memory_terms.h, the function estimate() uses) and evaluates only the
 // stages that can hold the peak: the first, the second and the last (docs/search.md, "Speed").
 // A layout that does not fit needs nothing more; one that fits is estimated in full.
 // tests/search/fast_memory_test.cpp checks equality with estimate() over whole spaces.
@@ -38,10 +38,10 @@ class FastMemory {
   Count layer_params_ = 0;  // per TP rank
   Count num_microbatches_ = 0;
   Count layers_first_ = 0, layers_second_ = 0, layers_last_ = 0;
-  Bytes act_[2][3] = {};     // [sequence parallel][recompute] bytes per layer per micro-batch
-  LayerFlops flops_{};       // one layer, one micro-batch, all TP ranks
-  Flops head_forward_ = 0;   // LM head forward FLOPs per micro-batch
-  FlopsPerSecond rate_ = 0;  // dense peak x compute efficiency
+  LayerActivation act_[2][3] = {};  // [sequence parallel][recompute], per layer per micro-batch
+  LayerFlops flops_{};              // one layer, one micro-batch, all TP ranks
+  Flops head_forward_ = 0;          // LM head forward FLOPs per micro-batch
+  FlopsPerSecond rate_ = 0;         // dense peak x compute efficiency
 };
 
 }  // namespace distplan::search

@@ -1,0 +1,214 @@
+// Memory per GPU of one pipeline stage, term by term (docs/memory.md). Written once here and used
+// by the planner's estimate() and by the search's lean path (search/src/fast_memory.cpp), so a
+// new term reaches both. Inline: the lean path evaluates it for every layout of a search, and
+// compiled into its loop it keeps bench/search_bench's speed. Everything is per GPU; parameter
+// counts are per TP rank.
+#pragma once
+
+#include <algorithm>
+
+#include "distplan/planner/estimate.h"
+#include "distplan/planner/layer_ops.h"
+#include "distplan/planner/layout.h"
+#include "distplan/planner/spec.h"
+#include "distplan/planner/units.h"
+
+namespace distplan {
+
+/// The layout figures the memory terms depend on.
+struct MemoryLayout {
+  Count tp = 1;
+  Count pp = 1;
+  Count virtual_stages = 1;
+  Count micro_batch_size = 1;
+  Count num_microbatches = 1;  // per pipeline per step
+  int zero_stage = 0;
+  Count shard = 1;  // ZeRO shard group size S (fsdp_shard_size, default dp); 1 at ZeRO-0
+  bool sequence_parallel = false;
+  Recompute recompute = Recompute::none;
+  Schedule schedule = Schedule::one_f_one_b;
+};
+[[nodiscard]] MemoryLayout memory_layout(const Scenario& s) noexcept;
+
+namespace detail {
+
+inline Count ceil_div(Count a, Count b) noexcept {
+  return (a + b - 1) / b;
+}
+
+// The largest sum of `k` consecutive units in the order [first] mid x n [last], where first and
+// last are present only when their flag is set: the ZeRO-3 units gathered at once in one pass.
+inline Count max_window(bool has_first, Count first, Count n, Count mid, bool has_last, Count last,
+                        Count k) noexcept {
+  const Count total = (has_first ? 1 : 0) + n + (has_last ? 1 : 0);
+  k = std::min(k, total);
+  if (k <= 0) return 0;
+  // A window holds the first unit, the last unit, or only middle units (all of one size).
+  auto from_start = [&] {
+    Count left = k, sum = 0;
+    if (has_first) sum += first, --left;
+    const Count mids = std::min(left, n);
+    sum += mids * mid, left -= mids;
+    if (left > 0 && has_last) sum += last;
+    return sum;
+  };
+  auto to_end = [&] {
+    Count left = k, sum = 0;
+    if (has_last) sum += last, --left;
+    const Count mids = std::min(left, n);
+    sum += mids * mid, left -= mids;
+    if (left > 0 && has_first) sum += first;
+    return sum;
+  };
+  Count best = std::max(from_start(), to_end());
+  if (n >= k) best = std::max(best, k * mid);
+  return best;
+}
+
+}  // namespace detail
+
+/// Optimizer bytes per parameter, the ZeRO paper's K (Rajbhandari et al. 2020, sec. 3.1).
+[[nodiscard]] inline Bytes optimizer_bytes_per_param(const TrainingSpec& t) noexcept {
+  // fp32 master weights (mixed precision only) plus Adam's m and v, or SGD's momentum.
+  const Bytes master = t.precision == DType::fp32 ? 0 : 4;
+  const Bytes states = t.optimizer == Optimizer::sgd ? 4 : 8;
+  return master + states;
+}
+
+/// Parameters per TP rank of the units one stage holds (docs/memory.md, "Units"); a unit that the
+/// stage does not hold has count 0.
+struct StageUnitParams {
+  Count layer = 0, layers = 0;          // one layer's parameters, and the stage's layer count
+  Count embedding = 0, embeddings = 0;  // stage 0
+  Count head = 0, heads = 0;            // final norm and LM head, last stage
+  [[nodiscard]] Count total() const noexcept {
+    return layer * layers + embedding * embeddings + head * heads;
+  }
+};
+[[nodiscard]] inline StageUnitParams stage_unit_params(const ModelSpec& m, Count tp, Count pp,
+                                                       int stage, Count layers, Count padded_vocab,
+                                                       Count layer_params) noexcept {
+  const Count h = m.hidden_size;
+  StageUnitParams u;
+  u.layer = layer_params;
+  u.layers = layers;
+  if (stage == 0) {
+    Count emb = padded_vocab * h / tp;  // vocab-parallel embedding (Shoeybi et al. 2019, sec. 3)
+    if (m.position_embedding == PositionEmbedding::learned) emb += m.max_position_embeddings * h;
+    u.embedding = emb;
+    u.embeddings = 1;
+  }
+  if (stage == pp - 1) {
+    Count head = m.norm == Norm::layernorm ? 2 * h : h;  // final norm
+    // Untied: the LM head's own weight. Tied across stages: Megatron-LM keeps a copy of the word
+    // embedding on the last stage and all-reduces its gradient with the first.
+    if (!m.tied_embeddings || pp > 1) head += padded_vocab * h / tp;
+    u.head = head;
+    u.heads = 1;
+  }
+  return u;
+}
+
+/// Fills everything of `sm` but the layer range (first_layer, end_layer), for one GPU of
+/// `stage`. `act` is layer_activation() for the layout's tp, sequence parallelism and recompute
+/// (and the training's micro-batch size). Filled in place: estimate() writes its stages directly.
+inline void stage_memory(const Scenario& base, const MemoryLayout& l, const StageUnitParams& u,
+                         const LayerActivation& act, int st, Count vocab,
+                         StageMemory& sm) noexcept {
+  const ModelSpec& m = base.model;
+  const TrainingSpec& t = base.training;
+  const Count pp = l.pp;
+  const Count v = l.virtual_stages;
+  const Count tp = l.tp;
+  const Count h = m.hidden_size;
+  const bool sp = l.sequence_parallel;
+  const Bytes cb = bytes_of(t.precision);
+  const Bytes gb = bytes_of(t.grad_accumulation_dtype);
+  const Count S = l.shard;
+  const bool zero = l.zero_stage > 0;
+  const Count act_tokens = l.micro_batch_size * t.seq_length;
+
+  sm.stage = st;
+  sm.num_layers = u.layers;
+  sm.parameters = u.total();
+
+  // Model states (Rajbhandari et al. 2020, Figure 1), unit by unit with padding.
+  // Each unit's shard and padded size, computed for the units the stage holds only (divisions
+  // are the lean path's main cost).
+  const Count layer_shard = u.layers > 0 ? detail::ceil_div(u.layer, S) : 0;
+  const Count embedding_shard = u.embeddings > 0 ? detail::ceil_div(u.embedding, S) : 0;
+  const Count head_shard = u.heads > 0 ? detail::ceil_div(u.head, S) : 0;
+  const Count padded_layer = zero ? layer_shard * S : u.layer;
+  const Count padded_embedding = zero ? embedding_shard * S : u.embedding;
+  const Count padded_head = zero ? head_shard * S : u.head;
+  const Count full =
+      padded_layer * u.layers + padded_embedding * u.embeddings + padded_head * u.heads;
+  const Count sharded =
+      layer_shard * u.layers + embedding_shard * u.embeddings + head_shard * u.heads;
+  const Bytes opt_k = optimizer_bytes_per_param(t);
+  sm.weights_bytes = (l.zero_stage >= 3 ? sharded : full) * cb;
+  sm.gradients_bytes = (l.zero_stage >= 2 ? sharded : full) * gb;
+  sm.optimizer_bytes = (l.zero_stage >= 1 ? sharded : full) * opt_k;
+
+  // Activations: per micro-batch through this GPU's layers, times what is in flight.
+  const Bytes token_h = act_tokens * h;
+  sm.embedding_activation_bytes =
+      st == 0 && t.dropout > 0 ? (sp ? token_h / tp : token_h) : 0;  // embedding dropout mask
+  sm.head_activation_bytes =
+      st == pp - 1 ? 2 * (sp ? token_h * cb / tp : token_h * cb) : 0;  // final norm, LM head
+  sm.activation_bytes_per_microbatch =
+      u.layers * act.kept + sm.embedding_activation_bytes + sm.head_activation_bytes;
+  sm.inflight_chunks = inflight_chunks(l.schedule, pp, v, st, l.num_microbatches);
+  sm.inflight_microbatches = static_cast<double>(sm.inflight_chunks) / static_cast<double>(v);
+  // The embedding's and LM head's tensors belong to the first and last virtual stage only; the
+  // schedule's order decides how many of those chunks are in flight at the peak.
+  sm.activations_bytes =
+      activation_peak_bytes(l.schedule, pp, v, st, l.num_microbatches, (u.layers / v) * act.kept,
+                            sm.embedding_activation_bytes, sm.head_activation_bytes);
+  // The layer whose backward runs rebuilds what recomputation dropped: one layer's working set,
+  // counted on top of everything else in flight (docs/memory.md).
+  if (u.layers > 0) sm.activations_bytes += act.working;
+
+  // Buffers: the logits workspace lives from the last stage's forward to the loss gradient;
+  // ZeRO-2/3 unit buffers live while a unit's gradient is reduced or its parameters are gathered.
+  // The two are never alive together, so the category's peak is the larger.
+  Bytes logits_ws = 0;
+  if (st == pp - 1) {
+    // Logits in the compute dtype plus their fp32 softmax for the vocab-parallel loss.
+    const Bytes logits = act_tokens * (vocab / tp) * (cb + 4);
+    const Count live = l.schedule == Schedule::gpipe ? l.num_microbatches : 1;
+    logits_ws = logits * live;
+  }
+  Bytes zero_ws = 0;
+  if (S > 1 && l.zero_stage >= 2) {
+    Count largest = padded_layer;
+    if (u.embeddings > 0) largest = std::max(largest, padded_embedding);
+    if (u.heads > 0) largest = std::max(largest, padded_head);
+    zero_ws = largest * gb;  // one unit's full gradient before its reduce-scatter
+    if (l.zero_stage == 3) {
+      // Gathered parameters: each pass over a chunk's units (embedding, layers, LM head) keeps
+      // the current unit and the next zero3_prefetch_layers gathered, so the peak is the largest
+      // run of that many consecutive units of one chunk.
+      const Count k = 1 + base.assumptions.zero3_prefetch_layers;
+      const Count per_chunk = u.layers / v;
+      const bool emb = u.embeddings > 0, head = u.heads > 0;
+      Count gathered = 0;
+      if (v == 1) {
+        gathered = detail::max_window(emb, padded_embedding, per_chunk, padded_layer, head,
+                                      padded_head, k);
+      } else {
+        // The embedding opens the first chunk and the LM head closes the last.
+        gathered = std::max(
+            detail::max_window(emb, padded_embedding, per_chunk, padded_layer, false, 0, k),
+            detail::max_window(false, 0, per_chunk, padded_layer, head, padded_head, k));
+      }
+      zero_ws += gathered * cb;
+    }
+  }
+  sm.buffers_bytes = std::max(logits_ws, zero_ws);
+  sm.runtime_bytes = base.cluster.runtime_reserve_bytes;
+  sm.total_bytes = sm.weights_bytes + sm.gradients_bytes + sm.optimizer_bytes +
+                   sm.activations_bytes + sm.buffers_bytes + sm.runtime_bytes;
+}
+
+}  // namespace distplan

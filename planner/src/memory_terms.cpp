@@ -1,0 +1,23 @@
+// The layout figures of the memory terms (memory_terms.h holds the terms themselves, inline so the
+// search's lean path compiles them into its loop; docs/memory.md).
+#include "distplan/planner/memory_terms.h"
+
+namespace distplan {
+
+MemoryLayout memory_layout(const Scenario& s) noexcept {
+  const ParallelSpec& p = s.parallel;
+  MemoryLayout l;
+  l.tp = p.tp;
+  l.pp = p.pp;
+  l.virtual_stages = p.virtual_stages;
+  l.micro_batch_size = s.training.micro_batch_size;
+  l.num_microbatches = s.num_microbatches();
+  l.zero_stage = p.zero_stage;
+  l.shard = p.zero_stage == 0 ? 1 : s.shard_size();
+  l.sequence_parallel = p.sequence_parallel;
+  l.recompute = p.recompute;
+  l.schedule = p.schedule;
+  return l;
+}
+
+}  // namespace distplan
