@@ -23,7 +23,8 @@ enum class Format { json, table };
 struct CommonOptions {
   std::string input;      // file path, "-" for stdin, empty for the embedded default (plan only)
   std::string hf_config;  // --hf-config FILE: replaces the model by a Hugging Face config.json
-  std::string calibration;  // --calibration FILE: a distplan.calibration/v1 over the assumptions
+  // --calibration FILE: a distplan.calibration/v1 whose assumptions replace the scenario's.
+  std::string calibration;
   Format format = Format::json;
 };
 
