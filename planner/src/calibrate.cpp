@@ -52,23 +52,31 @@ double sigmoid(double u) {
 struct Problem {
   const std::vector<const CalibrationRun*>& runs;
   const std::vector<const FitParameter*>& params;
-  Assumptions base;  // start values; fitted fields overwritten per evaluation
+  Assumptions start;                        // starting values of the fitted fields
+  mutable std::vector<Scenario> work = {};  // the runs' scenarios, fitted fields overwritten
 
   [[nodiscard]] std::size_t n() const { return runs.size(); }
   [[nodiscard]] std::size_t p() const { return params.size(); }
 
-  [[nodiscard]] Assumptions at(const Vec& theta) const {
-    Assumptions a = base;
+  // The run's own assumptions with the fitted ones replaced: what is not fitted (overlap flags,
+  // other efficiencies) describes how that run was set up.
+  [[nodiscard]] Assumptions at(const CalibrationRun& run, const Vec& theta) const {
+    Assumptions a = run.scenario.assumptions;
     for (std::size_t j = 0; j < p(); ++j) params[j]->set(a, theta[static_cast<Eigen::Index>(j)]);
     return a;
   }
-  // r_i = predicted_i / measured_i - 1.
+  // r_i = predicted_i / measured_i - 1. The scenarios are copied once, not per evaluation.
   [[nodiscard]] Vec residuals(const Vec& theta) const {
-    const Assumptions a = at(theta);
+    if (work.size() != n()) {
+      work.clear();
+      for (const CalibrationRun* r : runs) work.push_back(r->scenario);
+    }
     Vec r(static_cast<Eigen::Index>(n()));
     for (std::size_t i = 0; i < n(); ++i) {
+      for (std::size_t j = 0; j < p(); ++j)
+        params[j]->set(work[i].assumptions, theta[static_cast<Eigen::Index>(j)]);
       r[static_cast<Eigen::Index>(i)] =
-          predicted_step_seconds(runs[i]->scenario, a) / runs[i]->measured_step_seconds - 1.0;
+          estimate(work[i]).time.step_seconds / runs[i]->measured_step_seconds - 1.0;
     }
     return r;
   }
@@ -166,27 +174,29 @@ struct FitOutcome {
 
 // Levenberg–Marquardt in the unbounded variables u (Marquardt's diagonal scaling; Madsen,
 // Nielsen & Tingleff, "Methods for non-linear least squares problems", 2004, sec. 3.2).
-FitOutcome fit(const Problem& pr, int max_iterations) {
+FitOutcome fit(const Problem& pr, int max_iterations, bool check_start) {
   Vec theta0(static_cast<Eigen::Index>(pr.p()));
   for (std::size_t j = 0; j < pr.p(); ++j)
-    theta0[static_cast<Eigen::Index>(j)] = pr.params[j]->get(pr.base);
+    theta0[static_cast<Eigen::Index>(j)] = pr.params[j]->get(pr.start);
   Vec u = pr.to_u(theta0);
   Vec theta = pr.to_theta(u);
 
   // Identifiability at the start: every parameter moves some run, and they move them differently.
-  const Mat J0 = pr.jacobian(theta);
-  const Vec s0 = sensitivities(J0, theta);
-  for (std::size_t j = 0; j < pr.p(); ++j) {
-    if (s0[static_cast<Eigen::Index>(j)] < kMinSensitivity) {
-      throw InputError("/runs", fmt::format("no run's predicted step time depends on {} (largest "
-                                            "relative sensitivity {:.2g} < {:.0e}), so the runs "
-                                            "cannot determine it; add runs it affects, or leave it "
-                                            "out of --fit",
-                                            pr.params[j]->name, s0[static_cast<Eigen::Index>(j)],
-                                            kMinSensitivity));
+  if (check_start) {
+    const Mat J0 = pr.jacobian(theta);
+    const Vec s0 = sensitivities(J0, theta);
+    for (std::size_t j = 0; j < pr.p(); ++j) {
+      if (s0[static_cast<Eigen::Index>(j)] < kMinSensitivity) {
+        throw InputError(
+            "/runs",
+            fmt::format("no run's predicted step time depends on {} (largest relative "
+                        "sensitivity {:.2g} < {:.0e}), so the runs cannot determine "
+                        "it; add runs it affects, or leave it out of --fit",
+                        pr.params[j]->name, s0[static_cast<Eigen::Index>(j)], kMinSensitivity));
+      }
     }
+    (void)check_conditioning(J0, pr.params, "at the starting values");
   }
-  (void)check_conditioning(J0, pr.params, "at the starting values");
 
   Vec r = pr.residuals(theta);
   double cost = 0.5 * r.squaredNorm();
@@ -219,8 +229,8 @@ FitOutcome fit(const Problem& pr, int max_iterations) {
       lambda *= 10;
     }
     if (!accepted) break;  // no step lowers the cost: a minimum (to rounding)
-    if (gain <= 1e-16 * std::max(cost, 1e-30) || cost < 1e-28 ||
-        step.lpNorm<Eigen::Infinity>() < 1e-12)
+    // Converged: the cost fell by a relative 1e-12 or less, is zero to rounding, or u stopped.
+    if (gain <= 1e-12 * (cost + gain) || cost < 1e-28 || step.lpNorm<Eigen::Infinity>() < 1e-12)
       break;
   }
 
@@ -341,10 +351,9 @@ CalibrationResult calibrate(const std::vector<CalibrationRun>& runs,
   }
 
   const Problem pr{all, params, options.start};
-  const FitOutcome f = fit(pr, options.max_iterations);
+  const FitOutcome f = fit(pr, options.max_iterations, /*check_start=*/true);
   out.iterations = f.iterations;
   out.condition_number = f.condition;
-  const Assumptions fitted = pr.at(f.theta);
   for (std::size_t j = 0; j < params.size(); ++j) {
     const double v = f.theta[static_cast<Eigen::Index>(j)];
     out.parameters.emplace_back(params[j]->name);
@@ -355,7 +364,7 @@ CalibrationResult calibrate(const std::vector<CalibrationRun>& runs,
   }
   std::vector<double> after;
   for (std::size_t i = 0; i < runs.size(); ++i) {
-    after.push_back(predicted_step_seconds(runs[i].scenario, fitted));
+    after.push_back(predicted_step_seconds(runs[i].scenario, pr.at(runs[i], f.theta)));
     out.run_fits.push_back({runs[i].measured_step_seconds, before[i], after[i], std::nullopt});
   }
   out.mape_after = mape(after, all);
@@ -363,6 +372,9 @@ CalibrationResult calibrate(const std::vector<CalibrationRun>& runs,
   // Leave-one-out: refit the same parameters without run i (from the full fit), predict run i.
   if (!options.leave_one_out) {
     out.leave_one_out_note = "not computed";
+  } else if (runs.size() > options.max_leave_one_out_runs) {
+    out.leave_one_out_note =
+        fmt::format("not computed for more than {} runs", options.max_leave_one_out_runs);
   } else if (runs.size() < params.size() + 1) {
     out.leave_one_out_note =
         fmt::format("needs at least {} runs (one more than the parameters)", params.size() + 1);
@@ -373,10 +385,13 @@ CalibrationResult calibrate(const std::vector<CalibrationRun>& runs,
       std::vector<const CalibrationRun*> rest;
       for (std::size_t k = 0; k < runs.size(); ++k)
         if (k != i) rest.push_back(all[k]);
-      const Problem fold{rest, params, fitted};
+      Assumptions from_full = options.start;
+      for (std::size_t j = 0; j < params.size(); ++j)
+        params[j]->set(from_full, f.theta[static_cast<Eigen::Index>(j)]);
+      const Problem fold{rest, params, from_full};
       try {
-        const FitOutcome g = fit(fold, options.max_iterations);
-        const double pred = predicted_step_seconds(runs[i].scenario, fold.at(g.theta));
+        const FitOutcome g = fit(fold, options.max_iterations, /*check_start=*/false);
+        const double pred = predicted_step_seconds(runs[i].scenario, fold.at(runs[i], g.theta));
         out.run_fits[i].predicted_leave_one_out = pred;
         sum += std::abs(pred - runs[i].measured_step_seconds) / runs[i].measured_step_seconds;
       } catch (const InputError& e) {

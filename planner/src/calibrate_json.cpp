@@ -23,6 +23,8 @@ constexpr std::string_view kValidateSchema = "distplan.validate/v1";
 constexpr std::string_view kCalibrationSchema = "distplan.calibration/v1";
 constexpr double kMaxSeconds = 1e9;
 constexpr double kMaxTokensPerSecond = 1e15;
+// Each fit iteration estimates every run a few times; this bounds a fit to seconds.
+constexpr std::size_t kMaxRuns = 10000;
 
 Scenario scenario_at(const json& doc, const std::string& path) {
   try {
@@ -143,6 +145,10 @@ std::vector<CalibrationRun> calibration_runs_from_json(const json& doc) {
                      "\"measured\": {\"step_seconds\": ...}}, ...]}");
   if (!runs->is_array()) throw InputError("/runs", "runs must be an array");
   if (runs->empty()) throw InputError("/runs", "there are no runs to fit");
+  if (runs->size() > kMaxRuns) {
+    throw InputError(fmt::format("/runs/{}", kMaxRuns),
+                     fmt::format("at most {} runs per file", kMaxRuns));
+  }
   std::vector<CalibrationRun> out;
   for (std::size_t i = 0; i < runs->size(); ++i)
     out.push_back(run_from_json((*runs)[i], fmt::format("/runs/{}", i)));

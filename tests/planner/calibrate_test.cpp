@@ -195,16 +195,51 @@ TEST(Calibrate, NoisyRunsReachTheLeastSquaresMinimumOfAGridSearch) {
 }
 
 TEST(Calibrate, FitsOnlyTheNamedParameter) {
-  const auto runs = runs_from(kLayouts, truth());
+  auto runs = runs_from(kLayouts, truth());
+  // The runs' own communication_efficiency (the truth here) is kept; only compute is fitted.
+  for (CalibrationRun& r : runs) r.scenario.assumptions.communication_efficiency = 0.67;
   CalibrationOptions o;
   o.parameters = {"compute_efficiency"};
-  o.start.communication_efficiency = 0.67;  // held at the truth
   const CalibrationResult r = calibrate(runs, o);
   ASSERT_EQ(r.parameters, std::vector<std::string>{"compute_efficiency"});
   EXPECT_NEAR(r.values[0], 0.43, 0.43 * 1e-6);
   const Assumptions applied = r.apply(Assumptions{});
   EXPECT_NEAR(applied.compute_efficiency, 0.43, 1e-6);
   EXPECT_EQ(applied.communication_efficiency, Assumptions{}.communication_efficiency);
+}
+
+TEST(Calibrate, LeaveOneOutIsBoundedAndNeedsASpareRun) {
+  CalibrationOptions o;
+  o.max_leave_one_out_runs = 3;
+  const CalibrationResult many = calibrate(runs_from(kLayouts, truth()), o);
+  EXPECT_FALSE(many.leave_one_out_mape.has_value());
+  EXPECT_NE(many.leave_one_out_note.find("more than 3 runs"), std::string::npos);
+  // Two runs, two parameters: no run can be left out.
+  const CalibrationResult two = calibrate(runs_from({kLayouts[0], kLayouts[5]}, truth()), {});
+  EXPECT_NEAR(value_of(two, "compute_efficiency"), 0.43, 0.43 * 1e-6);
+  EXPECT_FALSE(two.leave_one_out_mape.has_value());
+  EXPECT_NE(two.leave_one_out_note.find("at least 3 runs"), std::string::npos);
+}
+
+TEST(Calibrate, KeepsEachRunsOwnUnfittedAssumptions) {
+  // Half the runs reduce gradients without overlap; their measurements were taken that way, so
+  // the fit must predict them that way too.
+  auto runs = runs_from(kLayouts, truth());
+  bool changed = false;
+  for (std::size_t i = 0; i < runs.size(); i += 2) {
+    CalibrationRun& r = runs[i];
+    r.scenario.assumptions.overlap_grad_reduce = false;
+    Assumptions a = r.scenario.assumptions;
+    a.compute_efficiency = 0.43;
+    a.communication_efficiency = 0.67;
+    const double t = predicted_step_seconds(r.scenario, a);
+    changed = changed || t != r.measured_step_seconds;
+    r.measured_step_seconds = t;
+  }
+  ASSERT_TRUE(changed);  // the flag matters for these layouts
+  const CalibrationResult r = calibrate(runs, {});
+  EXPECT_NEAR(value_of(r, "compute_efficiency"), 0.43, 0.43 * 1e-6);
+  EXPECT_NEAR(value_of(r, "communication_efficiency"), 0.67, 0.67 * 1e-6);
 }
 
 TEST(Calibrate, DefaultSelectionLeavesOutWhatTheRunsDoNotTouch) {

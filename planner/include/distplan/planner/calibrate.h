@@ -58,10 +58,14 @@ struct CalibrationOptions {
   /// listed in CalibrationResult::not_fitted). Named ones that the runs do not constrain are
   /// refused.
   std::vector<std::string> parameters;
-  /// Starting values (default: the shipped defaults of `Assumptions`). Only fitted fields are read.
+  /// Starting values of the fitted fields (default: the shipped defaults of `Assumptions`). The
+  /// fields not fitted come from each run's own scenario.
   Assumptions start;
   int max_iterations = 200;
   bool leave_one_out = true;
+  /// Leave-one-out refits every run on all the others: n fits of n - 1 runs. Above this many runs
+  /// it is not computed (the note says so), so a large input cannot take minutes.
+  std::size_t max_leave_one_out_runs = 200;
 };
 
 struct RunFit {
