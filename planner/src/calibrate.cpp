@@ -29,7 +29,9 @@ constexpr std::array kFitParameters{
 };
 
 // A parameter whose 1 % change moves no run's predicted step time by more than 1e-6 (relative)
-// is one the runs do not constrain: max_i |d r_i / d ln theta| below this.
+// is one the runs do not constrain: max_i |d r_i / d theta| * scale below this, with scale the
+// value itself, or a tenth of the range for a value near zero (so a parameter whose range starts
+// at 0 is judged by a meaningful change, not by its tiny starting value).
 constexpr double kMinSensitivity = 1e-4;
 // Largest accepted condition number of JᵀJ (columns scaled to unit length, so it measures how
 // nearly parallel the parameters' effects are, not their units). 1e6 is cond(J) = 1e3: a 0.1 %
@@ -133,10 +135,14 @@ std::string name_list(const std::vector<std::string>& names) {
   return s;
 }
 
-// Sensitivities max_i |theta_j d r_i / d theta_j| per parameter.
-Vec sensitivities(const Mat& J, const Vec& theta) {
+// Sensitivities max_i |d r_i / d theta_j| * scale_j per parameter (kMinSensitivity).
+Vec sensitivities(const Mat& J, const Vec& theta, const std::vector<const FitParameter*>& params) {
   Vec s(J.cols());
-  for (Eigen::Index j = 0; j < J.cols(); ++j) s[j] = J.col(j).cwiseAbs().maxCoeff() * theta[j];
+  for (Eigen::Index j = 0; j < J.cols(); ++j) {
+    const FitParameter& f = *params[static_cast<std::size_t>(j)];
+    const double scale = std::max(std::abs(theta[j]), 0.1 * (f.upper - f.lower));
+    s[j] = J.col(j).cwiseAbs().maxCoeff() * scale;
+  }
   return s;
 }
 
@@ -184,14 +190,15 @@ FitOutcome fit(const Problem& pr, int max_iterations, bool check_start) {
   // Identifiability at the start: every parameter moves some run, and they move them differently.
   if (check_start) {
     const Mat J0 = pr.jacobian(theta);
-    const Vec s0 = sensitivities(J0, theta);
+    const Vec s0 = sensitivities(J0, theta, pr.params);
     for (std::size_t j = 0; j < pr.p(); ++j) {
       if (s0[static_cast<Eigen::Index>(j)] < kMinSensitivity) {
         throw InputError(
             "/runs",
-            fmt::format("no run's predicted step time depends on {} (largest relative "
-                        "sensitivity {:.2g} < {:.0e}), so the runs cannot determine "
-                        "it; add runs it affects, or leave it out of --fit",
+            fmt::format("no run's predicted step time depends on {} at the starting values "
+                        "(largest relative sensitivity {:.2g} < {:.0e}), so the runs cannot "
+                        "determine it; add runs it affects, start elsewhere (--start), or leave "
+                        "it out of --fit",
                         pr.params[j]->name, s0[static_cast<Eigen::Index>(j)], kMinSensitivity));
       }
     }
@@ -229,15 +236,15 @@ FitOutcome fit(const Problem& pr, int max_iterations, bool check_start) {
       lambda *= 10;
     }
     if (!accepted) break;  // no step lowers the cost: a minimum (to rounding)
-    // Converged: the cost fell by a relative 1e-12 or less, is zero to rounding, or u stopped.
-    if (gain <= 1e-12 * (cost + gain) || cost < 1e-28 || step.lpNorm<Eigen::Infinity>() < 1e-12)
+    // Converged: the cost fell by a relative 1e-15 or less, is zero to rounding, or u stopped.
+    if (gain <= 1e-15 * (cost + gain) || cost < 1e-28 || step.lpNorm<Eigen::Infinity>() < 1e-12)
       break;
   }
 
   // Identifiability at the solution (a parameter can stop mattering on the way, e.g. when
   // communication ends up hidden behind compute).
   const Mat J1 = pr.jacobian(theta);
-  const Vec s1 = sensitivities(J1, theta);
+  const Vec s1 = sensitivities(J1, theta, pr.params);
   for (std::size_t j = 0; j < pr.p(); ++j) {
     if (s1[static_cast<Eigen::Index>(j)] < kMinSensitivity) {
       throw InputError("/runs",
@@ -328,11 +335,13 @@ CalibrationResult calibrate(const std::vector<CalibrationRun>& runs,
       const Problem pr{all, one, options.start};
       Vec t(1);
       t[0] = pr.to_theta(pr.to_u(Vec::Constant(1, f.get(options.start))))[0];
-      const double s = sensitivities(pr.jacobian(t), t)[0];
+      const double s = sensitivities(pr.jacobian(t), t, one)[0];
       if (s < kMinSensitivity) {
         out.not_fitted.push_back(
             {std::string(f.name),
-             fmt::format("no run's predicted step time depends on it (sensitivity {:.2g})", s)});
+             fmt::format("no run's predicted step time depends on it at the starting value "
+                         "(largest relative sensitivity {:.2g})",
+                         s)});
       } else {
         params.push_back(&f);
       }
