@@ -107,7 +107,23 @@ TEST(Calibrate, TableHasTheTimeAssumptionsWithinTheParserRange) {
     f.set(s.assumptions, 0.321);
     EXPECT_EQ(to_json(s).at("assumptions").at(std::string(f.name)).get<double>(), 0.321);
     EXPECT_EQ(f.get(s.assumptions), 0.321);
+    // Both bounds are values the scenario parser accepts (a calibration file goes through it).
+    for (double v : {f.lower, f.upper}) {
+      json doc = testing::default_doc();
+      doc["assumptions"][std::string(f.name)] = v;
+      EXPECT_EQ(f.get(testing::scenario(doc).assumptions), v) << f.name;
+    }
   }
+  // The long form, for a field a member pointer cannot reach in one step.
+  constexpr FitParameter by_lambdas{"compute_efficiency",
+                                    [](const Assumptions& a) { return a.compute_efficiency; },
+                                    [](Assumptions& a, double v) { a.compute_efficiency = v; },
+                                    0.01,
+                                    1.0,
+                                    "test"};
+  Assumptions a;
+  by_lambdas.set(a, 0.25);
+  EXPECT_EQ(a.compute_efficiency, 0.25);
 }
 
 TEST(Calibrate, RecoversKnownAssumptionsFromEveryStart) {
