@@ -17,6 +17,7 @@ void install_plan(CLI::App& app) {
   auto* cmd =
       app.add_subcommand("plan", "Memory per stage, communication, FLOPs and time of a layout");
   add_common_options(*cmd, *opts, /*input_optional=*/true);
+  add_calibration_option(*cmd, *opts);
   cmd->callback([opts] {
     const nlohmann::json doc = read_document(*opts);
     const Scenario s = read_scenario(*opts, doc);

@@ -47,6 +47,7 @@ void install_search(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "search", "Rank every layout of a model on a cluster: the fastest that fit, best first");
   add_common_options(*cmd, opts->common, /*input_optional=*/true);
+  add_calibration_option(*cmd, opts->common);
   cmd->add_option("--threads", opts->threads, "Worker threads (default: search.threads, or all)");
   cmd->add_option("--top", opts->top_k, "Plans to return (default: search.top_k, or 10)");
   cmd->add_option("--export", opts->export_format,

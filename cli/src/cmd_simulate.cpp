@@ -39,6 +39,7 @@ void install_simulate(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "simulate", "Discrete-event simulation of one step: pipeline bubbles, overlap, memory");
   add_common_options(*cmd, opts->common, /*input_optional=*/true);
+  add_calibration_option(*cmd, opts->common);
   cmd->add_option("--trace", opts->trace_file,
                   "Write a Chrome/Perfetto trace (open in ui.perfetto.dev) to this file");
   cmd->add_option("--schedule-file", opts->schedule_file,

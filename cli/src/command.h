@@ -23,11 +23,18 @@ enum class Format { json, table };
 struct CommonOptions {
   std::string input;      // file path, "-" for stdin, empty for the embedded default (plan only)
   std::string hf_config;  // --hf-config FILE: replaces the model by a Hugging Face config.json
+  // --calibration FILE: a distplan.calibration/v1 whose assumptions replace the scenario's.
+  std::string calibration;
   Format format = Format::json;
 };
 
 /// Adds --format, --hf-config and the positional input to `cmd`.
 void add_common_options(CLI::App& cmd, CommonOptions& opts, bool input_optional);
+
+/// Adds --calibration FILE (cmd_calibrate.cpp); read_scenario applies it.
+void add_calibration_option(CLI::App& cmd, CommonOptions& opts);
+/// Writes the assumptions of the calibration file at `path` over those of `scenario_doc`.
+void apply_calibration_file(const std::string& path, nlohmann::json& scenario_doc);
 
 /// Reads the input document (file, stdin or the embedded default). InputError on any failure.
 [[nodiscard]] nlohmann::json read_document(const CommonOptions& opts);

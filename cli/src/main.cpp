@@ -83,6 +83,14 @@ nlohmann::json read_document(const CommonOptions& opts) {
 
 Scenario read_scenario(const CommonOptions& opts, const nlohmann::json& doc,
                        std::initializer_list<std::string_view> extra_keys) {
+  if (!opts.calibration.empty()) {
+    // The calibration's assumptions win over the scenario's (docs/calibration.md).
+    nlohmann::json patched = doc;
+    apply_calibration_file(opts.calibration, patched);
+    CommonOptions rest = opts;
+    rest.calibration.clear();
+    return read_scenario(rest, patched, extra_keys);
+  }
   if (opts.hf_config.empty()) return scenario_from_json(doc, extra_keys);
   nlohmann::json hf;
   try {

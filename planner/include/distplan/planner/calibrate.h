@@ -1,0 +1,111 @@
+// Calibration: fits the planner's named time assumptions to measured step times of real runs by
+// nonlinear least squares on the relative step-time error (docs/calibration.md). JSON lives in
+// calibrate_json.h.
+#pragma once
+
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "distplan/planner/spec.h"
+#include "distplan/planner/units.h"
+
+namespace distplan {
+
+/// One fittable assumption: a continuous field of `Assumptions` that the analytic step time
+/// depends on. The table of them is in calibrate.cpp (`kFitParameters`).
+struct FitParameter {
+  std::string_view name;  // key under "assumptions" in a scenario and a calibration file
+  double (*get)(const Assumptions&);
+  void (*set)(Assumptions&, double);
+  double lower;  // the fit stays inside [lower, upper] (and the scenario parser's range)
+  double upper;
+  std::string_view meaning;  // one line, for tables and docs
+};
+
+/// Get/set of a plain `double` member, so a table entry reads
+/// `fit_field<&Assumptions::x>("x", lo, hi, "meaning")`.
+template <double Assumptions::*M>
+constexpr FitParameter fit_field(std::string_view name, double lower, double upper,
+                                 std::string_view meaning) {
+  return {name,
+          [](const Assumptions& a) { return a.*M; },
+          [](Assumptions& a, double v) { a.*M = v; },
+          lower,
+          upper,
+          meaning};
+}
+
+/// Every fittable assumption, in table order.
+[[nodiscard]] std::span<const FitParameter> fit_parameters() noexcept;
+/// The entry named `name`, or nullptr.
+[[nodiscard]] const FitParameter* find_fit_parameter(std::string_view name) noexcept;
+
+/// One measured run: a validated scenario and the step time measured for it. The paths are JSON
+/// pointers into the input, used in error messages.
+struct CalibrationRun {
+  Scenario scenario;
+  Seconds measured_step_seconds = 0;
+  std::string path;           // the run, e.g. "/runs/3"
+  std::string measured_path;  // the measurement, e.g. "/runs/3/measured/step_seconds"
+  std::string name;           // optional label
+};
+
+struct CalibrationOptions {
+  /// Names of the parameters to fit. Empty: every table entry the runs constrain (the others are
+  /// listed in CalibrationResult::not_fitted). Named ones that the runs do not constrain are
+  /// refused.
+  std::vector<std::string> parameters;
+  /// Starting values of the fitted fields (default: the shipped defaults of `Assumptions`). The
+  /// fields not fitted come from each run's own scenario.
+  Assumptions start;
+  int max_iterations = 200;
+  bool leave_one_out = true;
+  /// Leave-one-out refits every run on all the others: n fits of n - 1 runs. Above this many runs
+  /// it is not computed (the note says so), so a large input cannot take minutes.
+  std::size_t max_leave_one_out_runs = 200;
+};
+
+struct RunFit {
+  Seconds measured = 0;
+  Seconds predicted_before = 0;  // the run's scenario as given (its own assumptions)
+  Seconds predicted_after = 0;   // with the fitted assumptions
+  std::optional<Seconds> predicted_leave_one_out;  // fitted without this run
+};
+
+struct NotFitted {
+  std::string name;
+  std::string reason;
+};
+
+struct CalibrationResult {
+  std::vector<std::string> parameters;  // fitted, in table order
+  std::vector<double> values;           // fitted values, same order
+  std::vector<NotFitted> not_fitted;    // table entries left out (default selection only)
+  std::vector<std::string> at_bound;    // fitted values that ended on a bound of the table
+  Count runs = 0;
+  int iterations = 0;
+  double condition_number = 0;  // of JᵀJ at the solution, columns scaled to unit length
+  double mape_before = 0;       // mean |predicted - measured| / measured, a fraction
+  double mape_after = 0;
+  std::optional<double> leave_one_out_mape;  // absent when a fold cannot be fitted
+  std::string leave_one_out_note;            // why it is absent
+  std::vector<RunFit> run_fits;
+
+  /// `base` with the fitted values written in.
+  [[nodiscard]] Assumptions apply(Assumptions base) const;
+};
+
+/// Fits. Throws InputError (naming the JSON path) when the fit is under-determined or degenerate:
+/// fewer runs than parameters, a parameter no run depends on, parameters the runs cannot tell
+/// apart (JᵀJ singular or ill-conditioned), a non-positive measurement, an unknown parameter name.
+[[nodiscard]] CalibrationResult calibrate(const std::vector<CalibrationRun>& runs,
+                                          const CalibrationOptions& options = {});
+
+/// The analytic step time of `scenario` with `assumptions` in place of its own.
+[[nodiscard]] Seconds predicted_step_seconds(const Scenario& scenario,
+                                             const Assumptions& assumptions);
+
+}  // namespace distplan
