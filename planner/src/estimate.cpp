@@ -273,7 +273,12 @@ class Estimator {
       if (S > 1 && p_.zero_stage == 3) {
         const Count units_held = u.layer.count + u.embedding.count + u.head.count;
         const Count live = std::min(units_held, 1 + s_.assumptions.zero3_prefetch_layers);
-        zero_ws = live * largest_unit * cb() + largest_unit * gb();
+        // Zero-bubble schedules split the backward: the B pass gathers parameters and defers
+        // every weight gradient, the W pass fills the unit gradient and reads no parameter, so
+        // the gathered units and the unit gradient are never alive together.
+        const bool split = p_.schedule == Schedule::zb_h1 || p_.schedule == Schedule::zb_h2;
+        zero_ws = split ? std::max(live * largest_unit * cb(), largest_unit * gb())
+                        : live * largest_unit * cb() + largest_unit * gb();
       }
       sm.buffers_bytes = std::max(logits_ws, zero_ws);
       sm.runtime_bytes = s_.cluster.runtime_reserve_bytes;
