@@ -268,18 +268,10 @@ class Estimator {
         const Count live = p_.schedule == Schedule::gpipe ? nmb_ : 1;
         logits_ws = logits * live;
       }
-      Bytes zero_ws = 0;
-      if (S > 1 && p_.zero_stage == 2) zero_ws = largest_unit * gb();  // unit gradient before RS
-      if (S > 1 && p_.zero_stage == 3) {
-        const Count units_held = u.layer.count + u.embedding.count + u.head.count;
-        const Count live = std::min(units_held, 1 + s_.assumptions.zero3_prefetch_layers);
-        // Zero-bubble schedules split the backward: the B pass gathers parameters and defers
-        // every weight gradient, the W pass fills the unit gradient and reads no parameter, so
-        // the gathered units and the unit gradient are never alive together.
-        const bool split = p_.schedule == Schedule::zb_h1 || p_.schedule == Schedule::zb_h2;
-        zero_ws = split ? std::max(live * largest_unit * cb(), largest_unit * gb())
-                        : live * largest_unit * cb() + largest_unit * gb();
-      }
+      const Count units_held = u.layer.count + u.embedding.count + u.head.count;
+      const Count live = std::min(units_held, 1 + s_.assumptions.zero3_prefetch_layers);
+      const Bytes zero_ws =
+          zero_buffer_bytes(p_.zero_stage, S, p_.schedule, live, largest_unit, cb(), gb());
       sm.buffers_bytes = std::max(logits_ws, zero_ws);
       sm.runtime_bytes = s_.cluster.runtime_reserve_bytes;
       sm.total_bytes = sm.weights_bytes + sm.gradients_bytes + sm.optimizer_bytes +
@@ -729,6 +721,20 @@ class Estimator {
 };
 
 }  // namespace
+
+Bytes zero_buffer_bytes(int zero_stage, Count shard, Schedule schedule, Count live,
+                        Count largest_unit, Bytes compute_bytes, Bytes grad_bytes) noexcept {
+  if (shard <= 1) return 0;
+  if (zero_stage == 2) return largest_unit * grad_bytes;  // the unit gradient before its RS
+  if (zero_stage != 3) return 0;
+  // Zero-bubble schedules split the backward: the B pass gathers parameters and defers every
+  // weight gradient, the W pass fills the unit gradient and reads no parameter, so the gathered
+  // units and the unit gradient are never alive together.
+  const bool split = schedule == Schedule::zb_h1 || schedule == Schedule::zb_h2;
+  const Bytes gathered = live * largest_unit * compute_bytes;
+  const Bytes gradient = largest_unit * grad_bytes;
+  return split ? std::max(gathered, gradient) : gathered + gradient;
+}
 
 Estimate estimate(const Scenario& scenario) {
   return Estimator(scenario).run();

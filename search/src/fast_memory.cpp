@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "distplan/planner/estimate.h"
 #include "distplan/planner/layout.h"
 
 namespace distplan::search {
@@ -135,13 +136,9 @@ Bytes FastMemory::stage_total(const Layout& l, Count st, Count layer_count) cons
     const Count live = l.schedule == Schedule::gpipe ? nmb : 1;
     logits_ws = logits * live;
   }
-  Bytes zero_ws = 0;
-  if (S > 1 && l.zero_stage == 2) zero_ws = largest_unit * gb;
-  if (S > 1 && l.zero_stage == 3) {
-    const Count units_held = unit_count[0] + unit_count[1] + unit_count[2];
-    const Count live = std::min(units_held, 1 + base_.assumptions.zero3_prefetch_layers);
-    zero_ws = live * largest_unit * cb + largest_unit * gb;
-  }
+  const Count units_held = unit_count[0] + unit_count[1] + unit_count[2];
+  const Count live = std::min(units_held, 1 + base_.assumptions.zero3_prefetch_layers);
+  const Bytes zero_ws = zero_buffer_bytes(l.zero_stage, S, l.schedule, live, largest_unit, cb, gb);
   const Bytes buffers = std::max(logits_ws, zero_ws);
   return weights + grads + opt + activations + buffers + base_.cluster.runtime_reserve_bytes;
 }

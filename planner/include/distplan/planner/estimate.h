@@ -124,6 +124,13 @@ struct Estimate {
 /// Estimates a validated scenario (validate_scenario() must have accepted it).
 [[nodiscard]] Estimate estimate(const Scenario& scenario);
 
+/// The ZeRO-2/3 unit buffers of one GPU (docs/memory.md, "buffers"): ZeRO-2 one unit's full
+/// gradient; ZeRO-3 `live` gathered units plus one unit's gradient, or the larger of the two under
+/// the split-backward (zero-bubble) schedules. `shard` is the ZeRO shard size (1: no buffers).
+[[nodiscard]] Bytes zero_buffer_bytes(int zero_stage, Count shard, Schedule schedule, Count live,
+                                      Count largest_unit, Bytes compute_bytes,
+                                      Bytes grad_bytes) noexcept;
+
 /// The collectives of one GPU of pipeline stage `stage` (the estimate lists the busiest stage's).
 [[nodiscard]] std::vector<Collective> stage_communication(const Scenario& scenario, int stage);
 
