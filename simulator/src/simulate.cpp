@@ -118,7 +118,8 @@ struct Run {
   bool per_microbatch_reduce;  // ZeRO-2/3: gradients are reduce-scattered after every micro-batch
   bool record;
   Workspace& ws;
-  SimResult& out;  // trace and memory are appended when `record`
+  SimResult& out;  // trace and memory are appended when `record` (to `sink` when one is set)
+  TraceSink* sink = nullptr;
 
   Count p = 0, m = 0, v = 0;
   std::size_t pairs = 0;
@@ -166,13 +167,28 @@ struct Run {
 
   void trace(std::size_t s, Track track, SliceKind kind, const Action* a, EventTime start,
              Seconds dur) {
-    out.trace.push_back(TraceEvent{static_cast<std::int32_t>(s), track, kind,
-                                   a ? a->microbatch : -1, a ? a->chunk : -1, start, dur});
+    const TraceEvent e{static_cast<std::int32_t>(s),
+                       track,
+                       kind,
+                       a ? a->microbatch : -1,
+                       a ? a->chunk : -1,
+                       start,
+                       dur};
+    if (sink != nullptr) {
+      sink->slice(e);
+    } else {
+      out.trace.push_back(e);
+    }
   }
 
   void memory_sample(std::size_t s, EventTime t) {
-    out.memory.push_back(MemorySample{static_cast<std::int32_t>(s), t,
-                                      ws.stages[s].inflight_chunks * times[s].activation_bytes});
+    const MemorySample sample{static_cast<std::int32_t>(s), t,
+                              ws.stages[s].inflight_chunks * times[s].activation_bytes};
+    if (sink != nullptr) {
+      sink->memory(sample);
+    } else {
+      out.memory.push_back(sample);
+    }
   }
 
   void issue_gather(std::size_t s, std::size_t pos, EventTime now) {
@@ -492,7 +508,7 @@ SimResult simulate(const Scenario& s, const Estimate& e, const SimOptions& opts)
 
   SimResult out;
   Workspace& ws = workspace();
-  if (opts.record_trace)
+  if (opts.record_trace && opts.trace_sink == nullptr)
     out.trace.reserve(prog->num_actions() * 2 + 4 * static_cast<std::size_t>(p));
   const bool per_mb = s.parallel.zero_stage >= 2;
   Run run{*prog,
@@ -502,7 +518,8 @@ SimResult simulate(const Scenario& s, const Estimate& e, const SimOptions& opts)
           per_mb,
           opts.record_trace,
           ws,
-          out};
+          out,
+          opts.trace_sink};
   run.run();
 
   bool any_comm = false;
@@ -513,7 +530,7 @@ SimResult simulate(const Scenario& s, const Estimate& e, const SimOptions& opts)
     std::vector<StageTimes> quiet = times;
     for (StageTimes& t : quiet) t.p2p = t.zero3_gather = t.grad_reduce = t.param_gather = 0;
     SimResult q;
-    Run again{*prog, quiet, true, true, per_mb, false, ws, q};
+    Run again{*prog, quiet, true, true, per_mb, false, ws, q, nullptr};
     again.run();
     out.exposed_communication_seconds = std::max(0.0, out.step_seconds - q.step_seconds);
   }
