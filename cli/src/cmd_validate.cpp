@@ -271,14 +271,17 @@ std::string tail(const std::string& s, std::size_t n) {
 }
 
 // Stops a single-rank run at --timeout: that run is this process, so the watchdog ends it with the
-// JSON error and exit 1, as the launcher does for a multi-rank run.
+// JSON error and exit 1, as the launcher does for a multi-rank run. `partial_output` (the trace
+// file, opened before the run) is removed first when it is a regular file.
 class Watchdog {
  public:
-  Watchdog(double seconds, std::string message)
-      : thread_([this, seconds, msg = std::move(message)] {
+  Watchdog(double seconds, std::string message, std::string partial_output)
+      : thread_([this, seconds, msg = std::move(message), out = std::move(partial_output)] {
           std::unique_lock lock(mutex_);
           if (cv_.wait_for(lock, std::chrono::duration<double>(seconds), [this] { return done_; }))
             return;
+          std::error_code ec;
+          if (!out.empty() && fs::is_regular_file(out, ec)) fs::remove(out, ec);
           const json err = {{"error", {{"code", "internal"}, {"message", msg}}}};
           std::cerr << err.dump() << std::endl;
           std::_Exit(1);
@@ -364,7 +367,8 @@ BackendResult run_backend(const Scenario& s, const json& doc, const ValidateOpti
     const Watchdog watchdog(o.timeout_seconds,
                             fmt::format("validate: the run did not finish within {} s (--timeout); "
                                         "it was stopped",
-                                        o.timeout_seconds));
+                                        o.timeout_seconds),
+                            o.trace_path);
     try {
       br.m = backend::run(s, ro);
     } catch (const backend::OutOfMemory& e) {

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -127,8 +128,11 @@ TEST(ValidateTimeout, NonFiniteZeroAndHugeAreRefused) {
 TEST(ValidateTimeout, AppliesToSingleRankRuns) {
   const TempDir dir;
   const auto in = dir.write("s.json", tiny_gpt().dump());
-  const CliResult r = run_cli({"validate", in.string(), "--steps", "1000", "--timeout", "0.5"});
+  const auto trace = dir.path() / "trace.json";
+  const CliResult r = run_cli(
+      {"validate", in.string(), "--steps", "1000", "--timeout", "0.5", "--trace", trace.string()});
   EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(trace));  // no partial trace left behind
   EXPECT_LT(r.elapsed.count(), 30.0);
   EXPECT_NE(error_object(r).value("message", "").find("did not finish within 0.5 s"),
             std::string::npos)
