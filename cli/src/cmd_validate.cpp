@@ -211,6 +211,11 @@ void stop_group(pid_t pid, int& status) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   ::kill(-pid, SIGKILL);  // ranks left in the group
+  // Return only once the group is gone (a killed rank still exits asynchronously; under load
+  // that takes a while), at most 10 s.
+  const auto gone = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (::kill(-pid, 0) == 0 && std::chrono::steady_clock::now() < gone)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
 }
 
 // Runs argv in its own process group with stdout/stderr to `log_path`; after `timeout` seconds, or
