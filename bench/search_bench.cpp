@@ -36,6 +36,16 @@ void BM_Search_Llama405B16k(benchmark::State& state) {
 }
 BENCHMARK(BM_Search_Llama405B16k)->Arg(1)->Arg(0)->Unit(benchmark::kMillisecond)->UseRealTime();
 
+// Counting the 405B space before the search runs (search::run's guard against huge spaces,
+// docs/trust.md): its cost next to BM_Search_Llama405B16k's.
+void BM_Search_CountLayouts405B16k(benchmark::State& state) {
+  const search::Request r = request("llama3.1-405b", 16384, 2048, 8192);
+  std::uint64_t n = 0;
+  for (auto _ : state) n += search::count_layouts(r.space);
+  benchmark::DoNotOptimize(n);
+}
+BENCHMARK(BM_Search_CountLayouts405B16k)->Unit(benchmark::kMillisecond)->UseRealTime();
+
 // Llama-2-70B on 64 H100s, global batch 512 (the default scenario's cluster).
 void BM_Search_Llama70B64(benchmark::State& state) {
   search::Request r = request("llama2-70b", 64, 512, 4096);

@@ -48,8 +48,10 @@ void install_search(CLI::App& app) {
       "search", "Rank every layout of a model on a cluster: the fastest that fit, best first");
   add_common_options(*cmd, opts->common, /*input_optional=*/true);
   add_calibration_option(*cmd, opts->common);
-  cmd->add_option("--threads", opts->threads, "Worker threads (default: search.threads, or all)");
-  cmd->add_option("--top", opts->top_k, "Plans to return (default: search.top_k, or 10)");
+  cmd->add_option("--threads", opts->threads, "Worker threads (default: search.threads, or all)")
+      ->check(CLI::Range(0, search::kMaxThreads));
+  cmd->add_option("--top", opts->top_k, "Plans to return (default: search.top_k, or 10)")
+      ->check(CLI::Range(1, search::kMaxTopK));
   cmd->add_option("--export", opts->export_format,
                   "Print the chosen plan as launch settings instead: megatron | deepspeed | "
                   "torchtitan")
@@ -79,6 +81,13 @@ void install_search(CLI::App& app) {
         if (std::chrono::steady_clock::now() - start < std::chrono::milliseconds(500)) return;
         std::fprintf(stderr, "\rsearch: %5.1f%% (%llu layouts)", fraction * 100.0,
                      static_cast<unsigned long long>(evaluated));
+        printed = true;
+      };
+      // The re-ranking simulations (after the search's own progress, on the same line).
+      req.options.rerank_progress = [&printed, start](int simulated, int of) {
+        if (std::chrono::steady_clock::now() - start < std::chrono::milliseconds(500)) return;
+        std::fprintf(stderr, "\rsearch: simulating the best plans, %d of at most %d done    ",
+                     simulated, of);
         printed = true;
       };
     }

@@ -24,9 +24,8 @@ struct SimulateOptions {
 };
 
 sim::SchedulePrograms read_schedule_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw InputError("", "cannot open schedule file '" + path + "'");
-  const std::string text{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+  // The scenario's bounded reader: the same size limit, directory and open errors.
+  const std::string text = read_file_text(path, "schedule file");
   try {
     return sim::schedule_from_text(text);
   } catch (const InputError& e) {
@@ -41,10 +40,12 @@ void install_simulate(CLI::App& app) {
   add_common_options(*cmd, opts->common, /*input_optional=*/true);
   add_calibration_option(*cmd, opts->common);
   cmd->add_option("--trace", opts->trace_file,
-                  "Write a Chrome/Perfetto trace (open in ui.perfetto.dev) to this file");
+                  "Write a Chrome/Perfetto trace (open in ui.perfetto.dev) to this file")
+      ->check(non_empty_path());
   cmd->add_option("--schedule-file", opts->schedule_file,
                   "Custom schedule program (JSON or CSV, one row per stage) instead of the "
-                  "scenario's schedule");
+                  "scenario's schedule")
+      ->check(non_empty_path());
   cmd->callback([opts] {
     const nlohmann::json doc = read_document(opts->common);
     const Scenario s = read_scenario(opts->common, doc, {"costs"});
@@ -58,17 +59,34 @@ void install_simulate(CLI::App& app) {
     }
     so.record_trace = !opts->trace_file.empty();
     const Estimate e = estimate(s);
+    // The trace is streamed to its file while the simulation runs: memory stays bounded at any
+    // accepted size (docs/trust.md). A run that fails leaves no partial trace behind.
+    std::ofstream trace;
+    std::unique_ptr<sim::TraceWriter> writer;
+    if (so.record_trace) {
+      trace.open(opts->trace_file, std::ios::binary | std::ios::trunc);
+      if (!trace)
+        throw InputError("", "--trace: cannot open '" + opts->trace_file + "' for writing");
+      writer = std::make_unique<sim::TraceWriter>(trace, opts->trace_file, s.parallel.pp);
+      so.trace_sink = writer.get();
+    }
     sim::SimResult r;
     try {
-      r = sim::simulate(s, e, so);
-    } catch (const InputError& err) {
-      if (so.program == nullptr) throw;
-      throw InputError(err.path(), "schedule file '" + opts->schedule_file + "': " + err.what());
-    }
-    if (!opts->trace_file.empty()) {
-      std::ofstream out(opts->trace_file, std::ios::binary);
-      if (!out) throw InputError("", "cannot write trace file '" + opts->trace_file + "'");
-      out << sim::trace_to_json(r);
+      try {
+        r = sim::simulate(s, e, so);
+      } catch (const InputError& err) {
+        if (so.program == nullptr) throw;
+        throw InputError(err.path(), "schedule file '" + opts->schedule_file + "': " + err.what());
+      }
+      if (writer) {
+        writer->finish(r);
+        trace.close();
+        if (trace.fail())
+          throw std::runtime_error("cannot write trace file '" + opts->trace_file + "'");
+      }
+    } catch (...) {
+      if (writer) remove_partial_output(trace, opts->trace_file);
+      throw;
     }
     if (opts->common.format == Format::table) {
       std::cout << sim::format_simulate_table(s, r);

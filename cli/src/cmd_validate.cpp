@@ -15,6 +15,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -22,6 +24,7 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -55,7 +58,16 @@ struct ValidateOptions {
   double timeout_seconds = 600;
   std::string rank_worker_out;  // hidden: this process is one rank under mpirun
   std::string trace_path;       // --trace: the executed timeline as a Chrome / Perfetto trace
+  bool force = false;           // --force: run even when the host looks too small
 };
+
+// --timeout bound: a week. Beyond it a run is not "hung" but unbounded (docs/trust.md).
+constexpr double kMaxTimeoutSeconds = 7.0 * 24 * 3600;
+// Local ranks per host core accepted without --force: the CPU backend's ranks mostly wait on each
+// other, so some oversubscription is normal (tests run 8 ranks on 2 cores); far more only thrashes.
+constexpr Count kMaxRanksPerCore = 8;
+// Share of the host's physical memory the ranks' predicted bytes may take without --force.
+constexpr double kMaxHostMemoryShare = 0.8;
 
 Count ranks_of(const Scenario& s) {
   return s.parallel.tp * s.parallel.dp * s.parallel.pp;
@@ -117,7 +129,16 @@ void run_rank_worker(const Scenario& s, const ValidateOptions& o) {
 // ---- launching mpirun
 // -----------------------------------------------------------------------------
 std::string find_mpirun() {
-  if (const char* env = std::getenv("DISTPLAN_MPIRUN"); env && *env) return env;
+  if (const char* env = std::getenv("DISTPLAN_MPIRUN"); env && *env) {
+    std::error_code ec;
+    if (!fs::is_regular_file(env, ec) || ::access(env, X_OK) != 0) {
+      throw std::runtime_error(fmt::format(
+          "validate: DISTPLAN_MPIRUN is '{}', which is not an executable file; set it to "
+          "mpirun's path, unset it to search PATH, or use --emulate-rank",
+          env));
+    }
+    return env;
+  }
   const char* path = std::getenv("PATH");
   std::stringstream ss(path ? path : "");
   std::string dir;
@@ -140,10 +161,70 @@ struct LaunchResult {
   std::string log;
 };
 
-// Runs argv in its own process group with stdout/stderr to `log_path`; after `timeout` seconds the
-// whole group is terminated (SIGTERM, then SIGKILL 3 s later).
+// A termination signal received while the ranks run: the launcher stops their process group,
+// removes its folder, then ends with the same signal.
+volatile std::sig_atomic_t g_stop_signal = 0;
+extern "C" void on_stop_signal(int sig) {
+  g_stop_signal = sig;
+}
+
+// Installs on_stop_signal for SIGTERM, SIGINT and SIGHUP while alive; restores the old handlers.
+class StopSignals {
+ public:
+  StopSignals() {
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    for (std::size_t i = 0; i < std::size(kSignals); ++i) ::sigaction(kSignals[i], &sa, &old_[i]);
+  }
+  ~StopSignals() {
+    for (std::size_t i = 0; i < std::size(kSignals); ++i)
+      ::sigaction(kSignals[i], &old_[i], nullptr);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+ private:
+  static constexpr int kSignals[] = {SIGTERM, SIGINT, SIGHUP};
+  struct sigaction old_[3]{};
+};
+
+// Removes the launcher's temporary folder on every way out (never throws).
+struct TempFolder {
+  fs::path path;
+  ~TempFolder() {
+    std::error_code ec;
+    if (!path.empty()) fs::remove_all(path, ec);
+  }
+};
+
+// SIGTERM to the whole group, SIGKILL 3 s later to whatever is left; reaps the leader.
+void stop_group(pid_t pid, int& status) {
+  ::kill(-pid, SIGTERM);
+  const auto hard = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  while (::waitpid(pid, &status, WNOHANG) != pid) {
+    if (std::chrono::steady_clock::now() >= hard) {
+      ::kill(-pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ::kill(-pid, SIGKILL);  // ranks left in the group
+  // Return only once the group is gone (a killed rank still exits asynchronously; under load
+  // that takes a while), at most 10 s.
+  const auto gone = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (::kill(-pid, 0) == 0 && std::chrono::steady_clock::now() < gone)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+}
+
+// Runs argv in its own process group with stdout/stderr to `log_path`; after `timeout` seconds, or
+// on SIGTERM/SIGINT/SIGHUP to this process, the whole group is terminated (SIGTERM, then SIGKILL
+// 3 s later). After a signal, `folder` is removed and this process ends by the same signal.
 LaunchResult launch(const std::vector<std::string>& args, const std::string& log_path,
-                    double timeout) {
+                    double timeout, TempFolder& folder) {
+  const StopSignals guard;
+  g_stop_signal = 0;
   std::vector<char*> argv;
   for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
@@ -166,19 +247,18 @@ LaunchResult launch(const std::vector<std::string>& args, const std::string& log
   for (;;) {
     const pid_t w = ::waitpid(pid, &status, WNOHANG);
     if (w == pid) break;
+    if (const int sig = g_stop_signal; sig != 0) {
+      stop_group(pid, status);
+      std::error_code ec;
+      fs::remove_all(folder.path, ec);
+      folder.path.clear();
+      std::signal(sig, SIG_DFL);
+      std::raise(sig);
+      std::_Exit(128 + sig);
+    }
     if (std::chrono::steady_clock::now() >= deadline) {
       r.timed_out = true;
-      ::kill(-pid, SIGTERM);
-      const auto hard = std::chrono::steady_clock::now() + std::chrono::seconds(3);
-      while (::waitpid(pid, &status, WNOHANG) != pid) {
-        if (std::chrono::steady_clock::now() >= hard) {
-          ::kill(-pid, SIGKILL);
-          ::waitpid(pid, &status, 0);
-          break;
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      }
-      ::kill(-pid, SIGKILL);  // ranks left in the group
+      stop_group(pid, status);
       break;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -193,6 +273,84 @@ LaunchResult launch(const std::vector<std::string>& args, const std::string& log
 
 std::string tail(const std::string& s, std::size_t n) {
   return s.size() <= n ? s : s.substr(s.size() - n);
+}
+
+// Stops a single-rank run at --timeout: that run is this process, so the watchdog ends it with the
+// JSON error and exit 1, as the launcher does for a multi-rank run. `partial_output` (the trace
+// file, opened before the run) is removed first when it is a regular file.
+class Watchdog {
+ public:
+  Watchdog(double seconds, std::string message, std::string partial_output)
+      : thread_([this, seconds, msg = std::move(message), out = std::move(partial_output)] {
+          std::unique_lock lock(mutex_);
+          if (cv_.wait_for(lock, std::chrono::duration<double>(seconds), [this] { return done_; }))
+            return;
+          std::error_code ec;
+          if (!out.empty() && fs::is_regular_file(out, ec)) fs::remove(out, ec);
+          const json err = {{"error", {{"code", "internal"}, {"message", msg}}}};
+          std::cerr << err.dump() << std::endl;
+          std::_Exit(1);
+        }) {}
+  ~Watchdog() {
+    {
+      const std::lock_guard lock(mutex_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  Watchdog(const Watchdog&) = delete;
+  Watchdog& operator=(const Watchdog&) = delete;
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
+// Before starting any rank: the local ranks' predicted memory (CPU device: host memory) and their
+// number against the host's memory and cores. Refused (exit 2, with the numbers) unless --force.
+void check_host_resources(const Scenario& s, const Estimate& e, const ValidateOptions& o) {
+  if (o.force) return;
+  const bool one = o.emulate_rank >= 0 || ranks_of(s) == 1;
+  const Count ranks = one ? 1 : ranks_of(s);
+  const Count per_stage = s.parallel.tp * s.parallel.dp;
+  double bytes = 0;
+  for (std::size_t st = 0; st < e.memory.stages.size(); ++st) {
+    const StageMemory& m = e.memory.stages[st];
+    const double rank_bytes = static_cast<double>(m.total_bytes - m.runtime_bytes);
+    if (one) {
+      const Count r = std::max(o.emulate_rank, 0);
+      if (static_cast<Count>(st) == r / per_stage) bytes = rank_bytes;
+    } else {
+      bytes += rank_bytes * static_cast<double>(per_stage);
+    }
+  }
+  const auto pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  const double host =
+      pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0.0;
+  const Count cores = std::max<Count>(1, std::thread::hardware_concurrency());
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  const std::string alternative =
+      one ? std::string("use a smaller scenario")
+          : fmt::format("use --emulate-rank R (0..{}) to run one rank in this process",
+                        ranks_of(s) - 1);
+  if (o.device == "cpu" && host > 0 && bytes > kMaxHostMemoryShare * host) {
+    throw InputError(
+        "/parallel",
+        fmt::format("validate would start {} local rank{} predicted to need {:.2f} GiB together "
+                    "(tracked bytes, without the runtime reserve), more than {:.0f} % of this "
+                    "host's {:.2f} GiB of memory; {}, or --force to run anyway",
+                    ranks, ranks == 1 ? "" : "s", bytes / gib, 100 * kMaxHostMemoryShare,
+                    host / gib, alternative));
+  }
+  if (ranks > kMaxRanksPerCore * cores) {
+    throw InputError("/parallel",
+                     fmt::format("validate would start {} local ranks on this host's {} cores "
+                                 "(more than {} per core); {}, or --force to run anyway",
+                                 ranks, cores, kMaxRanksPerCore, alternative));
+  }
 }
 
 struct BackendResult {
@@ -211,6 +369,11 @@ BackendResult run_backend(const Scenario& s, const json& doc, const ValidateOpti
     ro.emulate_rank = std::max(o.emulate_rank, 0);
     ro.device = device_of(o.device);
     ro.capacity_bytes = tracked_capacity(estimate(s));
+    const Watchdog watchdog(o.timeout_seconds,
+                            fmt::format("validate: the run did not finish within {} s (--timeout); "
+                                        "it was stopped",
+                                        o.timeout_seconds),
+                            o.trace_path);
     try {
       br.m = backend::run(s, ro);
     } catch (const backend::OutOfMemory& e) {
@@ -224,12 +387,18 @@ BackendResult run_backend(const Scenario& s, const json& doc, const ValidateOpti
     throw std::runtime_error("validate: the layout needs " + std::to_string(ranks) +
                              " ranks and no mpirun was found (set DISTPLAN_MPIRUN or PATH), or "
                              "use --emulate-rank");
-  const fs::path dir =
-      fs::temp_directory_path() / ("distplan-validate-" + std::to_string(::getpid()));
+  TempFolder folder{fs::temp_directory_path() /
+                    ("distplan-validate-" + std::to_string(::getpid()))};
+  const fs::path dir = folder.path;
   fs::create_directories(dir);
   const std::string in = (dir / "scenario.json").string();
   const std::string out = (dir / "measurement.json").string();
-  std::ofstream(in) << doc.dump();
+  {
+    std::ofstream f(in);
+    f << doc.dump();
+    f.close();
+    if (!f) throw std::runtime_error("validate: cannot write '" + in + "'");
+  }
   // Open MPI refuses root without these; shared memory between local ranks (TOOLCHAIN.md).
   if (::geteuid() == 0) {
     set_default_env("OMPI_ALLOW_RUN_AS_ROOT", "1");
@@ -251,7 +420,7 @@ BackendResult run_backend(const Scenario& s, const json& doc, const ValidateOpti
                                          std::to_string(o.steps),
                                          "--rank-worker-out",
                                          out};
-  const LaunchResult lr = launch(args, (dir / "mpirun.log").string(), o.timeout_seconds);
+  const LaunchResult lr = launch(args, (dir / "mpirun.log").string(), o.timeout_seconds, folder);
   if (fs::exists(out + ".oom")) {
     std::ifstream f(out + ".oom");
     std::getline(f, br.oom_message);
@@ -580,11 +749,30 @@ void install_validate(CLI::App& app) {
                   "Run only this rank of the layout in this process (collectives emulated)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--timeout", opts->timeout_seconds,
-                  "Seconds before a multi-rank run is stopped as hung")
-      ->check(CLI::PositiveNumber);
+                  "Seconds before the run is stopped as hung (finite, > 0, at most a week)")
+      ->check(CLI::Validator(
+          [](const std::string& v) {
+            double x = 0;
+            try {
+              std::size_t used = 0;
+              x = std::stod(v, &used);
+              if (used != v.size()) return std::string("not a number");
+            } catch (const std::exception&) {
+              return std::string("not a number");
+            }
+            if (!std::isfinite(x) || x <= 0 || x > kMaxTimeoutSeconds)
+              return fmt::format("must be finite, positive and at most {} s (a week)",
+                                 kMaxTimeoutSeconds);
+            return std::string();
+          },
+          "SECONDS"));
   cmd->add_option("--trace", opts->trace_path,
                   "Write the executed timeline of the measured step (one rank per stage) as a "
-                  "Chrome / Perfetto trace to this file");
+                  "Chrome / Perfetto trace to this file")
+      ->check(non_empty_path());
+  cmd->add_flag("--force", opts->force,
+                "Run even when the local ranks' predicted memory or their number exceeds what "
+                "this host has (docs/trust.md)");
   cmd->add_option("--rank-worker-out", opts->rank_worker_out)->group("");
   cmd->callback([opts] {
     const json doc = read_document(opts->common);
@@ -599,22 +787,32 @@ void install_validate(CLI::App& app) {
                                        opts->emulate_rank, ranks_of(s) - 1));
     if (opts->device == "cuda" && !backend::cuda_available())
       throw std::runtime_error("validate: --device cuda needs a CUDA build and a visible GPU");
+    const Estimate e = estimate(s);
+    check_host_resources(s, e, *opts);
     // The trace file is opened before the run, so a path that cannot be written fails at once.
     std::ofstream trace;
     if (!opts->trace_path.empty()) {
       trace.open(opts->trace_path);
       if (!trace) throw InputError("", "--trace: cannot write '" + opts->trace_path + "'");
     }
-    const Estimate e = estimate(s);
-    const BackendResult br = run_backend(s, to_json(s), *opts);
+    BackendResult br;
+    try {
+      br = run_backend(s, to_json(s), *opts);
+    } catch (...) {
+      if (trace.is_open()) remove_partial_output(trace, opts->trace_path);
+      throw;
+    }
     const Report r = compare(s, e, br, *opts);
     if (trace.is_open()) {
       if (br.fits) {
         trace << backend::timeline_trace_json(br.m);
-      } else {
         trace.close();
-        std::error_code ec;
-        fs::remove(opts->trace_path, ec);  // out of memory: no timeline
+        if (trace.fail()) {
+          remove_partial_output(trace, opts->trace_path);
+          throw std::runtime_error("cannot write trace file '" + opts->trace_path + "'");
+        }
+      } else {
+        remove_partial_output(trace, opts->trace_path);  // out of memory: no timeline
       }
     }
     if (opts->common.format == Format::table) {

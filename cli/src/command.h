@@ -3,6 +3,7 @@
 // touches no other file.
 #pragma once
 
+#include <fstream>
 #include <functional>
 #include <string>
 #include <vector>
@@ -13,7 +14,8 @@
 
 namespace CLI {
 class App;
-}
+class Validator;
+}  // namespace CLI
 
 namespace distplan::cli {
 
@@ -35,6 +37,9 @@ void add_common_options(CLI::App& cmd, CommonOptions& opts, bool input_optional)
 void add_calibration_option(CLI::App& cmd, CommonOptions& opts);
 /// Writes the assumptions of the calibration file at `path` over those of `scenario_doc`.
 void apply_calibration_file(const std::string& path, nlohmann::json& scenario_doc);
+/// Reads a file ("-": stdin) of at most 16 MiB; InputError naming `what` and the path for a
+/// directory, a file that cannot be opened or one that is larger (docs/trust.md).
+[[nodiscard]] std::string read_file_text(const std::string& path, const std::string& what);
 
 /// Reads the input document (file, stdin or the embedded default). InputError on any failure.
 [[nodiscard]] nlohmann::json read_document(const CommonOptions& opts);
@@ -43,6 +48,13 @@ void apply_calibration_file(const std::string& path, nlohmann::json& scenario_do
                                      std::initializer_list<std::string_view> extra_keys = {});
 /// Writes a JSON document to stdout, indented, with a trailing newline.
 void write_json(const nlohmann::json& doc);
+
+/// CLI11 check for an output path option: an empty path is refused, not ignored.
+[[nodiscard]] CLI::Validator non_empty_path();
+
+/// Closes `out` and removes the file at `path` when it is a regular file (a failed run leaves no
+/// partial output; a device such as /dev/null is left alone). Never throws.
+void remove_partial_output(std::ofstream& out, const std::string& path) noexcept;
 
 struct CommandSpec {
   int order;  // position in `distplan --help`

@@ -61,6 +61,8 @@ std::string read_bounded(std::istream& in, const std::string& what) {
   return text;
 }
 
+}  // namespace
+
 std::string read_file_text(const std::string& path, const std::string& what) {
   if (path == "-") return read_bounded(std::cin, what + " (stdin)");
   std::error_code ec;
@@ -73,8 +75,6 @@ std::string read_file_text(const std::string& path, const std::string& what) {
   if (!f) throw InputError("", "cannot open " + what + " '" + path + "'");
   return read_bounded(f, what + " '" + path + "'");
 }
-
-}  // namespace
 
 nlohmann::json read_document(const CommonOptions& opts) {
   if (opts.input.empty()) return parse_json_text(default_scenario_text());
@@ -108,6 +108,23 @@ void write_json(const nlohmann::json& doc) {
   std::cout << doc.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
 }
 
+CLI::Validator non_empty_path() {
+  return CLI::Validator(
+      [](const std::string& v) {
+        return v.empty() ? std::string("an empty path is not a file; give a path") : std::string();
+      },
+      "PATH");
+}
+
+void remove_partial_output(std::ofstream& out, const std::string& path) noexcept {
+  try {
+    out.close();
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(path, ec)) std::filesystem::remove(path, ec);
+  } catch (...) {  // best effort: the original error is the one to report
+  }
+}
+
 }  // namespace distplan::cli
 
 namespace {
@@ -130,10 +147,19 @@ int main(int argc, char** argv) {
   for (const auto& c : registry) c.install(app);
   try {
     app.parse(argc, argv);
+    // Every write is checked: output that did not reach stdout is a failure, not a success.
+    std::cout.flush();
+    if (!std::cout) {
+      std::cerr
+          << R"({"error": {"code": "internal", "message": "cannot write to standard output"}})"
+          << '\n';
+      return 1;
+    }
   } catch (const CLI::Success& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    app.exit(e);
+    // Option errors are bad input too: the same JSON error object, exit 2.
+    print_input_error(distplan::InputError("", e.what()));
     return 2;
   } catch (const distplan::InputError& e) {
     print_input_error(e);

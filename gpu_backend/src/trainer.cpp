@@ -558,9 +558,12 @@ class Trainer {
     }
     return dx;
   }
+  // The weight half reads no parameter: d gamma = sum(dy * x_hat) and d beta = sum(dy) do not
+  // depend on gamma, and the dx the kernel also writes is discarded. So a zero-bubble W pass
+  // needs no ZeRO-3 gather (its unit's parameters were released after the B pass).
   void norm_bwd_weight(Unit& u, int gi, int bi, const Vec& dy, const Vec& x, Count n) {
     Vec dx(x.size()), mean(n), rstd(n), y(x.size()), dg(h_, 0.0f), db(h_, 0.0f);
-    const Vec g = param(u, gi);
+    const Vec g(static_cast<std::size_t>(h_), 1.0f);
     if (m_.norm == Norm::layernorm) {
       Vec zero(h_, 0.0f);
       dev::layernorm_forward(o_.device, x.data(), g.data(), zero.data(), y.data(), mean.data(),
@@ -994,12 +997,10 @@ class Trainer {
     st.head = std::move(hs);
   }
 
-  // Backward of the LM head: returns the gradient of the final norm's input (Nl,h).
-  Vec head_backward(ChunkState& st, std::vector<std::function<void()>>& jobs) {
-    const Chunk& ch = chunks_.back();
-    const int ui = ch.head;
-    Unit& u = units_[static_cast<std::size_t>(ui)];
-    const bool ln = m_.norm == Norm::layernorm;
+  // d loss / d logits of the LM head. Reads no parameter, so it runs before the head's ZeRO-3
+  // gather and frees the logits workspace first: the two are never alive together
+  // (docs/memory.md, buffers).
+  Vec head_loss_grad(ChunkState& st) {
     HeadSaved& hs = *st.head;
     // d loss / d logit = (softmax - onehot) * scale / tokens in the global batch.
     const float dl = loss_scale_ / static_cast<float>(t_.global_batch_size * t_.seq_length);
@@ -1011,6 +1012,19 @@ class Trainer {
       for (Count j = 0; j < vl_; ++j) dlogits[n * vl_ + j] *= dl;
     }
     rnd(dlogits, cb_);
+    hs.logits.release();
+    hs.softmax.release();
+    return dlogits;
+  }
+
+  // Backward of the LM head from d loss / d logits: returns the gradient of the final norm's
+  // input (Nl,h).
+  Vec head_backward(ChunkState& st, const Vec& dlogits, std::vector<std::function<void()>>& jobs) {
+    const Chunk& ch = chunks_.back();
+    const int ui = ch.head;
+    Unit& u = units_[static_cast<std::size_t>(ui)];
+    const bool ln = m_.norm == Norm::layernorm;
+    HeadSaved& hs = *st.head;
     const int wu = head_w_unit_, wi = head_w_param_;
     Vec dyf = linear_bwd_input(units_[static_cast<std::size_t>(wu)], wi, dlogits, N_, h_, vl_);
     Vec dy;
@@ -1025,8 +1039,6 @@ class Trainer {
       linear_bwd_weight(units_[static_cast<std::size_t>(wu)], wi, -1, dlogits,
                         gather_in(rd(H->ln), "lm head input"), N_, h_, vl_);
     });
-    hs.logits.release();
-    hs.softmax.release();
     const Vec x = rd(hs.x);
     Vec dx = norm_bwd_input(u, 0, dy, x, Nl_);
     jobs.push_back([this, ui, ln, dy, H] {
@@ -1082,8 +1094,9 @@ class Trainer {
     };
     std::vector<std::function<void()>> jobs;
     if (ch.last) {
+      const Vec dlogits = head_loss_grad(st);
       acquire_in_pass(pass, pi);
-      dy = head_backward(st, jobs);
+      dy = head_backward(st, dlogits, jobs);
       flush(jobs, pass[pi]);
       release(pass[pi++]);
     } else {

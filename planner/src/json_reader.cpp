@@ -150,7 +150,22 @@ std::optional<std::string> ObjectReader::string(std::string_view key) {
   if (!v->is_string()) {
     throw InputError(child(key), fmt::format("{} must be a string, not {}", key, type_name(*v)));
   }
-  return v->get<std::string>();
+  std::string text = v->get<std::string>();
+  // Names reach terminals in tables: a control character (C0, DEL, or C1 as UTF-8 U+0080-U+009F)
+  // could move the cursor or recolour the screen, so it is refused rather than printed raw.
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    const bool c1 = c == 0xC2 && i + 1 < text.size() &&
+                    static_cast<unsigned char>(text[i + 1]) >= 0x80 &&
+                    static_cast<unsigned char>(text[i + 1]) <= 0x9F;
+    if (c < 0x20 || c == 0x7F || c1) {
+      throw InputError(child(key),
+                       fmt::format("{} must not contain control characters (byte {} "
+                                   "is U+{:04X})",
+                                   key, i, c1 ? static_cast<unsigned char>(text[i + 1]) : c));
+    }
+  }
+  return text;
 }
 
 std::optional<int> ObjectReader::choice(std::string_view key,

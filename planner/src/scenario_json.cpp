@@ -1,8 +1,10 @@
 // Strict scenario parsing, defaults, and the plan/v1 document (shared API.md).
 #include "distplan/planner/scenario_json.h"
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -23,6 +25,12 @@ using nlohmann::json;
 namespace {
 
 constexpr Count kMaxDim = Count{1} << 22;  // hidden / ffn size limit (4M)
+// Lower bounds that keep every time finite (docs/limits.md): with at most ~1e30 FLOPs and 1e18
+// bytes per step, a step at these rates is at most ~1e27 s, far from overflow; below them
+// (1e-300 was accepted) the step came out infinite.
+constexpr double kMinPeakFlops = 1e6;  // FLOP/s
+constexpr double kMinBandwidth = 1e3;  // bytes/s
+constexpr double kMinEfficiency = 1e-3;
 
 template <typename E>
 void read_enum(ObjectReader& r, std::string_view key, E& out,
@@ -103,11 +111,17 @@ namespace {
 
 void read_peak_flops(const json& doc, const std::string& path, PeakFlops& f) {
   ObjectReader r(doc, path);
-  constexpr double kMax = 1e18;
-  if (auto v = r.number("fp32", 0, kMax, true)) f.fp32 = *v;
-  if (auto v = r.number("tf32", 0, kMax, false)) f.tf32 = *v;
-  if (auto v = r.number("fp16", 0, kMax, true)) f.fp16 = *v;
-  if (auto v = r.number("bf16", 0, kMax, true)) f.bf16 = *v;
+  // Lower bound 1 MFLOP/s: below it a step's time is not computable (a 1e-300 rate gives an
+  // infinite step); tf32 = 0 means the GPU has no TF32 path (docs/limits.md).
+  constexpr double kMax = 1e18, kMin = kMinPeakFlops;
+  if (auto v = r.number("fp32", kMin, kMax, false)) f.fp32 = *v;
+  if (auto v = r.number("tf32", 0, kMax, false)) {
+    if (*v > 0 && *v < kMin)
+      throw InputError(r.child("tf32"), fmt::format("must be 0 (no TF32) or at least {:g}", kMin));
+    f.tf32 = *v;
+  }
+  if (auto v = r.number("fp16", kMin, kMax, false)) f.fp16 = *v;
+  if (auto v = r.number("bf16", kMin, kMax, false)) f.bf16 = *v;
   r.finish();
 }
 
@@ -137,9 +151,11 @@ GpuSpec detail::read_gpu(const json& doc, const std::string& path) {
   if (const json* pf = r.take("peak_flops"))
     read_peak_flops(*pf, r.child("peak_flops"), g.peak_flops);
   constexpr double kMaxBw = 1e15;
-  if (auto v = r.number("memory_bandwidth", 0, kMaxBw, true)) g.memory_bandwidth = *v;
-  if (auto v = r.number("intra_node_bandwidth", 0, kMaxBw, true)) g.intra_node_bandwidth = *v;
-  if (auto v = r.number("inter_node_bandwidth", 0, kMaxBw, true)) g.inter_node_bandwidth = *v;
+  if (auto v = r.number("memory_bandwidth", kMinBandwidth, kMaxBw, false)) g.memory_bandwidth = *v;
+  if (auto v = r.number("intra_node_bandwidth", kMinBandwidth, kMaxBw, false))
+    g.intra_node_bandwidth = *v;
+  if (auto v = r.number("inter_node_bandwidth", kMinBandwidth, kMaxBw, false))
+    g.inter_node_bandwidth = *v;
   if (auto v = r.integer("gpus_per_node", 1, 1024)) g.gpus_per_node = *v;
   if (auto n = r.string("name"); n && !r.has("preset")) g.name = n->substr(0, 128);
   r.finish();
@@ -193,8 +209,14 @@ class PointerTracker {
   bool start_array(std::size_t) { return push(true); }
   bool key(json::string_t& k) {
     frames_.back().key = k;
+    if (!frames_.back().keys.insert(k).second) {
+      duplicate_ = k;
+      return false;  // stop: pointer() names the repeated key
+    }
     return true;
   }
+  /// The first key an object repeats, if the parse stopped at one.
+  [[nodiscard]] const std::optional<std::string>& duplicate() const { return duplicate_; }
   bool end_object() { return pop(); }
   bool end_array() { return pop(); }
   bool parse_error(std::size_t, const std::string&, const json::exception&) { return false; }
@@ -217,13 +239,14 @@ class PointerTracker {
     bool array = false;
     std::size_t index = 0;
     std::optional<std::string> key;
+    std::set<std::string> keys;  // an object's keys so far
   };
   bool value() {
     if (!frames_.empty() && frames_.back().array) ++frames_.back().index;
     return true;
   }
   bool push(bool array) {
-    frames_.push_back({array, 0, std::nullopt});
+    frames_.push_back({array, 0, std::nullopt, {}});
     return true;
   }
   bool pop() {
@@ -231,6 +254,7 @@ class PointerTracker {
     return value();
   }
   std::vector<Frame> frames_;
+  std::optional<std::string> duplicate_;
 };
 
 // nlohmann's message without its "[json.exception.<kind>.<id>] " prefix.
@@ -244,8 +268,23 @@ std::string strip_exception_prefix(std::string what) {
 }  // namespace
 
 json parse_json_text(std::string_view text) {
+  // JSON text never holds a raw NUL (RFC 8259 sec. 7: control characters are escaped in strings);
+  // one is refused rather than read as the end of the document.
+  if (const auto nul = text.find('\0'); nul != std::string_view::npos) {
+    throw InputError(
+        "", fmt::format("malformed JSON: a NUL byte at offset {} (JSON text has none)", nul));
+  }
   try {
-    return json::parse(text.begin(), text.end());
+    json doc = json::parse(text.begin(), text.end());
+    // RFC 8259 sec. 4: names within an object SHOULD be unique; a repeated one would silently
+    // override the first (nlohmann keeps the last), so it is refused at its pointer.
+    PointerTracker tracker;
+    if (!json::sax_parse(text.begin(), text.end(), &tracker) && tracker.duplicate()) {
+      throw InputError(tracker.pointer(),
+                       fmt::format("duplicate key '{}': each key may appear once per object",
+                                   *tracker.duplicate()));
+    }
+    return doc;
   } catch (const json::parse_error& e) {
     // A syntax error or ill-formed UTF-8: the document itself is malformed; nlohmann's message
     // gives the line and column.
@@ -376,7 +415,10 @@ ModelSpec model_from_hf_config(const json& cfg, std::string_view path_view) {
   const bool gpt2 = model_type == "gpt2" || cfg.contains("n_embd");
   const bool neox = model_type == "gpt_neox";
   ModelSpec m;
-  m.name = model_type.empty() ? "hf_config" : "hf:" + model_type.substr(0, 32);
+  model_type = model_type.substr(0, 32);
+  // Only printable ASCII of model_type reaches the name (tables go to terminals).
+  std::erase_if(model_type, [](char c) { return c < 0x20 || c > 0x7E; });
+  m.name = model_type.empty() ? "hf_config" : "hf:" + model_type;
   if (gpt2) {
     m.num_layers = require({"n_layer"});
     m.hidden_size = require({"n_embd"});
@@ -484,10 +526,10 @@ Scenario scenario_from_json(const json& doc, std::initializer_list<std::string_v
     if (auto v = r.integer("num_gpus", 1, Count{1} << 24)) c.num_gpus = *v, num_gpus_given = true;
     c.gpus_per_node = r.integer("gpus_per_node", 1, 1024).value_or(c.gpu.gpus_per_node);
     constexpr double kMaxBw = 1e15;
-    c.intra_node_bandwidth =
-        r.number("intra_node_bandwidth", 0, kMaxBw, true).value_or(c.gpu.intra_node_bandwidth);
-    c.inter_node_bandwidth =
-        r.number("inter_node_bandwidth", 0, kMaxBw, true).value_or(c.gpu.inter_node_bandwidth);
+    c.intra_node_bandwidth = r.number("intra_node_bandwidth", kMinBandwidth, kMaxBw, false)
+                                 .value_or(c.gpu.intra_node_bandwidth);
+    c.inter_node_bandwidth = r.number("inter_node_bandwidth", kMinBandwidth, kMaxBw, false)
+                                 .value_or(c.gpu.inter_node_bandwidth);
     c.intra_node_latency = r.number("intra_node_latency", 0, 1.0, false).value_or(5e-6);
     c.inter_node_latency = r.number("inter_node_latency", 0, 1.0, false).value_or(1e-5);
     c.runtime_reserve_bytes =
@@ -512,6 +554,11 @@ Scenario scenario_from_json(const json& doc, std::initializer_list<std::string_v
       if (auto v = r.integer("virtual_stages", 1, 1024)) p.virtual_stages = *v;
       if (const json* l = r.take("layers_per_stage")) {
         p.layers_per_stage = read_count_list(*l, "/parallel/layers_per_stage");
+        // An empty list would read as "absent" (an even split): say so instead of guessing.
+        if (p.layers_per_stage.empty())
+          throw InputError("/parallel/layers_per_stage",
+                           "must list one layer count per pipeline stage; omit the field for an "
+                           "even split");
       }
       r.finish();
     }
@@ -532,8 +579,10 @@ Scenario scenario_from_json(const json& doc, std::initializer_list<std::string_v
   if (const json* a = top.take("assumptions")) {
     ObjectReader r(*a, "/assumptions");
     Assumptions& x = s.assumptions;
-    if (auto v = r.number("compute_efficiency", 0, 1, true)) x.compute_efficiency = *v;
-    if (auto v = r.number("communication_efficiency", 0, 1, true)) x.communication_efficiency = *v;
+    if (auto v = r.number("compute_efficiency", kMinEfficiency, 1, false))
+      x.compute_efficiency = *v;
+    if (auto v = r.number("communication_efficiency", kMinEfficiency, 1, false))
+      x.communication_efficiency = *v;
     if (auto v = r.integer("zero3_prefetch_layers", 0, 64)) x.zero3_prefetch_layers = *v;
     if (auto v = r.boolean("overlap_grad_reduce")) x.overlap_grad_reduce = *v;
     if (auto v = r.boolean("overlap_param_gather")) x.overlap_param_gather = *v;

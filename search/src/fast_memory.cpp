@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "distplan/planner/estimate.h"
 #include "distplan/planner/layout.h"
 #include "distplan/planner/memory_terms.h"
 

@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <thread>
 
+#include <fmt/format.h>
+
 #include "distplan/planner/error.h"
 #include "distplan/planner/validate.h"
 #include "distplan/search/fast_memory.h"
@@ -194,6 +196,11 @@ void search_worker(const Space& space, const Options& opt, const std::vector<Out
   }
 }
 
+int threads_for(const Options& opt) {
+  return opt.threads > 0 ? opt.threads
+                         : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
 Plan plan_of(const Space& space, const Layout& l, bool simulate) {
   const Scenario s = make_scenario(space.base, l);
   const Estimate e = estimate(s);
@@ -313,14 +320,29 @@ void add_suggestions(const Space& space, const Options& opt, Result& r) {
 
 Result run(const Space& space, const Options& opt) {
   const auto t0 = Clock::now();
+  // The same limits as the JSON fields (docs/api.md), whoever sets them (CLI flags, the GUI).
+  if (opt.top_k < 1 || opt.top_k > kMaxTopK)
+    throw InputError("/search/top_k", fmt::format("must be between 1 and {}", kMaxTopK));
+  if (opt.simulate_top < 0 || opt.simulate_top > kMaxTopK)
+    throw InputError("/search/simulate_top", fmt::format("must be between 0 and {}", kMaxTopK));
+  if (opt.threads < 0 || opt.threads > kMaxThreads)
+    throw InputError("/search/threads", fmt::format("must be between 0 and {}", kMaxThreads));
+  // Count the space before enumerating it: past kMaxLayouts it is refused, not run for hours.
+  if (const std::uint64_t n = count_layouts(space, kMaxLayouts); n > kMaxLayouts) {
+    throw InputError(
+        "/parallel",
+        fmt::format("the search space holds more than {} layouts (the limit, about 80 s on one "
+                    "core; docs/trust.md); bound it: pin parallel dimensions as lists (e.g. "
+                    "\"parallel\": {{\"tp\": [1, 2, 4, 8], \"pp\": [1, 2, 4]}}), "
+                    "training.micro_batch_size, or search.constraints",
+                    kMaxLayouts));
+  }
   Result r;
   r.objective = opt.objective;
   r.simulator_available = detail::simulator_available();
 
   const std::vector<Outer> outers = enumerate_outer(space, r.rejected);
-  int threads = opt.threads > 0
-                    ? opt.threads
-                    : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  int threads = threads_for(opt);
   threads =
       static_cast<int>(std::min<std::size_t>(threads, std::max<std::size_t>(1, outers.size())));
   r.threads = threads;
@@ -374,21 +396,56 @@ Result run(const Space& space, const Options& opt) {
   // Re-plan the best alone (the figures people see come from estimate() itself), guard with
   // validate_scenario(), and re-rank the first simulate_top by simulation.
   const bool sim = r.simulator_available && opt.simulate_top > 0;
-  std::vector<Plan> plans;
-  int simulated = 0;
+  std::vector<Layout> valid;
   for (const Candidate& c : best) {
-    const Scenario s = make_scenario(space.base, c.layout);
     try {
-      validate_scenario(s);
+      validate_scenario(make_scenario(space.base, c.layout));
     } catch (const InputError&) {
       ++r.rejected[static_cast<int>(Reject::invalid_scenario)];
       continue;
     }
-    const bool do_sim = sim && simulated < opt.simulate_top;
-    Plan p = plan_of(space, c.layout, do_sim);
-    if (p.simulated) ++simulated;
-    plans.push_back(p);
+    valid.push_back(c.layout);
   }
+  // The first simulate_top valid plans are simulated, in parallel and in waves: a plan the
+  // simulator cannot run hands its turn to the next, as a serial pass would.
+  std::vector<Plan> plans(valid.size());
+  std::vector<char> planned(valid.size(), 0);
+  int simulated = 0;
+  std::size_t next_plan = 0;
+  const int sim_threads = std::max(1, threads_for(opt));
+  while (sim && simulated < opt.simulate_top && next_plan < valid.size()) {
+    const std::size_t wave =
+        std::min(valid.size() - next_plan, static_cast<std::size_t>(opt.simulate_top - simulated));
+    std::atomic<std::size_t> cursor{0}, finished{0};
+    auto work = [&] {
+      for (std::size_t i; (i = cursor.fetch_add(1)) < wave;) {
+        plans[next_plan + i] = plan_of(space, valid[next_plan + i], true);
+        finished.fetch_add(1, std::memory_order_release);
+      }
+    };
+    std::vector<std::thread> pool;
+    const int n =
+        static_cast<int>(std::min<std::size_t>(wave, static_cast<std::size_t>(sim_threads)));
+    for (int t = 1; t < n; ++t) pool.emplace_back(work);
+    if (opt.rerank_progress) {
+      std::thread last(work);
+      while (finished.load(std::memory_order_acquire) < wave) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        opt.rerank_progress(simulated + static_cast<int>(finished.load()), opt.simulate_top);
+      }
+      last.join();
+    } else {
+      work();
+    }
+    for (auto& th : pool) th.join();
+    for (std::size_t i = 0; i < wave; ++i) {
+      planned[next_plan + i] = 1;
+      if (plans[next_plan + i].simulated) ++simulated;
+    }
+    next_plan += wave;
+  }
+  for (std::size_t i = 0; i < valid.size(); ++i)
+    if (!planned[i]) plans[i] = plan_of(space, valid[i], false);
   r.simulated = simulated;
   // Simulated plans are ranked among themselves by their simulated figures and stay ahead of
   // the ones only estimated (which rank below the simulated cut by analytic time anyway).

@@ -110,7 +110,12 @@ std::vector<Count> range(Count lo, Count hi) {
 
 }  // namespace
 
-std::vector<Outer> enumerate_outer(const Space& space, RejectCounts& rejected) {
+namespace {
+
+// Calls fn(const Outer&) for each outer combination that passes every constraint at that level,
+// until fn returns false; cuts go to `rejected`.
+template <class Fn>
+void walk_outer(const Space& space, RejectCounts& rejected, Fn&& fn) {
   const Scenario& b = space.base;
   const Constraints& c = space.constraints;
   const Candidates& pin = space.candidates;
@@ -118,8 +123,7 @@ std::vector<Outer> enumerate_outer(const Space& space, RejectCounts& rejected) {
   const Count gpn = b.cluster.gpus_per_node;
   const Count layers = b.model.num_layers;
   const Count batch = b.training.global_batch_size;
-  std::vector<Outer> out;
-  if (n <= 0 || batch <= 0 || layers <= 0) return out;
+  if (n <= 0 || batch <= 0 || layers <= 0) return;
 
   const std::vector<Count> tps =
       !pin.tp.empty() ? pin.tp : (space.fewer_gpus ? range(1, n) : divisors(n));
@@ -186,11 +190,21 @@ std::vector<Outer> enumerate_outer(const Space& space, RejectCounts& rejected) {
             bump(rejected, Reject::max_micro_batch_size);
             continue;
           }
-          out.push_back({tp, pp, dp, mb});
+          if (!fn(Outer{tp, pp, dp, mb})) return;
         }
       }
     }
   }
+}
+
+}  // namespace
+
+std::vector<Outer> enumerate_outer(const Space& space, RejectCounts& rejected) {
+  std::vector<Outer> out;
+  walk_outer(space, rejected, [&](const Outer& o) {
+    out.push_back(o);
+    return true;
+  });
   return out;
 }
 
@@ -313,6 +327,23 @@ void inner_lists(const Space& space, const Outer& o, RejectCounts& rejected, Inn
 }
 
 }  // namespace detail
+
+std::uint64_t count_layouts(const Space& space, std::uint64_t stop_above) {
+  RejectCounts scratch{};
+  detail::InnerLists lists;
+  std::uint64_t total = 0;
+  walk_outer(space, scratch, [&](const Outer& o) {
+    detail::inner_lists(space, o, scratch, lists);
+    std::uint64_t zero = 0;  // (ZeRO stage, shard) pairs, as for_each_inner walks them
+    for (int z : lists.zero_stages) zero += z == 0 ? 1 : lists.shard_sizes.size();
+    std::uint64_t schedules = 0;
+    for (Schedule sched : lists.schedules)
+      schedules += detail::is_interleaved(sched) ? lists.virtual_stages.size() : 1;
+    total += schedules * zero * lists.recompute.size() * lists.sequence_parallel.size();
+    return total <= stop_above;
+  });
+  return total;
+}
 
 std::vector<Layout> enumerate_layouts(const Space& space, RejectCounts& rejected) {
   std::vector<Layout> all;

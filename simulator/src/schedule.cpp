@@ -340,17 +340,21 @@ void check_program(const SchedulePrograms& prog) {
       }
     }
   }
+  // The message names the first few stuck stages and counts the rest: bounded at any p.
+  constexpr std::size_t kListed = 8;
   std::string stuck;
-  std::size_t first_stuck = P;
+  std::size_t first_stuck = P, n_stuck = 0;
   for (std::size_t s = 0; s < P; ++s) {
     if (pc[s] == prog.programs[s].size()) continue;
     if (first_stuck == P) first_stuck = s;
+    if (++n_stuck > kListed) continue;
     if (!stuck.empty()) stuck += "; ";
     const Action& a = prog.programs[s][pc[s]];
     stuck += fmt::format("stage {} waits at action {} ({}) for the {} of stage {}", s, pc[s],
                          action_to_string(a), a.op == Op::forward ? "activation" : "gradient",
                          a.op == Op::forward ? (s > 0 ? s - 1 : P - 1) : (s + 1 < P ? s + 1 : 0));
   }
+  if (n_stuck > kListed) stuck += fmt::format("; and {} more stages", n_stuck - kListed);
   if (first_stuck != P) {
     throw InputError(where(first_stuck, pc[first_stuck]),
                      "deadlock: no stage can proceed: " + stuck);

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "distplan/planner/error.h"
+#include "distplan/planner/scenario_json.h"
 
 namespace distplan::sim {
 
@@ -178,13 +179,8 @@ SchedulePrograms schedule_from_text(std::string_view text) {
   const std::string_view t = trim(text);
   const std::size_t first = t.find_first_not_of(" \t\r\n");
   if (first != std::string_view::npos && t[first] == '{') {
-    nlohmann::json doc;
-    try {
-      doc = nlohmann::json::parse(text);
-    } catch (const nlohmann::json::parse_error& e) {
-      throw InputError("", std::string("the schedule file is not valid JSON: ") + e.what());
-    }
-    return schedule_from_json(doc);
+    // The scenario's parser: the same errors at the same pointers (1e999, duplicate keys, NUL).
+    return schedule_from_json(parse_json_text(text));
   }
   return schedule_from_csv(text);
 }

@@ -122,7 +122,8 @@ struct Run {
   bool overlap_steps;          // steps_overlap(schedule): the step is the longest stage span
   bool record;
   Workspace& ws;
-  SimResult& out;  // trace and memory are appended when `record`
+  SimResult& out;  // trace and memory are appended when `record` (to `sink` when one is set)
+  TraceSink* sink = nullptr;
 
   Count p = 0, m = 0, v = 0;
   std::size_t pairs = 0;
@@ -170,13 +171,27 @@ struct Run {
 
   void trace(std::size_t s, Track track, SliceKind kind, const Action* a, EventTime start,
              Seconds dur) {
-    out.trace.push_back(TraceEvent{static_cast<std::int32_t>(s), track, kind,
-                                   a ? a->microbatch : -1, a ? a->chunk : -1, start, dur});
+    const TraceEvent e{static_cast<std::int32_t>(s),
+                       track,
+                       kind,
+                       a ? a->microbatch : -1,
+                       a ? a->chunk : -1,
+                       start,
+                       dur};
+    if (sink != nullptr) {
+      sink->slice(e);
+    } else {
+      out.trace.push_back(e);
+    }
   }
 
   void memory_sample(std::size_t s, EventTime t) {
-    out.memory.push_back(
-        MemorySample{static_cast<std::int32_t>(s), t, ws.stages[s].inflight_bytes});
+    const MemorySample sample{static_cast<std::int32_t>(s), t, ws.stages[s].inflight_bytes};
+    if (sink != nullptr) {
+      sink->memory(sample);
+    } else {
+      out.memory.push_back(sample);
+    }
   }
 
   // Saved activations of one (micro-batch, chunk) on stage s.
@@ -512,7 +527,7 @@ SimResult simulate(const Scenario& s, const Estimate& e, const SimOptions& opts)
 
   SimResult out;
   Workspace& ws = workspace();
-  if (opts.record_trace)
+  if (opts.record_trace && opts.trace_sink == nullptr)
     out.trace.reserve(prog->num_actions() * 2 + 4 * static_cast<std::size_t>(p));
   const bool per_mb = s.parallel.zero_stage >= 2;
   Run run{*prog,
@@ -523,7 +538,8 @@ SimResult simulate(const Scenario& s, const Estimate& e, const SimOptions& opts)
           steps_overlap(s.parallel.schedule),
           opts.record_trace,
           ws,
-          out};
+          out,
+          opts.trace_sink};
   run.run();
 
   bool any_comm = false;
@@ -534,7 +550,8 @@ SimResult simulate(const Scenario& s, const Estimate& e, const SimOptions& opts)
     std::vector<StageTimes> quiet = times;
     for (StageTimes& t : quiet) t.p2p = t.zero3_gather = t.grad_reduce = t.param_gather = 0;
     SimResult q;
-    Run again{*prog, quiet, true, true, per_mb, steps_overlap(s.parallel.schedule), false, ws, q};
+    Run again{*prog, quiet, true, true, per_mb, steps_overlap(s.parallel.schedule), false, ws, q,
+              nullptr};
     again.run();
     out.exposed_communication_seconds = std::max(0.0, out.step_seconds - q.step_seconds);
   }

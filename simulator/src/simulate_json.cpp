@@ -13,10 +13,16 @@ namespace distplan::sim {
 
 namespace {
 
+// A pass of at most 1e6 s (11.6 days): with at most 2^24 passes a step stays far below overflow
+// (costs of 1e308 gave an infinite step).
+constexpr double kMaxCostSeconds = 1e6;
+
 Seconds cost_field(const nlohmann::json& x, const std::string& path) {
   if (!x.is_number()) throw InputError(path, "must be a number of seconds");
   const double v = x.get<double>();
-  if (!std::isfinite(v) || v < 0) throw InputError(path, "must be a finite number >= 0");
+  if (!std::isfinite(v) || v < 0 || v > kMaxCostSeconds)
+    throw InputError(
+        path, fmt::format("must be a number of seconds between 0 and {:g}", kMaxCostSeconds));
   return v;
 }
 
@@ -43,6 +49,12 @@ CostOverride cost_override_from_json(const nlohmann::json& j, std::string_view p
                                       "backward_seconds, backward_weight_seconds, p2p_seconds)",
                                       key));
   }
+  // Costs replace the whole cost model: without a forward or backward time (`{}`) the step would
+  // silently take 0 s.
+  if (!j.contains("forward_seconds") && !j.contains("backward_seconds"))
+    throw InputError(base + "/forward_seconds",
+                     "costs need forward_seconds or backward_seconds (they replace the whole cost "
+                     "model; an empty costs object would give a step of 0 s)");
   return c;
 }
 

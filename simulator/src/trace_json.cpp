@@ -1,6 +1,11 @@
 // Chrome / Perfetto trace of a simulated step (docs/simulator.md, "Trace").
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <sstream>
+#include <stdexcept>
+
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "distplan/simulator/simulate_json.h"
 
@@ -59,62 +64,88 @@ constexpr double kMicros = 1e6;
 
 }  // namespace
 
-std::string trace_to_json(const SimResult& r) {
-  nlohmann::json events = nlohmann::json::array();
+// A number as JSON: non-finite values have no JSON form and become null (as nlohmann writes them).
+std::string num(double x) {
+  return std::isfinite(x) ? fmt::format("{}", x) : std::string("null");
+}
+
+TraceWriter::TraceWriter(std::ostream& out, std::string name, Count stages)
+    : out_(out), name_(std::move(name)) {
+  buf_.reserve(kBufferBytes + 4096);
+  buf_ += "{\"traceEvents\": [\n";
   constexpr Track kTracks[] = {Track::compute, Track::send_next, Track::send_prev, Track::dp,
                                Track::zero3};
-  for (const StageResult& st : r.stages) {
-    events.push_back({{"ph", "M"},
-                      {"name", "process_name"},
-                      {"pid", st.stage},
-                      {"tid", 0},
-                      {"args", {{"name", fmt::format("stage {}", st.stage)}}}});
-    events.push_back({{"ph", "M"},
-                      {"name", "process_sort_index"},
-                      {"pid", st.stage},
-                      {"tid", 0},
-                      {"args", {{"sort_index", st.stage}}}});
+  for (Count st = 0; st < stages; ++st) {
+    event(fmt::format(R"({{"ph": "M", "name": "process_name", "pid": {0}, "tid": 0, )"
+                      R"("args": {{"name": "stage {0}"}}}})",
+                      st));
+    event(fmt::format(R"({{"ph": "M", "name": "process_sort_index", "pid": {0}, "tid": 0, )"
+                      R"("args": {{"sort_index": {0}}}}})",
+                      st));
     for (Track t : kTracks) {
       const int tid = static_cast<int>(t);
-      events.push_back({{"ph", "M"},
-                        {"name", "thread_name"},
-                        {"pid", st.stage},
-                        {"tid", tid},
-                        {"args", {{"name", std::string(to_string(t))}}}});
-      events.push_back({{"ph", "M"},
-                        {"name", "thread_sort_index"},
-                        {"pid", st.stage},
-                        {"tid", tid},
-                        {"args", {{"sort_index", tid}}}});
+      event(fmt::format(R"({{"ph": "M", "name": "thread_name", "pid": {}, "tid": {}, )"
+                        R"("args": {{"name": "{}"}}}})",
+                        st, tid, to_string(t)));
+      event(fmt::format(R"({{"ph": "M", "name": "thread_sort_index", "pid": {}, "tid": {}, )"
+                        R"("args": {{"sort_index": {}}}}})",
+                        st, tid, tid));
     }
   }
-  for (const TraceEvent& e : r.trace) {
-    nlohmann::json args = {{"kind", std::string(to_string(e.kind))}};
-    if (e.microbatch >= 0) args["microbatch"] = e.microbatch;
-    if (e.chunk >= 0) args["chunk"] = e.chunk;
-    events.push_back({{"name", slice_name(e)},
-                      {"cat", std::string(category(e.kind))},
-                      {"ph", "X"},
-                      {"pid", e.stage},
-                      {"tid", static_cast<int>(e.track)},
-                      {"ts", e.start * kMicros},
-                      {"dur", e.duration * kMicros},
-                      {"args", std::move(args)}});
+}
+
+void TraceWriter::slice(const TraceEvent& e) {
+  std::string args = fmt::format(R"("kind": "{}")", to_string(e.kind));
+  if (e.microbatch >= 0) args += fmt::format(R"(, "microbatch": {})", e.microbatch);
+  if (e.chunk >= 0) args += fmt::format(R"(, "chunk": {})", e.chunk);
+  event(fmt::format(R"({{"name": "{}", "cat": "{}", "ph": "X", "pid": {}, "tid": {}, "ts": {}, )"
+                    R"("dur": {}, "args": {{{}}}}})",
+                    slice_name(e), category(e.kind), e.stage, static_cast<int>(e.track),
+                    num(e.start * kMicros), num(e.duration * kMicros), args));
+}
+
+void TraceWriter::memory(const MemorySample& m) {
+  event(fmt::format(R"({{"name": "activation bytes", "ph": "C", "pid": {}, "ts": {}, )"
+                    R"("args": {{"bytes": {}}}}})",
+                    m.stage, num(m.time * kMicros), m.activation_bytes));
+}
+
+void TraceWriter::finish(const SimResult& r) {
+  buf_ += fmt::format(
+      "\n],\n\"displayTimeUnit\": \"ms\",\n\"otherData\": {{\"generator\": \"distplan simulate\", "
+      "\"step_seconds\": {}, \"bubble_fraction\": {}}}}}\n",
+      num(r.step_seconds), num(r.bubble_fraction));
+  flush();
+  out_.flush();
+  if (!out_) throw std::runtime_error("cannot write trace file '" + name_ + "'");
+}
+
+void TraceWriter::event(const std::string& text) {
+  if (!first_) buf_ += ",\n";
+  first_ = false;
+  buf_ += text;
+  if (buf_.size() >= kBufferBytes) flush();
+}
+
+void TraceWriter::flush() {
+  if (buf_.empty()) return;
+  errno = 0;
+  out_.write(buf_.data(), static_cast<std::streamsize>(buf_.size()));
+  buf_.clear();
+  if (!out_) {
+    const int err = errno;
+    throw std::runtime_error(fmt::format("cannot write trace file '{}'{}", name_,
+                                         err != 0 ? std::string(": ") + std::strerror(err) : ""));
   }
-  for (const MemorySample& m : r.memory) {
-    events.push_back({{"name", "activation bytes"},
-                      {"ph", "C"},
-                      {"pid", m.stage},
-                      {"ts", m.time * kMicros},
-                      {"args", {{"bytes", m.activation_bytes}}}});
-  }
-  nlohmann::json doc = {{"traceEvents", std::move(events)},
-                        {"displayTimeUnit", "ms"},
-                        {"otherData",
-                         {{"generator", "distplan simulate"},
-                          {"step_seconds", r.step_seconds},
-                          {"bubble_fraction", r.bubble_fraction}}}};
-  return doc.dump(1) + "\n";
+}
+
+std::string trace_to_json(const SimResult& r) {
+  std::ostringstream out;
+  TraceWriter w(out, "(memory)", static_cast<Count>(r.stages.size()));
+  for (const TraceEvent& e : r.trace) w.slice(e);
+  for (const MemorySample& m : r.memory) w.memory(m);
+  w.finish(r);
+  return out.str();
 }
 
 }  // namespace distplan::sim

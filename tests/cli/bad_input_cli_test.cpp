@@ -258,7 +258,7 @@ TEST(BadInput, ZeroAndNegativeSizesNameTheField) {
   expect_rejected(with("/parallel/zero_stage", -1), "/parallel/zero_stage", "at least");
   expect_rejected(with("/parallel/zero_stage", 4), "/parallel/zero_stage", "too large");
   expect_rejected(with("/cluster/intra_node_bandwidth", 0), "/cluster/intra_node_bandwidth",
-                  "greater than");
+                  "at least");
 }
 
 TEST(BadInput, SizesBeyondSixtyFourBitsAreRejected) {

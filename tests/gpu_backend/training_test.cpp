@@ -274,6 +274,13 @@ INSTANTIATE_TEST_SUITE_P(
         Layout{"zero1_dp2", J{{"dp", 2}, {"zero_stage", 1}}},
         Layout{"zero2_dp2", J{{"dp", 2}, {"zero_stage", 2}}},
         Layout{"zero3_dp2", J{{"dp", 2}, {"zero_stage", 3}}},
+        // ZeRO-3 under zero-bubble schedules: the W pass runs after the unit's gather is
+        // released (issue 18, item 1).
+        Layout{"zero3_dp2_zb_h1", J{{"dp", 2}, {"schedule", "zb_h1"}, {"zero_stage", 3}}},
+        Layout{"zero3_dp2_pp2_zb_h2",
+               J{{"dp", 2}, {"pp", 2}, {"schedule", "zb_h2"}, {"zero_stage", 3}}},
+        Layout{"zero3_dp2_pp2_zb_h1",
+               J{{"dp", 2}, {"pp", 2}, {"schedule", "zb_h1"}, {"zero_stage", 3}}},
         Layout{"recompute_selective", J{{"tp", 2}, {"recompute", "selective"}}, "fp32", "standard"},
         Layout{"recompute_full", J{{"pp", 2}, {"recompute", "full"}}},
         Layout{"dp2_tp2_pp2", J{{"dp", 2}, {"tp", 2}, {"pp", 2}}},

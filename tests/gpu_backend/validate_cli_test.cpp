@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -270,6 +271,43 @@ TEST(ValidateCli, HangingRankIsStoppedAtTheTimeout) {
   EXPECT_NE(r.err.find("did not finish within"), std::string::npos) << r.err;
   EXPECT_TRUE(r.out.empty());
   EXPECT_EQ(processes_mentioning(tmp), 0);
+}
+
+// SIGTERM, SIGINT or an outer `timeout` to the launcher while its ranks run (here: hang): the
+// signal reaches the ranks' process group, every rank is gone and the temporary folder removed,
+// and the launcher ends by the signal it got. Before, mpirun and the ranks were left running.
+TEST(ValidateCli, TerminationSignalStopsEveryRankAndRemovesTheFolder) {
+  for (const char* sig : {"TERM", "INT"}) {
+    SCOPED_TRACE(sig);
+    const std::string dir = ::testing::TempDir() + "/validate_signal_" + sig;
+    const std::string scenario = two_rank_scenario(dir);
+    const std::string tmp = dir + "/tmp";
+    std::system(("rm -rf " + tmp + " && mkdir -p " + tmp).c_str());
+    // Start, wait for both ranks (at most 60 s), signal the launcher, wait for it.
+    const std::string script =
+        "DISTPLAN_TEST_FAULT=hang TMPDIR=" + tmp + " " + DISTPLAN_CLI + " validate " + scenario +
+        " --steps 2 --timeout 300 > " + tmp + "/stdout 2> " + tmp + "/stderr & pid=$!; i=0; " +
+        "while [ $(pgrep -f -c \"" + tmp + "/distplan-validate-.*rank-worker-ou[t]\") -lt 2 ] && " +
+        "[ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done; sleep 0.5; kill -" + sig +
+        " $pid; wait $pid; echo $? > " + tmp + "/rc";
+    const auto t0 = std::chrono::steady_clock::now();
+    std::system(("bash -c '" + script + "'").c_str());
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const std::string rc = read_file(tmp + "/rc");
+    const int want = 128 + (std::string(sig) == "TERM" ? SIGTERM : SIGINT);
+    EXPECT_EQ(std::atoi(rc.c_str()), want) << read_file(tmp + "/stderr");
+    EXPECT_LT(seconds, 90.0);
+    EXPECT_EQ(processes_mentioning(tmp), 0);
+    // No distplan-validate-<pid> folder is left in TMPDIR.
+    int folders = 0;
+    if (DIR* d = opendir(tmp.c_str())) {
+      while (dirent* e = readdir(d))
+        if (std::string(e->d_name).rfind("distplan-validate-", 0) == 0) ++folders;
+      closedir(d);
+    }
+    EXPECT_EQ(folders, 0);
+  }
 }
 
 }  // namespace

@@ -231,5 +231,80 @@ TEST(Search, ProgressIsReportedAsAFraction) {
   EXPECT_GT(r.evaluated, 0u);
 }
 
+// The space is counted before it is enumerated (issue 18): the count equals the enumeration (a
+// second algorithm) over spaces of every kind, and a space past kMaxLayouts is refused at once.
+TEST(SearchLimits, CountEqualsTheEnumeration) {
+  const std::vector<Request> reqs = {
+      request_of("llama2-70b", 64, 512, 4096), request_of("gpt3-1.3b", 8, 64, 2048),
+      request_of(
+          "llama2-7b", 48, 96, 4096,
+          {{"search", {{"constraints", {{"tp_within_node", false}, {"hybrid_shard", true}}}}}}),
+      request_of("llama2-13b", 16, 32, 4096,
+                 {{"search", {{"objective", "gpus"}, {"target_tokens_per_second", 1e5}}}})};
+  for (const Request& req : reqs) {
+    RejectCounts rejected{};
+    EXPECT_EQ(count_layouts(req.space), enumerate_layouts(req.space, rejected).size());
+  }
+}
+
+TEST(SearchLimits, HugeSpaceIsRefusedBeforeEnumerating) {
+  nlohmann::json model = {{"num_layers", 55440},       {"hidden_size", 1024},
+                          {"num_attention_heads", 16}, {"ffn_hidden_size", 4096},
+                          {"vocab_size", 32000},       {"position_embedding", "rotary"}};
+  // The issue's request: 720,720 GPUs, 55,440 layers, the fewest GPUs for a target (every GPU
+  // count up to the cluster), which would have run for hours.
+  Request req = request_of(
+      "llama2-7b", 720720, 720720 * 4, 2048,
+      {{"model", model}, {"search", {{"objective", "gpus"}, {"target_tokens_per_second", 1e9}}}});
+  req.options.threads = 1;
+  try {
+    (void)run(req.space, req.options);
+    ADD_FAILURE() << "a space past kMaxLayouts ran";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.path(), "/parallel");
+    EXPECT_NE(std::string(e.what()).find("layouts"), std::string::npos) << e.what();
+  }
+  EXPECT_GT(count_layouts(req.space), kMaxLayouts);
+}
+
+TEST(SearchLimits, TopKOutsideTheJsonRangeIsRefusedWhoeverSetsIt) {
+  Request req = request_of("gpt3-1.3b", 8, 64, 2048);
+  for (int top : {0, -1, kMaxTopK + 1, 2147483647}) {
+    req.options.top_k = top;
+    try {
+      (void)run(req.space, req.options);
+      ADD_FAILURE() << "top_k " << top << " accepted";
+    } catch (const InputError& e) {
+      EXPECT_EQ(e.path(), "/search/top_k");
+    }
+  }
+}
+
+#if __has_include("distplan/simulator/simulate.h")
+// The re-ranking simulations run in parallel and report progress: the plans are the same as
+// with one thread, and the progress reaches the number simulated.
+TEST(SearchLimits, ParallelReRankingMatchesOneThreadAndReportsProgress) {
+  Request req = request_of("llama2-7b", 16, 64, 4096);
+  req.options.simulate_top = 8;
+  req.options.threads = 1;
+  const Result one = run(req.space, req.options);
+  req.options.threads = 4;
+  int last = -1, of = 0;
+  req.options.rerank_progress = [&](int done, int total) {
+    EXPECT_GE(done, last);
+    last = done;
+    of = total;
+  };
+  const Result many = run(req.space, req.options);
+  EXPECT_EQ(many.plans, one.plans);
+  EXPECT_EQ(many.simulated, one.simulated);
+  EXPECT_EQ(one.simulated, 8);
+  if (last >= 0) {
+    EXPECT_LE(last, many.simulated);
+    EXPECT_EQ(of, 8);
+  }
+}
+#endif
+
 }  // namespace
 }  // namespace distplan::search

@@ -165,6 +165,17 @@ TEST(ScheduleChecker, RejectsDeadlock) {
   EXPECT_NE(msg.find("stage 1 waits at action 0 (F1)"), std::string::npos) << msg;
 }
 
+// The deadlock message names a few stuck stages and counts the rest: bounded at any p (4,096
+// stuck stages gave a message of hundreds of kB on one line).
+TEST(ScheduleChecker, DeadlockMessageIsBounded) {
+  std::vector<std::vector<Action>> rows(4096, {F(1), F(0), B(0), B(1)});
+  rows[0] = {F(0), B(0), F(1), B(1)};
+  const auto [path, msg] = rejection(program(2, rows));
+  EXPECT_NE(msg.find("deadlock"), std::string::npos);
+  EXPECT_NE(msg.find("and 4088 more stages"), std::string::npos) << msg.substr(0, 300);
+  EXPECT_LT(msg.size(), 2000u);
+}
+
 TEST(ScheduleChecker, RejectsWrongStageCount) {
   auto p = make_1f1b(3, 4);
   p.programs.pop_back();

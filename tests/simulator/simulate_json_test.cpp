@@ -3,6 +3,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include <gtest/gtest.h>
@@ -83,6 +84,51 @@ TEST(SimulateTrace, IsChromeTraceJsonWithNamedTracks) {
       EXPECT_DOUBLE_EQ(e.at("dur").get<double>(), 1e6);
     }
   EXPECT_TRUE(found);
+}
+
+// The streamed trace (TraceWriter as the simulation's sink, nothing stored) holds the same events
+// as the trace built from a stored run, a second path through the simulator: ZB-H1 over 4 stages
+// (F, B and W slices, sends both ways, the activation counter).
+TEST(SimulateTrace, StreamedTraceHoldsTheStoredTracesEvents) {
+  SimOptions stored = with_costs(1, 2, 0.5, 0.25);
+  stored.record_trace = true;
+  const Scenario s = pipeline(4, 8, Schedule::zb_h1);
+  const Estimate e = uniform_estimate(4, 1000);
+  const SimResult a = simulate(s, e, stored);
+  std::ostringstream out;
+  TraceWriter w(out, "memory stream", 4);
+  SimOptions streamed = stored;
+  streamed.trace_sink = &w;
+  const SimResult b = simulate(s, e, streamed);
+  w.finish(b);
+  EXPECT_TRUE(b.trace.empty());
+  EXPECT_TRUE(b.memory.empty());
+  EXPECT_EQ(b.step_seconds, a.step_seconds);
+  const nlohmann::json ta = nlohmann::json::parse(trace_to_json(a));
+  const nlohmann::json tb = nlohmann::json::parse(out.str());
+  std::multiset<std::string> ea, eb;
+  for (const auto& x : ta.at("traceEvents")) ea.insert(x.dump());
+  for (const auto& x : tb.at("traceEvents")) eb.insert(x.dump());
+  EXPECT_EQ(ea.size(), a.trace.size() + a.memory.size() + 4 * (2 + 2 * 5));
+  EXPECT_EQ(ea, eb);
+  EXPECT_EQ(ta.at("otherData"), tb.at("otherData"));
+}
+
+// A trace that cannot be written is an error naming the file, not a silently short trace.
+TEST(SimulateTrace, FailedWriteThrowsNamingTheFile) {
+  std::ofstream full("/dev/full", std::ios::binary);
+  if (!full) GTEST_SKIP() << "no /dev/full";
+  SimOptions o = with_costs(1, 2, std::nullopt, 0.5);
+  o.record_trace = true;
+  TraceWriter w(full, "/dev/full", 2);
+  o.trace_sink = &w;
+  const SimResult r = simulate(pipeline(2, 4, Schedule::one_f_one_b), uniform_estimate(2, 10), o);
+  try {
+    w.finish(r);
+    ADD_FAILURE() << "no error";
+  } catch (const std::runtime_error& err) {
+    EXPECT_NE(std::string(err.what()).find("/dev/full"), std::string::npos) << err.what();
+  }
 }
 
 // Golden trace: 1F1B, p = 2, m = 3, F = 0.5 s, B = 1 s, sends 0.25 s (binary fractions, so every

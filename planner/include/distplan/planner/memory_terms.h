@@ -184,7 +184,8 @@ inline void stage_memory(const Scenario& base, const MemoryLayout& l, const Stag
     Count largest = padded_layer;
     if (u.embeddings > 0) largest = std::max(largest, padded_embedding);
     if (u.heads > 0) largest = std::max(largest, padded_head);
-    zero_ws = largest * gb;  // one unit's full gradient before its reduce-scatter
+    const Bytes gradient = largest * gb;  // one unit's full gradient before its reduce-scatter
+    zero_ws = gradient;
     if (l.zero_stage == 3) {
       // Gathered parameters: each pass over a chunk's units (embedding, layers, LM head) keeps
       // the current unit and the next zero3_prefetch_layers gathered, so the peak is the largest
@@ -202,7 +203,11 @@ inline void stage_memory(const Scenario& base, const MemoryLayout& l, const Stag
             detail::max_window(emb, padded_embedding, per_chunk, padded_layer, false, 0, k),
             detail::max_window(false, 0, per_chunk, padded_layer, head, padded_head, k));
       }
-      zero_ws += gathered * cb;
+      // Zero-bubble schedules split the backward: the B pass gathers parameters and defers every
+      // weight gradient, the W pass fills the unit gradient and reads no parameter, so the
+      // gathered units and the unit gradient are never alive together.
+      const bool split = l.schedule == Schedule::zb_h1 || l.schedule == Schedule::zb_h2;
+      zero_ws = split ? std::max(gathered * cb, gradient) : gathered * cb + gradient;
     }
   }
   sm.buffers_bytes = std::max(logits_ws, zero_ws);

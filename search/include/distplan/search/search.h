@@ -37,7 +37,14 @@ struct Options {
   const std::atomic<bool>* cancel = nullptr;
   /// Called from the calling thread with the fraction done, at most ~20 times a second.
   std::function<void(double fraction, std::uint64_t evaluated)> progress;
+  /// Called from the calling thread while the best plans are simulated (threads as above), at
+  /// most ~20 times a second: plans simulated so far, of at most simulate_top.
+  std::function<void(int simulated, int of)> rerank_progress;
 };
+
+/// Bounds of Options, the same for the JSON fields and the CLI flags (docs/api.md).
+inline constexpr int kMaxTopK = 10000;
+inline constexpr int kMaxThreads = 1024;
 
 /// The figures of one layout that the search ranks by.
 struct Figures {

@@ -118,6 +118,15 @@ struct Outer {
 };
 [[nodiscard]] std::vector<Outer> enumerate_outer(const Space& space, RejectCounts& rejected);
 
+/// The most layouts one search enumerates: 10^8, about 80 s on one core at the benchmarked
+/// 1.29 M estimates/s (bench/search_bench), seconds on a many-core host (docs/trust.md).
+inline constexpr std::uint64_t kMaxLayouts = 100'000'000;
+
+/// How many layouts the space holds (what enumerate_layouts would list), counted per outer
+/// combination from the inner lists without building either; stops once past `stop_above`.
+[[nodiscard]] std::uint64_t count_layouts(const Space& space,
+                                          std::uint64_t stop_above = kMaxLayouts);
+
 /// Calls fn(const Layout&) for every layout under one outer combination; cuts go to `rejected`.
 /// Order: schedule, virtual stages, ZeRO stage, shard size, recompute, sequence parallel.
 template <class Fn>

@@ -28,9 +28,24 @@ struct CostOverride {
   bool operator==(const CostOverride&) const = default;
 };
 
+struct TraceEvent;
+struct MemorySample;
+
+/// Receives the trace as the simulation produces it, so a caller can stream it out instead of
+/// holding it (SimOptions::trace_sink). May throw; the simulation then stops with that exception.
+class TraceSink {
+ public:
+  virtual ~TraceSink() = default;
+  virtual void slice(const TraceEvent& e) = 0;
+  virtual void memory(const MemorySample& m) = 0;
+};
+
 struct SimOptions {
   std::optional<CostOverride> costs;
   bool record_trace = false;
+  /// With record_trace: events go to this sink as they happen and SimResult::trace and ::memory
+  /// stay empty (bounded memory at any size); nullptr: they are stored in the SimResult.
+  TraceSink* trace_sink = nullptr;
   /// A custom program (checked with check_program); nullptr: generated from the scenario.
   const SchedulePrograms* program = nullptr;
   /// Also simulate the step with every communication at zero time, to report the exposed part.

@@ -3,6 +3,7 @@
 // never includes JSON.
 #pragma once
 
+#include <ostream>
 #include <string>
 #include <string_view>
 
@@ -25,6 +26,28 @@ namespace distplan::sim {
 /// per stage, one thread per stream, "X" slices in microseconds, and an activation-memory counter.
 /// Opens in ui.perfetto.dev and chrome://tracing.
 [[nodiscard]] std::string trace_to_json(const SimResult& r);
+
+/// The same trace streamed while the simulation runs (SimOptions::trace_sink): the header and the
+/// stages' track names at construction, each slice and counter as it arrives, the closing fields
+/// in finish(). Holds at most kBufferBytes of text; every write is checked and a failed one throws
+/// std::runtime_error naming `name` (the file) and the reason. The destructor never throws.
+class TraceWriter final : public TraceSink {
+ public:
+  static constexpr std::size_t kBufferBytes = std::size_t{1} << 20;
+  TraceWriter(std::ostream& out, std::string name, Count stages);
+  void slice(const TraceEvent& e) override;
+  void memory(const MemorySample& m) override;
+  /// Writes the step's summary, closes the document and flushes the stream.
+  void finish(const SimResult& r);
+
+ private:
+  void event(const std::string& text);
+  void flush();
+  std::ostream& out_;
+  std::string name_;
+  std::string buf_;
+  bool first_ = true;
+};
 
 /// `--format table`: step time and bubbles, and per stage busy time, idle time, peak in-flight
 /// micro-batches and activation memory (ms and GiB, labelled).
