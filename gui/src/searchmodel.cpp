@@ -64,6 +64,12 @@ QVariant SearchModel::data(const QModelIndex& index, int role) const {
         return {};
     }
   }
+  if (role == Qt::ToolTipRole && index.column() == ZeroColumn && r.shard_group > 0) {
+    return tr("ZeRO-%1 sharded over groups of %2 within dp %3")
+        .arg(p.zero_stage)
+        .arg(r.shard_group)
+        .arg(p.dp);
+  }
   if (role == Qt::ToolTipRole && index.column() == PeakColumn) {
     return tr("%1 of %2").arg(formatBytesExact(r.peak_bytes), formatGiB(r.capacity_bytes));
   }
@@ -81,10 +87,11 @@ QVariant SearchModel::data(const QModelIndex& index, int role) const {
     case MicroBatchColumn:
       return QVariant::fromValue<qlonglong>(r.micro_batch_size);
     case ZeroColumn:
-      if (p.zero_stage > 0 && p.fsdp_shard_size > 0 && p.fsdp_shard_size != p.dp) {
-        return tr("%1 (shard %2)").arg(p.zero_stage).arg(p.fsdp_shard_size);
+      // As `distplan search --format table` writes it: "3/4" is ZeRO-3 sharded over groups of 4.
+      if (p.zero_stage > 0 && r.shard_group > 0) {
+        return QStringLiteral("%1/%2").arg(p.zero_stage).arg(r.shard_group);
       }
-      return p.zero_stage;
+      return QString::number(p.zero_stage);
     case RecomputeColumn:
       return qs(to_string(p.recompute));
     case SequenceParallelColumn:

@@ -1,5 +1,9 @@
 #include "simulationadapter.h"
 
+#include <algorithm>
+#include <map>
+#include <utility>
+
 #include "distplan/simulator/simulate.h"
 
 namespace distplan::gui {
@@ -47,6 +51,7 @@ SimulationSummary simulateScenario(const Scenario& s, const Estimate& e) {
   out.timeline.num_stages = static_cast<int>(s.parallel.pp);
   out.timeline.step_seconds = r.step_seconds;
   out.timeline.blocks.reserve(r.trace.size());
+  std::map<std::pair<int, int>, std::uint16_t> labelIndex;
   for (const sim::TraceEvent& ev : r.trace) {
     TimelineBlock b;
     b.stage = ev.stage;
@@ -55,7 +60,16 @@ SimulationSummary simulateScenario(const Scenario& s, const Estimate& e) {
     b.chunk = std::max(0, ev.chunk);
     b.start_seconds = ev.start;
     b.end_seconds = ev.start + ev.duration;
-    b.label = QStringLiteral("%1 (%2)").arg(qs(to_string(ev.kind)), qs(to_string(ev.track)));
+    // One label per (slice kind, track) pair, made once.
+    const auto key = std::make_pair(static_cast<int>(ev.kind), static_cast<int>(ev.track));
+    auto it = labelIndex.find(key);
+    if (it == labelIndex.end()) {
+      out.timeline.labels.push_back(
+          QStringLiteral("%1 (%2)").arg(qs(to_string(ev.kind)), qs(to_string(ev.track))));
+      it =
+          labelIndex.emplace(key, static_cast<std::uint16_t>(out.timeline.labels.size() - 1)).first;
+    }
+    b.label = it->second;
     out.timeline.blocks.push_back(b);
   }
   return out;

@@ -2,6 +2,7 @@
 // trace by PlanSession, so the widget knows nothing of the simulator's types.
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
 #include <QString>
@@ -17,7 +18,7 @@ struct TimelineBlock {
   int chunk = 0;        // virtual chunk (interleaved schedules)
   double start_seconds = 0;
   double end_seconds = 0;
-  QString label;  // what the tooltip names ("dp reduce_scatter gradients", ...)
+  std::uint16_t label = 0;  // index into TimelineData::labels: what the tooltip names
   bool operator==(const TimelineBlock&) const = default;
 };
 
@@ -25,6 +26,7 @@ struct TimelineData {
   int num_stages = 0;
   double step_seconds = 0;
   std::vector<TimelineBlock> blocks;
+  std::vector<QString> labels;  // shared by the blocks (a few kinds), not one string per block
   bool operator==(const TimelineData&) const = default;
 };
 

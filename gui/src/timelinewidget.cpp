@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include <QHelpEvent>
 #include <QMouseEvent>
@@ -35,17 +36,45 @@ TimelineWidget::TimelineWidget(QWidget* parent) : QWidget(parent) {
   setAutoFillBackground(true);
 }
 
-void TimelineWidget::setTimeline(const TimelineData& data) {
+void TimelineWidget::setTimeline(TimelineData data) {
   const bool sameStep =
       data.step_seconds == data_.step_seconds && data.num_stages == data_.num_stages;
-  data_ = data;
+  data_ = std::move(data);
+  buildIndex();
   if (!sameStep) fit();
   update();
 }
 
+void TimelineWidget::buildIndex() {
+  kindCounts_.fill(0);
+  lanes_.assign(static_cast<std::size_t>(std::max(0, data_.num_stages)) * 2, Lane{});
+  for (std::size_t i = 0; i < data_.blocks.size(); ++i) {
+    const TimelineBlock& b = data_.blocks[i];
+    ++kindCounts_[static_cast<std::size_t>(b.kind)];
+    if (b.stage < 0 || b.stage >= data_.num_stages) continue;
+    const std::size_t lane =
+        static_cast<std::size_t>(b.stage) * 2 + (b.kind == BlockKind::communication ? 1 : 0);
+    lanes_[lane].order.push_back(static_cast<std::uint32_t>(i));
+  }
+  for (Lane& lane : lanes_) {
+    std::stable_sort(lane.order.begin(), lane.order.end(),
+                     [this](std::uint32_t a, std::uint32_t b) {
+                       return data_.blocks[a].start_seconds < data_.blocks[b].start_seconds;
+                     });
+    lane.starts.resize(lane.order.size());
+    lane.maxEnds.resize(lane.order.size());
+    double maxEnd = -std::numeric_limits<double>::infinity();
+    for (std::size_t k = 0; k < lane.order.size(); ++k) {
+      const TimelineBlock& b = data_.blocks[lane.order[k]];
+      lane.starts[k] = b.start_seconds;
+      maxEnd = std::max(maxEnd, b.end_seconds);
+      lane.maxEnds[k] = maxEnd;
+    }
+  }
+}
+
 int TimelineWidget::blockCount(BlockKind kind) const {
-  return static_cast<int>(std::count_if(data_.blocks.begin(), data_.blocks.end(),
-                                        [kind](const TimelineBlock& b) { return b.kind == kind; }));
+  return kindCounts_[static_cast<std::size_t>(kind)];
 }
 
 QColor TimelineWidget::kindColor(BlockKind kind) {
@@ -157,38 +186,80 @@ void TimelineWidget::paintEvent(QPaintEvent*) {
 
   p.save();
   p.setClipRect(plot);
+  // Rows shorter than a pixel share it: one row per pixel row is drawn.
+  auto rowShown = [&](int s) {
+    return rh >= 1 || s == 0 ||
+           std::floor(plot.top() + s * rh) != std::floor(plot.top() + (s - 1) * rh);
+  };
   // Rows: the step's span hatched, so idle time between blocks shows as bubbles.
   for (int s = 0; s < data_.num_stages; ++s) {
+    if (!rowShown(s)) continue;
     const double top = plot.top() + s * rh;
-    const QRectF lane(xOf(0), top + 2, xOf(data_.step_seconds) - xOf(0),
-                      rh * (1 - kCommLaneShare) - 4);
+    const QRectF lane(xOf(0), top + std::min(2.0, rh * 0.06), xOf(data_.step_seconds) - xOf(0),
+                      std::max(1.0, rh * (1 - kCommLaneShare) - 4));
     p.fillRect(lane, QBrush(QColor(0xf4, 0xf4, 0xf4)));
     p.fillRect(lane, QBrush(QColor(0xc8, 0xc8, 0xc8), Qt::BDiagPattern));
-    p.setPen(QColor(0xcc, 0xcc, 0xcc));
-    p.drawLine(QPointF(plot.left(), top + rh), QPointF(plot.right(), top + rh));
+    if (rh >= 4) {
+      p.setPen(QColor(0xcc, 0xcc, 0xcc));
+      p.drawLine(QPointF(plot.left(), top + rh), QPointF(plot.right(), top + rh));
+    }
   }
-  // Blocks.
-  for (const TimelineBlock& b : data_.blocks) {
-    const QRectF r = blockRect(b);
-    if (r.right() < plot.left() || r.left() > plot.right()) continue;
-    const QColor c = kindColor(b.kind);
-    p.fillRect(r, c);
-    p.setPen(c.darker(140));
-    p.drawRect(r);
-    if (b.microbatch >= 0 && b.kind != BlockKind::communication) {
-      const QString text = data_.blocks.empty() ? QString() : QString::number(b.microbatch);
-      if (fm.horizontalAdvance(text) + 4 < r.width() && fm.height() < r.height()) {
-        p.setPen(Qt::white);
-        p.drawText(r, Qt::AlignCenter, text);
+  // Blocks: only those in the window; any narrower than a pixel merge into a pixel column.
+  lastPainted_ = 0;
+  const double t0 = secondsAt(plot.left());
+  const double t1 = secondsAt(plot.right());
+  const double secondsPerPixel = viewSpan_ / plot.width();
+  for (std::size_t laneIndex = 0; laneIndex < lanes_.size(); ++laneIndex) {
+    if (!rowShown(static_cast<int>(laneIndex / 2))) continue;
+    const Lane& lane = lanes_[laneIndex];
+    const std::size_t n = lane.order.size();
+    // The first block that ends at or after t0.
+    std::size_t i = static_cast<std::size_t>(
+        std::lower_bound(lane.maxEnds.begin(), lane.maxEnds.end(), t0) - lane.maxEnds.begin());
+    while (i < n && lane.starts[i] <= t1) {
+      const TimelineBlock& b = data_.blocks[lane.order[i]];
+      const QRectF r = blockRect(b);
+      const QColor c = kindColor(b.kind);
+      if (xOf(b.end_seconds) - xOf(b.start_seconds) >= 1.0) {
+        p.fillRect(r, c);
+        if (r.width() >= 3 && r.height() >= 3) {
+          p.setPen(c.darker(140));
+          p.drawRect(r);
+        }
+        if (b.microbatch >= 0 && b.kind != BlockKind::communication) {
+          const QString text = QString::number(b.microbatch);
+          if (fm.horizontalAdvance(text) + 4 < r.width() && fm.height() < r.height()) {
+            p.setPen(Qt::white);
+            p.drawText(r, Qt::AlignCenter, text);
+          }
+        }
+        ++lastPainted_;
+        ++i;
+        continue;
       }
+      // Narrow: every block starting in this pixel column is drawn as one column.
+      const double column = std::floor(xOf(b.start_seconds));
+      const double columnEnd = viewStart_ + (column + 1 - plot.left()) * secondsPerPixel;
+      const std::size_t next = static_cast<std::size_t>(
+          std::lower_bound(lane.starts.begin() + static_cast<std::ptrdiff_t>(i) + 1,
+                           lane.starts.end(), columnEnd) -
+          lane.starts.begin());
+      p.fillRect(QRectF(column, r.top(), 1.0, r.height()), c);
+      ++lastPainted_;
+      // A wide block starting in the same column is drawn whole on the next turn.
+      const TimelineBlock& last = data_.blocks[lane.order[next - 1]];
+      const bool lastWide = next - 1 > i && xOf(last.end_seconds) - xOf(last.start_seconds) >= 1.0;
+      i = lastWide ? next - 1 : next;
     }
   }
   p.restore();
 
   // Stage labels and the step's end.
   p.setPen(palette().color(QPalette::Text));
-  for (int s = 0; s < data_.num_stages; ++s) {
-    p.drawText(QRectF(4, plot.top() + s * rh, kLeftMargin - 8, rh),
+  // One label per text height when the rows are thin.
+  const int labelEvery = std::max(1, static_cast<int>(std::ceil(fm.height() / std::max(rh, 1e-9))));
+  for (int s = 0; s < data_.num_stages; s += labelEvery) {
+    p.drawText(QRectF(4, plot.top() + s * rh, kLeftMargin - 8, std::max(rh, double(fm.height()))),
                Qt::AlignVCenter | Qt::AlignRight, tr("Stage %1").arg(s));
   }
   const double xEnd = xOf(data_.step_seconds);
@@ -214,9 +285,21 @@ void TimelineWidget::paintEvent(QPaintEvent*) {
 }
 
 const TimelineBlock* TimelineWidget::blockAt(QPointF pos) const {
-  // Later blocks are drawn on top: search from the end.
-  for (auto it = data_.blocks.rbegin(); it != data_.blocks.rend(); ++it) {
-    if (blockRect(*it).adjusted(-1, 0, 1, 0).contains(pos)) return &*it;
+  // The blocks of the two lanes of the stage under the cursor that start before it.
+  const double rh = rowHeight();
+  const int stage = static_cast<int>(std::floor((pos.y() - plotRect().top()) / rh));
+  if (stage < 0 || stage >= data_.num_stages) return nullptr;
+  const double tol = secondsAt(pos.x() + 1) - secondsAt(pos.x());
+  const double t = secondsAt(pos.x());
+  for (int laneKind = 0; laneKind < 2; ++laneKind) {
+    const Lane& lane = lanes_[static_cast<std::size_t>(stage) * 2 + laneKind];
+    std::size_t k = static_cast<std::size_t>(
+        std::upper_bound(lane.starts.begin(), lane.starts.end(), t + tol) - lane.starts.begin());
+    while (k-- > 0) {
+      const TimelineBlock& b = data_.blocks[lane.order[k]];
+      if (blockRect(b).adjusted(-1, 0, 1, 0).contains(pos)) return &b;
+      if (lane.maxEnds[k] < t - tol) break;  // nothing earlier reaches the cursor
+    }
   }
   return nullptr;
 }
@@ -225,7 +308,7 @@ bool TimelineWidget::event(QEvent* event) {
   if (event->type() == QEvent::ToolTip) {
     auto* help = static_cast<QHelpEvent*>(event);
     if (const TimelineBlock* b = blockAt(help->pos())) {
-      QString what = b->label.isEmpty() ? kindName(b->kind) : b->label;
+      QString what = b->label < data_.labels.size() ? data_.labels[b->label] : kindName(b->kind);
       if (b->microbatch >= 0) what += tr(", micro-batch %1").arg(b->microbatch);
       if (b->chunk > 0) what += tr(", chunk %1").arg(b->chunk);
       QToolTip::showText(help->globalPos(),

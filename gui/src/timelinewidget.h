@@ -2,7 +2,14 @@
 // weight-gradient blocks coloured by kind and labelled by micro-batch, communication on a thin lane
 // under each row, idle time (bubbles) hatched. Wheel zooms around the cursor, dragging pans,
 // double-click fits the whole step; hovering a block names it and gives its start and end.
+// Painting is bounded by pixels, not by passes: each lane's blocks are indexed by start time, only
+// the visible window is visited, and blocks narrower than a pixel are merged into one pixel column
+// (coloured by the first block in it), so 2^20 passes paint as fast as a few hundred.
 #pragma once
+
+#include <array>
+#include <cstdint>
+#include <vector>
 
 #include <QWidget>
 
@@ -16,11 +23,13 @@ class TimelineWidget : public QWidget {
  public:
   explicit TimelineWidget(QWidget* parent = nullptr);
 
-  void setTimeline(const TimelineData& data);
+  void setTimeline(TimelineData data);
   [[nodiscard]] const TimelineData& timeline() const { return data_; }
 
   [[nodiscard]] int rowCount() const { return data_.num_stages; }
   [[nodiscard]] int blockCount(BlockKind kind) const;
+  /// Rectangles the last paint drew for blocks (single blocks plus merged pixel columns).
+  [[nodiscard]] long long lastPaintedBlocks() const { return lastPainted_; }
   /// The visible time window, in seconds.
   [[nodiscard]] double viewStart() const { return viewStart_; }
   [[nodiscard]] double viewSpan() const { return viewSpan_; }
@@ -50,8 +59,20 @@ class TimelineWidget : public QWidget {
   [[nodiscard]] double secondsAt(double x) const;
   [[nodiscard]] QRectF blockRect(const TimelineBlock& b) const;
   [[nodiscard]] const TimelineBlock* blockAt(QPointF pos) const;
+  void buildIndex();
+
+  /// One lane (a stage's compute or communication row): its blocks ordered by start, and the
+  /// running maximum of their ends, so the first block reaching a time is a binary search.
+  struct Lane {
+    std::vector<std::uint32_t> order;
+    std::vector<double> starts;
+    std::vector<double> maxEnds;
+  };
 
   TimelineData data_;
+  std::vector<Lane> lanes_;  // 2 per stage: compute, communication
+  std::array<int, 6> kindCounts_{};
+  long long lastPainted_ = 0;
   double viewStart_ = 0;
   double viewSpan_ = 1;
   bool dragging_ = false;
