@@ -95,7 +95,7 @@ QVariant SearchModel::data(const QModelIndex& index, int role) const {
     case RecomputeColumn:
       return qs(to_string(p.recompute));
     case SequenceParallelColumn:
-      return p.sequence_parallel ? tr("yes") : tr("no");
+      return p.sequence_parallel ? tr("on") : tr("-");
     case ScheduleColumn:
       if (p.schedule == Schedule::interleaved_1f1b) {
         return tr("%1 ×%2").arg(qs(to_string(p.schedule))).arg(p.virtual_stages);
@@ -117,7 +117,23 @@ QVariant SearchModel::data(const QModelIndex& index, int role) const {
 }
 
 QVariant SearchModel::headerData(int section, Qt::Orientation orientation, int role) const {
-  if (orientation != Qt::Horizontal || role != Qt::DisplayRole) return {};
+  if (orientation != Qt::Horizontal) return {};
+  if (role == Qt::ToolTipRole) {
+    switch (section) {
+      case MicroBatchColumn:
+        return tr("micro-batch size");
+      case ZeroColumn:
+        return tr("ZeRO stage; 3/4: ZeRO-3 sharded over groups of 4 (as the CLI writes it)");
+      case SequenceParallelColumn:
+        return tr("sequence parallelism");
+      case ScheduleColumn:
+        return tr("pipeline schedule; ×v: virtual stages of interleaved 1F1B");
+      default:
+        return {};
+    }
+  }
+  if (role != Qt::DisplayRole) return {};
+  // Short headers, as `distplan search --format table` has them, so every column fits.
   switch (section) {
     case RankColumn:
       return tr("#");
@@ -128,13 +144,13 @@ QVariant SearchModel::headerData(int section, Qt::Orientation orientation, int r
     case DpColumn:
       return tr("dp");
     case MicroBatchColumn:
-      return tr("micro-batch");
+      return tr("mb");
     case ZeroColumn:
       return tr("ZeRO");
     case RecomputeColumn:
       return tr("recompute");
     case SequenceParallelColumn:
-      return tr("seq. par.");
+      return tr("sp");
     case ScheduleColumn:
       return tr("schedule");
     case PeakColumn:

@@ -49,6 +49,7 @@ inline bool typeText(MainWindow& w, const char* path, const QString& text) {
   if (!field) return false;
   field->setFocus();
   field->selectAll();
+  QTest::keyClick(field, Qt::Key_Backspace);
   QTest::keyClicks(field, text);
   QTest::keyClick(field, Qt::Key_Return);
   return w.session()->waitForPlan();
