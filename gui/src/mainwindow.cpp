@@ -99,13 +99,27 @@ MainWindow::MainWindow(bool persistent, QWidget* parent)
   });
   connect(search_, &SearchView::planChosen, this, [this](int row) {
     const auto& rows = search_->model()->rows();
-    if (!session_->hasPlan() || row < 0 || row >= static_cast<int>(rows.size())) return;
-    Scenario s = session_->scenario();
-    s.parallel = rows[static_cast<std::size_t>(row)].parallel;
-    s.training.micro_batch_size = rows[static_cast<std::size_t>(row)].micro_batch_size;
-    editor_->applyScenario(session_->scenario(), s);
-    statusBar()->showMessage(
-        tr("Loaded plan #%1 from the search").arg(rows[static_cast<std::size_t>(row)].rank), 5000);
+    if (row < 0 || row >= static_cast<int>(rows.size())) return;
+    const SearchRow& chosen = rows[static_cast<std::size_t>(row)];
+    if (isSearchDocument(editor_->document()) || !session_->hasPlan()) {
+      // The file's candidate lists give way to the chosen layout; its search object stays.
+      std::vector<std::pair<QString, nlohmann::json>> values;
+      const nlohmann::json parallel = to_json(chosen.parallel);
+      for (const auto& [key, value] : parallel.items()) {
+        if (key != "layers_per_stage") {
+          values.emplace_back(QStringLiteral("/parallel/") + QString::fromStdString(key), value);
+        }
+      }
+      values.emplace_back(QStringLiteral("/training/micro_batch_size"),
+                          nlohmann::json(chosen.micro_batch_size));
+      editor_->editValues(values);
+    } else {
+      Scenario s = session_->scenario();
+      s.parallel = chosen.parallel;
+      s.training.micro_batch_size = chosen.micro_batch_size;
+      editor_->applyScenario(session_->scenario(), s);
+    }
+    statusBar()->showMessage(tr("Loaded plan #%1 from the search").arg(chosen.rank), 5000);
     showTab(QStringLiteral("summary"));
   });
 
@@ -325,7 +339,7 @@ void MainWindow::planChanged() {
   const Scenario& s = session_->scenario();
   editor_->setResolved(s);
   const Estimate& e = session_->estimate();
-  summary_->setPlan(s, e);
+  summary_->setPlan(s, e, session_->suggestions());
   memory_->setMemory(e.memory);
   communication_->setCommunication(e.communication);
   search_->setBaseScenario(s);

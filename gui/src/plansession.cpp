@@ -25,6 +25,7 @@ constexpr int kSimulationDebounceMs = 120;
 struct PlanSession::PlanAnswer {
   std::optional<Scenario> scenario;
   Estimate estimate;
+  std::vector<FitSuggestion> suggestions;
   QString errorPath;
   QString errorMessage;
 };
@@ -63,6 +64,8 @@ void PlanSession::setDocument(const nlohmann::json& doc) {
       // A search document's `search` object is the search tab's; the plan reads the rest.
       Scenario s = scenario_from_json(doc, {"search"});
       answer->estimate = distplan::estimate(s);
+      // The alternatives the summary offers are re-planned here too, off the UI thread.
+      answer->suggestions = fit_suggestions(s, answer->estimate);
       answer->scenario = std::move(s);
     } catch (const InputError& err) {
       answer->errorPath = QString::fromStdString(err.path());
@@ -89,6 +92,7 @@ void PlanSession::applyPlan(std::uint64_t generation, const std::shared_ptr<Plan
   valid_ = true;
   scenario_ = std::move(answer->scenario);
   estimate_ = std::move(answer->estimate);
+  suggestions_ = std::move(answer->suggestions);
   errorPath_.clear();
   errorMessage_.clear();
   emit planChanged();

@@ -14,6 +14,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "distplan/planner/estimate.h"
+#include "distplan/planner/report.h"
 #include "distplan/planner/spec.h"
 #include "timelinedata.h"
 
@@ -26,7 +27,7 @@ struct SimulationSummary {
   double tokens_per_second = 0;
   double mfu = 0;
   std::vector<double> stage_busy_seconds;
-  TimelineData timeline;
+  std::shared_ptr<const TimelineData> timeline;  // indexed on the worker, shared with the view
 };
 
 class PlanSession : public QObject {
@@ -49,6 +50,8 @@ class PlanSession : public QObject {
   [[nodiscard]] bool hasPlan() const { return scenario_.has_value(); }
   [[nodiscard]] const Scenario& scenario() const { return *scenario_; }
   [[nodiscard]] const Estimate& estimate() const { return estimate_; }
+  /// The planner's fit suggestions for the plan (re-planned alternatives, on the worker).
+  [[nodiscard]] const std::vector<FitSuggestion>& suggestions() const { return suggestions_; }
   [[nodiscard]] QString errorPath() const { return errorPath_; }
   [[nodiscard]] QString errorMessage() const { return errorMessage_; }
   /// The `distplan.plan/v1` document of the current plan, indented.
@@ -78,6 +81,7 @@ class PlanSession : public QObject {
   bool valid_ = false;
   std::optional<Scenario> scenario_;
   Estimate estimate_;
+  std::vector<FitSuggestion> suggestions_;
   QString errorPath_;
   QString errorMessage_;
   std::optional<SimulationSummary> simulation_;

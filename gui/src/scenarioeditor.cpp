@@ -371,6 +371,12 @@ void ScenarioEditor::editValue(const QString& path, const json& value) {
   emit edited();
 }
 
+void ScenarioEditor::editValues(const std::vector<std::pair<QString, json>>& values) {
+  for (const auto& [path, value] : values) setDocumentValue(doc_, path.toStdString(), value);
+  refresh();
+  emit edited();
+}
+
 void ScenarioEditor::applyScenario(const Scenario& from, const Scenario& to) {
   const json before = to_json(from);
   const json after = to_json(to);

@@ -7,6 +7,8 @@
 #pragma once
 
 #include <optional>
+#include <utility>
+#include <vector>
 
 #include <QHash>
 #include <QWidget>
@@ -42,6 +44,8 @@ class ScenarioEditor : public QWidget {
   void applyScenario(const Scenario& from, const Scenario& to);
   /// Writes `value` at JSON pointer `path` (null removes the key), as an edit by the person.
   void editValue(const QString& path, const nlohmann::json& value);
+  /// Several values as one edit.
+  void editValues(const std::vector<std::pair<QString, nlohmann::json>>& values);
 
   /// Marks the field whose JSON path is the longest prefix of `path` and shows `message` beside it.
   void showError(const QString& path, const QString& message);

@@ -2,6 +2,7 @@
 // trace by PlanSession, so the widget knows nothing of the simulator's types.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -22,12 +23,27 @@ struct TimelineBlock {
   bool operator==(const TimelineBlock&) const = default;
 };
 
+/// One lane (a stage's compute or communication row): its blocks ordered by start, and the running
+/// maximum of their ends, so the first block reaching a time is a binary search.
+struct TimelineLane {
+  std::vector<std::uint32_t> order;
+  std::vector<double> starts;
+  std::vector<double> maxEnds;
+  bool operator==(const TimelineLane&) const = default;
+};
+
 struct TimelineData {
   int num_stages = 0;
   double step_seconds = 0;
   std::vector<TimelineBlock> blocks;
   std::vector<QString> labels;  // shared by the blocks (a few kinds), not one string per block
+  // Filled by indexTimeline (on the simulation's worker, not the UI thread).
+  std::vector<TimelineLane> lanes;  // 2 per stage: compute, communication
+  std::array<int, 6> kindCounts{};  // blocks per BlockKind
   bool operator==(const TimelineData&) const = default;
 };
+
+/// Builds `lanes` and `kindCounts` from `blocks`.
+void indexTimeline(TimelineData& data);
 
 }  // namespace distplan::gui

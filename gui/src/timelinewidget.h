@@ -7,9 +7,7 @@
 // (coloured by the first block in it), so 2^20 passes paint as fast as a few hundred.
 #pragma once
 
-#include <array>
-#include <cstdint>
-#include <vector>
+#include <memory>
 
 #include <QWidget>
 
@@ -23,10 +21,13 @@ class TimelineWidget : public QWidget {
  public:
   explicit TimelineWidget(QWidget* parent = nullptr);
 
+  /// Shows `data` (indexed here if it was not already).
   void setTimeline(TimelineData data);
-  [[nodiscard]] const TimelineData& timeline() const { return data_; }
+  /// Shows shared, already indexed data without copying it (the simulation's).
+  void setTimeline(std::shared_ptr<const TimelineData> data);
+  [[nodiscard]] const TimelineData& timeline() const { return *data_; }
 
-  [[nodiscard]] int rowCount() const { return data_.num_stages; }
+  [[nodiscard]] int rowCount() const { return data_->num_stages; }
   [[nodiscard]] int blockCount(BlockKind kind) const;
   /// Rectangles the last paint drew for blocks (single blocks plus merged pixel columns).
   [[nodiscard]] long long lastPaintedBlocks() const { return lastPainted_; }
@@ -59,19 +60,8 @@ class TimelineWidget : public QWidget {
   [[nodiscard]] double secondsAt(double x) const;
   [[nodiscard]] QRectF blockRect(const TimelineBlock& b) const;
   [[nodiscard]] const TimelineBlock* blockAt(QPointF pos) const;
-  void buildIndex();
 
-  /// One lane (a stage's compute or communication row): its blocks ordered by start, and the
-  /// running maximum of their ends, so the first block reaching a time is a binary search.
-  struct Lane {
-    std::vector<std::uint32_t> order;
-    std::vector<double> starts;
-    std::vector<double> maxEnds;
-  };
-
-  TimelineData data_;
-  std::vector<Lane> lanes_;  // 2 per stage: compute, communication
-  std::array<int, 6> kindCounts_{};
+  std::shared_ptr<const TimelineData> data_ = std::make_shared<const TimelineData>();
   long long lastPainted_ = 0;
   double viewStart_ = 0;
   double viewSpan_ = 1;

@@ -106,11 +106,24 @@ class SearchTest : public QObject {
     }
     QCOMPARE(w.searchView()->model()->rowCount(), 20);  // the file's top_k
     // Unedited, the search document saves as it was read.
-    const QString saved = dir.filePath(QStringLiteral("saved.json"));
-    QVERIFY2(w.saveScenario(saved, &error), qPrintable(error));
-    QFile s(saved);
-    QVERIFY(s.open(QIODevice::ReadOnly));
-    QCOMPARE(s.readAll(), QByteArray(kSearchDocument));
+    const QString unedited = dir.filePath(QStringLiteral("unedited.json"));
+    QVERIFY2(w.saveScenario(unedited, &error), qPrintable(error));
+    QFile u(unedited);
+    QVERIFY(u.open(QIODevice::ReadOnly));
+    QCOMPARE(u.readAll(), QByteArray(kSearchDocument));
+
+    // Double-clicking the first plan loads its layout: the lists give way, the search object stays.
+    const SearchRow chosen = w.searchView()->model()->rows().front();
+    emit w.searchView()->table()->doubleClicked(
+        w.searchView()->proxy()->mapFromSource(w.searchView()->model()->index(0, 0)));
+    QVERIFY(w.session()->waitForPlan());
+    QVERIFY2(w.session()->isValid(), qPrintable(w.session()->errorMessage()));
+    QCOMPARE(w.session()->scenario().parallel.tp, chosen.parallel.tp);
+    QCOMPARE(w.session()->scenario().parallel.pp, chosen.parallel.pp);
+    QCOMPARE(w.session()->scenario().parallel.zero_stage, chosen.parallel.zero_stage);
+    QCOMPARE(w.session()->scenario().training.micro_batch_size, chosen.micro_batch_size);
+    QCOMPARE(w.session()->estimate().memory.peak_bytes, chosen.peak_bytes);
+    QVERIFY(w.editor()->document().contains("search"));
   }
 
   void zeroShardingIsWrittenAsTheCliWritesIt() {
