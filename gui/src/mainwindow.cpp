@@ -41,7 +41,11 @@ namespace distplan::gui {
 
 namespace {
 constexpr int kMaxRecentFiles = 8;
-}
+const QString kErrorBannerStyle =
+    QStringLiteral("background: #fdecea; color: #b00020; padding: 6px; border: 1px solid #f5c2c0;");
+const QString kInfoBannerStyle =
+    QStringLiteral("background: #e8f0fe; color: #1a3e72; padding: 6px; border: 1px solid #b6c8ee;");
+}  // namespace
 
 MainWindow::MainWindow(bool persistent, QWidget* parent)
     : QMainWindow(parent), persistent_(persistent) {
@@ -70,8 +74,7 @@ MainWindow::MainWindow(bool persistent, QWidget* parent)
   banner_ = new QLabel;
   banner_->setObjectName(QStringLiteral("banner"));
   banner_->setWordWrap(true);
-  banner_->setStyleSheet(QStringLiteral(
-      "background: #fdecea; color: #b00020; padding: 6px; border: 1px solid #f5c2c0;"));
+  banner_->setStyleSheet(kErrorBannerStyle);
   banner_->hide();
   auto* right = new QWidget;
   auto* rightLayout = new QVBoxLayout(right);
@@ -359,15 +362,25 @@ void MainWindow::planChanged() {
 }
 
 void MainWindow::planInvalid(const QString& path, const QString& message) {
-  // A search document has no single plan; its request still drives the Search tab.
+  // A search document has no single plan; its request drives the Search tab, and its resolved
+  // model, cluster and training fill the fields the file leaves out.
   if (isSearchDocument(session_->document())) {
     try {
-      (void)search_->setDocument(session_->document());
+      search_->setDocument(session_->document());
+      editor_->setResolved(*search_->requestBase(), /*withLayout=*/false);
+      editor_->clearError();
+      banner_->setStyleSheet(kInfoBannerStyle);
+      banner_->setText(tr("A search request (%1%2): the Search tab searches its candidates; "
+                          "double-click a plan there to plan it here.")
+                           .arg(path.isEmpty() ? QString() : path + QStringLiteral(": "), message));
+      banner_->show();
+      return;
     } catch (const InputError&) {
-      search_->setDocument(nlohmann::json());
+      search_->setDocument(nlohmann::json());  // the plan's message below is the one shown
     }
   }
   editor_->showError(path, message);
+  banner_->setStyleSheet(kErrorBannerStyle);
   banner_->setText(tr("Invalid scenario — %1%2 (the results show the last valid plan)")
                        .arg(path.isEmpty() ? QString() : path + QStringLiteral(": "), message));
   banner_->show();

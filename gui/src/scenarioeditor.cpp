@@ -359,9 +359,13 @@ void ScenarioEditor::setDocument(const json& doc) {
   clearError();
 }
 
-void ScenarioEditor::setResolved(const Scenario& s) {
+void ScenarioEditor::setResolved(const Scenario& s, bool withLayout) {
   resolvedScenario_ = s;
   resolved_ = to_json(s);
+  if (!withLayout) {
+    resolved_.erase("parallel");
+    resolved_["training"].erase("micro_batch_size");
+  }
   refresh();
 }
 

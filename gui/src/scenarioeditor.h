@@ -38,7 +38,8 @@ class ScenarioEditor : public QWidget {
   [[nodiscard]] const nlohmann::json& document() const { return doc_; }
   /// The scenario the planner resolved from the document (presets and defaults filled in): the
   /// values shown for fields the document leaves out, and the choices tp, pp, dp offer.
-  void setResolved(const Scenario& s);
+  /// `withLayout` false: the layout is a placeholder (a search request's base), not shown.
+  void setResolved(const Scenario& s, bool withLayout = true);
   /// Changes the document so that it describes `to` where `to` differs from `from` (a layout
   /// chosen from the search or a suggestion), field by field; everything else stays.
   void applyScenario(const Scenario& from, const Scenario& to);

@@ -164,6 +164,14 @@ void SearchView::setBaseScenario(const Scenario& s) {
   base_ = s;
 }
 
+const Scenario* SearchView::requestBase() const {
+#ifdef DISTPLAN_GUI_HAVE_SEARCH
+  return request_ ? &request_->space.base : nullptr;
+#else
+  return nullptr;
+#endif
+}
+
 void SearchView::setDocument(const nlohmann::json& doc) {
   if (doc.is_null()) {
     if (request_)

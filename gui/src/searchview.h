@@ -50,6 +50,9 @@ class SearchView : public QWidget {
   /// the library refuses throws its InputError.
   void setDocument(const nlohmann::json& doc);
   [[nodiscard]] bool hasRequest() const { return request_ != nullptr; }
+  /// The request's base scenario (model, cluster, training resolved by the planner's reader; a
+  /// placeholder layout); null without a request.
+  [[nodiscard]] const Scenario* requestBase() const;
   [[nodiscard]] static bool searchAvailable();
 
   void startSearch();

@@ -96,6 +96,12 @@ class SearchTest : public QObject {
     QVERIFY2(w.openScenario(path, &error), qPrintable(error));
     QVERIFY(w.session()->waitForPlan());
     QVERIFY(w.searchView()->hasRequest());
+    // Not an error: the banner says what the file is, the fields show the resolved model.
+    QVERIFY2(w.bannerText().contains(QStringLiteral("search request")), qPrintable(w.bannerText()));
+    QVERIFY(w.editor()->errorText().isEmpty());
+    auto* layers = w.editor()->findChild<QLineEdit*>(QStringLiteral("/model/num_layers"));
+    QVERIFY(layers);
+    QCOMPARE(layers->text(), QStringLiteral("32"));  // llama2-7b
     QVERIFY(runSearch(w.searchView()));
     // Every plan is among the file's candidates.
     for (const SearchRow& r : w.searchView()->model()->rows()) {
