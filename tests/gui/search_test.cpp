@@ -55,20 +55,24 @@ std::map<int, QString> cliZeroColumn(const json& doc) {
   std::istringstream table(search::format_result_table(request, result));
   std::map<int, QString> zero;
   std::string line;
+  // Columns found by their header names, so a column added to the table does not shift them.
+  std::size_t rankAt = 0, zeroAt = 0;
   bool inRows = false;
   while (std::getline(table, line)) {
     std::istringstream fields(line);
     std::vector<std::string> f;
     for (std::string x; fields >> x;) f.push_back(x);
     if (!f.empty() && f[0] == "rank") {
-      inRows = true;
+      for (std::size_t i = 0; i < f.size(); ++i) {
+        if (f[i] == "rank") rankAt = i;
+        if (f[i] == "zero") zeroAt = i;
+      }
+      inRows = zeroAt > 0;
       continue;
     }
-    if (!inRows || f.size() < 6) {
-      if (inRows && f.empty()) break;
-      continue;
-    }
-    zero[std::stoi(f[0])] = QString::fromStdString(f[5]);
+    if (!inRows) continue;
+    if (f.size() <= std::max(rankAt, zeroAt)) break;  // the blank line after the rows
+    zero[std::stoi(f[rankAt])] = QString::fromStdString(f[zeroAt]);
   }
   return zero;
 }
