@@ -75,6 +75,7 @@ QString shiftDecimal(const QString& number, int k) {
 }
 
 ValueField::ValueField(FieldUnit unit, QWidget* parent) : QLineEdit(parent), unit_(unit) {
+  setMaxLength(1 << 24);  // the input bound is 16 MiB; Qt's default is 32767 characters
   connect(this, &QLineEdit::editingFinished, this, &ValueField::commit);
 }
 
@@ -138,6 +139,9 @@ void ValueField::showValue(const nlohmann::json& value, bool inDocument) {
                         : tr("Not in the file: the preset's or the default value, shown as is"));
   const QSignalBlocker block(this);
   setText(shown_);
+  // What the line edit holds (it truncates past its maximum length): leaving the field without
+  // typing then never writes a shortened value.
+  shown_ = text();
   setCursorPosition(0);
 }
 

@@ -306,6 +306,26 @@ class DocumentTest : public QObject {
     QCOMPARE(w.session()->errorPath(), QStringLiteral("/training/seq_length"));
   }
 
+  // A value longer than a line edit holds by default (32767 characters) is not cut by focusing
+  // and leaving its field.
+  void longValuesSurviveFocus() {
+    QTemporaryDir dir;
+    json doc = parse_json_text(default_scenario_text());
+    doc["model"] = {{"preset", "llama2-70b"}, {"name", std::string(40000, 'n')}};
+    const QString path = dir.filePath(QStringLiteral("long.json"));
+    QVERIFY(writeBytes(path, QByteArray::fromStdString(doc.dump(1))));
+    MainWindow w(false);
+    QString error;
+    QVERIFY2(w.openScenario(path, &error), qPrintable(error));
+    QVERIFY(w.session()->waitForPlan());
+    auto* name = w.editor()->findChild<ValueField*>(QStringLiteral("/model/name"));
+    QVERIFY(name);
+    QCOMPARE(name->text().size(), qsizetype{40000});
+    name->setFocus();
+    emit name->editingFinished();
+    QVERIFY(w.editor()->document() == doc);
+  }
+
   void decimalShiftIsExact_data() {
     QTest::addColumn<QString>("number");
     QTest::addColumn<int>("k");
