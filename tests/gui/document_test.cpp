@@ -15,6 +15,7 @@
 #include "distplan/planner/error.h"
 #include "distplan/planner/estimate.h"
 #include "distplan/planner/presets.h"
+#include "distplan/planner/report.h"
 #include "distplan/planner/scenario_json.h"
 #include "guitestutil.h"
 #include "mainwindow.h"
@@ -254,6 +255,40 @@ class DocumentTest : public QObject {
     QVERIFY(w.summaryView()->figureText(QStringLiteral("fits")).contains(QStringLiteral("no")));
     QVERIFY2(w.editor()->otherFieldsText().contains(QStringLiteral("/parallel/layers_per_stage")),
              qPrintable(w.editor()->otherFieldsText()));
+  }
+
+  // Every fit suggestion, applied, gives the planner's plan of the suggested scenario and keeps the
+  // file's other fields (the uneven stage split stays unless the suggestion changes pp).
+  void fitSuggestionsApplyOnlyTheirChange() {
+    QTemporaryDir dir;
+    json doc = parse_json_text(default_scenario_text());
+    doc["parallel"]["layers_per_stage"] = {2, 2, 2, 74};
+    doc["assumptions"] = {{"vocab_pad_multiple", 128}, {"zero3_prefetch_layers", 2}};
+    const QString path = dir.filePath(QStringLiteral("uneven.json"));
+    QVERIFY(writeBytes(path, QByteArray::fromStdString(doc.dump(2))));
+    const Scenario base = scenario_from_json(doc);
+    const std::size_t count = fit_suggestions(base, estimate(base)).size();
+    QVERIFY(count >= 3);
+    for (std::size_t i = 0; i < count; ++i) {
+      MainWindow w(false);
+      QString error;
+      QVERIFY2(w.openScenario(path, &error), qPrintable(error));
+      QVERIFY(w.session()->waitForPlan());
+      QCOMPARE(w.summaryView()->suggestions().size(), count);
+      const FitSuggestion chosen = w.summaryView()->suggestions()[i];
+      emit w.summaryView()->suggestionChosen(static_cast<int>(i));
+      QVERIFY(w.session()->waitForPlan());
+      QVERIFY2(w.session()->isValid(), qPrintable(QString::fromStdString(chosen.change) + ": " +
+                                                  w.session()->errorMessage()));
+      QCOMPARE(w.session()->scenario(), chosen.scenario);
+      QCOMPARE(w.session()->estimate().memory.peak_bytes, chosen.peak_bytes);
+      const json& after = w.editor()->document();
+      QCOMPARE(after["assumptions"], doc["assumptions"]);
+      QCOMPARE(after["model"], doc["model"]);
+      if (chosen.scenario.parallel.pp == base.parallel.pp) {
+        QCOMPARE(after["parallel"]["layers_per_stage"], doc["parallel"]["layers_per_stage"]);
+      }
+    }
   }
 
   // Above the old spin boxes' 2^20: 2,097,152 GPUs stay 2,097,152 and the plan is the planner's.
