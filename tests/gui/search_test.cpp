@@ -24,6 +24,7 @@
 #include "plansession.h"
 #include "searchmodel.h"
 #include "searchview.h"
+#include "validationview.h"
 
 using namespace distplan;
 using namespace distplan::gui;
@@ -212,6 +213,46 @@ class SearchTest : public QObject {
              qPrintable(QStringLiteral("columns %1 px, table %2 px")
                             .arg(total)
                             .arg(table->viewport()->width())));
+  }
+
+  // The same on every table of every tab (memory, communication, suggestions, validation).
+  void noTableColumnIsCutOffOnAnyTab() {
+    MainWindow w(false);
+    loadDefault(w);
+    w.show();
+    w.session()->simulateNow();
+    QVERIFY(w.validationView()->openFile(
+        QStringLiteral(DISTPLAN_SOURCE_DIR "/data/validation/tiny-gpt-tp2-pp2-dp2.result.json")));
+    for (const QString& tab : MainWindow::tabNames()) {
+      QVERIFY(w.showTab(tab));
+      QCoreApplication::processEvents();
+      for (QTableView* table : w.findChildren<QTableView*>()) {
+        if (!table->isVisible() || !table->model()) continue;
+        const QFontMetrics cellFont(table->font());
+        const QFontMetrics headerFont(table->horizontalHeader()->font());
+        int total = 0;
+        for (int c = 0; c < table->model()->columnCount(); ++c) {
+          if (table->isColumnHidden(c)) continue;
+          const int width = table->columnWidth(c);
+          total += width;
+          const QString header = table->model()->headerData(c, Qt::Horizontal).toString();
+          QVERIFY2(width >= headerFont.horizontalAdvance(header),
+                   qPrintable(QStringLiteral("%1: column '%2' %3 px").arg(tab, header).arg(width)));
+          for (int r = 0; r < table->model()->rowCount(); ++r) {
+            const QString text = table->model()->index(r, c).data().toString();
+            QVERIFY2(width >= cellFont.horizontalAdvance(text),
+                     qPrintable(QStringLiteral("%1: '%2' in column '%3' (%4 px)")
+                                    .arg(tab, text, header)
+                                    .arg(width)));
+          }
+        }
+        QVERIFY2(total <= table->viewport()->width(),
+                 qPrintable(QStringLiteral("%1 (%2): columns %3 px, table %4 px")
+                                .arg(tab, table->objectName())
+                                .arg(total)
+                                .arg(table->viewport()->width())));
+      }
+    }
   }
 };
 
