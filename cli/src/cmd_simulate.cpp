@@ -10,6 +10,7 @@
 #include "command.h"
 #include "distplan/planner/error.h"
 #include "distplan/planner/estimate.h"
+#include "distplan/planner/input_file.h"
 #include "distplan/simulator/schedule_io.h"
 #include "distplan/simulator/simulate.h"
 #include "distplan/simulator/simulate_json.h"
@@ -25,7 +26,7 @@ struct SimulateOptions {
 
 sim::SchedulePrograms read_schedule_file(const std::string& path) {
   // The scenario's bounded reader: the same size limit, directory and open errors.
-  const std::string text = read_file_text(path, "schedule file");
+  const std::string text = read_input_file(path, "schedule file");
   try {
     return sim::schedule_from_text(text);
   } catch (const InputError& e) {

@@ -37,9 +37,6 @@ void add_common_options(CLI::App& cmd, CommonOptions& opts, bool input_optional)
 void add_calibration_option(CLI::App& cmd, CommonOptions& opts);
 /// Writes the assumptions of the calibration file at `path` over those of `scenario_doc`.
 void apply_calibration_file(const std::string& path, nlohmann::json& scenario_doc);
-/// Reads a file ("-": stdin) of at most 16 MiB; InputError naming `what` and the path for a
-/// directory, a file that cannot be opened or one that is larger (docs/trust.md).
-[[nodiscard]] std::string read_file_text(const std::string& path, const std::string& what);
 
 /// Reads the input document (file, stdin or the embedded default). InputError on any failure.
 [[nodiscard]] nlohmann::json read_document(const CommonOptions& opts);

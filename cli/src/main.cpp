@@ -15,6 +15,7 @@
 
 #include "command.h"
 #include "distplan/planner/error.h"
+#include "distplan/planner/input_file.h"
 #include "distplan/planner/presets.h"
 #include "distplan/planner/scenario_json.h"
 
@@ -39,46 +40,9 @@ void add_common_options(CLI::App& cmd, CommonOptions& opts, bool input_optional)
           CLI::ignore_case));
 }
 
-namespace {
-
-// A scenario (or a Hugging Face config.json) is a few kilobytes; anything beyond this bound is
-// rejected before it is read or parsed, so a huge document fails fast (docs/trust.md).
-constexpr std::size_t kMaxInputBytes = std::size_t{16} << 20;
-
-[[noreturn]] void input_too_large(const std::string& what) {
-  throw InputError("", fmt::format("{} is larger than {} MiB; a scenario is a few kB", what,
-                                   kMaxInputBytes >> 20));
-}
-
-// Reads at most kMaxInputBytes (one more byte tells that the input is longer).
-std::string read_bounded(std::istream& in, const std::string& what) {
-  std::string text;
-  char buf[1 << 16];
-  while (in.read(buf, sizeof buf) || in.gcount() > 0) {
-    text.append(buf, static_cast<std::size_t>(in.gcount()));
-    if (text.size() > kMaxInputBytes) input_too_large(what);
-  }
-  return text;
-}
-
-}  // namespace
-
-std::string read_file_text(const std::string& path, const std::string& what) {
-  if (path == "-") return read_bounded(std::cin, what + " (stdin)");
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) {
-    throw InputError("", what + " '" + path + "' is a directory");
-  }
-  const auto size = std::filesystem::file_size(path, ec);
-  if (!ec && size > kMaxInputBytes) input_too_large(what + " '" + path + "'");
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw InputError("", "cannot open " + what + " '" + path + "'");
-  return read_bounded(f, what + " '" + path + "'");
-}
-
 nlohmann::json read_document(const CommonOptions& opts) {
   if (opts.input.empty()) return parse_json_text(default_scenario_text());
-  return parse_json_text(read_file_text(opts.input, "input file"));
+  return parse_json_text(read_input_file(opts.input, "input file"));
 }
 
 Scenario read_scenario(const CommonOptions& opts, const nlohmann::json& doc,
@@ -94,7 +58,7 @@ Scenario read_scenario(const CommonOptions& opts, const nlohmann::json& doc,
   if (opts.hf_config.empty()) return scenario_from_json(doc, extra_keys);
   nlohmann::json hf;
   try {
-    hf = parse_json_text(read_file_text(opts.hf_config, "--hf-config file"));
+    hf = parse_json_text(read_input_file(opts.hf_config, "--hf-config file"));
   } catch (const InputError& e) {
     throw InputError("/model/hf_config", std::string("--hf-config: ") + e.what());
   }

@@ -93,13 +93,13 @@ QVariant CommunicationModel::headerData(int section, Qt::Orientation orientation
     case GroupSizeColumn:
       return tr("Ranks");
     case BytesPerCallColumn:
-      return tr("Buffer per call");
+      return tr("Buffer/call");
     case CallsColumn:
-      return tr("Calls / step");
+      return tr("Calls/step");
     case WireBytesColumn:
-      return tr("Wire GiB / step");
+      return tr("Wire GiB/step");
     case TimeColumn:
-      return tr("Time / step (ms)");
+      return tr("ms/step");
     default:
       return {};
   }

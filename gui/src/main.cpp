@@ -1,12 +1,14 @@
 // distplan-gui: the interactive planner. With --screenshot it renders one tab offscreen at the
 // given size, saves a PNG and exits (for docs and CI).
 #include <cstdio>
+#include <optional>
 
 #include <QApplication>
 #include <QCommandLineParser>
 #include <QElapsedTimer>
 #include <QEventLoop>
 #include <QPixmap>
+#include <QSize>
 #include <QTimer>
 
 #include "mainwindow.h"
@@ -16,40 +18,89 @@
 
 using distplan::gui::MainWindow;
 
+namespace {
+
+// Bound of --size: a 8192 × 8192 ARGB grab is 256 MiB, the most a screenshot needs.
+constexpr int kMaxScreenshotSide = 8192;
+
+/// Parses "WxH" with both sides in [1, kMaxScreenshotSide].
+std::optional<QSize> parseSize(const QString& text) {
+  const QStringList parts = text.split(QLatin1Char('x'));
+  if (parts.size() != 2) return std::nullopt;
+  bool okW = false, okH = false;
+  const int w = parts[0].toInt(&okW);
+  const int h = parts[1].toInt(&okH);
+  if (!okW || !okH || w < 1 || h < 1 || w > kMaxScreenshotSide || h > kMaxScreenshotSide) {
+    return std::nullopt;
+  }
+  return QSize(w, h);
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
-  QApplication app(argc, argv);
-  QApplication::setOrganizationName(QStringLiteral("distplan"));
-  QApplication::setApplicationName(QStringLiteral("distplan-gui"));
-  QApplication::setApplicationVersion(QStringLiteral("0.1.0"));
+  // The command line is read before any QApplication exists: --help, --version and bad options
+  // need no display (a QApplication aborts without one).
+  QStringList arguments;
+  for (int i = 0; i < argc; ++i) arguments << QString::fromLocal8Bit(argv[i]);
+  QCoreApplication::setOrganizationName(QStringLiteral("distplan"));
+  QCoreApplication::setApplicationName(QStringLiteral("distplan-gui"));
+  QCoreApplication::setApplicationVersion(QStringLiteral("0.1.0"));
 
   QCommandLineParser parser;
-  parser.setApplicationDescription(
-      QApplication::translate("main", "Plan, simulate and search distributed training layouts."));
-  parser.addHelpOption();
-  parser.addVersionOption();
-  const QCommandLineOption scenarioOption(QStringLiteral("scenario"),
-                                          QApplication::translate("main", "Scenario JSON to open."),
-                                          QStringLiteral("FILE"));
+  parser.setApplicationDescription(QCoreApplication::translate(
+      "main", "Plan, simulate and search distributed training layouts."));
+  const QCommandLineOption helpOption = parser.addHelpOption();
+  const QCommandLineOption versionOption = parser.addVersionOption();
+  const QCommandLineOption scenarioOption(
+      QStringLiteral("scenario"), QCoreApplication::translate("main", "Scenario JSON to open."),
+      QStringLiteral("FILE"));
   const QCommandLineOption tabOption(QStringLiteral("tab"),
-                                     QApplication::translate("main", "Tab to show: %1.")
+                                     QCoreApplication::translate("main", "Tab to show: %1.")
                                          .arg(MainWindow::tabNames().join(QStringLiteral(", "))),
                                      QStringLiteral("NAME"));
   const QCommandLineOption screenshotOption(
       QStringLiteral("screenshot"),
-      QApplication::translate("main", "Render the window, save it as a PNG and exit."),
+      QCoreApplication::translate("main", "Render the window, save it as a PNG and exit."),
       QStringLiteral("FILE"));
   const QCommandLineOption sizeOption(
       QStringLiteral("size"),
-      QApplication::translate("main", "Window size for --screenshot (WxH)."), QStringLiteral("WxH"),
-      QStringLiteral("1440x900"));
+      QCoreApplication::translate("main", "Window size for --screenshot (WxH, each side 1 to %1).")
+          .arg(kMaxScreenshotSide),
+      QStringLiteral("WxH"), QStringLiteral("1440x900"));
   const QCommandLineOption validationOption(
       QStringLiteral("validation-result"),
-      QApplication::translate("main",
-                              "A `distplan validate` result to show in the Validation tab."),
+      QCoreApplication::translate("main",
+                                  "A `distplan validate` result to show in the Validation tab."),
       QStringLiteral("FILE"));
   parser.addOptions({scenarioOption, tabOption, screenshotOption, sizeOption, validationOption});
-  parser.process(app);
+  if (!parser.parse(arguments)) {
+    std::fprintf(stderr, "distplan-gui: %s\n", qPrintable(parser.errorText()));
+    return 2;
+  }
+  if (parser.isSet(helpOption)) {
+    std::fputs(qPrintable(parser.helpText()), stdout);
+    return 0;
+  }
+  if (parser.isSet(versionOption)) {
+    std::printf("%s %s\n", qPrintable(QCoreApplication::applicationName()),
+                qPrintable(QCoreApplication::applicationVersion()));
+    return 0;
+  }
+  const std::optional<QSize> size = parseSize(parser.value(sizeOption));
+  if (!size) {
+    std::fprintf(stderr, "distplan-gui: --size \"%s\" is not WxH with each side 1 to %d\n",
+                 qPrintable(parser.value(sizeOption)), kMaxScreenshotSide);
+    return 2;
+  }
+  const QString tab = parser.value(tabOption);
+  if (!tab.isEmpty() && !MainWindow::tabNames().contains(tab.toLower())) {
+    std::fprintf(stderr, "distplan-gui: unknown tab \"%s\" (one of %s)\n", qPrintable(tab),
+                 qPrintable(MainWindow::tabNames().join(QStringLiteral(", "))));
+    return 2;
+  }
 
+  QApplication app(argc, argv);
   const bool screenshot = parser.isSet(screenshotOption);
   MainWindow window(/*persistent=*/!screenshot);
   if (parser.isSet(scenarioOption)) {
@@ -67,21 +118,13 @@ int main(int argc, char** argv) {
                  qPrintable(parser.value(validationOption)));
     return 2;
   }
-  const QString tab = parser.value(tabOption);
-  if (!tab.isEmpty() && !window.showTab(tab)) {
-    std::fprintf(stderr, "distplan-gui: unknown tab \"%s\" (one of %s)\n", qPrintable(tab),
-                 qPrintable(MainWindow::tabNames().join(QStringLiteral(", "))));
-    return 2;
-  }
+  if (!tab.isEmpty()) window.showTab(tab);
   if (!screenshot) {
     window.show();
     return QApplication::exec();
   }
 
-  const QStringList size = parser.value(sizeOption).split(QLatin1Char('x'));
-  const int width = size.value(0).toInt();
-  const int height = size.value(1).toInt();
-  window.resize(std::max(width, 1280), std::max(height, 800));
+  window.resize(std::max(size->width(), 1280), std::max(size->height(), 800));
   window.show();
   window.session()->simulateNow();
   if (tab.compare(QStringLiteral("search"), Qt::CaseInsensitive) == 0 &&

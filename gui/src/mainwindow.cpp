@@ -22,6 +22,7 @@
 #include "chartexport.h"
 #include "communicationview.h"
 #include "distplan/planner/error.h"
+#include "distplan/planner/input_file.h"
 #include "distplan/planner/presets.h"
 #include "distplan/planner/scenario_json.h"
 #include "memoryview.h"
@@ -40,7 +41,11 @@ namespace distplan::gui {
 
 namespace {
 constexpr int kMaxRecentFiles = 8;
-}
+const QString kErrorBannerStyle =
+    QStringLiteral("background: #fdecea; color: #b00020; padding: 6px; border: 1px solid #f5c2c0;");
+const QString kInfoBannerStyle =
+    QStringLiteral("background: #e8f0fe; color: #1a3e72; padding: 6px; border: 1px solid #b6c8ee;");
+}  // namespace
 
 MainWindow::MainWindow(bool persistent, QWidget* parent)
     : QMainWindow(parent), persistent_(persistent) {
@@ -69,8 +74,7 @@ MainWindow::MainWindow(bool persistent, QWidget* parent)
   banner_ = new QLabel;
   banner_->setObjectName(QStringLiteral("banner"));
   banner_->setWordWrap(true);
-  banner_->setStyleSheet(QStringLiteral(
-      "background: #fdecea; color: #b00020; padding: 6px; border: 1px solid #f5c2c0;"));
+  banner_->setStyleSheet(kErrorBannerStyle);
   banner_->hide();
   auto* right = new QWidget;
   auto* rightLayout = new QVBoxLayout(right);
@@ -92,20 +96,33 @@ MainWindow::MainWindow(bool persistent, QWidget* parent)
   connect(session_, &PlanSession::simulationChanged, this, &MainWindow::simulationChanged);
   connect(summary_, &SummaryView::suggestionChosen, this, [this](int index) {
     const auto& suggestions = summary_->suggestions();
-    if (index < 0 || index >= static_cast<int>(suggestions.size())) return;
-    editor_->setScenario(suggestions[static_cast<std::size_t>(index)].scenario);
-    editorEdited();
+    if (!session_->hasPlan() || index < 0 || index >= static_cast<int>(suggestions.size())) return;
+    editor_->applyScenario(session_->scenario(),
+                           suggestions[static_cast<std::size_t>(index)].scenario);
   });
   connect(search_, &SearchView::planChosen, this, [this](int row) {
     const auto& rows = search_->model()->rows();
-    if (!session_->hasPlan() || row < 0 || row >= static_cast<int>(rows.size())) return;
-    Scenario s = session_->scenario();
-    s.parallel = rows[static_cast<std::size_t>(row)].parallel;
-    s.training.micro_batch_size = rows[static_cast<std::size_t>(row)].micro_batch_size;
-    editor_->setScenario(s);
-    editorEdited();
-    statusBar()->showMessage(
-        tr("Loaded plan #%1 from the search").arg(rows[static_cast<std::size_t>(row)].rank), 5000);
+    if (row < 0 || row >= static_cast<int>(rows.size())) return;
+    const SearchRow& chosen = rows[static_cast<std::size_t>(row)];
+    if (isSearchDocument(editor_->document()) || !session_->hasPlan()) {
+      // The file's candidate lists give way to the chosen layout; its search object stays.
+      std::vector<std::pair<QString, nlohmann::json>> values;
+      const nlohmann::json parallel = to_json(chosen.parallel);
+      for (const auto& [key, value] : parallel.items()) {
+        if (key != "layers_per_stage") {
+          values.emplace_back(QStringLiteral("/parallel/") + QString::fromStdString(key), value);
+        }
+      }
+      values.emplace_back(QStringLiteral("/training/micro_batch_size"),
+                          nlohmann::json(chosen.micro_batch_size));
+      editor_->editValues(values);
+    } else {
+      Scenario s = session_->scenario();
+      s.parallel = chosen.parallel;
+      s.training.micro_batch_size = chosen.micro_batch_size;
+      editor_->applyScenario(session_->scenario(), s);
+    }
+    statusBar()->showMessage(tr("Loaded plan #%1 from the search").arg(chosen.rank), 5000);
     showTab(QStringLiteral("summary"));
   });
 
@@ -182,24 +199,16 @@ void MainWindow::createMenus() {
 }
 
 void MainWindow::loadDefaultScenario() {
-  const nlohmann::json doc = parse_json_text(default_scenario_text());
-  editor_->setScenario(scenario_from_json(doc));
+  originalText_ = std::string(default_scenario_text());
+  editor_->setDocument(parse_json_text(originalText_));
   setCurrentFile({});
-  editorEdited();
+  session_->setDocument(editor_->document());
+  documentEdited_ = false;
   setWindowModified(false);
 }
 
 bool MainWindow::openScenario(const QString& path, QString* error) {
-  QFile file(path);
-  if (!file.open(QIODevice::ReadOnly)) {
-    if (error) *error = tr("%1: %2").arg(path, file.errorString());
-    return false;
-  }
-  const QByteArray text = file.readAll();
-  try {
-    const nlohmann::json doc = parse_json_text(std::string_view(text.constData(), text.size()));
-    editor_->setScenario(scenario_from_json(doc));
-  } catch (const InputError& e) {
+  auto fail = [&](const InputError& e) {
     if (error) {
       *error = tr("%1: %2%3")
                    .arg(path,
@@ -208,10 +217,28 @@ bool MainWindow::openScenario(const QString& path, QString* error) {
                         QString::fromUtf8(e.what()));
     }
     return false;
+  };
+  std::string text;
+  nlohmann::json doc;
+  try {
+    text = read_input_file(QFile::encodeName(path).toStdString(), "scenario");
+    doc = parse_json_text(text);
+    (void)scenario_from_json(doc, {"search"});
+  } catch (const InputError& e) {
+    // A search document (lists of candidates, a `search` object) opens for the Search tab.
+    if (!isSearchDocument(doc)) return fail(e);
+    try {
+      (void)search_->setDocument(doc);
+    } catch (const InputError& searchError) {
+      return fail(searchError);
+    }
   }
+  originalText_ = std::move(text);
+  editor_->setDocument(doc);
   setCurrentFile(path);
   addRecentFile(path);
-  editorEdited();
+  session_->setDocument(editor_->document());
+  documentEdited_ = false;
   setWindowModified(false);
   return true;
 }
@@ -222,12 +249,16 @@ bool MainWindow::saveScenario(const QString& path, QString* error) {
     if (error) *error = file.errorString();
     return false;
   }
-  const std::string text = editor_->document().dump(2) + "\n";
-  file.write(text.data(), static_cast<qint64>(text.size()));
-  if (!file.commit()) {
+  // Unedited, the file is written back as it was read, byte for byte.
+  const std::string text = documentEdited_ ? editor_->document().dump(2) + "\n" : originalText_;
+  if (file.write(text.data(), static_cast<qint64>(text.size())) !=
+          static_cast<qint64>(text.size()) ||
+      !file.commit()) {
     if (error) *error = file.errorString();
     return false;
   }
+  originalText_ = text;
+  documentEdited_ = false;
   setCurrentFile(path);
   addRecentFile(path);
   setWindowModified(false);
@@ -300,6 +331,7 @@ void MainWindow::setCurrentFile(const QString& path) {
 }
 
 void MainWindow::editorEdited() {
+  documentEdited_ = true;
   setWindowModified(true);
   session_->setDocument(editor_->document());
 }
@@ -308,11 +340,21 @@ void MainWindow::planChanged() {
   editor_->clearError();
   banner_->hide();
   const Scenario& s = session_->scenario();
+  editor_->setResolved(s);
   const Estimate& e = session_->estimate();
-  summary_->setPlan(s, e);
+  summary_->setPlan(s, e, session_->suggestions());
   memory_->setMemory(e.memory);
   communication_->setCommunication(e.communication);
   search_->setBaseScenario(s);
+  if (isSearchDocument(session_->document())) {
+    try {
+      (void)search_->setDocument(session_->document());
+    } catch (const InputError&) {
+      search_->setDocument(nlohmann::json());  // the plan's message is the one shown
+    }
+  } else {
+    search_->setDocument(nlohmann::json());
+  }
   validation_->setScenarioDocument(QByteArray::fromStdString(session_->document().dump(2)));
   if (!PlanSession::simulatorAvailable()) {
     timeline_->setMessage(tr("This build has no simulator."));
@@ -320,7 +362,25 @@ void MainWindow::planChanged() {
 }
 
 void MainWindow::planInvalid(const QString& path, const QString& message) {
+  // A search document has no single plan; its request drives the Search tab, and its resolved
+  // model, cluster and training fill the fields the file leaves out.
+  if (isSearchDocument(session_->document())) {
+    try {
+      search_->setDocument(session_->document());
+      editor_->setResolved(*search_->requestBase(), /*withLayout=*/false);
+      editor_->clearError();
+      banner_->setStyleSheet(kInfoBannerStyle);
+      banner_->setText(tr("A search request (%1%2): the Search tab searches its candidates; "
+                          "double-click a plan there to plan it here.")
+                           .arg(path.isEmpty() ? QString() : path + QStringLiteral(": "), message));
+      banner_->show();
+      return;
+    } catch (const InputError&) {
+      search_->setDocument(nlohmann::json());  // the plan's message below is the one shown
+    }
+  }
   editor_->showError(path, message);
+  banner_->setStyleSheet(kErrorBannerStyle);
   banner_->setText(tr("Invalid scenario — %1%2 (the results show the last valid plan)")
                        .arg(path.isEmpty() ? QString() : path + QStringLiteral(": "), message));
   banner_->show();

@@ -5,6 +5,7 @@
 
 #include <QMainWindow>
 #include <QStringList>
+#include <string>
 
 class QLabel;
 class QMenu;
@@ -32,8 +33,10 @@ class MainWindow : public QMainWindow {
 
   /// Loads the embedded default scenario (Llama-2-70B on 64 × H100).
   void loadDefaultScenario();
-  /// Opens a scenario file; on failure returns false and sets `error` ("path: message").
+  /// Opens a scenario or search file (read with the CLI's size bound); on failure returns false
+  /// and sets `error` ("path: message").
   bool openScenario(const QString& path, QString* error = nullptr);
+  /// Saves the document: the bytes read when nothing was edited, else the edited document.
   bool saveScenario(const QString& path, QString* error = nullptr);
   /// Shows the tab named `name` (summary, memory, communication, timeline, search, validation).
   bool showTab(const QString& name);
@@ -83,6 +86,8 @@ class MainWindow : public QMainWindow {
   QMenu* recentMenu_ = nullptr;
   QStringList recentFiles_;
   QString currentFile_;
+  std::string originalText_;     // the bytes the document was read from
+  bool documentEdited_ = false;  // since it was read: Save writes originalText_ when false
 };
 
 }  // namespace distplan::gui

@@ -1,31 +1,31 @@
 #include "scenarioeditor.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <numeric>
 
 #include <QCheckBox>
 #include <QComboBox>
 #include <QCoreApplication>
-#include <QDoubleSpinBox>
 #include <QFormLayout>
 #include <QGroupBox>
 #include <QLabel>
-#include <QSpinBox>
+#include <QSet>
 #include <QVBoxLayout>
-#include <nlohmann/json.hpp>
 
 #include "distplan/planner/presets.h"
+#include "distplan/planner/scenario_json.h"
+#include "valuefield.h"
 
 namespace distplan::gui {
 
+using nlohmann::json;
+
 namespace {
 
-constexpr double kGB = 1e9;     // link and HBM bandwidths are quoted in GB/s (10^9)
-constexpr double kTera = 1e12;  // peak FLOP/s in TFLOP/s
-
 QString qs(std::string_view v) {
-  return QString::fromUtf8(v.data(), static_cast<int>(v.size()));
+  return QString::fromUtf8(v.data(), static_cast<qsizetype>(v.size()));
 }
 
 template <typename Enum, std::size_t N>
@@ -33,18 +33,6 @@ QStringList enumNames(const std::array<Enum, N>& values) {
   QStringList names;
   for (Enum v : values) names << qs(to_string(v));
   return names;
-}
-
-template <typename Enum, std::size_t N>
-Enum enumFromCombo(const QComboBox* box, const std::array<Enum, N>& values) {
-  const int i = box->currentIndex();
-  return values[static_cast<std::size_t>(std::clamp(i, 0, static_cast<int>(N) - 1))];
-}
-
-template <typename Enum, std::size_t N>
-void setEnumCombo(QComboBox* box, const std::array<Enum, N>& values, Enum v) {
-  const auto it = std::find(values.begin(), values.end(), v);
-  box->setCurrentIndex(static_cast<int>(it - values.begin()));
 }
 
 constexpr std::array kMlps = {Mlp::gelu, Mlp::swiglu};
@@ -57,48 +45,121 @@ constexpr std::array kRecomputes = {Recompute::none, Recompute::selective, Recom
 constexpr std::array kSchedules = {Schedule::gpipe, Schedule::one_f_one_b,
                                    Schedule::interleaved_1f1b, Schedule::zb_h1, Schedule::zb_h2};
 
+// Paths whose absence means "derived" rather than the resolved value: shown as their first item.
+const QString kDpPath = QStringLiteral("/parallel/dp");
+const QString kGradDtypePath = QStringLiteral("/training/grad_accumulation_dtype");
+
 std::vector<Count> divisors(Count n) {
-  std::vector<Count> out;
-  for (Count d = 1; d <= n; ++d) {
-    if (n % d == 0) out.push_back(d);
+  std::vector<Count> low, high;
+  for (Count d = 1; d * d <= n; ++d) {
+    if (n % d != 0) continue;
+    low.push_back(d);
+    if (d != n / d) high.push_back(n / d);
   }
-  return out;
+  low.insert(low.end(), high.rbegin(), high.rend());
+  return low;
 }
 
-/// Offers `values`; keeps `current` selected even when it is not among them (marked), so a value
-/// read from a file is never silently replaced by another.
-void setIntChoices(QComboBox* box, const std::vector<Count>& values, Count current,
-                   const QString& autoText = {}) {
-  box->clear();
-  if (!autoText.isEmpty()) box->addItem(autoText, QVariant::fromValue<qlonglong>(-1));
-  for (Count v : values) box->addItem(QString::number(v), QVariant::fromValue<qlonglong>(v));
-  int index = box->findData(QVariant::fromValue<qlonglong>(current));
+std::vector<std::string> pointerTokens(const std::string& path) {
+  std::vector<std::string> tokens;
+  if (path.empty()) return tokens;
+  std::size_t pos = 1;
+  while (true) {
+    const std::size_t next = path.find('/', pos);
+    std::string t = path.substr(pos, next == std::string::npos ? std::string::npos : next - pos);
+    for (std::size_t i = 0; (i = t.find('~', i)) != std::string::npos; ++i) {
+      if (i + 1 < t.size()) t.replace(i, 2, t[i + 1] == '1' ? "/" : "~");
+    }
+    tokens.push_back(std::move(t));
+    if (next == std::string::npos) break;
+    pos = next + 1;
+  }
+  return tokens;
+}
+
+/// The value at `path` in `doc`, or nullptr.
+const json* lookup(const json& doc, const std::string& path) {
+  const json* node = &doc;
+  for (const std::string& t : pointerTokens(path)) {
+    if (!node->is_object()) return nullptr;
+    const auto it = node->find(t);
+    if (it == node->end()) return nullptr;
+    node = &*it;
+  }
+  return node;
+}
+
+/// The preset a model or GPU document names, if any.
+QString presetOf(const json& v) {
+  if (v.is_string()) return QString::fromStdString(v.get<std::string>());
+  if (v.is_object() && v.contains("preset") && v.at("preset").is_string()) {
+    return QString::fromStdString(v.at("preset").get<std::string>());
+  }
+  return {};
+}
+
+/// Selects the item whose data is `data`, adding `text` for it when absent (a value read from the
+/// document is shown, never replaced by another).
+void selectOrAdd(QComboBox* box, const QVariant& data, const QString& text) {
+  int index = data.isValid() ? box->findData(data) : -1;
   if (index < 0) {
-    box->addItem(QCoreApplication::translate("ScenarioEditor", "%1 (not offered)").arg(current),
-                 QVariant::fromValue<qlonglong>(current));
+    box->addItem(text, data);
     index = box->count() - 1;
   }
   box->setCurrentIndex(index);
 }
 
-Count intChoice(const QComboBox* box) {
-  return box->currentData().toLongLong();
+void setItalic(QWidget* w, bool italic) {
+  QFont f = w->font();
+  f.setItalic(italic);
+  w->setFont(f);
 }
 
-QString presetBaseName(const std::string& name) {
-  QString n = QString::fromStdString(name);
-  const QString suffix = QStringLiteral(" (modified)");
-  if (n.endsWith(suffix)) n.chop(suffix.size());
-  return n;
+QString shortDump(const json& v) {
+  std::string text = v.dump(-1, ' ', false, json::error_handler_t::replace);
+  if (text.size() > 160) text = text.substr(0, 160) + "…";
+  return QString::fromStdString(text);
 }
 
 }  // namespace
+
+void setDocumentValue(json& doc, const std::string& path, const json& value) {
+  const std::vector<std::string> tokens = pointerTokens(path);
+  if (tokens.empty()) return;
+  json* node = &doc;
+  for (std::size_t i = 0; i + 1 < tokens.size(); ++i) {
+    if (node->is_string()) {
+      *node = json{{"preset", node->get<std::string>()}};  // a preset name keeps its preset
+    } else if (!node->is_object()) {
+      if (value.is_null()) return;
+      *node = json::object();
+    }
+    const auto it = node->find(tokens[i]);
+    if (it == node->end()) {
+      if (value.is_null()) return;
+      node = &(*node)[tokens[i]];
+    } else {
+      node = &*it;
+    }
+  }
+  if (node->is_string()) *node = json{{"preset", node->get<std::string>()}};
+  if (!node->is_object()) {
+    if (value.is_null()) return;
+    *node = json::object();
+  }
+  if (value.is_null()) {
+    node->erase(tokens.back());
+  } else {
+    (*node)[tokens.back()] = value;
+  }
+}
 
 ScenarioEditor::ScenarioEditor(QWidget* parent) : QWidget(parent) {
   auto* layout = new QVBoxLayout(this);
   generalError_ = new QLabel(this);
   generalError_->setObjectName(QStringLiteral("error:"));
   generalError_->setWordWrap(true);
+  generalError_->setTextFormat(Qt::PlainText);
   generalError_->setStyleSheet(QStringLiteral("color: #b00020; font-weight: bold;"));
   generalError_->hide();
   layout->addWidget(generalError_);
@@ -115,11 +176,24 @@ ScenarioEditor::ScenarioEditor(QWidget* parent) : QWidget(parent) {
   group(tr("Training"), &ScenarioEditor::buildTrainingGroup);
   group(tr("Parallel layout"), &ScenarioEditor::buildParallelGroup);
   group(tr("Assumptions"), &ScenarioEditor::buildAssumptionsGroup);
+
+  auto* other = new QGroupBox(tr("Other fields in the file"), this);
+  other->setToolTip(tr("Kept as they are; edit the file to change them"));
+  auto* otherLayout = new QVBoxLayout(other);
+  otherFields_ = new QLabel(other);
+  otherFields_->setObjectName(QStringLiteral("otherFields"));
+  otherFields_->setTextFormat(Qt::PlainText);
+  otherFields_->setWordWrap(true);
+  otherFields_->setTextInteractionFlags(Qt::TextSelectableByMouse);
+  otherLayout->addWidget(otherFields_);
+  otherBox_ = other;
+  otherBox_->hide();
+  layout->addWidget(other);
   layout->addStretch(1);
 }
 
 QWidget* ScenarioEditor::addRow(QFormLayout* form, const QString& label, QWidget* editor,
-                                const QString& path) {
+                                const QString& path, Kind kind) {
   editor->setObjectName(path);
   auto* cell = new QWidget(this);
   auto* v = new QVBoxLayout(cell);
@@ -129,484 +203,364 @@ QWidget* ScenarioEditor::addRow(QFormLayout* form, const QString& label, QWidget
   auto* error = new QLabel(cell);
   error->setObjectName(QStringLiteral("error:") + path);
   error->setWordWrap(true);
+  error->setTextFormat(Qt::PlainText);
   error->setStyleSheet(QStringLiteral("color: #b00020;"));
   error->hide();
   v->addWidget(error);
   form->addRow(label, cell);
-  fields_.insert(path, Field{editor, error});
+  fields_.insert(path, Field{kind, editor, error});
   return cell;
 }
 
-QSpinBox* ScenarioEditor::addCount(QFormLayout* form, const QString& label, const QString& path,
-                                   int min, int max) {
-  auto* box = new QSpinBox(this);
-  box->setRange(min, max);
-  box->setKeyboardTracking(false);
-  box->setGroupSeparatorShown(true);
-  connect(box, &QSpinBox::valueChanged, this, &ScenarioEditor::fieldChanged);
-  addRow(form, label, box, path);
-  return box;
-}
-
-QDoubleSpinBox* ScenarioEditor::addReal(QFormLayout* form, const QString& label,
-                                        const QString& path, double min, double max, int decimals,
-                                        const QString& suffix) {
-  auto* box = new QDoubleSpinBox(this);
-  box->setRange(min, max);
-  box->setDecimals(decimals);
-  box->setSuffix(suffix);
-  box->setKeyboardTracking(false);
-  connect(box, &QDoubleSpinBox::valueChanged, this, &ScenarioEditor::fieldChanged);
-  addRow(form, label, box, path);
-  return box;
+ValueField* ScenarioEditor::addValue(QFormLayout* form, const QString& label, const QString& path,
+                                     FieldUnit unit, const QString& unitText) {
+  auto* field = new ValueField(unit, this);
+  connect(field, &ValueField::valueEdited, this,
+          [this, path](const json& value) { editValue(path, value); });
+  addRow(form, unitText.isEmpty() ? label : tr("%1 (%2)").arg(label, unitText), field, path,
+         Kind::value);
+  return field;
 }
 
 QComboBox* ScenarioEditor::addChoice(QFormLayout* form, const QString& label, const QString& path,
                                      const QStringList& values) {
   auto* box = new QComboBox(this);
-  box->addItems(values);
-  connect(box, &QComboBox::currentIndexChanged, this, &ScenarioEditor::fieldChanged);
-  addRow(form, label, box, path);
+  for (const QString& v : values) box->addItem(v, v);
+  connect(box, &QComboBox::activated, this, [this, box, path](int index) {
+    const QVariant data = box->itemData(index);
+    if (!data.isValid()) return;  // the document's own value, which no item names
+    const QString text = data.toString();
+    editValue(path, text.isEmpty() ? json(nullptr) : json(text.toStdString()));
+  });
+  addRow(form, label, box, path, Kind::choice);
+  return box;
+}
+
+QComboBox* ScenarioEditor::addIntChoice(QFormLayout* form, const QString& label,
+                                        const QString& path) {
+  auto* box = new QComboBox(this);
+  connect(box, &QComboBox::activated, this, [this, box, path](int index) {
+    const QVariant data = box->itemData(index);
+    if (!data.isValid()) return;
+    const qlonglong v = data.toLongLong();
+    editValue(path, v < 0 ? json(nullptr) : json(v));
+  });
+  addRow(form, label, box, path, Kind::intChoice);
   return box;
 }
 
 QCheckBox* ScenarioEditor::addCheck(QFormLayout* form, const QString& label, const QString& path) {
   auto* box = new QCheckBox(this);
-  connect(box, &QCheckBox::toggled, this, &ScenarioEditor::fieldChanged);
-  addRow(form, label, box, path);
+  connect(box, &QCheckBox::clicked, this,
+          [this, path](bool checked) { editValue(path, json(checked)); });
+  addRow(form, label, box, path, Kind::check);
+  return box;
+}
+
+QComboBox* ScenarioEditor::addPreset(QFormLayout* form, const QString& label, const QString& path,
+                                     bool model) {
+  auto* box = new QComboBox(this);
+  for (const PresetInfo& p : model ? model_presets() : gpu_presets()) {
+    box->addItem(QString::fromStdString(p.name), QString::fromStdString(p.name));
+    box->setItemData(box->count() - 1, QString::fromStdString(p.description), Qt::ToolTipRole);
+  }
+  box->addItem(tr("custom"), QString());
+  connect(box, &QComboBox::activated, this, [this, box, path, model](int index) {
+    const QVariant data = box->itemData(index);
+    if (!data.isValid()) return;
+    presetChosen(path, data.toString(), model);
+  });
+  addRow(form, label, box, path, Kind::preset);
   return box;
 }
 
 void ScenarioEditor::buildModelGroup(QFormLayout* form) {
-  modelPreset_ = new QComboBox(this);
-  for (const PresetInfo& p : model_presets()) {
-    modelPreset_->addItem(QString::fromStdString(p.name), QString::fromStdString(p.name));
-    modelPreset_->setItemData(modelPreset_->count() - 1, QString::fromStdString(p.description),
-                              Qt::ToolTipRole);
-  }
-  modelPreset_->addItem(tr("custom"), QString());
-  connect(modelPreset_, &QComboBox::activated, this,
-          [this](int index) { applyModelPreset(modelPreset_->itemData(index).toString()); });
-  addRow(form, tr("Preset"), modelPreset_, QStringLiteral("/model"));
-  numLayers_ = addCount(form, tr("Layers"), QStringLiteral("/model/num_layers"), 1, 100000);
-  hiddenSize_ = addCount(form, tr("Hidden size"), QStringLiteral("/model/hidden_size"), 1, 1 << 20);
-  heads_ = addCount(form, tr("Attention heads"), QStringLiteral("/model/num_attention_heads"), 1,
-                    100000);
-  kvHeads_ = addChoice(form, tr("KV heads"), QStringLiteral("/model/num_kv_heads"), {});
-  ffnHidden_ =
-      addCount(form, tr("FFN hidden size"), QStringLiteral("/model/ffn_hidden_size"), 1, 1 << 22);
-  vocab_ = addCount(form, tr("Vocabulary"), QStringLiteral("/model/vocab_size"), 1, 1 << 24);
-  mlp_ = addChoice(form, tr("MLP"), QStringLiteral("/model/mlp"), enumNames(kMlps));
-  norm_ = addChoice(form, tr("Norm"), QStringLiteral("/model/norm"), enumNames(kNorms));
-  positionEmbedding_ = addChoice(form, tr("Positions"), QStringLiteral("/model/position_embedding"),
-                                 enumNames(kPositions));
-  maxPositions_ = addCount(form, tr("Max positions"),
-                           QStringLiteral("/model/max_position_embeddings"), 0, 1 << 24);
-  tiedEmbeddings_ = addCheck(form, tr("Tied embeddings"), QStringLiteral("/model/tied_embeddings"));
-  bias_ = addCheck(form, tr("Linear biases"), QStringLiteral("/model/bias"));
+  addPreset(form, tr("Preset"), QStringLiteral("/model"), true);
+  addValue(form, tr("Name"), QStringLiteral("/model/name"), FieldUnit::plain);
+  addValue(form, tr("Layers"), QStringLiteral("/model/num_layers"), FieldUnit::plain);
+  addValue(form, tr("Hidden size"), QStringLiteral("/model/hidden_size"), FieldUnit::plain);
+  addValue(form, tr("Attention heads"), QStringLiteral("/model/num_attention_heads"),
+           FieldUnit::plain);
+  addIntChoice(form, tr("KV heads"), QStringLiteral("/model/num_kv_heads"));
+  addValue(form, tr("FFN hidden size"), QStringLiteral("/model/ffn_hidden_size"), FieldUnit::plain);
+  addValue(form, tr("Vocabulary"), QStringLiteral("/model/vocab_size"), FieldUnit::plain);
+  addChoice(form, tr("MLP"), QStringLiteral("/model/mlp"), enumNames(kMlps));
+  addChoice(form, tr("Norm"), QStringLiteral("/model/norm"), enumNames(kNorms));
+  addChoice(form, tr("Positions"), QStringLiteral("/model/position_embedding"),
+            enumNames(kPositions));
+  addValue(form, tr("Max positions"), QStringLiteral("/model/max_position_embeddings"),
+           FieldUnit::plain);
+  addCheck(form, tr("Tied embeddings"), QStringLiteral("/model/tied_embeddings"));
+  addCheck(form, tr("Linear biases"), QStringLiteral("/model/bias"));
 }
 
 void ScenarioEditor::buildClusterGroup(QFormLayout* form) {
-  gpuPreset_ = new QComboBox(this);
-  for (const PresetInfo& p : gpu_presets()) {
-    gpuPreset_->addItem(QString::fromStdString(p.name), QString::fromStdString(p.name));
-    gpuPreset_->setItemData(gpuPreset_->count() - 1, QString::fromStdString(p.description),
-                            Qt::ToolTipRole);
-  }
-  gpuPreset_->addItem(tr("custom"), QString());
-  connect(gpuPreset_, &QComboBox::activated, this,
-          [this](int index) { applyGpuPreset(gpuPreset_->itemData(index).toString()); });
-  addRow(form, tr("GPU"), gpuPreset_, QStringLiteral("/cluster/gpu"));
-  gpuMemoryGiB_ = addReal(form, tr("GPU memory"), QStringLiteral("/cluster/gpu/memory_bytes"), 0,
-                          1e6, 2, tr(" GiB"));
-  gpuBf16Tflops_ = addReal(form, tr("Peak bf16"), QStringLiteral("/cluster/gpu/peak_flops/bf16"), 0,
-                           1e6, 1, tr(" TFLOP/s"));
-  gpuFp16Tflops_ = addReal(form, tr("Peak fp16"), QStringLiteral("/cluster/gpu/peak_flops/fp16"), 0,
-                           1e6, 1, tr(" TFLOP/s"));
-  gpuFp32Tflops_ = addReal(form, tr("Peak fp32"), QStringLiteral("/cluster/gpu/peak_flops/fp32"), 0,
-                           1e6, 1, tr(" TFLOP/s"));
-  gpuHbmGBs_ = addReal(form, tr("HBM bandwidth"), QStringLiteral("/cluster/gpu/memory_bandwidth"),
-                       0, 1e7, 0, tr(" GB/s"));
-  numGpus_ = addCount(form, tr("GPUs"), QStringLiteral("/cluster/num_gpus"), 1, 1 << 20);
-  gpusPerNode_ =
-      addCount(form, tr("GPUs per node"), QStringLiteral("/cluster/gpus_per_node"), 1, 1024);
-  intraGBs_ = addReal(form, tr("Intra-node link"), QStringLiteral("/cluster/intra_node_bandwidth"),
-                      0, 1e6, 1, tr(" GB/s"));
-  interGBs_ = addReal(form, tr("Inter-node link"), QStringLiteral("/cluster/inter_node_bandwidth"),
-                      0, 1e6, 1, tr(" GB/s"));
-  runtimeReserveGiB_ =
-      addReal(form, tr("Runtime reserve"), QStringLiteral("/cluster/runtime_reserve_bytes"), 0, 1e4,
-              2, tr(" GiB"));
+  addPreset(form, tr("GPU"), QStringLiteral("/cluster/gpu"), false);
+  addValue(form, tr("GPU memory"), QStringLiteral("/cluster/gpu/memory_bytes"), FieldUnit::giB,
+           tr("GiB"));
+  addValue(form, tr("Peak bf16"), QStringLiteral("/cluster/gpu/peak_flops/bf16"), FieldUnit::tera,
+           tr("TFLOP/s"));
+  addValue(form, tr("Peak fp16"), QStringLiteral("/cluster/gpu/peak_flops/fp16"), FieldUnit::tera,
+           tr("TFLOP/s"));
+  addValue(form, tr("Peak fp32"), QStringLiteral("/cluster/gpu/peak_flops/fp32"), FieldUnit::tera,
+           tr("TFLOP/s"));
+  addValue(form, tr("HBM bandwidth"), QStringLiteral("/cluster/gpu/memory_bandwidth"),
+           FieldUnit::giga, tr("GB/s"));
+  addValue(form, tr("GPUs"), QStringLiteral("/cluster/num_gpus"), FieldUnit::plain);
+  addValue(form, tr("GPUs per node"), QStringLiteral("/cluster/gpus_per_node"), FieldUnit::plain);
+  addValue(form, tr("Intra-node link"), QStringLiteral("/cluster/intra_node_bandwidth"),
+           FieldUnit::giga, tr("GB/s"));
+  addValue(form, tr("Inter-node link"), QStringLiteral("/cluster/inter_node_bandwidth"),
+           FieldUnit::giga, tr("GB/s"));
+  addValue(form, tr("Runtime reserve"), QStringLiteral("/cluster/runtime_reserve_bytes"),
+           FieldUnit::giB, tr("GiB"));
 }
 
 void ScenarioEditor::buildTrainingGroup(QFormLayout* form) {
-  seqLength_ =
-      addCount(form, tr("Sequence length"), QStringLiteral("/training/seq_length"), 1, 1 << 24);
-  globalBatch_ =
-      addCount(form, tr("Global batch"), QStringLiteral("/training/global_batch_size"), 1, 1 << 24);
-  microBatch_ =
-      addCount(form, tr("Micro-batch"), QStringLiteral("/training/micro_batch_size"), 1, 1 << 16);
-  precision_ =
-      addChoice(form, tr("Precision"), QStringLiteral("/training/precision"), enumNames(kDTypes));
-  optimizer_ = addChoice(form, tr("Optimizer"), QStringLiteral("/training/optimizer"),
-                         enumNames(kOptimizers));
-  QStringList gradTypes{tr("same as precision")};
-  gradTypes << enumNames(kDTypes);
-  gradAccumDtype_ = addChoice(form, tr("Gradient dtype"),
-                              QStringLiteral("/training/grad_accumulation_dtype"), gradTypes);
-  attention_ = addChoice(form, tr("Attention"), QStringLiteral("/training/attention"),
-                         enumNames(kAttentions));
-  dropout_ = addReal(form, tr("Dropout"), QStringLiteral("/training/dropout"), 0, 1, 3, {});
-  dropout_->setSingleStep(0.05);
+  addValue(form, tr("Sequence length"), QStringLiteral("/training/seq_length"), FieldUnit::plain);
+  addValue(form, tr("Global batch"), QStringLiteral("/training/global_batch_size"),
+           FieldUnit::plain);
+  addValue(form, tr("Micro-batch"), QStringLiteral("/training/micro_batch_size"), FieldUnit::plain);
+  addChoice(form, tr("Precision"), QStringLiteral("/training/precision"), enumNames(kDTypes));
+  addChoice(form, tr("Optimizer"), QStringLiteral("/training/optimizer"), enumNames(kOptimizers));
+  QComboBox* grad = addChoice(form, tr("Gradient accumulation"), kGradDtypePath, {});
+  grad->addItem(tr("same as precision"), QString());
+  for (const QString& n : enumNames(kDTypes)) grad->addItem(n, n);
+  addChoice(form, tr("Attention"), QStringLiteral("/training/attention"), enumNames(kAttentions));
+  addValue(form, tr("Dropout"), QStringLiteral("/training/dropout"), FieldUnit::plain);
 }
 
 void ScenarioEditor::buildParallelGroup(QFormLayout* form) {
-  tp_ = addChoice(form, tr("Tensor parallel (tp)"), QStringLiteral("/parallel/tp"), {});
-  pp_ = addChoice(form, tr("Pipeline parallel (pp)"), QStringLiteral("/parallel/pp"), {});
-  dp_ = addChoice(form, tr("Data parallel (dp)"), QStringLiteral("/parallel/dp"), {});
-  zeroStage_ = addChoice(
-      form, tr("ZeRO stage"), QStringLiteral("/parallel/zero_stage"),
-      {QStringLiteral("0"), QStringLiteral("1"), QStringLiteral("2"), QStringLiteral("3")});
-  fsdpShard_ = addCount(form, tr("ZeRO shard group"), QStringLiteral("/parallel/fsdp_shard_size"),
-                        0, 1 << 20);
-  fsdpShard_->setSpecialValueText(tr("dp (full sharding)"));
-  sequenceParallel_ =
-      addCheck(form, tr("Sequence parallel"), QStringLiteral("/parallel/sequence_parallel"));
-  recompute_ = addChoice(form, tr("Recompute"), QStringLiteral("/parallel/recompute"),
-                         enumNames(kRecomputes));
-  schedule_ =
-      addChoice(form, tr("Schedule"), QStringLiteral("/parallel/schedule"), enumNames(kSchedules));
-  virtualStages_ =
-      addCount(form, tr("Virtual stages"), QStringLiteral("/parallel/virtual_stages"), 1, 1024);
+  addIntChoice(form, tr("Tensor parallel"), QStringLiteral("/parallel/tp"));
+  addIntChoice(form, tr("Pipeline parallel"), QStringLiteral("/parallel/pp"));
+  addIntChoice(form, tr("Data parallel"), kDpPath);
+  addIntChoice(form, tr("ZeRO stage"), QStringLiteral("/parallel/zero_stage"));
+  addValue(form, tr("ZeRO shard group"), QStringLiteral("/parallel/fsdp_shard_size"),
+           FieldUnit::plain);
+  addCheck(form, tr("Sequence parallel"), QStringLiteral("/parallel/sequence_parallel"));
+  addChoice(form, tr("Recompute"), QStringLiteral("/parallel/recompute"), enumNames(kRecomputes));
+  addChoice(form, tr("Schedule"), QStringLiteral("/parallel/schedule"), enumNames(kSchedules));
+  addValue(form, tr("Virtual stages"), QStringLiteral("/parallel/virtual_stages"),
+           FieldUnit::plain);
 }
 
 void ScenarioEditor::buildAssumptionsGroup(QFormLayout* form) {
-  computeEfficiency_ = addReal(form, tr("Compute efficiency"),
-                               QStringLiteral("/assumptions/compute_efficiency"), 0, 1, 2, {});
-  computeEfficiency_->setSingleStep(0.05);
-  communicationEfficiency_ =
-      addReal(form, tr("Link efficiency"), QStringLiteral("/assumptions/communication_efficiency"),
-              0, 1, 2, {});
-  communicationEfficiency_->setSingleStep(0.05);
+  addValue(form, tr("Compute efficiency"), QStringLiteral("/assumptions/compute_efficiency"),
+           FieldUnit::plain);
+  addValue(form, tr("Communication efficiency"),
+           QStringLiteral("/assumptions/communication_efficiency"), FieldUnit::plain);
 }
 
-void ScenarioEditor::setModelFields(const ModelSpec& m) {
-  numLayers_->setValue(static_cast<int>(m.num_layers));
-  hiddenSize_->setValue(static_cast<int>(m.hidden_size));
-  heads_->setValue(static_cast<int>(m.num_attention_heads));
-  setIntChoices(kvHeads_, divisors(m.num_attention_heads),
-                m.num_kv_heads > 0 ? m.num_kv_heads : m.num_attention_heads);
-  ffnHidden_->setValue(static_cast<int>(m.ffn_hidden_size));
-  vocab_->setValue(static_cast<int>(m.vocab_size));
-  setEnumCombo(mlp_, kMlps, m.mlp);
-  setEnumCombo(norm_, kNorms, m.norm);
-  setEnumCombo(positionEmbedding_, kPositions, m.position_embedding);
-  maxPositions_->setValue(static_cast<int>(m.max_position_embeddings));
-  tiedEmbeddings_->setChecked(m.tied_embeddings);
-  bias_->setChecked(m.bias);
-}
-
-void ScenarioEditor::setGpuFields(const GpuSpec& g) {
-  gpuMemoryGiB_->setValue(to_gib(g.memory_bytes));
-  gpuBf16Tflops_->setValue(g.peak_flops.bf16 / kTera);
-  gpuFp16Tflops_->setValue(g.peak_flops.fp16 / kTera);
-  gpuFp32Tflops_->setValue(g.peak_flops.fp32 / kTera);
-  gpuHbmGBs_->setValue(g.memory_bandwidth / kGB);
-}
-
-ModelSpec ScenarioEditor::modelFromFields() const {
-  ModelSpec m;
-  m.name = modelPreset_->currentData().toString().toStdString();
-  m.num_layers = numLayers_->value();
-  m.hidden_size = hiddenSize_->value();
-  m.num_attention_heads = heads_->value();
-  m.num_kv_heads = intChoice(kvHeads_);
-  m.ffn_hidden_size = ffnHidden_->value();
-  m.vocab_size = vocab_->value();
-  m.mlp = enumFromCombo(mlp_, kMlps);
-  m.norm = enumFromCombo(norm_, kNorms);
-  m.position_embedding = enumFromCombo(positionEmbedding_, kPositions);
-  m.max_position_embeddings = maxPositions_->value();
-  m.tied_embeddings = tiedEmbeddings_->isChecked();
-  m.bias = bias_->isChecked();
-  return m;
-}
-
-GpuSpec ScenarioEditor::gpuFromFields() const {
-  GpuSpec g = presetGpu_.value_or(GpuSpec{});
-  if (const QString preset = gpuPreset_->currentData().toString(); !preset.isEmpty()) {
-    g.name = preset.toStdString();
-  }
-  // Fields the editor shows replace the preset's only when the person changed them, so the
-  // rounding of a spin box never turns a preset into a custom GPU.
-  auto changed = [](double shown, double original, double scale, int decimals) {
-    return std::abs(shown - original / scale) > 0.5 * std::pow(10.0, -decimals);
-  };
-  if (changed(gpuMemoryGiB_->value(), static_cast<double>(g.memory_bytes), kGiB, 2)) {
-    g.memory_bytes = static_cast<Bytes>(std::llround(gpuMemoryGiB_->value() * kGiB));
-  }
-  if (changed(gpuBf16Tflops_->value(), g.peak_flops.bf16, kTera, 1)) {
-    g.peak_flops.bf16 = gpuBf16Tflops_->value() * kTera;
-  }
-  if (changed(gpuFp16Tflops_->value(), g.peak_flops.fp16, kTera, 1)) {
-    g.peak_flops.fp16 = gpuFp16Tflops_->value() * kTera;
-  }
-  if (changed(gpuFp32Tflops_->value(), g.peak_flops.fp32, kTera, 1)) {
-    g.peak_flops.fp32 = gpuFp32Tflops_->value() * kTera;
-  }
-  if (changed(gpuHbmGBs_->value(), g.memory_bandwidth, kGB, 0)) {
-    g.memory_bandwidth = gpuHbmGBs_->value() * kGB;
-  }
-  return g;
-}
-
-void ScenarioEditor::applyModelPreset(const QString& name) {
-  if (name.isEmpty()) {  // "custom": keep the fields, drop the preset
-    presetModel_.reset();
-    fieldChanged();
-    return;
-  }
-  presetModel_ = find_model_preset(name.toStdString());
-  if (!presetModel_) return;
-  updating_ = true;
-  setModelFields(*presetModel_);
-  updating_ = false;
-  fieldChanged();
-}
-
-void ScenarioEditor::applyGpuPreset(const QString& name) {
-  if (name.isEmpty()) {
-    presetGpu_.reset();
-    fieldChanged();
-    return;
-  }
-  presetGpu_ = find_gpu_preset(name.toStdString());
-  if (!presetGpu_) return;
-  updating_ = true;
-  setGpuFields(*presetGpu_);
-  intraGBs_->setValue(presetGpu_->intra_node_bandwidth / kGB);
-  interGBs_->setValue(presetGpu_->inter_node_bandwidth / kGB);
-  updating_ = false;
-  fieldChanged();
-}
-
-void ScenarioEditor::setScenario(const Scenario& s) {
-  updating_ = true;
-  // The reader names a changed preset "<preset> (modified)": its baseline is still the preset.
-  const QString modelName = presetBaseName(s.model.name);
-  presetModel_ = find_model_preset(modelName.toStdString());
-  int mi = presetModel_ ? modelPreset_->findData(modelName) : -1;
-  modelPreset_->setCurrentIndex(mi >= 0 ? mi : modelPreset_->count() - 1);
-  setModelFields(s.model);
-
-  const QString gpuName = presetBaseName(s.cluster.gpu.name);
-  presetGpu_ = find_gpu_preset(gpuName.toStdString());
-  if (!presetGpu_) presetGpu_ = s.cluster.gpu;  // a custom GPU is its own baseline
-  int gi = presetGpu_ ? gpuPreset_->findData(gpuName) : -1;
-  gpuPreset_->setCurrentIndex(gi >= 0 ? gi : gpuPreset_->count() - 1);
-  setGpuFields(s.cluster.gpu);
-  loadedCluster_ = s.cluster;
-  numGpus_->setValue(static_cast<int>(s.cluster.num_gpus));
-  gpusPerNode_->setValue(static_cast<int>(s.cluster.gpus_per_node));
-  intraGBs_->setValue(s.cluster.intra_node_bandwidth / kGB);
-  interGBs_->setValue(s.cluster.inter_node_bandwidth / kGB);
-  runtimeReserveGiB_->setValue(to_gib(s.cluster.runtime_reserve_bytes));
-
-  seqLength_->setValue(static_cast<int>(s.training.seq_length));
-  globalBatch_->setValue(static_cast<int>(s.training.global_batch_size));
-  microBatch_->setValue(static_cast<int>(s.training.micro_batch_size));
-  setEnumCombo(precision_, kDTypes, s.training.precision);
-  setEnumCombo(optimizer_, kOptimizers, s.training.optimizer);
-  if (s.training.grad_accumulation_dtype == s.training.precision) {
-    gradAccumDtype_->setCurrentIndex(0);
-  } else {
-    const auto it = std::find(kDTypes.begin(), kDTypes.end(), s.training.grad_accumulation_dtype);
-    gradAccumDtype_->setCurrentIndex(1 + static_cast<int>(it - kDTypes.begin()));
-  }
-  setEnumCombo(attention_, kAttentions, s.training.attention);
-  dropout_->setValue(s.training.dropout);
-
-  // tp, pp and dp are filled by refreshChoices from these seeds.
-  setIntChoices(tp_, {}, s.parallel.tp);
-  setIntChoices(pp_, {}, s.parallel.pp);
-  const Count derivedDp = s.cluster.num_gpus / (s.parallel.tp * s.parallel.pp);
-  setIntChoices(dp_, {}, s.parallel.dp == derivedDp ? -1 : s.parallel.dp, tr("auto"));
-  zeroStage_->setCurrentIndex(s.parallel.zero_stage);
-  fsdpShard_->setValue(static_cast<int>(
-      s.parallel.fsdp_shard_size == s.parallel.dp ? 0 : s.parallel.fsdp_shard_size));
-  sequenceParallel_->setChecked(s.parallel.sequence_parallel);
-  setEnumCombo(recompute_, kRecomputes, s.parallel.recompute);
-  setEnumCombo(schedule_, kSchedules, s.parallel.schedule);
-  virtualStages_->setValue(static_cast<int>(s.parallel.virtual_stages));
-
-  computeEfficiency_->setValue(s.assumptions.compute_efficiency);
-  communicationEfficiency_->setValue(s.assumptions.communication_efficiency);
-  refreshChoices();
-  updating_ = false;
+void ScenarioEditor::setDocument(const json& doc) {
+  doc_ = doc;
+  resolved_ = nullptr;
+  resolvedScenario_.reset();
+  refresh();
   clearError();
 }
 
-void ScenarioEditor::refreshChoices() {
-  const bool wasUpdating = updating_;
-  updating_ = true;
-  const Count heads = heads_->value();
-  const Count gpus = numGpus_->value();
-  setIntChoices(kvHeads_, divisors(heads), intChoice(kvHeads_));
-
-  // tp splits the heads and the GPUs; pp splits the layers and what tp leaves of the GPUs.
-  const Count tp = intChoice(tp_);
-  // tp must split the query heads, the KV heads and the FFN width (Megatron-LM's rules).
-  const Count kv = intChoice(kvHeads_) > 0 ? intChoice(kvHeads_) : heads;
-  setIntChoices(tp_, divisors(std::gcd(std::gcd(heads, kv), std::gcd(ffnHidden_->value(), gpus))),
-                tp);
-  std::vector<Count> pps;
-  for (Count p : divisors(numLayers_->value())) {
-    if (tp > 0 && gpus % (tp * p) == 0) pps.push_back(p);
+void ScenarioEditor::setResolved(const Scenario& s, bool withLayout) {
+  resolvedScenario_ = s;
+  resolved_ = to_json(s);
+  if (!withLayout) {
+    resolved_.erase("parallel");
+    resolved_["training"].erase("micro_batch_size");
   }
-  const Count pp = intChoice(pp_);
-  setIntChoices(pp_, pps, pp);
-
-  // dp is what remains of the GPUs: "auto" derives it; an explicit value is kept as read.
-  const Count current = intChoice(dp_);
-  if (tp > 0 && pp > 0 && gpus % (tp * pp) == 0) {
-    const Count dp = gpus / (tp * pp);
-    setIntChoices(dp_, {dp}, current, tr("auto (%1)").arg(dp));
-  } else {
-    setIntChoices(dp_, {}, current, tr("auto"));
-  }
-  virtualStages_->setEnabled(enumFromCombo(schedule_, kSchedules) == Schedule::interleaved_1f1b);
-  positionEmbedding_->setEnabled(true);
-  maxPositions_->setEnabled(enumFromCombo(positionEmbedding_, kPositions) ==
-                            PositionEmbedding::learned);
-  updating_ = wasUpdating;
+  refresh();
 }
 
-void ScenarioEditor::fieldChanged() {
-  if (updating_) return;
-  // The model preset combo follows the fields: once they differ it says so in its tooltip, and
-  // the document carries the preset plus the overrides.
-  refreshChoices();
+void ScenarioEditor::editValue(const QString& path, const json& value) {
+  setDocumentValue(doc_, path.toStdString(), value);
+  refresh();
   emit edited();
 }
 
-nlohmann::json ScenarioEditor::document() const {
-  using nlohmann::json;
-  json doc = json::object();
+void ScenarioEditor::editValues(const std::vector<std::pair<QString, json>>& values) {
+  for (const auto& [path, value] : values) setDocumentValue(doc_, path.toStdString(), value);
+  refresh();
+  emit edited();
+}
 
-  // Model: a preset name while the fields equal the preset, else the preset plus overrides.
-  const ModelSpec m = modelFromFields();
-  const QString presetName = modelPreset_->currentData().toString();
-  json model = json::object();
-  const bool haveBase = presetModel_.has_value() && !presetName.isEmpty();
-  const ModelSpec base = haveBase ? *presetModel_ : ModelSpec{};
-  if (haveBase) model["preset"] = presetName.toStdString();
-  auto put = [&](const char* key, auto value, auto baseValue) {
-    if (!haveBase || value != baseValue) model[key] = value;
-  };
-  put("num_layers", m.num_layers, base.num_layers);
-  put("hidden_size", m.hidden_size, base.hidden_size);
-  put("num_attention_heads", m.num_attention_heads, base.num_attention_heads);
-  put("num_kv_heads", m.num_kv_heads, base.num_kv_heads);
-  put("ffn_hidden_size", m.ffn_hidden_size, base.ffn_hidden_size);
-  put("vocab_size", m.vocab_size, base.vocab_size);
-  put("mlp", std::string(to_string(m.mlp)), std::string(to_string(base.mlp)));
-  put("norm", std::string(to_string(m.norm)), std::string(to_string(base.norm)));
-  put("position_embedding", std::string(to_string(m.position_embedding)),
-      std::string(to_string(base.position_embedding)));
-  if (m.position_embedding == PositionEmbedding::learned) {
-    put("max_position_embeddings", m.max_position_embeddings, base.max_position_embeddings);
-  }
-  put("tied_embeddings", m.tied_embeddings, base.tied_embeddings);
-  put("bias", m.bias, base.bias);
-  if (haveBase && model.size() == 1) {
-    doc["model"] = presetName.toStdString();
-  } else {
-    doc["model"] = model;
-  }
-
-  // Cluster.
-  json cluster = json::object();
-  const GpuSpec g = gpuFromFields();
-  const QString gpuName = gpuPreset_->currentData().toString();
-  const std::optional<GpuSpec> gpuPreset = find_gpu_preset(gpuName.toStdString());
-  if (gpuPreset && g == *gpuPreset) {
-    cluster["gpu"] = gpuName.toStdString();
-  } else {
-    json gpu = json::object();
-    if (gpuPreset) gpu["preset"] = gpuName.toStdString();
-    gpu["memory_bytes"] = g.memory_bytes;
-    gpu["peak_flops"] = {{"fp32", g.peak_flops.fp32},
-                         {"tf32", g.peak_flops.tf32},
-                         {"fp16", g.peak_flops.fp16},
-                         {"bf16", g.peak_flops.bf16}};
-    gpu["memory_bandwidth"] = g.memory_bandwidth;
-    if (!gpuPreset) {  // a custom GPU names its own links
-      gpu["name"] = g.name.empty() ? std::string("custom") : g.name;
-      gpu["intra_node_bandwidth"] = g.intra_node_bandwidth;
-      gpu["inter_node_bandwidth"] = g.inter_node_bandwidth;
+void ScenarioEditor::applyScenario(const Scenario& from, const Scenario& to) {
+  const json before = to_json(from);
+  const json after = to_json(to);
+  for (const json& op : json::diff(before, after)) {
+    // A change inside a list replaces the whole list.
+    std::string path;
+    const json* node = &after;
+    for (const std::string& t : pointerTokens(op.at("path").get<std::string>())) {
+      if (!node || !node->is_object()) break;
+      path += "/" + t;
+      const auto it = node->find(t);
+      node = it == node->end() ? nullptr : &*it;
     }
-    cluster["gpu"] = gpu;
+    setDocumentValue(doc_, path, node ? *node : json(nullptr));
   }
-  cluster["num_gpus"] = numGpus_->value();
-  cluster["gpus_per_node"] = gpusPerNode_->value();
-  // Link bandwidths default to the GPU's; written only when the person set other values.
-  const double intra = intraGBs_->value() * kGB;
-  const double inter = interGBs_->value() * kGB;
-  if (std::abs(intra - g.intra_node_bandwidth) > 0.05 * kGB) {
-    cluster["intra_node_bandwidth"] = intra;
-  }
-  if (std::abs(inter - g.inter_node_bandwidth) > 0.05 * kGB) {
-    cluster["inter_node_bandwidth"] = inter;
-  }
-  const Bytes reserve = static_cast<Bytes>(std::llround(runtimeReserveGiB_->value() * kGiB));
-  if (std::abs(runtimeReserveGiB_->value() - to_gib(loadedCluster_.runtime_reserve_bytes)) >
-      0.005) {
-    cluster["runtime_reserve_bytes"] = reserve;
-  } else if (loadedCluster_.runtime_reserve_bytes > 0) {
-    cluster["runtime_reserve_bytes"] = loadedCluster_.runtime_reserve_bytes;
-  }
-  doc["cluster"] = cluster;
+  refresh();
+  emit edited();
+}
 
-  // Training.
-  json training = json::object();
-  training["seq_length"] = seqLength_->value();
-  training["global_batch_size"] = globalBatch_->value();
-  training["micro_batch_size"] = microBatch_->value();
-  training["precision"] = std::string(to_string(enumFromCombo(precision_, kDTypes)));
-  training["optimizer"] = std::string(to_string(enumFromCombo(optimizer_, kOptimizers)));
-  if (gradAccumDtype_->currentIndex() > 0) {
-    training["grad_accumulation_dtype"] = std::string(
-        to_string(kDTypes[static_cast<std::size_t>(gradAccumDtype_->currentIndex() - 1)]));
+void ScenarioEditor::presetChosen(const QString& path, const QString& name, bool model) {
+  if (!name.isEmpty()) {
+    editValue(path, json(name.toStdString()));
+    return;
   }
-  training["attention"] = std::string(to_string(enumFromCombo(attention_, kAttentions)));
-  if (dropout_->value() > 0) training["dropout"] = dropout_->value();
-  doc["training"] = training;
+  // "custom": the resolved values become the document's own, no longer tied to a preset.
+  const json* resolved = lookup(resolved_, path.toStdString());
+  if (!resolved || !resolved->is_object()) return;
+  json custom = *resolved;
+  if (model) custom["name"] = resolved->value("name", std::string("custom"));
+  editValue(path, custom);
+}
 
-  // Parallel.
-  json parallel = json::object();
-  parallel["tp"] = intChoice(tp_);
-  parallel["pp"] = intChoice(pp_);
-  if (intChoice(dp_) > 0) parallel["dp"] = intChoice(dp_);
-  parallel["zero_stage"] = zeroStage_->currentIndex();
-  if (fsdpShard_->value() > 0) parallel["fsdp_shard_size"] = fsdpShard_->value();
-  parallel["sequence_parallel"] = sequenceParallel_->isChecked();
-  parallel["recompute"] = std::string(to_string(enumFromCombo(recompute_, kRecomputes)));
-  const Schedule schedule = enumFromCombo(schedule_, kSchedules);
-  parallel["schedule"] = std::string(to_string(schedule));
-  if (schedule == Schedule::interleaved_1f1b) parallel["virtual_stages"] = virtualStages_->value();
-  doc["parallel"] = parallel;
+json ScenarioEditor::shownValue(const QString& path, bool* inDocument) const {
+  const std::string p = path.toStdString();
+  if (const json* v = lookup(doc_, p)) {
+    *inDocument = true;
+    return *v;
+  }
+  *inDocument = false;
+  if (path == kDpPath || path == kGradDtypePath) return nullptr;  // derived: shown as such
+  if (const json* v = lookup(resolved_, p)) return *v;
+  return nullptr;
+}
 
-  // Assumptions: only those that differ from the documented defaults.
-  const Assumptions defaults;
-  json assumptions = json::object();
-  if (std::abs(computeEfficiency_->value() - defaults.compute_efficiency) > 1e-9) {
-    assumptions["compute_efficiency"] = computeEfficiency_->value();
+void ScenarioEditor::refresh() {
+  const bool was = updating_;
+  updating_ = true;
+  for (auto it = fields_.cbegin(); it != fields_.cend(); ++it) refreshField(it.key(), it.value());
+  refreshOtherFields();
+  updating_ = was;
+}
+
+void ScenarioEditor::refreshField(const QString& path, const Field& f) {
+  bool inDocument = false;
+  const json value = shownValue(path, &inDocument);
+  switch (f.kind) {
+    case Kind::value:
+      static_cast<ValueField*>(f.editor)->showValue(value, inDocument);
+      return;
+    case Kind::check: {
+      auto* box = static_cast<QCheckBox*>(f.editor);
+      const QSignalBlocker block(box);
+      box->setChecked(value.is_boolean() && value.get<bool>());
+      setItalic(box, !inDocument);
+      return;
+    }
+    case Kind::choice: {
+      auto* box = static_cast<QComboBox*>(f.editor);
+      const QSignalBlocker block(box);
+      // Drop an earlier "as in the file" item: it named a value the document may no longer hold.
+      for (int i = box->count() - 1; i >= 0; --i) {
+        if (!box->itemData(i).isValid()) box->removeItem(i);
+      }
+      if (value.is_string()) {
+        const QString text = QString::fromStdString(value.get<std::string>());
+        const int index = box->findData(text);
+        if (index >= 0) {
+          box->setCurrentIndex(index);
+        } else {
+          selectOrAdd(box, QVariant(), tr("%1 (as in the file)").arg(text));
+        }
+      } else if (value.is_null()) {
+        box->setCurrentIndex(std::max(0, box->findData(QString())));
+      } else {
+        selectOrAdd(box, QVariant(), shortDump(value));
+      }
+      setItalic(box, !inDocument);
+      return;
+    }
+    case Kind::preset: {
+      auto* box = static_cast<QComboBox*>(f.editor);
+      const QSignalBlocker block(box);
+      for (int i = box->count() - 1; i >= 0; --i) {
+        if (!box->itemData(i).isValid()) box->removeItem(i);
+      }
+      const QString preset = presetOf(value);
+      const int index = box->findData(preset);
+      if (preset.isEmpty()) {
+        box->setCurrentIndex(box->findData(QString()));
+      } else if (index >= 0) {
+        box->setCurrentIndex(index);
+      } else {
+        selectOrAdd(box, QVariant(), tr("%1 (as in the file)").arg(preset));
+      }
+      return;
+    }
+    case Kind::intChoice:
+      break;
   }
-  if (std::abs(communicationEfficiency_->value() - defaults.communication_efficiency) > 1e-9) {
-    assumptions["communication_efficiency"] = communicationEfficiency_->value();
+
+  // Integer choices: the values the layout admits, from the resolved scenario.
+  auto* box = static_cast<QComboBox*>(f.editor);
+  const QSignalBlocker block(box);
+  box->clear();
+  std::vector<Count> offered;
+  const Scenario* s = resolvedScenario_ ? &*resolvedScenario_ : nullptr;
+  if (path == QStringLiteral("/parallel/zero_stage")) {
+    offered = {0, 1, 2, 3};
+  } else if (s && path == QStringLiteral("/model/num_kv_heads")) {
+    offered = divisors(s->model.num_attention_heads);
+  } else if (s && path == QStringLiteral("/parallel/tp")) {
+    // tp must split the query heads, the KV heads and the FFN width (Megatron-LM's rules).
+    const Count g = std::gcd(std::gcd(s->model.num_attention_heads, s->model.num_kv_heads),
+                             std::gcd(s->model.ffn_hidden_size, s->cluster.num_gpus));
+    offered = divisors(g);
+  } else if (s && path == QStringLiteral("/parallel/pp")) {
+    for (Count p : divisors(s->model.num_layers)) {
+      if (s->cluster.num_gpus % (s->parallel.tp * p) == 0) offered.push_back(p);
+    }
+  } else if (s && path == kDpPath) {
+    const Count derived = s->cluster.num_gpus / (s->parallel.tp * s->parallel.pp);
+    box->addItem(tr("auto (%1)").arg(derived), QVariant::fromValue<qlonglong>(-1));
+    offered = {derived};
   }
-  if (!assumptions.empty()) doc["assumptions"] = assumptions;
-  return doc;
+  if (path == kDpPath && !s) box->addItem(tr("auto"), QVariant::fromValue<qlonglong>(-1));
+  for (Count v : offered) box->addItem(QString::number(v), QVariant::fromValue<qlonglong>(v));
+  if (value.is_null()) {
+    box->setCurrentIndex(box->findData(QVariant::fromValue<qlonglong>(-1)));
+  } else if (value.is_number_integer()) {
+    const auto v = value.get<qlonglong>();
+    selectOrAdd(box, QVariant::fromValue<qlonglong>(v), tr("%1 (not offered)").arg(v));
+  } else {
+    selectOrAdd(box, QVariant(), tr("%1 (as in the file)").arg(shortDump(value)));
+  }
+  setItalic(box, !inDocument);
+}
+
+void ScenarioEditor::refreshOtherFields() {
+  // Sections the editor's widgets cover; anything else is listed whole.
+  static const QSet<QString> sections = {QString(),
+                                         QStringLiteral("/model"),
+                                         QStringLiteral("/cluster"),
+                                         QStringLiteral("/cluster/gpu"),
+                                         QStringLiteral("/cluster/gpu/peak_flops"),
+                                         QStringLiteral("/training"),
+                                         QStringLiteral("/parallel"),
+                                         QStringLiteral("/assumptions")};
+  static const QSet<QString> presetKeys = {QStringLiteral("/model/preset"),
+                                           QStringLiteral("/cluster/gpu/preset")};
+  QStringList lines;
+  auto walk = [&](auto&& self, const json& node, const QString& path) -> void {
+    if (node.is_object() && sections.contains(path)) {
+      for (auto it = node.begin(); it != node.end(); ++it) {
+        QString key = QString::fromStdString(it.key());
+        key.replace(QLatin1Char('~'), QStringLiteral("~0"))
+            .replace(QLatin1Char('/'), QStringLiteral("~1"));
+        self(self, it.value(), path + QLatin1Char('/') + key);
+      }
+      return;
+    }
+    if (fields_.contains(path) || presetKeys.contains(path)) return;
+    lines << tr("%1: %2").arg(path, shortDump(node));
+  };
+  walk(walk, doc_, QString());
+  otherFields_->setText(lines.join(QLatin1Char('\n')));
+  otherBox_->setVisible(!lines.isEmpty());
+}
+
+QString ScenarioEditor::otherFieldsText() const {
+  return otherFields_->text();
 }
 
 void ScenarioEditor::clearError() {

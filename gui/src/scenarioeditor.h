@@ -1,26 +1,30 @@
-// The scenario editor: model, GPU/cluster, training, parallel layout and modelling assumptions.
-// Presets come from the planner; discrete choices offer only values the layout admits (tp among
-// the divisors of the head count, ...). The editor builds a scenario document per the JSON
-// contract; it never validates or clamps on its own: the planner's validator decides, and its
-// message is shown next to the field its JSON path names.
+// The scenario editor. The document is the scenario JSON as read from the file: each widget is
+// bound to one JSON pointer and shows the document's value there exactly (or, in italics, the
+// value the preset or a default gives when the document has none); a change by the person writes
+// that one value into the document and nothing else, so every other field, and every value a
+// widget could not represent, stays as it was. Fields without a widget are listed under "Other
+// fields in the file". The editor never validates or computes: the planner reads the document.
 #pragma once
 
 #include <optional>
+#include <utility>
+#include <vector>
 
 #include <QHash>
 #include <QWidget>
-#include <nlohmann/json_fwd.hpp>
+#include <nlohmann/json.hpp>
 
 #include "distplan/planner/spec.h"
 
 class QCheckBox;
 class QComboBox;
-class QDoubleSpinBox;
 class QFormLayout;
 class QLabel;
-class QSpinBox;
 
 namespace distplan::gui {
+
+class ValueField;
+enum class FieldUnit;
 
 class ScenarioEditor : public QWidget {
   Q_OBJECT
@@ -28,35 +32,51 @@ class ScenarioEditor : public QWidget {
  public:
   explicit ScenarioEditor(QWidget* parent = nullptr);
 
-  /// Shows `s` in the fields (the model and GPU preset combos pick the presets `s` names).
-  void setScenario(const Scenario& s);
-  /// The scenario document the fields describe (dp omitted when "auto").
-  [[nodiscard]] nlohmann::json document() const;
+  /// Shows `doc` (a scenario or search document); the editor edits this document from now on.
+  void setDocument(const nlohmann::json& doc);
+  /// The document: what was read, plus the person's edits.
+  [[nodiscard]] const nlohmann::json& document() const { return doc_; }
+  /// The scenario the planner resolved from the document (presets and defaults filled in): the
+  /// values shown for fields the document leaves out, and the choices tp, pp, dp offer.
+  /// `withLayout` false: the layout is a placeholder (a search request's base), not shown.
+  void setResolved(const Scenario& s, bool withLayout = true);
+  /// Changes the document so that it describes `to` where `to` differs from `from` (a layout
+  /// chosen from the search or a suggestion), field by field; everything else stays.
+  void applyScenario(const Scenario& from, const Scenario& to);
+  /// Writes `value` at JSON pointer `path` (null removes the key), as an edit by the person.
+  void editValue(const QString& path, const nlohmann::json& value);
+  /// Several values as one edit.
+  void editValues(const std::vector<std::pair<QString, nlohmann::json>>& values);
 
   /// Marks the field whose JSON path is the longest prefix of `path` and shows `message` beside it.
   void showError(const QString& path, const QString& message);
   void clearError();
   /// The message currently shown for `path`'s field (empty when none); tests read it.
   [[nodiscard]] QString errorText() const;
+  /// The "Other fields in the file" text: document values no widget shows.
+  [[nodiscard]] QString otherFieldsText() const;
 
  signals:
-  /// Any field changed; read document().
+  /// The person changed the document; read document().
   void edited();
 
  private:
+  enum class Kind { value, choice, intChoice, check, preset };
   struct Field {
+    Kind kind = Kind::value;
     QWidget* editor = nullptr;
     QLabel* error = nullptr;
   };
 
-  QWidget* addRow(QFormLayout* form, const QString& label, QWidget* editor, const QString& path);
-  QSpinBox* addCount(QFormLayout* form, const QString& label, const QString& path, int min,
-                     int max);
-  QDoubleSpinBox* addReal(QFormLayout* form, const QString& label, const QString& path, double min,
-                          double max, int decimals, const QString& suffix);
+  QWidget* addRow(QFormLayout* form, const QString& label, QWidget* editor, const QString& path,
+                  Kind kind);
+  ValueField* addValue(QFormLayout* form, const QString& label, const QString& path, FieldUnit unit,
+                       const QString& unitText = {});
   QComboBox* addChoice(QFormLayout* form, const QString& label, const QString& path,
                        const QStringList& values);
+  QComboBox* addIntChoice(QFormLayout* form, const QString& label, const QString& path);
   QCheckBox* addCheck(QFormLayout* form, const QString& label, const QString& path);
+  QComboBox* addPreset(QFormLayout* form, const QString& label, const QString& path, bool model);
 
   void buildModelGroup(QFormLayout* form);
   void buildClusterGroup(QFormLayout* form);
@@ -64,73 +84,28 @@ class ScenarioEditor : public QWidget {
   void buildParallelGroup(QFormLayout* form);
   void buildAssumptionsGroup(QFormLayout* form);
 
-  void applyModelPreset(const QString& name);
-  void applyGpuPreset(const QString& name);
-  void setModelFields(const ModelSpec& m);
-  void setGpuFields(const GpuSpec& g);
-  [[nodiscard]] ModelSpec modelFromFields() const;
-  [[nodiscard]] GpuSpec gpuFromFields() const;
-  /// Refills the discrete choices (tp, pp, dp, kv heads) from the fields they depend on.
-  void refreshChoices();
-  void fieldChanged();
+  /// The value shown at `path`: the document's, else the resolved scenario's (null if neither).
+  [[nodiscard]] nlohmann::json shownValue(const QString& path, bool* inDocument) const;
+  /// Refreshes every widget from the document and the resolved scenario.
+  void refresh();
+  void refreshField(const QString& path, const Field& f);
+  void refreshOtherFields();
+  void presetChosen(const QString& path, const QString& name, bool model);
 
-  bool updating_ = false;  // true while the editor itself sets fields
+  bool updating_ = false;  // true while the editor itself sets widgets
+  nlohmann::json doc_ = nlohmann::json::object();
+  nlohmann::json resolved_;  // to_json of the last resolved scenario (null before one)
+  std::optional<Scenario> resolvedScenario_;
   QHash<QString, Field> fields_;
   QLabel* generalError_ = nullptr;
+  QLabel* otherFields_ = nullptr;
+  QWidget* otherBox_ = nullptr;
   QString errorPath_;
-
-  // Model.
-  QComboBox* modelPreset_ = nullptr;
-  QSpinBox* numLayers_ = nullptr;
-  QSpinBox* hiddenSize_ = nullptr;
-  QSpinBox* heads_ = nullptr;
-  QComboBox* kvHeads_ = nullptr;
-  QSpinBox* ffnHidden_ = nullptr;
-  QSpinBox* vocab_ = nullptr;
-  QComboBox* mlp_ = nullptr;
-  QComboBox* norm_ = nullptr;
-  QComboBox* positionEmbedding_ = nullptr;
-  QSpinBox* maxPositions_ = nullptr;
-  QCheckBox* tiedEmbeddings_ = nullptr;
-  QCheckBox* bias_ = nullptr;
-  // Cluster.
-  QComboBox* gpuPreset_ = nullptr;
-  QDoubleSpinBox* gpuMemoryGiB_ = nullptr;
-  QDoubleSpinBox* gpuBf16Tflops_ = nullptr;
-  QDoubleSpinBox* gpuFp16Tflops_ = nullptr;
-  QDoubleSpinBox* gpuFp32Tflops_ = nullptr;
-  QDoubleSpinBox* gpuHbmGBs_ = nullptr;
-  QSpinBox* numGpus_ = nullptr;
-  QSpinBox* gpusPerNode_ = nullptr;
-  QDoubleSpinBox* intraGBs_ = nullptr;
-  QDoubleSpinBox* interGBs_ = nullptr;
-  QDoubleSpinBox* runtimeReserveGiB_ = nullptr;
-  // Training.
-  QSpinBox* seqLength_ = nullptr;
-  QSpinBox* globalBatch_ = nullptr;
-  QSpinBox* microBatch_ = nullptr;
-  QComboBox* precision_ = nullptr;
-  QComboBox* optimizer_ = nullptr;
-  QComboBox* gradAccumDtype_ = nullptr;
-  QComboBox* attention_ = nullptr;
-  QDoubleSpinBox* dropout_ = nullptr;
-  // Parallel.
-  QComboBox* tp_ = nullptr;
-  QComboBox* pp_ = nullptr;
-  QComboBox* dp_ = nullptr;
-  QComboBox* zeroStage_ = nullptr;
-  QSpinBox* fsdpShard_ = nullptr;
-  QCheckBox* sequenceParallel_ = nullptr;
-  QComboBox* recompute_ = nullptr;
-  QComboBox* schedule_ = nullptr;
-  QSpinBox* virtualStages_ = nullptr;
-  // Assumptions.
-  QDoubleSpinBox* computeEfficiency_ = nullptr;
-  QDoubleSpinBox* communicationEfficiency_ = nullptr;
-
-  std::optional<ModelSpec> presetModel_;  // the preset the model fields started from
-  std::optional<GpuSpec> presetGpu_;
-  ClusterSpec loadedCluster_;  // link defaults the loaded scenario filled in
 };
+
+/// Sets `value` at JSON pointer `path` in `doc`, creating objects on the way; a preset name on the
+/// way (`"model": "llama2-7b"`) becomes `{"preset": "llama2-7b"}` so the preset stays. Null
+/// removes the key.
+void setDocumentValue(nlohmann::json& doc, const std::string& path, const nlohmann::json& value);
 
 }  // namespace distplan::gui

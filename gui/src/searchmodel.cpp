@@ -64,6 +64,12 @@ QVariant SearchModel::data(const QModelIndex& index, int role) const {
         return {};
     }
   }
+  if (role == Qt::ToolTipRole && index.column() == ZeroColumn && r.shard_group > 0) {
+    return tr("ZeRO-%1 sharded over groups of %2 within dp %3")
+        .arg(p.zero_stage)
+        .arg(r.shard_group)
+        .arg(p.dp);
+  }
   if (role == Qt::ToolTipRole && index.column() == PeakColumn) {
     return tr("%1 of %2").arg(formatBytesExact(r.peak_bytes), formatGiB(r.capacity_bytes));
   }
@@ -81,14 +87,15 @@ QVariant SearchModel::data(const QModelIndex& index, int role) const {
     case MicroBatchColumn:
       return QVariant::fromValue<qlonglong>(r.micro_batch_size);
     case ZeroColumn:
-      if (p.zero_stage > 0 && p.fsdp_shard_size > 0 && p.fsdp_shard_size != p.dp) {
-        return tr("%1 (shard %2)").arg(p.zero_stage).arg(p.fsdp_shard_size);
+      // As `distplan search --format table` writes it: "3/4" is ZeRO-3 sharded over groups of 4.
+      if (p.zero_stage > 0 && r.shard_group > 0) {
+        return QStringLiteral("%1/%2").arg(p.zero_stage).arg(r.shard_group);
       }
-      return p.zero_stage;
+      return QString::number(p.zero_stage);
     case RecomputeColumn:
       return qs(to_string(p.recompute));
     case SequenceParallelColumn:
-      return p.sequence_parallel ? tr("yes") : tr("no");
+      return p.sequence_parallel ? tr("on") : tr("-");
     case ScheduleColumn:
       if (p.schedule == Schedule::interleaved_1f1b) {
         return tr("%1 ×%2").arg(qs(to_string(p.schedule))).arg(p.virtual_stages);
@@ -110,7 +117,23 @@ QVariant SearchModel::data(const QModelIndex& index, int role) const {
 }
 
 QVariant SearchModel::headerData(int section, Qt::Orientation orientation, int role) const {
-  if (orientation != Qt::Horizontal || role != Qt::DisplayRole) return {};
+  if (orientation != Qt::Horizontal) return {};
+  if (role == Qt::ToolTipRole) {
+    switch (section) {
+      case MicroBatchColumn:
+        return tr("micro-batch size");
+      case ZeroColumn:
+        return tr("ZeRO stage; 3/4: ZeRO-3 sharded over groups of 4 (as the CLI writes it)");
+      case SequenceParallelColumn:
+        return tr("sequence parallelism");
+      case ScheduleColumn:
+        return tr("pipeline schedule; ×v: virtual stages of interleaved 1F1B");
+      default:
+        return {};
+    }
+  }
+  if (role != Qt::DisplayRole) return {};
+  // Short headers, as `distplan search --format table` has them, so every column fits.
   switch (section) {
     case RankColumn:
       return tr("#");
@@ -121,13 +144,13 @@ QVariant SearchModel::headerData(int section, Qt::Orientation orientation, int r
     case DpColumn:
       return tr("dp");
     case MicroBatchColumn:
-      return tr("micro-batch");
+      return tr("mb");
     case ZeroColumn:
       return tr("ZeRO");
     case RecomputeColumn:
       return tr("recompute");
     case SequenceParallelColumn:
-      return tr("seq. par.");
+      return tr("sp");
     case ScheduleColumn:
       return tr("schedule");
     case PeakColumn:

@@ -13,6 +13,8 @@ namespace distplan::gui {
 struct SearchRow {
   int rank = 0;  // 1 = best
   ParallelSpec parallel;
+  Count shard_group =
+      0;  // the layout's ZeRO shard group (0: the whole dp group), as the CLI has it
   Count micro_batch_size = 1;
   Bytes peak_bytes = 0;
   Bytes capacity_bytes = 0;

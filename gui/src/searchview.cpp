@@ -28,11 +28,30 @@
 #include "categories.h"
 #include "chartexport.h"
 
+#include <nlohmann/json.hpp>
+
+#include "distplan/planner/error.h"
+
 #ifdef DISTPLAN_GUI_HAVE_SEARCH
 #include "distplan/search/search.h"
+#include "distplan/search/search_json.h"
 #endif
 
 namespace distplan::gui {
+
+bool isSearchDocument(const nlohmann::json& doc) {
+  if (!doc.is_object()) return false;
+  if (doc.contains("search")) return true;
+  if (const auto p = doc.find("parallel"); p != doc.end() && p->is_object()) {
+    for (const auto& [key, v] : p->items()) {
+      if (v.is_array() && key != "layers_per_stage") return true;
+    }
+  }
+  if (const auto t = doc.find("training"); t != doc.end() && t->is_object()) {
+    if (const auto mb = t->find("micro_batch_size"); mb != t->end() && mb->is_array()) return true;
+  }
+  return false;
+}
 
 /// Shared between the view and one worker thread; the worker writes, the view reads.
 struct SearchView::Job {
@@ -49,8 +68,9 @@ SearchView::SearchView(QWidget* parent) : QWidget(parent) {
   objective_ = new QComboBox(this);
   objective_->addItem(tr("highest tokens/s"), 0);
   objective_->addItem(tr("lowest peak memory"), 1);
+  objective_->addItem(tr("fewest GPUs reaching the target"), 2);
   topK_ = new QSpinBox(this);
-  topK_->setRange(1, 1000);
+  topK_->setRange(1, 10000);  // the search request's own bound on top_k
   topK_->setValue(50);
   topK_->setPrefix(tr("top "));
   start_ = new QPushButton(tr("Search"), this);
@@ -144,6 +164,34 @@ void SearchView::setBaseScenario(const Scenario& s) {
   base_ = s;
 }
 
+const Scenario* SearchView::requestBase() const {
+#ifdef DISTPLAN_GUI_HAVE_SEARCH
+  return request_ ? &request_->space.base : nullptr;
+#else
+  return nullptr;
+#endif
+}
+
+void SearchView::setDocument(const nlohmann::json& doc) {
+  if (doc.is_null()) {
+    if (request_)
+      status_->setText(tr("Search every layout of the current model, cluster and batch."));
+    request_.reset();
+    return;
+  }
+#ifdef DISTPLAN_GUI_HAVE_SEARCH
+  auto request = std::make_shared<search::Request>(search::request_from_json(doc));
+  objective_->setCurrentIndex(request->options.objective == search::Objective::memory ? 1
+                              : request->options.objective == search::Objective::gpus ? 2
+                                                                                      : 0);
+  topK_->setValue(request->options.top_k);
+  request_ = std::move(request);
+  if (!job_) status_->setText(tr("Search the candidates and constraints of the opened file."));
+#else
+  throw InputError("/search", "this build has no search library");
+#endif
+}
+
 bool SearchView::isRunning() const {
   return job_ != nullptr;
 }
@@ -166,15 +214,28 @@ void SearchView::setRunning(bool running) {
 
 void SearchView::startSearch() {
 #ifdef DISTPLAN_GUI_HAVE_SEARCH
-  if (job_ || !base_) return;
+  if (job_ || (!base_ && !request_)) return;
+  search::Space space;
+  search::Options options;
+  if (request_) {  // the opened file's candidates, constraints and options
+    space = request_->space;
+    options = request_->options;
+  } else {
+    space.base = *base_;
+  }
+  const int objective = objective_->currentData().toInt();
+  if (objective == 2 && !(request_ && request_->options.objective == search::Objective::gpus)) {
+    status_->setText(
+        tr("The fewest-GPUs objective needs a target_tokens_per_second in the "
+           "file's search object."));
+    return;
+  }
+  options.objective = objective == 1   ? search::Objective::memory
+                      : objective == 2 ? search::Objective::gpus
+                                       : search::Objective::throughput;
+  options.top_k = topK_->value();
   auto job = std::make_shared<Job>();
   job_ = job;
-  search::Space space;
-  space.base = *base_;
-  search::Options options;
-  options.objective = objective_->currentData().toInt() == 1 ? search::Objective::memory
-                                                             : search::Objective::throughput;
-  options.top_k = topK_->value();
   options.progress = [job](double fraction, std::uint64_t evaluated) {
     job->fraction = fraction;
     job->evaluated = evaluated;
@@ -188,6 +249,7 @@ void SearchView::startSearch() {
         SearchRow r;
         r.rank = ++rank;
         r.parallel = search::parallel_of(p.layout);
+        r.shard_group = p.layout.fsdp_shard_size;
         r.micro_batch_size = p.layout.micro_batch_size;
         r.peak_bytes = p.figures.peak_bytes;
         r.capacity_bytes = p.figures.capacity_bytes;
@@ -281,15 +343,13 @@ void SearchView::rebuildChart() {
   best->setName(tr("best"));
   best->setMarkerSize(13);
   best->setColor(QColor(0xf2, 0x8e, 0x2b));
-  // Axes span the plans (and the capacity line), not zero: plans crowd near the capacity.
-  double minGiB = rows.empty() ? 0 : 1e300, maxGiB = 1;
-  double minTokens = rows.empty() ? 0 : 1e300, maxTokens = 1;
+  // Both axes start at zero, so distances between plans read as proportions.
+  double maxGiB = 1;
+  double maxTokens = 1;
   Bytes capacity = 0;
   for (const SearchRow& r : rows) {
     (r.rank == 1 ? best : scatter)->append(to_gib(r.peak_bytes), r.tokens_per_second);
-    minGiB = std::min(minGiB, to_gib(r.peak_bytes));
     maxGiB = std::max(maxGiB, to_gib(r.peak_bytes));
-    minTokens = std::min(minTokens, r.tokens_per_second);
     maxTokens = std::max(maxTokens, r.tokens_per_second);
     capacity = std::max(capacity, r.capacity_bytes);
   }
@@ -316,13 +376,11 @@ void SearchView::rebuildChart() {
   chart_->addSeries(capLine);
   auto* x = new QValueAxis;
   x->setTitleText(tr("peak memory per GPU (GiB)"));
-  const double gibPad = std::max(0.5, (maxGiB - minGiB) * 0.08);
-  x->setRange(std::max(0.0, minGiB - gibPad), maxGiB + gibPad);
+  x->setRange(0, maxGiB * 1.08);
   x->applyNiceNumbers();
   auto* y = new QValueAxis;
   y->setTitleText(tr("tokens/s"));
-  const double tokensPad = std::max(1.0, (maxTokens - minTokens) * 0.1);
-  y->setRange(std::max(0.0, minTokens - tokensPad), maxTokens + tokensPad);
+  y->setRange(0, maxTokens * 1.1);
   y->applyNiceNumbers();
   y->setLabelFormat(QStringLiteral("%.0f"));
   chart_->addAxis(x, Qt::AlignBottom);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <QWidget>
+#include <nlohmann/json_fwd.hpp>
 
 #include "distplan/planner/spec.h"
 #include "searchmodel.h"
@@ -25,7 +26,15 @@ class QTableView;
 class QThread;
 class QTimer;
 
+namespace distplan::search {
+struct Request;
+}
+
 namespace distplan::gui {
+
+/// True for a search document: a `search` object, or lists of candidates in `parallel` or
+/// `training.micro_batch_size` (docs/api.md, "search").
+[[nodiscard]] bool isSearchDocument(const nlohmann::json& doc);
 
 class SearchView : public QWidget {
   Q_OBJECT
@@ -36,6 +45,14 @@ class SearchView : public QWidget {
 
   /// The scenario whose model, cluster and training the search keeps.
   void setBaseScenario(const Scenario& s);
+  /// A search document (isSearchDocument) whose request, read by the search library, replaces
+  /// the default space; null returns to searching every layout of the base scenario. A request
+  /// the library refuses throws its InputError.
+  void setDocument(const nlohmann::json& doc);
+  [[nodiscard]] bool hasRequest() const { return request_ != nullptr; }
+  /// The request's base scenario (model, cluster, training resolved by the planner's reader; a
+  /// placeholder layout); null without a request.
+  [[nodiscard]] const Scenario* requestBase() const;
   [[nodiscard]] static bool searchAvailable();
 
   void startSearch();
@@ -61,6 +78,7 @@ class SearchView : public QWidget {
   void setRunning(bool running);
 
   std::optional<Scenario> base_;
+  std::shared_ptr<const search::Request> request_;
   SearchModel* model_ = nullptr;
   QSortFilterProxyModel* proxy_ = nullptr;
   QTableView* table_ = nullptr;

@@ -1,5 +1,9 @@
 #include "simulationadapter.h"
 
+#include <algorithm>
+#include <map>
+#include <utility>
+
 #include "distplan/simulator/simulate.h"
 
 namespace distplan::gui {
@@ -44,9 +48,11 @@ SimulationSummary simulateScenario(const Scenario& s, const Estimate& e) {
   }
   for (const sim::StageResult& st : r.stages) out.stage_busy_seconds.push_back(st.busy_seconds);
 
-  out.timeline.num_stages = static_cast<int>(s.parallel.pp);
-  out.timeline.step_seconds = r.step_seconds;
-  out.timeline.blocks.reserve(r.trace.size());
+  TimelineData timeline;
+  timeline.num_stages = static_cast<int>(s.parallel.pp);
+  timeline.step_seconds = r.step_seconds;
+  timeline.blocks.reserve(r.trace.size());
+  std::map<std::pair<int, int>, std::uint16_t> labelIndex;
   for (const sim::TraceEvent& ev : r.trace) {
     TimelineBlock b;
     b.stage = ev.stage;
@@ -55,9 +61,19 @@ SimulationSummary simulateScenario(const Scenario& s, const Estimate& e) {
     b.chunk = std::max(0, ev.chunk);
     b.start_seconds = ev.start;
     b.end_seconds = ev.start + ev.duration;
-    b.label = QStringLiteral("%1 (%2)").arg(qs(to_string(ev.kind)), qs(to_string(ev.track)));
-    out.timeline.blocks.push_back(b);
+    // One label per (slice kind, track) pair, made once.
+    const auto key = std::make_pair(static_cast<int>(ev.kind), static_cast<int>(ev.track));
+    auto it = labelIndex.find(key);
+    if (it == labelIndex.end()) {
+      timeline.labels.push_back(
+          QStringLiteral("%1 (%2)").arg(qs(to_string(ev.kind)), qs(to_string(ev.track))));
+      it = labelIndex.emplace(key, static_cast<std::uint16_t>(timeline.labels.size() - 1)).first;
+    }
+    b.label = it->second;
+    timeline.blocks.push_back(b);
   }
+  indexTimeline(timeline);  // here, on the worker: the UI thread only paints
+  out.timeline = std::make_shared<const TimelineData>(std::move(timeline));
   return out;
 }
 

@@ -62,11 +62,12 @@ QString SummaryView::figureText(const QString& key) const {
   return label ? label->text() : QString();
 }
 
-void SummaryView::setPlan(const Scenario& s, const Estimate& e) {
+void SummaryView::setPlan(const Scenario& s, const Estimate& e,
+                          std::vector<FitSuggestion> suggestions) {
   scenario_ = s;
   estimate_ = e;
   haveSimulation_ = false;
-  suggestions_ = fit_suggestions(s, e);
+  suggestions_ = std::move(suggestions);
   suggestionTable_->setRowCount(static_cast<int>(suggestions_.size()));
   for (int i = 0; i < static_cast<int>(suggestions_.size()); ++i) {
     const FitSuggestion& f = suggestions_[static_cast<std::size_t>(i)];

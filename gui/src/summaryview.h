@@ -24,7 +24,8 @@ class SummaryView : public QWidget {
  public:
   explicit SummaryView(QWidget* parent = nullptr);
 
-  void setPlan(const Scenario& s, const Estimate& e);
+  /// `suggestions`: the planner's fit_suggestions for the plan (computed on the plan's worker).
+  void setPlan(const Scenario& s, const Estimate& e, std::vector<FitSuggestion> suggestions);
   void setSimulation(const SimulationSummary* simulation);
   [[nodiscard]] const std::vector<FitSuggestion>& suggestions() const { return suggestions_; }
   /// The text of the figure named `key` ("step", "tokens", "mfu", "bubble", "memory", "fits").

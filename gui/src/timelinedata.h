@@ -2,6 +2,8 @@
 // trace by PlanSession, so the widget knows nothing of the simulator's types.
 #pragma once
 
+#include <array>
+#include <cstdint>
 #include <vector>
 
 #include <QString>
@@ -17,15 +19,31 @@ struct TimelineBlock {
   int chunk = 0;        // virtual chunk (interleaved schedules)
   double start_seconds = 0;
   double end_seconds = 0;
-  QString label;  // what the tooltip names ("dp reduce_scatter gradients", ...)
+  std::uint16_t label = 0;  // index into TimelineData::labels: what the tooltip names
   bool operator==(const TimelineBlock&) const = default;
+};
+
+/// One lane (a stage's compute or communication row): its blocks ordered by start, and the running
+/// maximum of their ends, so the first block reaching a time is a binary search.
+struct TimelineLane {
+  std::vector<std::uint32_t> order;
+  std::vector<double> starts;
+  std::vector<double> maxEnds;
+  bool operator==(const TimelineLane&) const = default;
 };
 
 struct TimelineData {
   int num_stages = 0;
   double step_seconds = 0;
   std::vector<TimelineBlock> blocks;
+  std::vector<QString> labels;  // shared by the blocks (a few kinds), not one string per block
+  // Filled by indexTimeline (on the simulation's worker, not the UI thread).
+  std::vector<TimelineLane> lanes;  // 2 per stage: compute, communication
+  std::array<int, 6> kindCounts{};  // blocks per BlockKind
   bool operator==(const TimelineData&) const = default;
 };
+
+/// Builds `lanes` and `kindCounts` from `blocks`.
+void indexTimeline(TimelineData& data);
 
 }  // namespace distplan::gui

@@ -42,22 +42,23 @@ TimelineView::TimelineView(QWidget* parent) : QWidget(parent) {
   layout->addWidget(hint);
 }
 
-void TimelineView::setTimeline(const TimelineData& data, double bubbleFraction) {
-  timeline_->setTimeline(data);
+void TimelineView::setTimeline(std::shared_ptr<const TimelineData> data, double bubbleFraction) {
+  timeline_->setTimeline(std::move(data));
+  const TimelineData& shown = timeline_->timeline();
   int passes = 0;
   for (BlockKind k : {BlockKind::forward, BlockKind::backward, BlockKind::backward_weight}) {
     passes += timeline_->blockCount(k);
   }
   info_->setText(tr("Simulated step: %1 ms · bubble %2 % · %3 stages · %4 passes, %5 transfers")
-                     .arg(data.step_seconds * 1e3, 0, 'f', 1)
+                     .arg(shown.step_seconds * 1e3, 0, 'f', 1)
                      .arg(bubbleFraction * 100, 0, 'f', 1)
-                     .arg(data.num_stages)
+                     .arg(shown.num_stages)
                      .arg(passes)
                      .arg(timeline_->blockCount(BlockKind::communication)));
 }
 
 void TimelineView::setMessage(const QString& message) {
-  timeline_->setTimeline({});
+  timeline_->setTimeline(TimelineData{});
   info_->setText(message);
 }
 

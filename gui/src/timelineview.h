@@ -2,6 +2,8 @@
 // simulator's headline figures above it.
 #pragma once
 
+#include <memory>
+
 #include <QWidget>
 
 #include "timelinedata.h"
@@ -18,7 +20,7 @@ class TimelineView : public QWidget {
  public:
   explicit TimelineView(QWidget* parent = nullptr);
 
-  void setTimeline(const TimelineData& data, double bubbleFraction);
+  void setTimeline(std::shared_ptr<const TimelineData> data, double bubbleFraction);
   /// Shown instead of a chart when there is nothing to simulate.
   void setMessage(const QString& message);
   [[nodiscard]] TimelineWidget* timeline() const { return timeline_; }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include <QHelpEvent>
 #include <QMouseEvent>
@@ -35,17 +36,29 @@ TimelineWidget::TimelineWidget(QWidget* parent) : QWidget(parent) {
   setAutoFillBackground(true);
 }
 
-void TimelineWidget::setTimeline(const TimelineData& data) {
+void TimelineWidget::setTimeline(TimelineData data) {
+  if (data.lanes.size() != static_cast<std::size_t>(std::max(0, data.num_stages)) * 2) {
+    indexTimeline(data);
+  }
+  setTimeline(std::make_shared<const TimelineData>(std::move(data)));
+}
+
+void TimelineWidget::setTimeline(std::shared_ptr<const TimelineData> data) {
+  if (!data) data = std::make_shared<const TimelineData>();
+  if (data->lanes.size() != static_cast<std::size_t>(std::max(0, data->num_stages)) * 2) {
+    TimelineData copy = *data;
+    indexTimeline(copy);
+    data = std::make_shared<const TimelineData>(std::move(copy));
+  }
   const bool sameStep =
-      data.step_seconds == data_.step_seconds && data.num_stages == data_.num_stages;
-  data_ = data;
+      data->step_seconds == data_->step_seconds && data->num_stages == data_->num_stages;
+  data_ = std::move(data);
   if (!sameStep) fit();
   update();
 }
 
 int TimelineWidget::blockCount(BlockKind kind) const {
-  return static_cast<int>(std::count_if(data_.blocks.begin(), data_.blocks.end(),
-                                        [kind](const TimelineBlock& b) { return b.kind == kind; }));
+  return data_->kindCounts[static_cast<std::size_t>(kind)];
 }
 
 QColor TimelineWidget::kindColor(BlockKind kind) {
@@ -86,12 +99,12 @@ QString TimelineWidget::kindName(BlockKind kind) {
 
 void TimelineWidget::fit() {
   viewStart_ = 0;
-  viewSpan_ = data_.step_seconds > 0 ? data_.step_seconds * 1.01 : 1.0;
+  viewSpan_ = data_->step_seconds > 0 ? data_->step_seconds * 1.01 : 1.0;
   update();
 }
 
 void TimelineWidget::zoom(double factor, double anchorSeconds) {
-  const double full = data_.step_seconds > 0 ? data_.step_seconds * 1.01 : 1.0;
+  const double full = data_->step_seconds > 0 ? data_->step_seconds * 1.01 : 1.0;
   const double span = std::clamp(viewSpan_ / factor, full * 1e-4, full * 4);
   const double share = (anchorSeconds - viewStart_) / viewSpan_;
   viewStart_ = anchorSeconds - share * span;
@@ -105,7 +118,7 @@ QRectF TimelineWidget::plotRect() const {
 }
 
 double TimelineWidget::rowHeight() const {
-  return data_.num_stages > 0 ? plotRect().height() / data_.num_stages : plotRect().height();
+  return data_->num_stages > 0 ? plotRect().height() / data_->num_stages : plotRect().height();
 }
 
 double TimelineWidget::xOf(double seconds) const {
@@ -137,7 +150,7 @@ void TimelineWidget::paintEvent(QPaintEvent*) {
   p.setRenderHint(QPainter::Antialiasing, false);
   const QRectF plot = plotRect();
   const QFontMetrics fm(font());
-  if (data_.num_stages <= 0) {
+  if (data_->num_stages <= 0) {
     p.drawText(rect(), Qt::AlignCenter, tr("No simulation yet"));
     return;
   }
@@ -157,41 +170,83 @@ void TimelineWidget::paintEvent(QPaintEvent*) {
 
   p.save();
   p.setClipRect(plot);
+  // Rows shorter than a pixel share it: one row per pixel row is drawn.
+  auto rowShown = [&](int s) {
+    return rh >= 1 || s == 0 ||
+           std::floor(plot.top() + s * rh) != std::floor(plot.top() + (s - 1) * rh);
+  };
   // Rows: the step's span hatched, so idle time between blocks shows as bubbles.
-  for (int s = 0; s < data_.num_stages; ++s) {
+  for (int s = 0; s < data_->num_stages; ++s) {
+    if (!rowShown(s)) continue;
     const double top = plot.top() + s * rh;
-    const QRectF lane(xOf(0), top + 2, xOf(data_.step_seconds) - xOf(0),
-                      rh * (1 - kCommLaneShare) - 4);
+    const QRectF lane(xOf(0), top + std::min(2.0, rh * 0.06), xOf(data_->step_seconds) - xOf(0),
+                      std::max(1.0, rh * (1 - kCommLaneShare) - 4));
     p.fillRect(lane, QBrush(QColor(0xf4, 0xf4, 0xf4)));
     p.fillRect(lane, QBrush(QColor(0xc8, 0xc8, 0xc8), Qt::BDiagPattern));
-    p.setPen(QColor(0xcc, 0xcc, 0xcc));
-    p.drawLine(QPointF(plot.left(), top + rh), QPointF(plot.right(), top + rh));
+    if (rh >= 4) {
+      p.setPen(QColor(0xcc, 0xcc, 0xcc));
+      p.drawLine(QPointF(plot.left(), top + rh), QPointF(plot.right(), top + rh));
+    }
   }
-  // Blocks.
-  for (const TimelineBlock& b : data_.blocks) {
-    const QRectF r = blockRect(b);
-    if (r.right() < plot.left() || r.left() > plot.right()) continue;
-    const QColor c = kindColor(b.kind);
-    p.fillRect(r, c);
-    p.setPen(c.darker(140));
-    p.drawRect(r);
-    if (b.microbatch >= 0 && b.kind != BlockKind::communication) {
-      const QString text = data_.blocks.empty() ? QString() : QString::number(b.microbatch);
-      if (fm.horizontalAdvance(text) + 4 < r.width() && fm.height() < r.height()) {
-        p.setPen(Qt::white);
-        p.drawText(r, Qt::AlignCenter, text);
+  // Blocks: only those in the window; any narrower than a pixel merge into a pixel column.
+  lastPainted_ = 0;
+  const double t0 = secondsAt(plot.left());
+  const double t1 = secondsAt(plot.right());
+  const double secondsPerPixel = viewSpan_ / plot.width();
+  for (std::size_t laneIndex = 0; laneIndex < data_->lanes.size(); ++laneIndex) {
+    if (!rowShown(static_cast<int>(laneIndex / 2))) continue;
+    const TimelineLane& lane = data_->lanes[laneIndex];
+    const std::size_t n = lane.order.size();
+    // The first block that ends at or after t0.
+    std::size_t i = static_cast<std::size_t>(
+        std::lower_bound(lane.maxEnds.begin(), lane.maxEnds.end(), t0) - lane.maxEnds.begin());
+    while (i < n && lane.starts[i] <= t1) {
+      const TimelineBlock& b = data_->blocks[lane.order[i]];
+      const QRectF r = blockRect(b);
+      const QColor c = kindColor(b.kind);
+      if (xOf(b.end_seconds) - xOf(b.start_seconds) >= 1.0) {
+        p.fillRect(r, c);
+        if (r.width() >= 3 && r.height() >= 3) {
+          p.setPen(c.darker(140));
+          p.drawRect(r);
+        }
+        if (b.microbatch >= 0 && b.kind != BlockKind::communication) {
+          const QString text = QString::number(b.microbatch);
+          if (fm.horizontalAdvance(text) + 4 < r.width() && fm.height() < r.height()) {
+            p.setPen(Qt::white);
+            p.drawText(r, Qt::AlignCenter, text);
+          }
+        }
+        ++lastPainted_;
+        ++i;
+        continue;
       }
+      // Narrow: every block starting in this pixel column is drawn as one column.
+      const double column = std::floor(xOf(b.start_seconds));
+      const double columnEnd = viewStart_ + (column + 1 - plot.left()) * secondsPerPixel;
+      const std::size_t next = static_cast<std::size_t>(
+          std::lower_bound(lane.starts.begin() + static_cast<std::ptrdiff_t>(i) + 1,
+                           lane.starts.end(), columnEnd) -
+          lane.starts.begin());
+      p.fillRect(QRectF(column, r.top(), 1.0, r.height()), c);
+      ++lastPainted_;
+      // A wide block starting in the same column is drawn whole on the next turn.
+      const TimelineBlock& last = data_->blocks[lane.order[next - 1]];
+      const bool lastWide = next - 1 > i && xOf(last.end_seconds) - xOf(last.start_seconds) >= 1.0;
+      i = lastWide ? next - 1 : next;
     }
   }
   p.restore();
 
   // Stage labels and the step's end.
   p.setPen(palette().color(QPalette::Text));
-  for (int s = 0; s < data_.num_stages; ++s) {
-    p.drawText(QRectF(4, plot.top() + s * rh, kLeftMargin - 8, rh),
+  // One label per text height when the rows are thin.
+  const int labelEvery = std::max(1, static_cast<int>(std::ceil(fm.height() / std::max(rh, 1e-9))));
+  for (int s = 0; s < data_->num_stages; s += labelEvery) {
+    p.drawText(QRectF(4, plot.top() + s * rh, kLeftMargin - 8, std::max(rh, double(fm.height()))),
                Qt::AlignVCenter | Qt::AlignRight, tr("Stage %1").arg(s));
   }
-  const double xEnd = xOf(data_.step_seconds);
+  const double xEnd = xOf(data_->step_seconds);
   if (xEnd >= plot.left() && xEnd <= plot.right()) {
     p.setPen(QPen(QColor(0xb0, 0x00, 0x20), 1, Qt::DashLine));
     p.drawLine(QPointF(xEnd, plot.top()), QPointF(xEnd, plot.bottom()));
@@ -214,9 +269,21 @@ void TimelineWidget::paintEvent(QPaintEvent*) {
 }
 
 const TimelineBlock* TimelineWidget::blockAt(QPointF pos) const {
-  // Later blocks are drawn on top: search from the end.
-  for (auto it = data_.blocks.rbegin(); it != data_.blocks.rend(); ++it) {
-    if (blockRect(*it).adjusted(-1, 0, 1, 0).contains(pos)) return &*it;
+  // The blocks of the two lanes of the stage under the cursor that start before it.
+  const double rh = rowHeight();
+  const int stage = static_cast<int>(std::floor((pos.y() - plotRect().top()) / rh));
+  if (stage < 0 || stage >= data_->num_stages) return nullptr;
+  const double tol = secondsAt(pos.x() + 1) - secondsAt(pos.x());
+  const double t = secondsAt(pos.x());
+  for (int laneKind = 0; laneKind < 2; ++laneKind) {
+    const TimelineLane& lane = data_->lanes[static_cast<std::size_t>(stage) * 2 + laneKind];
+    std::size_t k = static_cast<std::size_t>(
+        std::upper_bound(lane.starts.begin(), lane.starts.end(), t + tol) - lane.starts.begin());
+    while (k-- > 0) {
+      const TimelineBlock& b = data_->blocks[lane.order[k]];
+      if (blockRect(b).adjusted(-1, 0, 1, 0).contains(pos)) return &b;
+      if (lane.maxEnds[k] < t - tol) break;  // nothing earlier reaches the cursor
+    }
   }
   return nullptr;
 }
@@ -225,7 +292,7 @@ bool TimelineWidget::event(QEvent* event) {
   if (event->type() == QEvent::ToolTip) {
     auto* help = static_cast<QHelpEvent*>(event);
     if (const TimelineBlock* b = blockAt(help->pos())) {
-      QString what = b->label.isEmpty() ? kindName(b->kind) : b->label;
+      QString what = b->label < data_->labels.size() ? data_->labels[b->label] : kindName(b->kind);
       if (b->microbatch >= 0) what += tr(", micro-batch %1").arg(b->microbatch);
       if (b->chunk > 0) what += tr(", chunk %1").arg(b->chunk);
       QToolTip::showText(help->globalPos(),

@@ -2,7 +2,12 @@
 // weight-gradient blocks coloured by kind and labelled by micro-batch, communication on a thin lane
 // under each row, idle time (bubbles) hatched. Wheel zooms around the cursor, dragging pans,
 // double-click fits the whole step; hovering a block names it and gives its start and end.
+// Painting is bounded by pixels, not by passes: each lane's blocks are indexed by start time, only
+// the visible window is visited, and blocks narrower than a pixel are merged into one pixel column
+// (coloured by the first block in it), so 2^20 passes paint as fast as a few hundred.
 #pragma once
+
+#include <memory>
 
 #include <QWidget>
 
@@ -16,11 +21,16 @@ class TimelineWidget : public QWidget {
  public:
   explicit TimelineWidget(QWidget* parent = nullptr);
 
-  void setTimeline(const TimelineData& data);
-  [[nodiscard]] const TimelineData& timeline() const { return data_; }
+  /// Shows `data` (indexed here if it was not already).
+  void setTimeline(TimelineData data);
+  /// Shows shared, already indexed data without copying it (the simulation's).
+  void setTimeline(std::shared_ptr<const TimelineData> data);
+  [[nodiscard]] const TimelineData& timeline() const { return *data_; }
 
-  [[nodiscard]] int rowCount() const { return data_.num_stages; }
+  [[nodiscard]] int rowCount() const { return data_->num_stages; }
   [[nodiscard]] int blockCount(BlockKind kind) const;
+  /// Rectangles the last paint drew for blocks (single blocks plus merged pixel columns).
+  [[nodiscard]] long long lastPaintedBlocks() const { return lastPainted_; }
   /// The visible time window, in seconds.
   [[nodiscard]] double viewStart() const { return viewStart_; }
   [[nodiscard]] double viewSpan() const { return viewSpan_; }
@@ -51,7 +61,8 @@ class TimelineWidget : public QWidget {
   [[nodiscard]] QRectF blockRect(const TimelineBlock& b) const;
   [[nodiscard]] const TimelineBlock* blockAt(QPointF pos) const;
 
-  TimelineData data_;
+  std::shared_ptr<const TimelineData> data_ = std::make_shared<const TimelineData>();
+  long long lastPainted_ = 0;
   double viewStart_ = 0;
   double viewSpan_ = 1;
   bool dragging_ = false;

@@ -41,6 +41,8 @@
 
 #include "categories.h"
 #include "chartexport.h"
+#include "distplan/planner/error.h"
+#include "distplan/planner/input_file.h"
 
 namespace distplan::gui {
 
@@ -381,12 +383,15 @@ void ValidationView::setCommunicationLogScale(bool on) {
 }
 
 bool ValidationView::openFile(const QString& path) {
-  QFile file(path);
-  if (!file.open(QIODevice::ReadOnly)) {
-    log_->appendPlainText(tr("cannot open %1: %2").arg(path, file.errorString()));
+  std::string text;
+  try {
+    // The scenario reader's bound: a result is a few kB, /dev/zero is not.
+    text = read_input_file(QFile::encodeName(path).toStdString(), "validation result");
+  } catch (const InputError& e) {
+    log_->appendPlainText(QString::fromUtf8(e.what()));
     return false;
   }
-  const bool ok = loadResult(file.readAll());
+  const bool ok = loadResult(QByteArray::fromStdString(text));
   if (ok) log_->appendPlainText(tr("opened %1").arg(QDir::toNativeSeparators(path)));
   return ok;
 }

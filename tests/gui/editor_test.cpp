@@ -53,7 +53,7 @@ class EditorTest : public QObject {
 
   void defaultScenarioIsLlama70bOn64H100() {
     MainWindow w(false);
-    w.loadDefaultScenario();
+    loadDefault(w);
     QVERIFY(w.session()->isValid());
     QCOMPARE(w.session()->scenario(), scenario_from_json(parse_json_text(default_scenario_text())));
     expectMemoryMatchesPlanner(w);
@@ -61,9 +61,12 @@ class EditorTest : public QObject {
 
   void tensorParallelChangeSetsMemoryChartToPlannerFigures() {
     MainWindow w(false);
-    w.loadDefaultScenario();
+    loadDefault(w);
     const double weightsBefore = w.memoryView()->barValueGiB(MemoryCategory::weights, 0);
     const Count tp = w.session()->scenario().parallel.tp;
+    // The default file pins dp = 2; "auto" removes it, so dp follows tp (the file is not changed
+    // behind the person's back).
+    QVERIFY(chooseInt(w, "/parallel/dp", -1));
     QVERIFY(chooseInt(w, "/parallel/tp", tp / 2));
     QVERIFY(w.session()->isValid());
     QCOMPARE(w.session()->scenario().parallel.tp, tp / 2);
@@ -74,11 +77,9 @@ class EditorTest : public QObject {
 
   void zeroStageChangeSetsMemoryChartToPlannerFigures() {
     MainWindow w(false);
-    w.loadDefaultScenario();
+    loadDefault(w);
     for (int stage : {0, 1, 2, 3}) {
-      auto* box = w.editor()->findChild<QComboBox*>(QStringLiteral("/parallel/zero_stage"));
-      QVERIFY(box);
-      box->setCurrentIndex(stage);
+      QVERIFY(chooseInt(w, "/parallel/zero_stage", stage));
       QVERIFY(w.session()->isValid());
       QCOMPARE(w.session()->scenario().parallel.zero_stage, stage);
       expectMemoryMatchesPlanner(w);
@@ -87,7 +88,8 @@ class EditorTest : public QObject {
 
   void tensorParallelOffersOnlyValidDivisors() {
     MainWindow w(false);
-    w.loadDefaultScenario();
+    loadDefault(w);
+    QVERIFY(chooseInt(w, "/parallel/dp", -1));  // dp derived, not pinned by the file
     const ModelSpec& m = w.session()->scenario().model;
     auto* box = w.editor()->findChild<QComboBox*>(QStringLiteral("/parallel/tp"));
     QVERIFY(box && box->count() > 1);
@@ -97,13 +99,15 @@ class EditorTest : public QObject {
       QCOMPARE(m.num_kv_heads % tp, 0);
       // Every offered value is accepted by the validator.
       box->setCurrentIndex(i);
+      emit box->activated(i);
+      QVERIFY(w.session()->waitForPlan());
       QVERIFY2(w.session()->isValid(), qPrintable(w.session()->errorMessage()));
     }
   }
 
   void invalidInputShowsValidatorMessageBesideTheField() {
     MainWindow w(false);
-    w.loadDefaultScenario();
+    loadDefault(w);
     const Estimate before = w.session()->estimate();
     QVERIFY(setCount(w, "/cluster/num_gpus", 60));  // 60 is not a multiple of tp*pp = 32
     QVERIFY(!w.session()->isValid());
@@ -135,13 +139,14 @@ class EditorTest : public QObject {
 
   void modelPresetFillsThePresetFields() {
     MainWindow w(false);
-    w.loadDefaultScenario();
+    loadDefault(w);
     auto* box = w.editor()->findChild<QComboBox*>(QStringLiteral("/model"));
     QVERIFY(box);
     const int index = box->findData(QStringLiteral("llama2-7b"));
     QVERIFY(index >= 0);
     box->setCurrentIndex(index);
     emit box->activated(index);
+    QVERIFY(w.session()->waitForPlan());
     const nlohmann::json doc = w.editor()->document();
     QCOMPARE(QString::fromStdString(doc["model"].get<std::string>()), QStringLiteral("llama2-7b"));
     const std::optional<ModelSpec> preset = find_model_preset("llama2-7b");
@@ -155,7 +160,7 @@ class EditorTest : public QObject {
     QTemporaryDir dir;
     const QString path = dir.filePath(QStringLiteral("scenario.json"));
     MainWindow w(false);
-    w.loadDefaultScenario();
+    loadDefault(w);
     QVERIFY(setCount(w, "/training/global_batch_size", 256));
     const Scenario edited = w.session()->scenario();
     QString error;
@@ -164,6 +169,7 @@ class EditorTest : public QObject {
 
     MainWindow other(false);
     QVERIFY2(other.openScenario(path, &error), qPrintable(error));
+    QVERIFY(other.session()->waitForPlan());
     QVERIFY(other.session()->isValid());
     QCOMPARE(other.session()->scenario(), edited);
   }

@@ -4,23 +4,33 @@
 
 #include <QComboBox>
 #include <QImage>
+#include <QLineEdit>
 #include <QSpinBox>
 #include <QtTest>
 #include <set>
 
 #include "mainwindow.h"
+#include "plansession.h"
 #include "scenarioeditor.h"
 
 namespace distplan::gui::test {
 
-/// Picks the item whose data is `value` in the combo at JSON path `path`.
+/// Loads the default scenario and waits for its plan (planning runs on a worker).
+inline void loadDefault(MainWindow& w) {
+  w.loadDefaultScenario();
+  w.session()->waitForPlan();
+}
+
+/// Picks, as a person does, the item whose data is `value` in the combo at JSON path `path`,
+/// then waits for the plan.
 inline bool chooseInt(MainWindow& w, const char* path, qlonglong value) {
   auto* box = w.editor()->findChild<QComboBox*>(QString::fromLatin1(path));
   if (!box) return false;
   const int index = box->findData(QVariant::fromValue(value));
   if (index < 0) return false;
   box->setCurrentIndex(index);
-  return true;
+  emit box->activated(index);
+  return w.session()->waitForPlan();
 }
 
 inline bool chooseText(MainWindow& w, const char* path, const QString& text) {
@@ -29,14 +39,28 @@ inline bool chooseText(MainWindow& w, const char* path, const QString& text) {
   const int index = box->findText(text);
   if (index < 0) return false;
   box->setCurrentIndex(index);
-  return true;
+  emit box->activated(index);
+  return w.session()->waitForPlan();
 }
 
-inline bool setCount(MainWindow& w, const char* path, int value) {
-  auto* box = w.editor()->findChild<QSpinBox*>(QString::fromLatin1(path));
-  if (!box) return false;
-  box->setValue(value);
-  return true;
+/// Types `text` into the field at `path` and finishes the edit, then waits for the plan.
+inline bool typeText(MainWindow& w, const char* path, const QString& text) {
+  auto* field = w.editor()->findChild<QLineEdit*>(QString::fromLatin1(path));
+  if (!field) return false;
+  field->setFocus();
+  field->selectAll();
+  QTest::keyClick(field, Qt::Key_Backspace);
+  QTest::keyClicks(field, text);
+  QTest::keyClick(field, Qt::Key_Return);
+  return w.session()->waitForPlan();
+}
+
+inline bool setCount(MainWindow& w, const char* path, qlonglong value) {
+  auto* field = w.editor()->findChild<QLineEdit*>(QString::fromLatin1(path));
+  if (!field) return false;
+  field->setText(QString::number(value));
+  emit field->editingFinished();
+  return w.session()->waitForPlan();
 }
 
 /// Share of the pixels of `image` that have its most common colour (1.0: a blank picture), and

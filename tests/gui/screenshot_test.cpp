@@ -36,7 +36,7 @@ class ScreenshotTest : public QObject {
   void everyTabRendersANonBlankPicture() {
     QFETCH(QString, tab);
     MainWindow w(false);
-    w.loadDefaultScenario();
+    loadDefault(w);
     w.resize(1280, 800);
     QVERIFY(w.showTab(tab));
     w.show();

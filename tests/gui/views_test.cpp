@@ -59,7 +59,7 @@ class ViewsTest : public QObject {
     QFETCH(int, virtualStages);
     QFETCH(bool, splitBackward);
     MainWindow w(false);
-    w.loadDefaultScenario();
+    loadDefault(w);
     QVERIFY(setCount(w, "/training/global_batch_size", 64));
     QVERIFY(chooseText(w, "/parallel/schedule", schedule));
     if (virtualStages > 1) QVERIFY(setCount(w, "/parallel/virtual_stages", virtualStages));
@@ -108,7 +108,7 @@ class ViewsTest : public QObject {
 
   void communicationTableListsEveryCollective() {
     MainWindow w(false);
-    w.loadDefaultScenario();
+    loadDefault(w);
     const Estimate e = estimate(scenario_from_json(w.editor()->document()));
     CommunicationModel* model = w.communicationView()->model();
     QCOMPARE(model->rowCount(), static_cast<int>(e.communication.collectives.size()));
@@ -125,7 +125,7 @@ class ViewsTest : public QObject {
 
   void summaryShowsThePlannersFigures() {
     MainWindow w(false);
-    w.loadDefaultScenario();
+    loadDefault(w);
     const Estimate& e = w.session()->estimate();
     QVERIFY(w.summaryView()
                 ->figureText(QStringLiteral("memory"))
@@ -140,7 +140,7 @@ class ViewsTest : public QObject {
   void searchFillsSortsAndLoadsAPlan() {
     if (!SearchView::searchAvailable()) QSKIP("built without the search library");
     MainWindow w(false);
-    w.loadDefaultScenario();
+    loadDefault(w);
     SearchView* view = w.searchView();
     QSignalSpy finished(view, &SearchView::searchFinished);
     view->startSearch();
@@ -174,6 +174,7 @@ class ViewsTest : public QObject {
     const SearchRow chosen =
         model->rows()[static_cast<std::size_t>(proxy->mapToSource(first).row())];
     emit view->table()->doubleClicked(first);
+    QVERIFY(w.session()->waitForPlan());
     QVERIFY(w.session()->isValid());
     const ParallelSpec& p = w.session()->scenario().parallel;
     QCOMPARE(p.tp, chosen.parallel.tp);
@@ -189,7 +190,7 @@ class ViewsTest : public QObject {
   void cancelledSearchLeavesTheTableAsItWas() {
     if (!SearchView::searchAvailable()) QSKIP("built without the search library");
     MainWindow w(false);
-    w.loadDefaultScenario();
+    loadDefault(w);
     SearchView* view = w.searchView();
     QSignalSpy finished(view, &SearchView::searchFinished);
     view->startSearch();
@@ -239,7 +240,7 @@ class ViewsTest : public QObject {
 
   void chartsExportAsPngAndSvg() {
     MainWindow w(false);
-    w.loadDefaultScenario();
+    loadDefault(w);
     w.resize(1280, 800);
     w.show();
     QVERIFY(w.showTab(QStringLiteral("memory")));
