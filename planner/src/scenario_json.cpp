@@ -615,4 +615,21 @@ json plan_to_json(const Scenario& s, const Estimate& e) {
   };
 }
 
+json presets_to_json() {
+  json out = {{"schema", "distplan.presets/v1"}};
+  for (const auto& p : model_presets()) {
+    out["models"].push_back({{"name", p.name},
+                             {"description", p.description},
+                             {"source", p.source},
+                             {"model", to_json(*find_model_preset(p.name))}});
+  }
+  for (const auto& p : gpu_presets()) {
+    out["gpus"].push_back({{"name", p.name},
+                           {"description", p.description},
+                           {"source", p.source},
+                           {"gpu", to_json(*find_gpu_preset(p.name))}});
+  }
+  return out;
+}
+
 }  // namespace distplan

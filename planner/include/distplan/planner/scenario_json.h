@@ -42,4 +42,7 @@ namespace distplan {
 /// The `distplan.plan/v1` document.
 [[nodiscard]] nlohmann::json plan_to_json(const Scenario& s, const Estimate& e);
 
+/// The `distplan.presets/v1` document: every model and GPU preset with its description and source.
+[[nodiscard]] nlohmann::json presets_to_json();
+
 }  // namespace distplan
