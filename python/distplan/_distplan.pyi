@@ -1,10 +1,12 @@
 # Type stubs of the compiled core (python/src/module.cpp). Documents follow docs/api.md.
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 __version__: str
 
 def plan(scenario: Dict[str, Any]) -> Dict[str, Any]: ...
-def plan_many(scenarios: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]: ...
+def plan_many(
+    scenarios: Sequence[Dict[str, Any]], parts: Optional[Iterable[str]] = None
+) -> List[Dict[str, Any]]: ...
 def simulate(
     scenario: Dict[str, Any], costs: Optional[Dict[str, Any]] = None
 ) -> Dict[str, Any]: ...

@@ -4,6 +4,8 @@
 // Python objects element by element. Computation runs with the GIL released.
 #include <Python.h>
 
+#include <time.h>
+
 #include <optional>
 #include <string>
 #include <vector>
@@ -51,15 +53,36 @@ pyb::object plan(pyb::handle scenario) {
   return to_object(out);
 }
 
-// Plans a list of scenarios in blocks: each block's inputs are read with the GIL held, planned
-// without it, and its answers converted with it again, so memory stays bounded for long sweeps.
-pyb::list plan_many(pyb::handle scenarios) {
+// The PlanPart bits of `parts`: None for the whole document, else an iterable of top-level names.
+unsigned plan_parts(pyb::handle parts) {
+  if (parts.is_none()) return plan_all;
+  if (PyUnicode_Check(parts.ptr())) {
+    throw pyb::type_error("parts must be a list of names, not a string");
+  }
+  unsigned bits = 0;
+  for (pyb::handle name : parts) {
+    const unsigned bit = plan_part(pyb::cast<std::string>(name));
+    if (bit == 0) {
+      throw pyb::value_error("unknown plan part '" + pyb::cast<std::string>(name) +
+                             "' (schema, scenario, model_summary, memory, communication, "
+                             "compute, stage_costs, time)");
+    }
+    bits |= bit;
+  }
+  return bits;
+}
+
+// Plans a list of scenarios in small blocks: each block's inputs are read with the GIL held,
+// planned without it, and its answers converted with it again. Small blocks keep the documents in
+// cache between building and converting, and memory bounded for long sweeps.
+pyb::list plan_many(pyb::handle scenarios, pyb::handle parts_arg) {
+  const unsigned parts = plan_parts(parts_arg);
   PyObject* seq = PySequence_Fast(scenarios.ptr(), "plan_many takes a list of scenarios");
   if (seq == nullptr) throw pyb::error_already_set();
   const auto holder = pyb::reinterpret_steal<pyb::object>(seq);
   const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
   pyb::list result(n);
-  constexpr Py_ssize_t kBlock = 256;
+  constexpr Py_ssize_t kBlock = 16;
   std::vector<json> docs;
   std::vector<json> outs;
   for (Py_ssize_t begin = 0; begin < n; begin += kBlock) {
@@ -74,7 +97,7 @@ pyb::list plan_many(pyb::handle scenarios) {
       for (std::size_t k = 0; k < docs.size(); ++k) {
         try {
           const Scenario s = scenario_from_json(docs[k]);
-          outs[k] = plan_to_json(s, estimate(s));
+          outs[k] = plan_to_json(s, estimate(s), parts);
         } catch (const InputError& e) {
           // The list is the document: the error's pointer starts at the scenario's index.
           throw InputError("/" + std::to_string(begin + static_cast<Py_ssize_t>(k)) + e.path(),
@@ -89,6 +112,53 @@ pyb::list plan_many(pyb::handle scenarios) {
     }
   }
   return result;
+}
+
+// For bench/python_bench.py: plan_many's work on a list, phase by phase, in CPU seconds of this
+// thread — reading the Python objects, parsing the scenarios, estimating, building the plan
+// documents, converting them to Python objects. The answers are dropped.
+pyb::dict plan_many_phases(const pyb::list& items, pyb::handle parts_arg) {
+  const unsigned parts = plan_parts(parts_arg);
+  const auto cpu = [] {
+    timespec ts{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+  };
+  double t0 = cpu();
+  std::vector<json> docs;
+  docs.reserve(items.size());
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    docs.push_back(from_python(items[i].ptr(), "/" + std::to_string(i)));
+  }
+  double t1 = cpu();
+  std::vector<Scenario> parsed;
+  parsed.reserve(docs.size());
+  for (const json& d : docs) parsed.push_back(scenario_from_json(d));
+  double t2 = cpu();
+  std::vector<Estimate> estimates;
+  estimates.reserve(parsed.size());
+  for (const Scenario& s : parsed) estimates.push_back(estimate(s));
+  double t3 = cpu();
+  std::vector<json> outs;
+  outs.reserve(parsed.size());
+  for (std::size_t i = 0; i < parsed.size(); ++i)
+    outs.push_back(plan_to_json(parsed[i], estimates[i], parts));
+  double t4 = cpu();
+  {
+    std::vector<pyb::object> objects;
+    objects.reserve(outs.size());
+    for (const json& o : outs) objects.push_back(to_object(o));
+    const double t5 = cpu();
+    pyb::dict phases;
+    phases["read_python"] = t1 - t0;
+    phases["parse_scenario"] = t2 - t1;
+    phases["estimate"] = t3 - t2;
+    phases["plan_to_json"] = t4 - t3;
+    phases["to_python"] = t5 - t4;
+    objects.clear();
+    phases["free_python"] = cpu() - t5;
+    return phases;
+  }
 }
 
 pyb::object simulate(pyb::handle scenario, pyb::handle costs) {
@@ -149,8 +219,12 @@ PYBIND11_MODULE(_distplan, m) {
   });
   m.def("plan", &plan, pyb::arg("scenario"),
         "Memory per stage, communication, FLOPs and time of a layout (distplan.plan/v1).");
-  m.def("plan_many", &plan_many, pyb::arg("scenarios"),
-        "plan() of each scenario of a list, in order; an error's path starts with the index.");
+  m.def("plan_many", &plan_many, pyb::arg("scenarios"), pyb::arg("parts") = pyb::none(),
+        "plan() of each scenario of a list, in order; an error's path starts with the index. "
+        "parts: only these top-level members of each plan document (e.g. ['memory', 'time']).");
+  m.def("_plan_many_phases", &plan_many_phases, pyb::arg("scenarios"),
+        pyb::arg("parts") = pyb::none(),
+        "plan_many's CPU seconds per phase on this list (bench/python_bench.py).");
   m.def("simulate", &simulate, pyb::arg("scenario"), pyb::arg("costs") = pyb::none(),
         "Discrete-event simulation of one training step (distplan.simulate/v1).");
   m.def("search", &search_layouts, pyb::arg("request"),

@@ -136,3 +136,15 @@ def test_stubs_name_exactly_the_compiled_functions():
     compiled = {n for n in dir(_distplan) if not n.startswith("_")}
     assert stubbed == compiled
     assert os.path.exists(os.path.join(os.path.dirname(distplan.__file__), "py.typed"))
+
+
+def test_plan_many_parts_are_those_members_of_the_full_document(default):
+    scenarios = sweep(default, 40)
+    full = distplan.plan_many(scenarios)
+    for parts in (["memory", "time"], ["time"], ["schema", "scenario", "stage_costs"]):
+        some = distplan.plan_many(scenarios, parts)
+        assert [{k: p[k] for k in parts} for p in full] == some
+    with pytest.raises(ValueError, match="unknown plan part 'memroy'"):
+        distplan.plan_many(scenarios, ["memroy"])
+    with pytest.raises(TypeError):
+        distplan.plan_many(scenarios, "memory")
