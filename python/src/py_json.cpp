@@ -146,9 +146,16 @@ PyObject* to_python(const nlohmann::json& j) {
   using V = nlohmann::json::value_t;
   switch (j.type()) {
     case V::object: {
+      const auto& obj = j.get_ref<const nlohmann::json::object_t&>();
+#if !defined(Py_LIMITED_API) && PY_VERSION_HEX < 0x030D0000
+      // Sized once: a plan's objects have up to 14 members, which would otherwise grow the table
+      // twice. (Private in CPython up to 3.12, removed in 3.13.)
+      PyObject* d = _PyDict_NewPresized(static_cast<Py_ssize_t>(obj.size()));
+#else
       PyObject* d = PyDict_New();
+#endif
       if (d == nullptr) return nullptr;
-      for (const auto& [k, v] : j.get_ref<const nlohmann::json::object_t&>()) {
+      for (const auto& [k, v] : obj) {
         PyObject* key = key_object(k);
         PyObject* value = key != nullptr ? to_python(v) : nullptr;
         const int rc = value != nullptr ? PyDict_SetItem(d, key, value) : -1;
