@@ -148,3 +148,19 @@ def test_plan_many_parts_are_those_members_of_the_full_document(default):
         distplan.plan_many(scenarios, ["memroy"])
     with pytest.raises(TypeError):
         distplan.plan_many(scenarios, "memory")
+
+
+def test_threads_plan_at_once_and_agree_with_one_thread(default):
+    scenarios = sweep(default, 400)
+    expected = distplan.plan_many(scenarios, ["memory", "time"])
+    results = [None] * 4
+
+    def worker(k):
+        results[k] = distplan.plan_many(scenarios, ["memory", "time"])
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(r == expected for r in results)
