@@ -68,6 +68,19 @@ def test_simulate_matches_the_cli_with_and_without_costs(default):
     assert distplan.simulate(with_costs) == expected
 
 
+def test_costs_given_twice_are_an_error_at_costs(default):
+    costs = {"forward_seconds": 1.0, "backward_seconds": 2.0}
+    with pytest.raises(distplan.InputError) as info:
+        distplan.simulate(dict(default, costs=costs), costs=costs)
+    assert info.value.path == "/costs"
+    # A bad costs= argument is reported where the CLI reports the scenario's "costs" member.
+    bad = {"forward_seconds": -1.0, "backward_seconds": 2.0}
+    expected = cli_error(["simulate", "-"], dict(default, costs=bad))
+    with pytest.raises(distplan.InputError) as info:
+        distplan.simulate(default, costs=bad)
+    assert (info.value.path, info.value.message) == (expected["path"], expected["message"])
+
+
 def test_presets_match_the_cli():
     assert distplan.presets() == cli_json(["presets", "--format", "json"])
 
