@@ -16,7 +16,13 @@ JOBS=${JOBS:-$(nproc)}
 PACKAGES=(cmake ninja-build g++ clang libclang-rt-14-dev
   qt6-base-dev qt6-charts-dev libqt6opengl6-dev qt6-svg-dev libxkbcommon-dev
   libeigen3-dev nlohmann-json3-dev libcli11-dev libfmt-dev libgtest-dev libbenchmark-dev
-  libopenmpi-dev openmpi-bin xvfb xauth fonts-dejavu-core)
+  libopenmpi-dev openmpi-bin xvfb xauth fonts-dejavu-core
+  python3-dev pybind11-dev python3-pytest)
+# The Python module (python/) is built for Debian's python3, the interpreter python3-dev and
+# python3-pytest belong to, even when another python3 (pyenv, conda) comes first on PATH; CTest
+# runs its pytest suite with it. `pip install .` (docs/python.md) builds it for any Python.
+PYTHON_ARGS=()
+[ -x /usr/bin/python3 ] && PYTHON_ARGS=(-DPython_EXECUTABLE=/usr/bin/python3)
 
 install_deps() {
   local missing=()
@@ -33,7 +39,8 @@ install_deps() {
 
 configure_and_build() {
   # shellcheck disable=SC2086
-  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release ${DISTPLAN_CMAKE_ARGS:-}
+  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release "${PYTHON_ARGS[@]}" \
+    ${DISTPLAN_CMAKE_ARGS:-}
   cmake --build "$BUILD_DIR" -j "$JOBS"
 }
 

@@ -1,6 +1,7 @@
 // Planner speed: one full estimate (memory, communication, FLOPs, costs, time) per iteration.
 // Target (issue: planner core): at least 1,000,000 estimates per second on one core.
 #include <benchmark/benchmark.h>
+#include <nlohmann/json.hpp>
 
 #include "distplan/planner/estimate.h"
 #include "distplan/planner/presets.h"
@@ -45,6 +46,19 @@ void BM_ScenarioFromText(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations());
 }
 BENCHMARK(BM_ScenarioFromText);
+
+// The plan document (distplan.plan/v1) of one estimate: what `distplan plan` and the Python
+// module's plan()/plan_many() build after estimating.
+void BM_PlanToJson(benchmark::State& state) {
+  const distplan::Scenario s = default_scenario();
+  const distplan::Estimate e = distplan::estimate(s);
+  for (auto _ : state) {
+    auto j = distplan::plan_to_json(s, e);
+    benchmark::DoNotOptimize(j);
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_PlanToJson);
 
 }  // namespace
 

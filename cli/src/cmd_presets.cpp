@@ -20,19 +20,7 @@ void install_presets(CLI::App& app) {
           CLI::ignore_case));
   cmd->callback([format] {
     if (*format == Format::json) {
-      nlohmann::json out = {{"schema", "distplan.presets/v1"}};
-      for (const auto& p : model_presets()) {
-        auto m = to_json(*find_model_preset(p.name));
-        out["models"].push_back(
-            {{"name", p.name}, {"description", p.description}, {"source", p.source}, {"model", m}});
-      }
-      for (const auto& p : gpu_presets()) {
-        out["gpus"].push_back({{"name", p.name},
-                               {"description", p.description},
-                               {"source", p.source},
-                               {"gpu", to_json(*find_gpu_preset(p.name))}});
-      }
-      write_json(out);
+      write_json(presets_to_json());
       return;
     }
     std::cout << "Models\n";

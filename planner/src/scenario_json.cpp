@@ -6,6 +6,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -687,82 +688,171 @@ json to_json(const Scenario& s) {
   };
 }
 
-json plan_to_json(const Scenario& s, const Estimate& e) {
-  json stages = json::array();
-  for (const StageMemory& m : e.memory.stages) {
-    stages.push_back({{"stage", m.stage},
-                      {"layers", {m.first_layer, m.end_layer}},
-                      {"num_layers", m.num_layers},
-                      {"parameters", m.parameters},
-                      {"inflight_microbatches", m.inflight_microbatches},
-                      {"inflight_chunks", m.inflight_chunks},
-                      {"activation_bytes_per_microbatch", m.activation_bytes_per_microbatch},
-                      {"weights_bytes", m.weights_bytes},
-                      {"gradients_bytes", m.gradients_bytes},
-                      {"optimizer_bytes", m.optimizer_bytes},
-                      {"activations_bytes", m.activations_bytes},
-                      {"buffers_bytes", m.buffers_bytes},
-                      {"runtime_bytes", m.runtime_bytes},
-                      {"total_bytes", m.total_bytes}});
+namespace {
+
+// The plan's members are built in place (object_t::emplace), not from nested initializer lists,
+// which copy every element: plan_many in the Python module builds one document per scenario.
+void put(json::object_t& o, const char* key, json value) {
+  o.emplace(key, std::move(value));
+}
+
+json stage_memory_json(const StageMemory& m) {
+  json j(json::value_t::object);
+  auto& o = j.get_ref<json::object_t&>();
+  put(o, "stage", m.stage);
+  put(o, "layers", json::array({m.first_layer, m.end_layer}));
+  put(o, "num_layers", m.num_layers);
+  put(o, "parameters", m.parameters);
+  put(o, "inflight_microbatches", m.inflight_microbatches);
+  put(o, "inflight_chunks", m.inflight_chunks);
+  put(o, "activation_bytes_per_microbatch", m.activation_bytes_per_microbatch);
+  put(o, "weights_bytes", m.weights_bytes);
+  put(o, "gradients_bytes", m.gradients_bytes);
+  put(o, "optimizer_bytes", m.optimizer_bytes);
+  put(o, "activations_bytes", m.activations_bytes);
+  put(o, "buffers_bytes", m.buffers_bytes);
+  put(o, "runtime_bytes", m.runtime_bytes);
+  put(o, "total_bytes", m.total_bytes);
+  return j;
+}
+
+json collective_json(const Collective& c) {
+  json j(json::value_t::object);
+  auto& o = j.get_ref<json::object_t&>();
+  put(o, "group", to_string(c.group));
+  put(o, "op", to_string(c.op));
+  put(o, "link", to_string(c.link));
+  put(o, "what", c.what);
+  put(o, "group_size", c.group_size);
+  put(o, "bytes_per_call", c.bytes_per_call);
+  put(o, "calls_per_step", c.calls_per_step);
+  put(o, "wire_bytes_per_gpu_per_step", c.wire_bytes_per_gpu_per_step);
+  put(o, "seconds_per_step", c.seconds_per_step);
+  return j;
+}
+
+json stage_costs_json(std::size_t stage, const StageCosts& k) {
+  json j(json::value_t::object);
+  auto& o = j.get_ref<json::object_t&>();
+  put(o, "stage", stage);
+  put(o, "forward_seconds", k.forward);
+  put(o, "backward_input_seconds", k.backward_input);
+  put(o, "backward_weight_seconds", k.backward_weight);
+  put(o, "recompute_seconds", k.recompute);
+  put(o, "tp_communication_seconds", k.tp_communication);
+  put(o, "p2p_seconds", k.p2p);
+  put(o, "zero3_gather_seconds", k.zero3_gather);
+  put(o, "grad_reduce_seconds", k.grad_reduce);
+  put(o, "param_gather_seconds", k.param_gather);
+  put(o, "optimizer_seconds", k.optimizer);
+  put(o, "wire_bytes_per_gpu_per_step", k.wire_bytes_per_step);
+  return j;
+}
+
+constexpr std::pair<std::string_view, unsigned> kPlanParts[] = {
+    {"schema", plan_schema},
+    {"scenario", plan_scenario},
+    {"model_summary", plan_model_summary},
+    {"memory", plan_memory},
+    {"communication", plan_communication},
+    {"compute", plan_compute},
+    {"stage_costs", plan_stage_costs},
+    {"time", plan_time}};
+
+}  // namespace
+
+unsigned plan_part(std::string_view name) noexcept {
+  for (const auto& [n, part] : kPlanParts) {
+    if (n == name) return part;
   }
-  json collectives = json::array();
-  for (const Collective& c : e.communication.collectives) {
-    collectives.push_back({{"group", to_string(c.group)},
-                           {"op", to_string(c.op)},
-                           {"link", to_string(c.link)},
-                           {"what", c.what},
-                           {"group_size", c.group_size},
-                           {"bytes_per_call", c.bytes_per_call},
-                           {"calls_per_step", c.calls_per_step},
-                           {"wire_bytes_per_gpu_per_step", c.wire_bytes_per_gpu_per_step},
-                           {"seconds_per_step", c.seconds_per_step}});
+  return 0;
+}
+
+json plan_to_json(const Scenario& s, const Estimate& e, unsigned parts) {
+  json doc(json::value_t::object);
+  auto& top = doc.get_ref<json::object_t&>();
+  if (parts & plan_schema) put(top, "schema", "distplan.plan/v1");
+  if (parts & plan_scenario) put(top, "scenario", to_json(s));
+  if (parts & plan_model_summary) {
+    json j(json::value_t::object);
+    auto& o = j.get_ref<json::object_t&>();
+    put(o, "parameters", e.parameters);
+    put(o, "padded_vocab_size", e.padded_vocab_size);
+    put(o, "num_microbatches", e.num_microbatches);
+    put(top, "model_summary", std::move(j));
   }
-  json costs = json::array();
-  for (std::size_t i = 0; i < e.stage_costs.size(); ++i) {
-    const StageCosts& k = e.stage_costs[i];
-    costs.push_back({{"stage", i},
-                     {"forward_seconds", k.forward},
-                     {"backward_input_seconds", k.backward_input},
-                     {"backward_weight_seconds", k.backward_weight},
-                     {"recompute_seconds", k.recompute},
-                     {"tp_communication_seconds", k.tp_communication},
-                     {"p2p_seconds", k.p2p},
-                     {"zero3_gather_seconds", k.zero3_gather},
-                     {"grad_reduce_seconds", k.grad_reduce},
-                     {"param_gather_seconds", k.param_gather},
-                     {"optimizer_seconds", k.optimizer},
-                     {"wire_bytes_per_gpu_per_step", k.wire_bytes_per_step}});
+  if (parts & plan_memory) {
+    json stages(json::value_t::array);
+    auto& arr = stages.get_ref<json::array_t&>();
+    arr.reserve(e.memory.stages.size());
+    for (const StageMemory& m : e.memory.stages) arr.push_back(stage_memory_json(m));
+    json j(json::value_t::object);
+    auto& o = j.get_ref<json::object_t&>();
+    put(o, "capacity_bytes", e.memory.capacity_bytes);
+    put(o, "peak_bytes", e.memory.peak_bytes);
+    put(o, "peak_stage", e.memory.peak_stage);
+    put(o, "fits", e.memory.fits);
+    put(o, "stages", std::move(stages));
+    put(top, "memory", std::move(j));
   }
-  return {
-      {"schema", "distplan.plan/v1"},
-      {"scenario", to_json(s)},
-      {"model_summary",
-       {{"parameters", e.parameters},
-        {"padded_vocab_size", e.padded_vocab_size},
-        {"num_microbatches", e.num_microbatches}}},
-      {"memory",
-       {{"capacity_bytes", e.memory.capacity_bytes},
-        {"peak_bytes", e.memory.peak_bytes},
-        {"peak_stage", e.memory.peak_stage},
-        {"fits", e.memory.fits},
-        {"stages", stages}}},
-      {"communication",
-       {{"wire_bytes_per_gpu_per_step", e.communication.wire_bytes_per_gpu_per_step},
-        {"collectives", collectives}}},
-      {"compute",
-       {{"model_flops_per_step", e.compute.model_flops_per_step},
-        {"hardware_flops_per_step", e.compute.hardware_flops_per_step}}},
-      {"stage_costs", costs},
-      {"time",
-       {{"step_seconds", e.time.step_seconds},
-        {"tokens_per_second", e.time.tokens_per_second},
-        {"mfu", e.time.mfu},
-        {"bubble_fraction", e.time.bubble_fraction},
-        {"compute_seconds", e.time.compute_seconds},
-        {"bubble_seconds", e.time.bubble_seconds},
-        {"exposed_communication_seconds", e.time.exposed_communication_seconds},
-        {"optimizer_seconds", e.time.optimizer_seconds}}},
-  };
+  if (parts & plan_communication) {
+    json collectives(json::value_t::array);
+    auto& arr = collectives.get_ref<json::array_t&>();
+    arr.reserve(e.communication.collectives.size());
+    for (const Collective& c : e.communication.collectives) arr.push_back(collective_json(c));
+    json j(json::value_t::object);
+    auto& o = j.get_ref<json::object_t&>();
+    put(o, "wire_bytes_per_gpu_per_step", e.communication.wire_bytes_per_gpu_per_step);
+    put(o, "collectives", std::move(collectives));
+    put(top, "communication", std::move(j));
+  }
+  if (parts & plan_compute) {
+    json j(json::value_t::object);
+    auto& o = j.get_ref<json::object_t&>();
+    put(o, "model_flops_per_step", e.compute.model_flops_per_step);
+    put(o, "hardware_flops_per_step", e.compute.hardware_flops_per_step);
+    put(top, "compute", std::move(j));
+  }
+  if (parts & plan_stage_costs) {
+    json costs(json::value_t::array);
+    auto& arr = costs.get_ref<json::array_t&>();
+    arr.reserve(e.stage_costs.size());
+    for (std::size_t i = 0; i < e.stage_costs.size(); ++i) {
+      arr.push_back(stage_costs_json(i, e.stage_costs[i]));
+    }
+    put(top, "stage_costs", std::move(costs));
+  }
+  if (parts & plan_time) {
+    json j(json::value_t::object);
+    auto& o = j.get_ref<json::object_t&>();
+    put(o, "step_seconds", e.time.step_seconds);
+    put(o, "tokens_per_second", e.time.tokens_per_second);
+    put(o, "mfu", e.time.mfu);
+    put(o, "bubble_fraction", e.time.bubble_fraction);
+    put(o, "compute_seconds", e.time.compute_seconds);
+    put(o, "bubble_seconds", e.time.bubble_seconds);
+    put(o, "exposed_communication_seconds", e.time.exposed_communication_seconds);
+    put(o, "optimizer_seconds", e.time.optimizer_seconds);
+    put(top, "time", std::move(j));
+  }
+  return doc;
+}
+
+json presets_to_json() {
+  json out = {{"schema", "distplan.presets/v1"}};
+  for (const auto& p : model_presets()) {
+    out["models"].push_back({{"name", p.name},
+                             {"description", p.description},
+                             {"source", p.source},
+                             {"model", to_json(*find_model_preset(p.name))}});
+  }
+  for (const auto& p : gpu_presets()) {
+    out["gpus"].push_back({{"name", p.name},
+                           {"description", p.description},
+                           {"source", p.source},
+                           {"gpu", to_json(*find_gpu_preset(p.name))}});
+  }
+  return out;
 }
 
 }  // namespace distplan

@@ -39,7 +39,26 @@ namespace distplan {
 [[nodiscard]] nlohmann::json to_json(const GpuSpec& g);
 [[nodiscard]] nlohmann::json to_json(const ParallelSpec& p);
 
-/// The `distplan.plan/v1` document.
-[[nodiscard]] nlohmann::json plan_to_json(const Scenario& s, const Estimate& e);
+/// The top-level parts of a plan document, for callers that need only some (sweeps).
+enum PlanPart : unsigned {
+  plan_schema = 1u << 0,         // "schema"
+  plan_scenario = 1u << 1,       // "scenario"
+  plan_model_summary = 1u << 2,  // "model_summary"
+  plan_memory = 1u << 3,         // "memory"
+  plan_communication = 1u << 4,  // "communication"
+  plan_compute = 1u << 5,        // "compute"
+  plan_stage_costs = 1u << 6,    // "stage_costs"
+  plan_time = 1u << 7,           // "time"
+  plan_all = (1u << 8) - 1,
+};
+/// The part named `name` ("memory", ...), or 0 when no part has that name.
+[[nodiscard]] unsigned plan_part(std::string_view name) noexcept;
+
+/// The `distplan.plan/v1` document; with `parts`, only those top-level members of it.
+[[nodiscard]] nlohmann::json plan_to_json(const Scenario& s, const Estimate& e,
+                                          unsigned parts = plan_all);
+
+/// The `distplan.presets/v1` document: every model and GPU preset with its description and source.
+[[nodiscard]] nlohmann::json presets_to_json();
 
 }  // namespace distplan

@@ -1,0 +1,253 @@
+// distplan._distplan: the planner, simulator and search behind `import distplan` (docs/python.md).
+// Every function reads the same JSON documents as the CLI and answers with the CLI's own
+// serialisers (plan_to_json, simulate_to_json, result_to_json, presets_to_json), converted to
+// Python objects element by element. Computation runs with the GIL released.
+#include <Python.h>
+
+#include <time.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <pybind11/pybind11.h>
+
+#include "distplan/planner/error.h"
+#include "distplan/planner/estimate.h"
+#include "distplan/planner/presets.h"
+#include "distplan/planner/scenario_json.h"
+#include "distplan/search/search.h"
+#include "distplan/search/search_json.h"
+#include "distplan/simulator/simulate.h"
+#include "distplan/simulator/simulate_json.h"
+#include "py_json.h"
+
+namespace pyb = pybind11;
+using nlohmann::json;
+
+namespace distplan::py {
+namespace {
+
+pyb::object to_object(const json& j) {
+  PyObject* o = to_python(j);
+  if (o == nullptr) throw pyb::error_already_set();
+  return pyb::reinterpret_steal<pyb::object>(o);
+}
+
+// distplan.InputError(message, path, code) lives in distplan/_errors.py; raised with the CLI's
+// code.
+void raise_input_error(const InputError& e) {
+  static pyb::object cls = pyb::module_::import("distplan._errors").attr("InputError");
+  pyb::object exc = cls(pyb::str(e.what()), pyb::str(e.path()), pyb::str("invalid_input"));
+  PyErr_SetObject(cls.ptr(), exc.ptr());
+}
+
+pyb::object plan(pyb::handle scenario) {
+  const json doc = from_python(scenario.ptr());
+  json out;
+  {
+    pyb::gil_scoped_release nogil;
+    const Scenario s = scenario_from_json(doc);
+    out = plan_to_json(s, estimate(s));
+  }
+  return to_object(out);
+}
+
+// Pauses Python's cyclic garbage collector while a call builds many containers that cannot form
+// cycles: otherwise every 700 new dicts and lists trigger a collection that walks the young ones
+// (a third of plan_many's time for memory sections). Collections resume afterwards.
+class GcPause {
+ public:
+#if PY_VERSION_HEX >= 0x030A0000
+  GcPause() : was_enabled_(PyGC_Disable() != 0) {}
+  ~GcPause() {
+    if (was_enabled_) PyGC_Enable();
+  }
+
+ private:
+  bool was_enabled_;
+#endif
+};
+
+// The PlanPart bits of `parts`: None for the whole document, else an iterable of top-level names.
+unsigned plan_parts(pyb::handle parts) {
+  if (parts.is_none()) return plan_all;
+  if (PyUnicode_Check(parts.ptr())) {
+    throw pyb::type_error("parts must be a list of names, not a string");
+  }
+  unsigned bits = 0;
+  for (pyb::handle name : parts) {
+    const unsigned bit = plan_part(pyb::cast<std::string>(name));
+    if (bit == 0) {
+      throw pyb::value_error("unknown plan part '" + pyb::cast<std::string>(name) +
+                             "' (schema, scenario, model_summary, memory, communication, "
+                             "compute, stage_costs, time)");
+    }
+    bits |= bit;
+  }
+  return bits;
+}
+
+// Plans a list of scenarios in small blocks: each block's inputs are read with the GIL held,
+// planned without it, and its answers converted with it again. Small blocks keep the documents in
+// cache between building and converting, and memory bounded for long sweeps.
+pyb::list plan_many(pyb::handle scenarios, pyb::handle parts_arg) {
+  const unsigned parts = plan_parts(parts_arg);
+  const GcPause no_gc;
+  PyObject* seq = PySequence_Fast(scenarios.ptr(), "plan_many takes a list of scenarios");
+  if (seq == nullptr) throw pyb::error_already_set();
+  const auto holder = pyb::reinterpret_steal<pyb::object>(seq);
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  pyb::list result(n);
+  constexpr Py_ssize_t kBlock = 16;
+  std::vector<json> docs;
+  std::vector<json> outs;
+  for (Py_ssize_t begin = 0; begin < n; begin += kBlock) {
+    const Py_ssize_t end = std::min(n, begin + kBlock);
+    docs.clear();
+    for (Py_ssize_t i = begin; i < end; ++i) {
+      docs.push_back(from_python(PySequence_Fast_GET_ITEM(seq, i), "/" + std::to_string(i)));
+    }
+    outs.assign(docs.size(), json());
+    {
+      pyb::gil_scoped_release nogil;
+      for (std::size_t k = 0; k < docs.size(); ++k) {
+        try {
+          const Scenario s = scenario_from_json(docs[k]);
+          outs[k] = plan_to_json(s, estimate(s), parts);
+        } catch (const InputError& e) {
+          // The list is the document: the error's pointer starts at the scenario's index.
+          throw InputError("/" + std::to_string(begin + static_cast<Py_ssize_t>(k)) + e.path(),
+                           e.what());
+        }
+      }
+    }
+    for (std::size_t k = 0; k < outs.size(); ++k) {
+      PyObject* o = to_python(outs[k]);
+      if (o == nullptr) throw pyb::error_already_set();
+      PyList_SET_ITEM(result.ptr(), begin + static_cast<Py_ssize_t>(k), o);  // steals o
+    }
+  }
+  return result;
+}
+
+// For bench/python_bench.py: plan_many's work on a list, phase by phase, in CPU seconds of this
+// thread — reading the Python objects, parsing the scenarios, estimating, building the plan
+// documents, converting them to Python objects. The answers are dropped.
+pyb::dict plan_many_phases(const pyb::list& items, pyb::handle parts_arg) {
+  const unsigned parts = plan_parts(parts_arg);
+  const GcPause no_gc;  // as plan_many
+  const auto cpu = [] {
+    timespec ts{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+  };
+  double t0 = cpu();
+  std::vector<json> docs;
+  docs.reserve(items.size());
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    docs.push_back(from_python(items[i].ptr(), "/" + std::to_string(i)));
+  }
+  double t1 = cpu();
+  std::vector<Scenario> parsed;
+  parsed.reserve(docs.size());
+  for (const json& d : docs) parsed.push_back(scenario_from_json(d));
+  double t2 = cpu();
+  std::vector<Estimate> estimates;
+  estimates.reserve(parsed.size());
+  for (const Scenario& s : parsed) estimates.push_back(estimate(s));
+  double t3 = cpu();
+  std::vector<json> outs;
+  outs.reserve(parsed.size());
+  for (std::size_t i = 0; i < parsed.size(); ++i)
+    outs.push_back(plan_to_json(parsed[i], estimates[i], parts));
+  double t4 = cpu();
+  {
+    std::vector<pyb::object> objects;
+    objects.reserve(outs.size());
+    for (const json& o : outs) objects.push_back(to_object(o));
+    const double t5 = cpu();
+    pyb::dict phases;
+    phases["read_python"] = t1 - t0;
+    phases["parse_scenario"] = t2 - t1;
+    phases["estimate"] = t3 - t2;
+    phases["plan_to_json"] = t4 - t3;
+    phases["to_python"] = t5 - t4;
+    objects.clear();
+    phases["free_python"] = cpu() - t5;
+    return phases;
+  }
+}
+
+pyb::object simulate(pyb::handle scenario, pyb::handle costs) {
+  const json doc = from_python(scenario.ptr());
+  std::optional<json> costs_doc;
+  if (!costs.is_none()) costs_doc = from_python(costs.ptr(), "/costs");
+  json out;
+  {
+    pyb::gil_scoped_release nogil;
+    const Scenario s = scenario_from_json(doc, {"costs"});
+    sim::SimOptions so;
+    if (doc.is_object() && doc.contains("costs")) {
+      if (costs_doc) {
+        throw InputError("/costs", "costs are given twice: in the scenario and as costs=");
+      }
+      so.costs = sim::cost_override_from_json(doc.at("costs"), "/costs");
+    } else if (costs_doc) {
+      so.costs = sim::cost_override_from_json(*costs_doc, "/costs");
+    }
+    const Estimate e = estimate(s);
+    out = sim::simulate_to_json(s, sim::simulate(s, e, so));
+  }
+  return to_object(out);
+}
+
+pyb::object search_layouts(pyb::handle request) {
+  const json doc = from_python(request.ptr());
+  json out;
+  {
+    pyb::gil_scoped_release nogil;
+    const search::Request req = search::request_from_json(doc);
+    out = search::result_to_json(req, search::run(req.space, req.options));
+  }
+  return to_object(out);
+}
+
+pyb::object presets() {
+  return to_object(presets_to_json());
+}
+
+pyb::object default_scenario_document() {
+  return to_object(parse_json_text(default_scenario_text()));
+}
+
+}  // namespace
+}  // namespace distplan::py
+
+PYBIND11_MODULE(_distplan, m) {
+  using namespace distplan::py;
+  m.doc() = "distplan's C++ core: plan, plan_many, simulate, search, presets (docs/python.md)";
+  m.attr("__version__") = DISTPLAN_VERSION;
+  pyb::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const distplan::InputError& e) {
+      raise_input_error(e);
+    }
+  });
+  m.def("plan", &plan, pyb::arg("scenario"),
+        "Memory per stage, communication, FLOPs and time of a layout (distplan.plan/v1).");
+  m.def("plan_many", &plan_many, pyb::arg("scenarios"), pyb::arg("parts") = pyb::none(),
+        "plan() of each scenario of a list, in order; an error's path starts with the index. "
+        "parts: only these top-level members of each plan document (e.g. ['memory', 'time']).");
+  m.def("_plan_many_phases", &plan_many_phases, pyb::arg("scenarios"),
+        pyb::arg("parts") = pyb::none(),
+        "plan_many's CPU seconds per phase on this list (bench/python_bench.py).");
+  m.def("simulate", &simulate, pyb::arg("scenario"), pyb::arg("costs") = pyb::none(),
+        "Discrete-event simulation of one training step (distplan.simulate/v1).");
+  m.def("search", &search_layouts, pyb::arg("request"),
+        "The best layouts of a model on a cluster (distplan.search/v1).");
+  m.def("presets", &presets, "The model and GPU presets (distplan.presets/v1).");
+  m.def("default_scenario", &default_scenario_document,
+        "The embedded example scenario (Llama-2-70B on 64 x H100-SXM-80GB), as a dict.");
+}

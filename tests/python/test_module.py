@@ -1,0 +1,166 @@
+"""What only the Python side has: values JSON cannot hold, plan_many over a long sweep, the GIL
+released during long calls, the version and the type stubs."""
+
+import ast
+import copy
+import os
+import re
+import threading
+import time
+
+import pytest
+
+import distplan
+from conftest import SOURCE_DIR
+
+
+@pytest.mark.parametrize(
+    "value, path, reason",
+    [
+        ({1, 2}, "/training/micro_batch_size", "is not JSON"),
+        (float("nan"), "/training/micro_batch_size", "NaN"),
+        (2**70, "/training/micro_batch_size", "64-bit"),
+        ({3: 1}, "/training/micro_batch_size", "keys must be strings"),
+        ([1, object()], "/training/micro_batch_size/1", "is not JSON"),
+    ],
+)
+def test_python_values_json_cannot_hold_are_input_errors(default, value, path, reason):
+    default["training"]["micro_batch_size"] = value
+    with pytest.raises(distplan.InputError) as info:
+        distplan.plan(default)
+    assert info.value.path == path
+    assert reason in info.value.message
+    assert info.value.code == "invalid_input"
+    assert isinstance(info.value, ValueError)
+
+
+def test_pointer_tokens_are_escaped(default):
+    default["parallel"]["a/b~c"] = 1
+    with pytest.raises(distplan.InputError) as info:
+        distplan.plan(default)
+    assert info.value.path == "/parallel/a~1b~0c"
+
+
+def test_tuples_read_as_arrays(default):
+    default["model"] = {"preset": "llama2-70b"}
+    assert distplan.plan(default)["memory"] == distplan.plan(distplan.default_scenario())["memory"]
+
+
+def sweep(default, n):
+    """n scenarios over micro-batch sizes, ZeRO stages and recompute modes."""
+    out = []
+    for i in range(n):
+        s = copy.deepcopy(default)
+        s["training"]["micro_batch_size"] = (1, 2, 4, 8)[i % 4]
+        s["parallel"]["zero_stage"] = (0, 1, 2, 3)[(i // 4) % 4]
+        s["parallel"]["recompute"] = ("none", "selective", "full")[(i // 16) % 3]
+        s["training"]["seq_length"] = 1024 * (1 + (i // 48) % 8)
+        out.append(s)
+    return out
+
+
+def test_plan_many_on_ten_thousand_scenarios(default):
+    scenarios = sweep(default, 10_000)
+    plans = distplan.plan_many(scenarios)
+    assert len(plans) == 10_000
+    # In order: each answer echoes its own scenario, and equals plan() of it.
+    for i in range(0, 10_000, 97):
+        assert plans[i] == distplan.plan(scenarios[i])
+    for s, p in zip(scenarios, plans):
+        assert p["scenario"]["training"]["micro_batch_size"] == s["training"]["micro_batch_size"]
+        assert p["scenario"]["parallel"]["zero_stage"] == s["parallel"]["zero_stage"]
+        assert p["memory"]["peak_bytes"] == max(st["total_bytes"] for st in p["memory"]["stages"])
+    # Independent of the planner: ZeRO never raises memory, at equal everything else.
+    by_key = {}
+    for s, p in zip(scenarios, plans):
+        key = (s["training"]["micro_batch_size"], s["parallel"]["recompute"],
+               s["training"]["seq_length"])
+        by_key.setdefault(key, {})[s["parallel"]["zero_stage"]] = p["memory"]["peak_bytes"]
+    for peaks in by_key.values():
+        assert peaks[0] >= peaks[1] >= peaks[2] >= peaks[3]
+
+
+def test_plan_many_names_the_failing_scenario_by_index(default):
+    scenarios = sweep(default, 600)
+    scenarios[517]["parallel"]["tp"] = 3
+    with pytest.raises(distplan.InputError) as info:
+        distplan.plan_many(scenarios)
+    assert info.value.path.startswith("/517/parallel")
+    with pytest.raises(distplan.InputError) as info:
+        distplan.plan_many([default, {"model": "gpt3-1.3b", "parallel": {"tp": {}}}])
+    assert info.value.path.startswith("/1/")
+    assert distplan.plan_many([]) == []
+    with pytest.raises(TypeError):
+        distplan.plan_many(42)
+
+
+def test_the_gil_is_released_during_search(default):
+    request = copy.deepcopy(default)
+    del request["parallel"]
+    del request["training"]["micro_batch_size"]
+    request["search"] = {"top_k": 3, "threads": 1}
+    done = threading.Event()
+    result = {}
+
+    def worker():
+        start = time.perf_counter()
+        result["doc"] = distplan.search(request)
+        result["seconds"] = time.perf_counter() - start
+        done.set()
+
+    thread = threading.Thread(target=worker)
+    ticks = 0
+    thread.start()
+    while not done.is_set():
+        ticks += 1
+        time.sleep(0.001)
+    thread.join()
+    # Python code ran all along the search (it takes a few hundred ms): ~one tick per ms.
+    assert result["doc"]["evaluated"] > 10_000
+    assert ticks >= 0.25 * result["seconds"] / 0.001
+
+
+def test_version_is_the_projects():
+    with open(os.path.join(SOURCE_DIR, "CMakeLists.txt")) as f:
+        version = re.search(r"project\(distplan VERSION ([0-9.]+)", f.read()).group(1)
+    assert distplan.__version__ == version
+
+
+def test_stubs_name_exactly_the_compiled_functions():
+    from distplan import _distplan
+
+    stub = os.path.join(os.path.dirname(distplan.__file__), "_distplan.pyi")
+    with open(stub) as f:
+        tree = ast.parse(f.read())
+    stubbed = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+    compiled = {n for n in dir(_distplan) if not n.startswith("_")}
+    assert stubbed == compiled
+    assert os.path.exists(os.path.join(os.path.dirname(distplan.__file__), "py.typed"))
+
+
+def test_plan_many_parts_are_those_members_of_the_full_document(default):
+    scenarios = sweep(default, 40)
+    full = distplan.plan_many(scenarios)
+    for parts in (["memory", "time"], ["time"], ["schema", "scenario", "stage_costs"]):
+        some = distplan.plan_many(scenarios, parts)
+        assert [{k: p[k] for k in parts} for p in full] == some
+    with pytest.raises(ValueError, match="unknown plan part 'memroy'"):
+        distplan.plan_many(scenarios, ["memroy"])
+    with pytest.raises(TypeError):
+        distplan.plan_many(scenarios, "memory")
+
+
+def test_threads_plan_at_once_and_agree_with_one_thread(default):
+    scenarios = sweep(default, 400)
+    expected = distplan.plan_many(scenarios, ["memory", "time"])
+    results = [None] * 4
+
+    def worker(k):
+        results[k] = distplan.plan_many(scenarios, ["memory", "time"])
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(r == expected for r in results)
