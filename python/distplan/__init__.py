@@ -1,4 +1,4 @@
-"""distplan from Python: plan, simulate, search and validate distributed training layouts with the
+"""distplan from Python: plan, simulate, search, calibrate and validate distributed training layouts with the
 same C++ core and the same JSON documents as the ``distplan`` CLI (docs/api.md, docs/python.md).
 
 Every function takes and returns plain dicts; bad input raises :class:`InputError` with the CLI's
@@ -6,6 +6,7 @@ JSON pointer (``.path``) and code (``.code``)."""
 
 from ._distplan import (
     __version__,
+    calibrate,
     default_scenario,
     plan,
     plan_many,
@@ -19,6 +20,7 @@ from ._validate import validate
 __all__ = [
     "InputError",
     "__version__",
+    "calibrate",
     "default_scenario",
     "plan",
     "plan_many",

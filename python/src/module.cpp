@@ -12,6 +12,8 @@
 
 #include <pybind11/pybind11.h>
 
+#include "distplan/planner/calibrate.h"
+#include "distplan/planner/calibrate_json.h"
 #include "distplan/planner/error.h"
 #include "distplan/planner/estimate.h"
 #include "distplan/planner/presets.h"
@@ -213,6 +215,26 @@ pyb::object search_layouts(pyb::handle request) {
   return to_object(out);
 }
 
+// Fits the named time assumptions to measured runs, as `distplan calibrate` does: `runs` is a runs
+// document ({"runs": [...]}), a list of runs, or a distplan.validate/v1 result; `fit` names the
+// assumptions to fit (default: every one the runs constrain).
+pyb::object calibrate_runs(pyb::handle runs, pyb::handle fit) {
+  json doc = from_python(runs.ptr());
+  if (doc.is_array()) doc = json{{"runs", std::move(doc)}};
+  CalibrationOptions co;
+  if (!fit.is_none()) {
+    if (PyUnicode_Check(fit.ptr())) throw pyb::type_error("fit must be a list of names");
+    for (pyb::handle name : fit) co.parameters.push_back(pyb::cast<std::string>(name));
+  }
+  json out;
+  {
+    pyb::gil_scoped_release nogil;
+    const std::vector<CalibrationRun> parsed = calibration_runs_from_json(doc);
+    out = calibration_to_json(calibrate(parsed, co), parsed);
+  }
+  return to_object(out);
+}
+
 pyb::object presets() {
   return to_object(presets_to_json());
 }
@@ -226,7 +248,7 @@ pyb::object default_scenario_document() {
 
 PYBIND11_MODULE(_distplan, m) {
   using namespace distplan::py;
-  m.doc() = "distplan's C++ core: plan, plan_many, simulate, search, presets (docs/python.md)";
+  m.doc() = "distplan's C++ core: plan, plan_many, simulate, search, calibrate, presets (docs/python.md)";
   m.attr("__version__") = DISTPLAN_VERSION;
   pyb::register_exception_translator([](std::exception_ptr p) {
     try {
@@ -247,6 +269,8 @@ PYBIND11_MODULE(_distplan, m) {
         "Discrete-event simulation of one training step (distplan.simulate/v1).");
   m.def("search", &search_layouts, pyb::arg("request"),
         "The best layouts of a model on a cluster (distplan.search/v1).");
+  m.def("calibrate", &calibrate_runs, pyb::arg("runs"), pyb::arg("fit") = pyb::none(),
+        "Fits the named time assumptions to measured runs (distplan.calibration/v1).");
   m.def("presets", &presets, "The model and GPU presets (distplan.presets/v1).");
   m.def("default_scenario", &default_scenario_document,
         "The embedded example scenario (Llama-2-70B on 64 x H100-SXM-80GB), as a dict.");

@@ -179,3 +179,37 @@ def test_search_errors_carry_the_clis_path(default):
     with pytest.raises(distplan.InputError) as info:
         distplan.search(request)
     assert (info.value.path, info.value.message) == (expected["path"], expected["message"])
+
+
+def _runs_document(default):
+    """Runs whose measured times are the plan's at other assumptions, so the fit has an answer."""
+    runs = []
+    layouts = [{"tp": 8, "pp": 4, "dp": 2}, {"tp": 4, "pp": 4, "dp": 4}, {"tp": 8, "pp": 8, "dp": 1},
+               {"tp": 2, "pp": 8, "dp": 4}]
+    for i, layout in enumerate(layouts):
+        s = copy.deepcopy(default)
+        s["parallel"].update(layout)
+        truth = copy.deepcopy(s)
+        truth.setdefault("assumptions", {}).update(
+            {"compute_efficiency": 0.43, "communication_efficiency": 0.67})
+        step = distplan.plan(truth)["time"]["step_seconds"]
+        runs.append({"name": f"run{i}", "scenario": s, "measured": {"step_seconds": step}})
+    return {"runs": runs}
+
+
+def test_calibrate_is_the_clis_document(default):
+    doc = _runs_document(default)
+    ours = distplan.calibrate(doc)
+    assert ours == cli_json(["calibrate", "-"], doc)
+    assert ours["schema"] == "distplan.calibration/v1"
+    # A list of runs is the same document.
+    assert distplan.calibrate(doc["runs"]) == ours
+
+
+def test_calibrate_errors_name_the_run(default):
+    doc = _runs_document(default)
+    doc["runs"][1]["measured"]["step_seconds"] = -1.0
+    with pytest.raises(distplan.InputError) as e:
+        distplan.calibrate(doc)
+    assert e.value.path == "/runs/1/measured/step_seconds"
+    assert e.value.path == cli_error(["calibrate", "-"], doc)["path"]
