@@ -5,6 +5,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <iterator>
+#include <limits>
 #include <thread>
 
 #include "distplan/planner/error.h"
@@ -118,6 +120,21 @@ struct Partial {
   RejectCounts rejected{};
   std::optional<Candidate> lowest_peak;    // lowest peak among layouts that do not fit
   std::optional<Candidate> fastest_below;  // objective "gpus": fastest fitting, under target
+  // Objective throughput: the fastest step seen and every layout within the simulation window of
+  // it (trimmed as the best improves).
+  double best_step = std::numeric_limits<double>::infinity();
+  std::vector<Candidate> near;
+  std::size_t near_trimmed = 0;
+  void offer_near(const Layout& l, const Figures& f, double window) {
+    if (f.step_seconds < best_step) best_step = f.step_seconds;
+    const double limit = (1.0 + window) * best_step;
+    if (f.step_seconds > limit) return;
+    near.push_back({l, f});
+    if (near.size() >= 2 * near_trimmed + 64) {
+      std::erase_if(near, [limit](const Candidate& c) { return c.f.step_seconds > limit; });
+      near_trimmed = near.size();
+    }
+  }
 };
 
 bool fits(const Figures& f, double margin) {
@@ -130,6 +147,10 @@ void search_worker(const Space& space, const Options& opt, const std::vector<Out
                    std::atomic<std::uint64_t>& evaluated_so_far, Partial& part) {
   Scenario s = space.base;
   FastMemory fast(space.base);
+  const double near_window =
+      opt.objective == Objective::throughput && opt.simulate_top > 0 && opt.simulate_within > 0
+          ? opt.simulate_within
+          : 0.0;
   for (;;) {
     const std::size_t i = next.fetch_add(1, std::memory_order_relaxed);
     if (i >= outers.size()) break;
@@ -153,7 +174,12 @@ void search_worker(const Space& space, const Options& opt, const std::vector<Out
         const Candidate& worst = part.top.worst();
         bool pruned = false;
         if (opt.objective == Objective::throughput) {
-          pruned = fast.step_lower_bound(l) > worst.f.step_seconds * (1.0 + 1e-6);
+          // Nor one that cannot come within the simulation window of this thread's best (whose
+          // best is no better than the global best).
+          const double bound = fast.step_lower_bound(l);
+          pruned =
+              bound > worst.f.step_seconds * (1.0 + 1e-6) &&
+              (near_window <= 0 || bound > part.best_step * (1.0 + near_window) * (1.0 + 1e-6));
         } else if (opt.objective == Objective::memory) {
           pruned = f.peak_bytes > worst.f.peak_bytes;
         }
@@ -188,6 +214,7 @@ void search_worker(const Space& space, const Options& opt, const std::vector<Out
       }
       ++part.feasible;
       part.top.offer(l, f);
+      if (near_window > 0) part.offer_near(l, f, near_window);
     });
     evaluated_so_far.fetch_add(part.evaluated - before, std::memory_order_relaxed);
     done.fetch_add(1, std::memory_order_release);
@@ -370,6 +397,30 @@ Result run(const Space& space, const Options& opt) {
   };
   std::sort(best.begin(), best.end(), by_objective);
   if (best.size() > keep) best.resize(keep);
+  // Every feasible layout within the simulation window of the global best joins the re-rank.
+  double best_step = std::numeric_limits<double>::infinity();
+  for (const Partial& p : parts) best_step = std::min(best_step, p.best_step);
+  const double window_limit = (1.0 + opt.simulate_within) * best_step;
+  std::size_t in_window = 0;
+  if (opt.objective == Objective::throughput && opt.simulate_top > 0 && opt.simulate_within > 0) {
+    std::vector<Candidate> near;
+    for (const Partial& p : parts) {
+      for (const Candidate& c : p.near) {
+        if (c.f.step_seconds <= window_limit) near.push_back(c);
+      }
+    }
+    std::sort(near.begin(), near.end(), by_objective);
+    in_window = near.size();
+    std::vector<Candidate> merged;
+    merged.reserve(best.size() + near.size());
+    std::merge(best.begin(), best.end(), near.begin(), near.end(), std::back_inserter(merged),
+               by_objective);
+    merged.erase(
+        std::unique(merged.begin(), merged.end(),
+                    [](const Candidate& a, const Candidate& b) { return a.layout == b.layout; }),
+        merged.end());
+    best = std::move(merged);
+  }
 
   // Re-plan the best alone (the figures people see come from estimate() itself), guard with
   // validate_scenario(), and re-rank the first simulate_top by simulation.
@@ -384,7 +435,8 @@ Result run(const Space& space, const Options& opt) {
       ++r.rejected[static_cast<int>(Reject::invalid_scenario)];
       continue;
     }
-    const bool do_sim = sim && simulated < opt.simulate_top;
+    const bool do_sim = sim && (simulated < opt.simulate_top ||
+                                (in_window > 0 && c.f.step_seconds <= window_limit));
     Plan p = plan_of(space, c.layout, do_sim);
     if (p.simulated) ++simulated;
     plans.push_back(p);
