@@ -39,12 +39,20 @@ DeviceRates device_rates(const Scenario& s) noexcept {
   r.sms = static_cast<double>(g.sm_count);
   r.hbm =
       g.memory_bandwidth * (a.memory_efficiency > 0 ? a.memory_efficiency : g.memory_efficiency);
-  r.inv_hbm = 1.0 / r.hbm;
   r.launch = a.kernel_launch_seconds;
   r.flash_forward = g.flash_forward_efficiency;
   r.flash_backward = g.flash_backward_efficiency;
   r.element_bytes = bytes_of(s.training.precision);
+  r.finish();
   return r;
+}
+
+void DeviceRates::finish() noexcept {
+  inv_hbm = 1.0 / hbm;
+  inv_sms = sms > 0 ? 1.0 / sms : 0.0;
+  inv_gemm_rate = 1.0 / (peak * gemm_efficiency);
+  inv_flash_forward_rate = 1.0 / (peak * flash_forward);
+  inv_flash_backward_rate = 1.0 / (peak * flash_backward);
 }
 
 namespace {
@@ -56,27 +64,49 @@ inline double ceil_pos(double x) noexcept {
   return t < x ? t + 1.0 : t;
 }
 
+// A GEMM dimension with its tile counts for the two tile sides (computed once per dimension:
+// a linear layer's three GEMMs share theirs).
+struct Dim {
+  double v, t128, t256;
+  explicit Dim(double x) noexcept
+      : v(x), t128(ceil_pos(x * (1.0 / 128))), t256(ceil_pos(x * (1.0 / 256))) {}
+};
+
 // min over the tiles of (tile area x waves): the SM-time, in tile-areas, of the GEMM's thread
 // blocks. Tile and wave quantisation (partial tiles at the edges do full work; the last wave of
 // thread blocks leaves SMs idle): NVIDIA Deep Learning Performance Guide, "Matrix Multiplication
 // Background". Tile sides are powers of two, so m * (1 / side) is exact; the wave count is an
 // integer ratio, taken with a guard against rounding just above an exact multiple.
-double min_area_waves(const DeviceRates& r, double m, double n, double batch) noexcept {
-  const double inv_sms = 1.0 / r.sms;
-  const double m256 = ceil_pos(m * (1.0 / 256)), m128 = ceil_pos(m * (1.0 / 128));
-  const double n256 = ceil_pos(n * (1.0 / 256)), n128 = ceil_pos(n * (1.0 / 128));
-  auto area_waves = [&](double tiles, double area) {
-    return area * ceil_pos(tiles * batch * inv_sms - 1e-9);
+[[gnu::always_inline]] inline double min_area_waves(const DeviceRates& r, const Dim& m,
+                                                    const Dim& n, double batch) noexcept {
+  const double per_sm = batch * r.inv_sms;
+  auto area_waves = [per_sm](double tiles, double area) {
+    return area * ceil_pos(tiles * per_sm - 1e-9);
   };
-  return std::min({area_waves(m256 * n128, 256.0 * 128), area_waves(m128 * n256, 128.0 * 256),
-                   area_waves(m128 * n128, 128.0 * 128)});
+  return std::min({area_waves(m.t256 * n.t128, 256.0 * 128),
+                   area_waves(m.t128 * n.t256, 128.0 * 256),
+                   area_waves(m.t128 * n.t128, 128.0 * 128)});
+}
+
+[[gnu::always_inline]] inline Seconds gemm_time(const DeviceRates& r, const Dim& m, const Dim& n,
+                                                double k, double batch) noexcept {
+  if (m.v <= 0 || n.v <= 0 || k <= 0) return 0;
+  // 2 m n k batch / (peak * gemm_efficiency(...)), with the quotients cancelled: SM-time in
+  // tile-areas times (k + k_overhead) steps (the hot path of every estimate; no division).
+  const double work = r.sms > 0 ? r.sms * min_area_waves(r, m, n, batch) * (k + r.k_overhead)
+                                : m.v * n.v * batch * (k + r.k_overhead);
+  const double compute = 2.0 * work * r.inv_gemm_rate;
+  const double bytes = static_cast<double>(r.element_bytes) * (m.v * k + k * n.v + m.v * n.v) *
+                       batch;  // A, B read; C written
+  return std::max(compute, bytes * r.inv_hbm) + r.launch;
 }
 
 }  // namespace
 
 double gemm_efficiency(const DeviceRates& r, double m, double n, double k, double batch) noexcept {
   // Useful work over SM-time: m n batch / (SMs * tile area * waves), best tile.
-  const double quant = r.sms > 0 ? m * n * batch / (r.sms * min_area_waves(r, m, n, batch)) : 1.0;
+  const double quant =
+      r.sms > 0 ? m * n * batch / (r.sms * min_area_waves(r, Dim(m), Dim(n), batch)) : 1.0;
   // Each tile's main loop over K is preceded by a pipeline fill and followed by the epilogue;
   // they cost about k_overhead of K-steps (short-K GEMMs such as attention's QK^T run far below
   // peak).
@@ -85,15 +115,7 @@ double gemm_efficiency(const DeviceRates& r, double m, double n, double k, doubl
 }
 
 Seconds gemm_seconds(const DeviceRates& r, double m, double n, double k, double batch) noexcept {
-  if (m <= 0 || n <= 0 || k <= 0) return 0;
-  // 2 m n k batch / (peak * gemm_efficiency(...)), with the quotients cancelled: SM-time in
-  // tile-areas times (k + k_overhead) steps (the hot path of every estimate; one division).
-  const double work = r.sms > 0 ? r.sms * min_area_waves(r, m, n, batch) * (k + r.k_overhead)
-                                : m * n * batch * (k + r.k_overhead);
-  const double compute = 2.0 * work / (r.peak * r.gemm_efficiency);
-  const double bytes =
-      static_cast<double>(r.element_bytes) * (m * k + k * n + m * n) * batch;  // A, B read; C
-  return std::max(compute, bytes * r.inv_hbm) + r.launch;
+  return gemm_time(r, Dim(m), Dim(n), k, batch);
 }
 
 Seconds memory_seconds(const DeviceRates& r, double bytes, double kernels) noexcept {
@@ -113,6 +135,7 @@ PassCosts layer_pass_costs(const LayerTable& table, const ModelSpec& m, const Tr
   const double d = static_cast<double>(m.head_dim());
   const double heads = static_cast<double>(m.num_attention_heads) / tpd;  // per rank
   const bool dropout = t.dropout > 0;
+  const Dim dT(T);
   for (const LayerOp& op : table) {
     double fwd = 0, bin = 0, bw = 0;
     switch (op.kind) {
@@ -129,9 +152,10 @@ PassCosts layer_pass_costs(const LayerTable& table, const ModelSpec& m, const Tr
         const bool col = op.linear == LinearKind::column_parallel;
         const double N = col ? out / tpd : out;
         const double K = col ? in : in / tpd;
-        fwd = gemm_seconds(r, T, N, K);  // Y = X W^T (bias fused in the epilogue)
-        bin = gemm_seconds(r, T, K, N);  // dX = dY W
-        bw = gemm_seconds(r, N, K, T);   // dW = dY^T X
+        const Dim dN(N), dK(K);
+        fwd = gemm_time(r, dT, dN, K, 1);  // Y = X W^T (bias fused in the epilogue)
+        bin = gemm_time(r, dT, dK, N, 1);  // dX = dY W
+        bw = gemm_time(r, dN, dK, T, 1);   // dW = dY^T X
         c.gemm_forward += fwd;
         c.gemm_backward += bin + bw;
         break;
@@ -144,9 +168,9 @@ PassCosts layer_pass_costs(const LayerTable& table, const ModelSpec& m, const Tr
           // recomputes QK^T: 5 GEMM-equivalents against the forward's 2, i.e. 2.5x its FLOPs.
           const double flops = 0.5 * 4.0 * b * s * s * d * heads;
           const double io = 2 * q_bytes + kv_bytes;  // read q, k, v; write o
-          fwd = std::max(flops / (r.peak * r.flash_forward), io * r.inv_hbm) + r.launch;
-          bin = std::max(2.5 * flops / (r.peak * r.flash_backward), 2 * io * r.inv_hbm) +
-                2 * r.launch;
+          fwd = std::max(flops * r.inv_flash_forward_rate, io * r.inv_hbm) + r.launch;
+          bin =
+              std::max(2.5 * flops * r.inv_flash_backward_rate, 2 * io * r.inv_hbm) + 2 * r.launch;
         } else {
           // Materialised scores (Megatron-LM's fused scale-mask-softmax): QK^T and PV batched
           // over b * heads; the full s x s is computed (no causal skipping).
@@ -224,9 +248,10 @@ PassCosts head_pass_costs(const ModelSpec& m, const TrainingSpec& t, Count padde
   c.forward += memory_seconds(r, T_sp * h * 2 * e, 1);
   c.backward_input += memory_seconds(r, T_sp * h * 3 * e, 2);
   // Vocab-parallel LM head.
-  const double f = gemm_seconds(r, T, Vt, h);
-  const double bi = gemm_seconds(r, T, h, Vt);
-  const double bw = gemm_seconds(r, Vt, h, T);
+  const Dim dT(T), dV(Vt), dh(h);
+  const double f = gemm_time(r, dT, dV, h, 1);
+  const double bi = gemm_time(r, dT, dh, Vt, 1);
+  const double bw = gemm_time(r, dV, dh, T, 1);
   c.forward += f;
   c.backward_input += bi;
   c.backward_weight += bw;

@@ -104,6 +104,10 @@ TEST(Time, GemmEfficiencyFollowsTileAndWaveQuantisation) {
   r.gemm_efficiency = 0.8;
   r.k_overhead = 0;  // isolate quantisation
   r.sms = 108;
+  r.peak = 1;
+  r.hbm = 1;
+  r.flash_forward = r.flash_backward = 1;
+  r.finish();
   // 108 tiles of 256x128 (or 128x256): one full wave.
   EXPECT_NEAR(gemm_efficiency(r, 256 * 12, 128 * 9, 4096, 1), 0.8, 1e-12);
   // 109 tiles need two waves; the best tile shape then is 128x128 with 218 tiles in 3 waves.
@@ -117,8 +121,8 @@ TEST(Time, GemmEfficiencyFollowsTileAndWaveQuantisation) {
   // gemm_seconds is the FLOPs over peak times this efficiency (compute-bound shapes).
   r.peak = 312e12;
   r.hbm = 1e30;
-  r.inv_hbm = 1e-30;
   r.launch = 0;
+  r.finish();
   for (double m : {1000.0, 2048.0, 27904.0}) {
     for (double n : {96.0, 1152.0, 6144.0}) {
       const double k = 4096;
@@ -134,9 +138,9 @@ TEST(Time, BandwidthBoundOpsFollowTheRoofline) {
   r.peak = 1e15;
   r.gemm_efficiency = 1;
   r.hbm = 1e12;
-  r.inv_hbm = 1e-12;
   r.launch = 0;
   r.element_bytes = 2;
+  r.finish();
   // A GEMM with n = 1 (a matrix-vector product) is bound by reading A: 2 bytes per m*k element.
   EXPECT_NEAR(gemm_seconds(r, 8192, 1, 8192), 2.0 * (8192.0 * 8192 + 8192 + 8192) / 1e12, 1e-15);
   EXPECT_NEAR(memory_seconds(r, 1e9, 0), 1e-3, 1e-15);

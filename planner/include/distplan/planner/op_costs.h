@@ -21,6 +21,11 @@ struct DeviceRates {
   double flash_forward = 0;    // achieved / dense peak
   double flash_backward = 0;
   Bytes element_bytes = 2;  // compute dtype
+  // Reciprocals, so that the per-op costs divide nowhere (the estimate's hot path); set by
+  // device_rates() or finish().
+  double inv_sms = 0, inv_gemm_rate = 0, inv_flash_forward_rate = 0, inv_flash_backward_rate = 0;
+  /// Fills the reciprocals from the fields above.
+  void finish() noexcept;
 };
 
 [[nodiscard]] DeviceRates device_rates(const Scenario& s) noexcept;
