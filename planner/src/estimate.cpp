@@ -530,12 +530,63 @@ class Estimator {
     return p_.sequence_parallel || scatter_gather_p2p() ? hidden_bytes() / p_.tp : hidden_bytes();
   }
 
+  // The op costs of one layer, the embedding and the head: a pure function of the model, the
+  // micro-batch shape, tp, SP and the device figures. A search estimates many layouts that share
+  // these (they differ in pp, dp, ZeRO, schedule, recompute), so each thread keeps the last two
+  // (SP off and on); any change of an input recomputes them.
+  struct OpCosts {
+    std::array<double, 26> key{};
+    bool valid = false;
+    PassCosts layer, embedding, head;
+  };
+  [[nodiscard]] const OpCosts& op_costs(const DeviceRates& r) const {
+    const ModelSpec& m = m_;
+    const std::array<double, 26> key = {static_cast<double>(m.hidden_size),
+                                        static_cast<double>(m.num_attention_heads),
+                                        static_cast<double>(m.num_kv_heads),
+                                        static_cast<double>(m.ffn_hidden_size),
+                                        static_cast<double>(vocab_),
+                                        static_cast<double>(m.mlp),
+                                        static_cast<double>(m.norm),
+                                        static_cast<double>(m.position_embedding),
+                                        static_cast<double>(m.bias),
+                                        static_cast<double>(t_.micro_batch_size),
+                                        static_cast<double>(t_.seq_length),
+                                        static_cast<double>(t_.precision),
+                                        static_cast<double>(t_.attention),
+                                        t_.dropout,
+                                        static_cast<double>(p_.tp),
+                                        static_cast<double>(p_.sequence_parallel),
+                                        r.peak,
+                                        r.gemm_efficiency,
+                                        r.k_overhead,
+                                        r.sms,
+                                        r.hbm,
+                                        r.launch,
+                                        r.flash_forward,
+                                        r.flash_backward,
+                                        static_cast<double>(r.element_bytes),
+                                        static_cast<double>(m.max_position_embeddings)};
+    thread_local std::array<OpCosts, 2> memo;
+    OpCosts& c = memo[p_.sequence_parallel ? 1 : 0];
+    if (!c.valid || c.key != key) {
+      const bool sp = p_.sequence_parallel;
+      c.layer = layer_pass_costs(table_, m_, t_, p_.tp, sp, r);
+      c.embedding = embedding_pass_costs(m_, t_, p_.tp, sp, r);
+      c.head = head_pass_costs(m_, t_, vocab_, p_.tp, sp, r);
+      c.key = key;
+      c.valid = true;
+    }
+    return c;
+  }
+
   void communication_and_costs(Estimate& e) {
     const Count pp = p_.pp;
     const DeviceRates rates = device_rates(s_);
-    const PassCosts layer = layer_pass_costs(table_, m_, t_, p_.tp, p_.sequence_parallel, rates);
-    const PassCosts emb = embedding_pass_costs(m_, t_, p_.tp, p_.sequence_parallel, rates);
-    const PassCosts head = head_pass_costs(m_, t_, vocab_, p_.tp, p_.sequence_parallel, rates);
+    const OpCosts& oc = op_costs(rates);
+    const PassCosts& layer = oc.layer;
+    const PassCosts& emb = oc.embedding;
+    const PassCosts& head = oc.head;
     const double slowdown = s_.assumptions.overlap_compute_slowdown;
     Bytes best = -1;
     int busiest = 0;

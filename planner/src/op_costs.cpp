@@ -83,9 +83,9 @@ struct Dim {
   auto area_waves = [per_sm](double tiles, double area) {
     return area * ceil_pos(tiles * per_sm - 1e-9);
   };
-  return std::min({area_waves(m.t256 * n.t128, 256.0 * 128),
-                   area_waves(m.t128 * n.t256, 128.0 * 256),
-                   area_waves(m.t128 * n.t128, 128.0 * 128)});
+  // 256x128 and 128x256 have the same area: the one with fewer tiles needs no more waves.
+  return std::min(area_waves(std::min(m.t256 * n.t128, m.t128 * n.t256), 256.0 * 128),
+                  area_waves(m.t128 * n.t128, 128.0 * 128));
 }
 
 [[gnu::always_inline]] inline Seconds gemm_time(const DeviceRates& r, const Dim& m, const Dim& n,

@@ -1,5 +1,9 @@
 #include <gtest/gtest.h>
 
+#include <string>
+#include <tuple>
+#include <vector>
+
 #include "distplan/planner/estimate.h"
 #include "distplan/planner/op_costs.h"
 #include "test_util.h"
@@ -95,6 +99,28 @@ TEST(Time, ComputeEfficiencyIsANamedAssumption) {
   const Estimate preset = estimate(testing::scenario(doc));
   doc["assumptions"] = {{"compute_efficiency", testing::scenario(doc).cluster.gpu.gemm_efficiency}};
   EXPECT_EQ(preset.time, estimate(testing::scenario(doc)).time);
+}
+
+TEST(Time, OpCostMemoNeverServesAnotherScenario) {
+  // estimate() keeps the last op costs per thread; any input that changes them must be seen.
+  json doc = testing::default_doc();
+  const Estimate first = estimate(testing::scenario(doc));
+  for (const auto& [section, key, value] : std::vector<std::tuple<std::string, std::string, json>>{
+           {"assumptions", "compute_efficiency", 0.4},
+           {"assumptions", "memory_efficiency", 0.3},
+           {"assumptions", "kernel_launch_seconds", 1e-4},
+           {"training", "micro_batch_size", 2},
+           {"training", "seq_length", 2048},
+           {"training", "dropout", 0.1},
+           {"training", "attention", "standard"}}) {
+    json changed = doc;
+    changed[section][key] = value;
+    if (key == "micro_batch_size" || key == "seq_length")
+      changed["training"]["global_batch_size"] = 512;
+    const Estimate other = estimate(testing::scenario(changed));
+    EXPECT_NE(other.stage_costs[1].forward, first.stage_costs[1].forward) << key;
+    EXPECT_EQ(estimate(testing::scenario(doc)), first) << key;
+  }
 }
 
 TEST(Time, GemmEfficiencyFollowsTileAndWaveQuantisation) {
