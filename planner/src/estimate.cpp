@@ -775,7 +775,11 @@ class Estimator {
           break;
         }
       }
-      if (p_.zero_stage == 1 || p_.zero_stage == 2) x += k.param_gather;
+      if (p_.zero_stage == 1 || p_.zero_stage == 2) {
+        // Megatron-LM --overlap-param-gather: bucket by bucket behind the next step's first
+        // forward (charged here, since every step is alike); otherwise exposed after the step.
+        x += A.overlap_param_gather_after_step ? hidden(k.param_gather, k.forward) : k.param_gather;
+      }
       exposed = std::max(exposed, x);
       optimizer = std::max(optimizer, k.optimizer);
     }

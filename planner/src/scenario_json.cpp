@@ -451,6 +451,8 @@ Scenario scenario_from_json(const json& doc, std::initializer_list<std::string_v
     if (auto v = r.boolean("tp_comm_overlap")) x.tp_comm_overlap = *v;
     if (auto v = r.boolean("overlap_p2p")) x.overlap_p2p = *v;
     if (auto v = r.boolean("p2p_scatter_gather")) x.p2p_scatter_gather = *v;
+    if (auto v = r.boolean("overlap_param_gather_after_step"))
+      x.overlap_param_gather_after_step = *v;
     if (auto v = r.integer("zero3_prefetch_layers", 0, 64)) x.zero3_prefetch_layers = *v;
     if (auto v = r.boolean("overlap_grad_reduce")) x.overlap_grad_reduce = *v;
     if (auto v = r.boolean("overlap_param_gather")) x.overlap_param_gather = *v;
@@ -558,6 +560,7 @@ json to_json(const Scenario& s) {
         {"tp_comm_overlap", a.tp_comm_overlap},
         {"overlap_p2p", a.overlap_p2p},
         {"p2p_scatter_gather", a.p2p_scatter_gather},
+        {"overlap_param_gather_after_step", a.overlap_param_gather_after_step},
         {"zero3_prefetch_layers", a.zero3_prefetch_layers},
         {"overlap_grad_reduce", a.overlap_grad_reduce},
         {"overlap_param_gather", a.overlap_param_gather},

@@ -123,6 +123,36 @@ TEST(Time, OpCostMemoNeverServesAnotherScenario) {
   }
 }
 
+TEST(Time, OverlapOptionsHideCommunicationAtTheNamedSlowdown) {
+  // Default scenario (ZeRO-1): the post-step all-gather is exposed in full; with
+  // overlap_param_gather_after_step it hides behind one micro-batch's forward, leaving what does
+  // not fit plus overlap_compute_slowdown (0.1) of what does (docs/time.md's table).
+  json doc = testing::default_doc();
+  const Estimate base = estimate(testing::scenario(doc));
+  doc["assumptions"] = {{"overlap_param_gather_after_step", true}};
+  const Estimate hidden = estimate(testing::scenario(doc));
+  auto hide = [](double c, double w) { return std::max(0.0, c - w) + 0.1 * std::min(c, w); };
+  double want_base = 0, want_hidden = 0;
+  for (const StageCosts& k : base.stage_costs) {
+    const double rs = hide(k.grad_reduce, k.backward_input + k.backward_weight);
+    want_base = std::max(want_base, rs + k.param_gather);
+    want_hidden = std::max(want_hidden, rs + hide(k.param_gather, k.forward));
+  }
+  EXPECT_NEAR(base.time.exposed_communication_seconds, want_base, 1e-12);
+  EXPECT_NEAR(hidden.time.exposed_communication_seconds, want_hidden, 1e-12);
+  EXPECT_LT(hidden.time.step_seconds, base.time.step_seconds);
+  // TP overlap: every stage's forward loses the hidden share of its TP collectives.
+  doc["assumptions"] = {{"tp_comm_overlap", true}};
+  const Estimate tp = estimate(testing::scenario(doc));
+  EXPECT_LT(tp.stage_costs[1].forward, base.stage_costs[1].forward);
+  EXPECT_LT(tp.time.step_seconds, base.time.step_seconds);
+  // Blocking pipeline sends cost v sends per micro-batch each way; overlapped, none.
+  doc["assumptions"] = {{"overlap_p2p", true}};
+  const Estimate p2p = estimate(testing::scenario(doc));
+  EXPECT_NEAR(base.stage_costs[1].forward - p2p.stage_costs[1].forward, base.stage_costs[1].p2p,
+              1e-12);
+}
+
 TEST(Time, GemmEfficiencyFollowsTileAndWaveQuantisation) {
   // Oracle: NVIDIA's Deep Learning Performance Guide ("Matrix Multiplication Background"): a GEMM
   // whose tiles fill exactly one wave runs at the ceiling; one more tile adds a nearly idle wave.

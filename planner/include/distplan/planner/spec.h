@@ -125,17 +125,18 @@ struct Assumptions {
   // memory_efficiency; a calibration sets them here.
   double compute_efficiency = 0;
   double memory_efficiency = 0;
-  double communication_efficiency = 0.8;      // achieved / nominal bus bandwidth, large messages
-  Bytes nccl_half_bandwidth_bytes = 4 << 20;  // message size reaching half the bus bandwidth
-  Seconds kernel_launch_seconds = 3e-6;       // per kernel, on the stream between kernels
-  double overlap_compute_slowdown = 0.1;      // compute slowdown while NCCL shares the SMs
-  bool tp_comm_overlap = false;               // TP collectives overlap the layer GEMMs
-  bool overlap_p2p = false;                   // pipeline sends overlap compute
-  bool p2p_scatter_gather = true;             // send 1/t of the activation per TP rank
-  Count zero3_prefetch_layers = 1;            // gathered units kept live beyond the current one
-  bool overlap_grad_reduce = true;            // DP gradient reduction overlaps the last backward
-  bool overlap_param_gather = true;           // ZeRO-3 gathers overlap compute (prefetch)
-  Count vocab_pad_multiple = 1;               // vocab padded to a multiple of this × tp
+  double communication_efficiency = 0.8;         // achieved / nominal bus bandwidth, large messages
+  Bytes nccl_half_bandwidth_bytes = 4 << 20;     // message size reaching half the bus bandwidth
+  Seconds kernel_launch_seconds = 3e-6;          // per kernel, on the stream between kernels
+  double overlap_compute_slowdown = 0.1;         // compute slowdown while NCCL shares the SMs
+  bool tp_comm_overlap = false;                  // TP collectives overlap the layer GEMMs
+  bool overlap_p2p = false;                      // pipeline sends overlap compute
+  bool p2p_scatter_gather = true;                // send 1/t of the activation per TP rank
+  bool overlap_param_gather_after_step = false;  // ZeRO-1/2 gather hides behind the next forward
+  Count zero3_prefetch_layers = 1;               // gathered units kept live beyond the current one
+  bool overlap_grad_reduce = true;               // DP gradient reduction overlaps the last backward
+  bool overlap_param_gather = true;              // ZeRO-3 gathers overlap compute (prefetch)
+  Count vocab_pad_multiple = 1;                  // vocab padded to a multiple of this × tp
   bool operator==(const Assumptions&) const = default;
 };
 
