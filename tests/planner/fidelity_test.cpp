@@ -91,6 +91,16 @@ std::string render(const std::vector<Table>& tables) {
     }
     md += fmt::format("\nMAPE {:.1f} %.\n", 100 * t.mape());
   }
+  md +=
+      "\n## What limits the agreement\n\n"
+      "The two papers measured Megatron-LM a year apart on the same machine (Selene), and disagree "
+      "with each other: Table 1's 1T row (163 TFLOP/s per GPU, 512 micro-batches per pipeline) "
+      "implies 102.6 s per iteration, Table 5's 1T full-recompute row (the same layout and work "
+      "per pipeline) measured 94.4 s; for 530B 54.1 s against 49.1 s. A physical model with one "
+      "set of A100 figures therefore sits between them: it is a few percent fast on Table 1 and a "
+      "few percent slow on Table 5, on the large models most. Within each table the trends "
+      "(achieved FLOP/s rising with the hidden size; 20-29 % gained by sequence parallelism with "
+      "selective recompute) come from the op costs, not from per-case figures.\n";
   return md;
 }
 
