@@ -131,7 +131,7 @@ struct Assumptions {
   double overlap_compute_slowdown = 0.1;         // compute slowdown while NCCL shares the SMs
   bool tp_comm_overlap = false;                  // TP collectives overlap the layer GEMMs
   bool overlap_p2p = false;                      // pipeline sends overlap compute
-  bool p2p_scatter_gather = false;                // send 1/t of the activation per TP rank
+  bool p2p_scatter_gather = false;               // send 1/t of the activation per TP rank
   bool overlap_param_gather_after_step = false;  // ZeRO-1/2 gather hides behind the next forward
   Count zero3_prefetch_layers = 1;               // gathered units kept live beyond the current one
   bool overlap_grad_reduce = true;               // DP gradient reduction overlaps the last backward
