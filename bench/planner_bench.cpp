@@ -21,6 +21,22 @@ void BM_Estimate_Llama70bOn64(benchmark::State& state) {
 }
 BENCHMARK(BM_Estimate_Llama70bOn64);
 
+// The same with the per-thread op-cost memo missing every time (micro-batch 1 and 2 alternate):
+// the full cost of the op-level model, as a search pays it when the micro-batch or tp changes.
+void BM_Estimate_Llama70bOn64_ColdOpCosts(benchmark::State& state) {
+  distplan::Scenario a = default_scenario();
+  distplan::Scenario b = a;
+  b.training.micro_batch_size = 2;
+  bool flip = false;
+  for (auto _ : state) {
+    distplan::Estimate e = distplan::estimate(flip ? b : a);
+    flip = !flip;
+    benchmark::DoNotOptimize(e);
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_Estimate_Llama70bOn64_ColdOpCosts);
+
 // Deeper pipelines cost more per estimate: one pass per stage.
 void BM_Estimate_PipelineDepth(benchmark::State& state) {
   distplan::Scenario s = default_scenario();

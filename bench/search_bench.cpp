@@ -46,6 +46,28 @@ void BM_Search_CountLayouts405B16k(benchmark::State& state) {
 }
 BENCHMARK(BM_Search_CountLayouts405B16k)->Unit(benchmark::kMillisecond)->UseRealTime();
 
+// The same search as `distplan search` runs it: the best 16 and every feasible layout within 10 %
+// of the best analytic step are re-ranked by simulation (target: under 1 s with all threads).
+void BM_Search_Llama405B16kSimulated(benchmark::State& state) {
+  search::Request r = request("llama3.1-405b", 16384, 2048, 8192);
+  r.options.simulate_top = 16;
+  r.options.simulate_within = 0.10;
+  r.options.threads = static_cast<int>(state.range(0));
+  std::int64_t simulated = 0;
+  for (auto _ : state) {
+    const search::Result res = search::run(r.space, r.options);
+    simulated += res.simulated;
+    benchmark::DoNotOptimize(res.plans.data());
+  }
+  state.counters["simulated"] =
+      benchmark::Counter(static_cast<double>(simulated), benchmark::Counter::kAvgIterations);
+}
+BENCHMARK(BM_Search_Llama405B16kSimulated)
+    ->Arg(1)
+    ->Arg(0)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
 // Llama-2-70B on 64 H100s, global batch 512 (the default scenario's cluster).
 void BM_Search_Llama70B64(benchmark::State& state) {
   search::Request r = request("llama2-70b", 64, 512, 4096);

@@ -21,11 +21,22 @@ namespace {
 // The fittable assumptions. To make a new continuous `double` field of `Assumptions` fittable,
 // add one line here; bounds must lie inside the range the scenario parser accepts for it.
 constexpr std::array kFitParameters{
-    fit_field<&Assumptions::compute_efficiency>("compute_efficiency", 1e-3, 1.0,
-                                                "achieved / dense peak FLOP/s of the layer GEMMs"),
+    preset_field<&Assumptions::compute_efficiency>(
+        "compute_efficiency", 1e-3, 1.0,
+        "GEMM efficiency ceiling: achieved / dense peak FLOP/s (0: the GPU preset's gemm_efficiency)",
+        [](const Scenario& s) { return s.cluster.gpu.gemm_efficiency; }),
+    when_named(preset_field<&Assumptions::memory_efficiency>(
+        "memory_efficiency", 1e-3, 1.0,
+        "achieved / nominal HBM bandwidth of the bandwidth-bound kernels (0: the GPU preset's)",
+        [](const Scenario& s) { return s.cluster.gpu.memory_efficiency; })),
     fit_field<&Assumptions::communication_efficiency>(
         "communication_efficiency", 1e-3, 1.0,
-        "achieved / nominal link bandwidth of the collectives (bus bandwidth)"),
+        "achieved / nominal link bandwidth of large collectives (bus bandwidth)"),
+    when_named(fit_field<&Assumptions::kernel_launch_seconds>(
+        "kernel_launch_seconds", 0.0, 1e-2, "seconds per kernel launch between kernels")),
+    when_named(fit_field<&Assumptions::overlap_compute_slowdown>(
+        "overlap_compute_slowdown", 0.0, 1.0,
+        "compute slowdown while overlapped NCCL kernels share the SMs")),
 };
 
 // A parameter whose 1 % change moves no run's predicted step time by more than 1e-6 (relative)
@@ -325,16 +336,29 @@ CalibrationResult calibrate(const std::vector<CalibrationRun>& runs,
     before.push_back(predicted_step_seconds(r.scenario, r.scenario.assumptions));
   out.mape_before = mape(before, all);
 
+  // Fields whose 0 means "the GPU preset's" start from the runs' mean preset value.
+  Assumptions start = options.start;
+  for (const FitParameter& f : kFitParameters) {
+    if (f.preset == nullptr || f.get(start) >= f.lower) continue;
+    double sum = 0;
+    for (const CalibrationRun& r : runs) sum += f.preset(r.scenario);
+    f.set(start, std::clamp(sum / static_cast<double>(runs.size()), f.lower, f.upper));
+  }
+
   // The parameters: those named, or every one the runs constrain at the starting values.
   std::vector<const FitParameter*> params;
   if (!options.parameters.empty()) {
     params = select_parameters(options.parameters);
   } else {
     for (const FitParameter& f : kFitParameters) {
+      if (!f.by_default) {
+        out.not_fitted.push_back({std::string(f.name), "fitted only when named (--fit)"});
+        continue;
+      }
       const std::vector<const FitParameter*> one{&f};
-      const Problem pr{all, one, options.start};
+      const Problem pr{all, one, start};
       Vec t(1);
-      t[0] = pr.to_theta(pr.to_u(Vec::Constant(1, f.get(options.start))))[0];
+      t[0] = pr.to_theta(pr.to_u(Vec::Constant(1, f.get(start))))[0];
       const double s = sensitivities(pr.jacobian(t), t, one)[0];
       if (s < kMinSensitivity) {
         out.not_fitted.push_back(
@@ -359,7 +383,7 @@ CalibrationResult calibrate(const std::vector<CalibrationRun>& runs,
                                  name_list(names), params.size()));
   }
 
-  const Problem pr{all, params, options.start};
+  const Problem pr{all, params, start};
   const FitOutcome f = fit(pr, options.max_iterations, /*check_start=*/true);
   out.iterations = f.iterations;
   out.condition_number = f.condition;
@@ -394,7 +418,7 @@ CalibrationResult calibrate(const std::vector<CalibrationRun>& runs,
       std::vector<const CalibrationRun*> rest;
       for (std::size_t k = 0; k < runs.size(); ++k)
         if (k != i) rest.push_back(all[k]);
-      Assumptions from_full = options.start;
+      Assumptions from_full = start;
       for (std::size_t j = 0; j < params.size(); ++j)
         params[j]->set(from_full, f.theta[static_cast<Eigen::Index>(j)]);
       const Problem fold{rest, params, from_full};

@@ -11,6 +11,7 @@
 #include "distplan/planner/layer_ops.h"
 #include "distplan/planner/layout.h"
 #include "distplan/planner/memory_terms.h"
+#include "distplan/planner/op_costs.h"
 
 namespace distplan {
 
@@ -46,18 +47,6 @@ namespace {
 
 Count ceil_div(Count a, Count b) noexcept {
   return (a + b - 1) / b;
-}
-
-FlopsPerSecond dense_peak(const GpuSpec& g, DType d) noexcept {
-  switch (d) {
-    case DType::bf16:
-      return g.peak_flops.bf16;
-    case DType::fp16:
-      return g.peak_flops.fp16;
-    case DType::fp32:
-      return g.peak_flops.tf32 > 0 ? g.peak_flops.tf32 : g.peak_flops.fp32;
-  }
-  return 0;
 }
 
 // The parameter groups ("units") a stage holds: its layers, the embedding on the first stage,
@@ -244,7 +233,18 @@ class Estimator {
                          : op == CollectiveOp::send_recv ? 1.0
                                                          : static_cast<double>(n - 1);
     const double wire = static_cast<double>(ring_wire_bytes(op, bytes, n));
-    return static_cast<double>(calls) * (steps * x.latency + wire / x.bandwidth);
+    return static_cast<double>(calls) * (steps * x.latency + transfer_seconds(x, wire, bytes));
+  }
+
+  // Achieved bus bandwidth for a buffer of `bytes`: the link rate times the large-message
+  // efficiency times S / (S + S_half) -- small messages do not fill NCCL's pipeline (nccl-tests
+  // bus bandwidth curves rise with size and saturate; docs/communication.md).
+  // Seconds to move `wire` bytes at that bandwidth (one division: the estimate's hot path).
+  [[nodiscard]] double transfer_seconds(const GroupInfo& x, double wire,
+                                        Bytes bytes) const noexcept {
+    const double b = static_cast<double>(bytes);
+    return wire * (b + static_cast<double>(s_.assumptions.nccl_half_bandwidth_bytes)) /
+           (x.bandwidth * b);
   }
 
   // Hands one collective to `out`, a callable taking const Collective& (it may store it, or only
@@ -274,7 +274,8 @@ class Estimator {
                          : op == CollectiveOp::send_recv ? 1.0
                                                          : static_cast<double>(n - 1);
     c.seconds_per_step =
-        static_cast<double>(calls) * (steps * x.latency + static_cast<double>(wire) / x.bandwidth);
+        static_cast<double>(calls) *
+        (steps * x.latency + transfer_seconds(x, static_cast<double>(wire), bytes));
     out(c);
   }
 
@@ -403,11 +404,19 @@ class Estimator {
 
     // Pipeline: activations forward to the next chunk, gradients back to the previous one.
     if (pp > 1) {
-      const Bytes p2p = p_.sequence_parallel ? act / p_.tp : act;
+      const Bytes p2p = p2p_bytes();
       const Count fwd_sends = st == pp - 1 ? m * (v - 1) : m * v;
       const Count bwd_sends = st == 0 ? m * (v - 1) : m * v;
       add(out, Group::pp, CollectiveOp::send_recv, "activations (forward)", p2p, fwd_sends);
       add(out, Group::pp, CollectiveOp::send_recv, "gradients (backward)", p2p, bwd_sends);
+      if (scatter_gather_p2p() && !p_.sequence_parallel) {
+        // Scatter/gather: each TP rank sends 1/t of the replicated activation; the receivers
+        // all-gather it over NVLink (Narayanan et al. 2021, sec. 4.1). One gather per receive.
+        const Count fwd_recvs = st == 0 ? m * (v - 1) : m * v;
+        const Count bwd_recvs = st == pp - 1 ? m * (v - 1) : m * v;
+        add(out, Group::tp, CollectiveOp::all_gather, "pipeline receives (scatter/gather)", act,
+            fwd_recvs + bwd_recvs);
+      }
       if (m_.tied_embeddings && (st == 0 || st == pp - 1)) {
         add(out, Group::embedding, CollectiveOp::all_reduce, "tied embedding gradients",
             vocab_ * m_.hidden_size / p_.tp * gb(), 1);
@@ -415,10 +424,73 @@ class Estimator {
     }
   }
 
+  // Bytes one GPU sends per pipeline transfer: the activation, or its 1/t share when it is
+  // sharded along the sequence (SP) or scattered across the TP ranks.
+  [[nodiscard]] bool scatter_gather_p2p() const noexcept {
+    return p_.tp > 1 && s_.assumptions.p2p_scatter_gather;
+  }
+  [[nodiscard]] Bytes p2p_bytes() const noexcept {
+    return p_.sequence_parallel || scatter_gather_p2p() ? hidden_bytes() / p_.tp : hidden_bytes();
+  }
+
+  // The op costs of one layer, the embedding and the head: a pure function of the model, the
+  // micro-batch shape, tp, SP and the device figures. A search estimates many layouts that share
+  // these (they differ in pp, dp, ZeRO, schedule, recompute), so each thread keeps the last two
+  // (SP off and on); any change of an input recomputes them.
+  struct OpCosts {
+    std::array<double, 26> key{};
+    bool valid = false;
+    PassCosts layer, embedding, head;
+  };
+  [[nodiscard]] const OpCosts& op_costs(const DeviceRates& r) const {
+    const ModelSpec& m = m_;
+    const std::array<double, 26> key = {static_cast<double>(m.hidden_size),
+                                        static_cast<double>(m.num_attention_heads),
+                                        static_cast<double>(m.num_kv_heads),
+                                        static_cast<double>(m.ffn_hidden_size),
+                                        static_cast<double>(vocab_),
+                                        static_cast<double>(m.mlp),
+                                        static_cast<double>(m.norm),
+                                        static_cast<double>(m.position_embedding),
+                                        static_cast<double>(m.bias),
+                                        static_cast<double>(t_.micro_batch_size),
+                                        static_cast<double>(t_.seq_length),
+                                        static_cast<double>(t_.precision),
+                                        static_cast<double>(t_.attention),
+                                        t_.dropout,
+                                        static_cast<double>(p_.tp),
+                                        static_cast<double>(p_.sequence_parallel),
+                                        r.peak,
+                                        r.gemm_efficiency,
+                                        r.k_overhead,
+                                        r.sms,
+                                        r.hbm,
+                                        r.launch,
+                                        r.flash_forward,
+                                        r.flash_backward,
+                                        static_cast<double>(r.element_bytes),
+                                        static_cast<double>(m.max_position_embeddings)};
+    thread_local std::array<OpCosts, 2> memo;
+    OpCosts& c = memo[p_.sequence_parallel ? 1 : 0];
+    if (!c.valid || c.key != key) {
+      const bool sp = p_.sequence_parallel;
+      c.layer = layer_pass_costs(table_, m_, t_, p_.tp, sp, r);
+      c.embedding = embedding_pass_costs(m_, t_, p_.tp, sp, r);
+      c.head = head_pass_costs(m_, t_, vocab_, p_.tp, sp, r);
+      c.key = key;
+      c.valid = true;
+    }
+    return c;
+  }
+
   void communication_and_costs(Estimate& e) {
     const Count pp = p_.pp;
-    const double rate =
-        dense_peak(s_.cluster.gpu, t_.precision) * s_.assumptions.compute_efficiency;
+    const DeviceRates rates = device_rates(s_);
+    const OpCosts& oc = op_costs(rates);
+    const PassCosts& layer = oc.layer;
+    const PassCosts& emb = oc.embedding;
+    const PassCosts& head = oc.head;
+    const double slowdown = s_.assumptions.overlap_compute_slowdown;
     Bytes best = -1;
     int busiest = 0;
     e.stage_costs.resize(static_cast<std::size_t>(pp));
@@ -461,9 +533,7 @@ class Estimator {
       stage_collectives(st, tally);
       if (pp > 1 && k.p2p == 0 && m > 0) {
         // The last stage sends no activations forward; it still receives them at the same cost.
-        k.p2p =
-            collective_seconds(Group::pp, CollectiveOp::send_recv,
-                               p_.sequence_parallel ? hidden_bytes() / p_.tp : hidden_bytes(), 1);
+        k.p2p = collective_seconds(Group::pp, CollectiveOp::send_recv, p2p_bytes(), 1);
       }
       // Forward share of the TP time: the forward collectives' count over all calls.
       {
@@ -480,27 +550,40 @@ class Estimator {
         busiest = st;
       }
 
-      // Compute per micro-batch on one GPU of this stage.
+      // Compute per micro-batch on one GPU of this stage: the op costs (docs/time.md).
       const StageUnits u = units(st);
       const double L = static_cast<double>(u.layer.count);
-      const double tp = static_cast<double>(p_.tp);
-      double fwd = L * lf_.forward / tp;
-      double bwd_in = L * lf_.backward_input / tp;
-      double bwd_w = L * lf_.backward_weight / tp;
+      double fwd = L * layer.forward, bwd_in = L * layer.backward_input;
+      double bwd_w = L * layer.backward_weight;
+      double gemm_f = L * layer.gemm_forward, gemm_b = L * layer.gemm_backward;
       double recompute = 0;
-      if (p_.recompute == Recompute::full) recompute = L * lf_.forward / tp;
-      if (p_.recompute == Recompute::selective) recompute = L * lf_.selective_recompute / tp;
+      if (p_.recompute == Recompute::full) recompute = L * layer.forward;
+      if (p_.recompute == Recompute::selective) recompute = L * layer.selective_recompute;
+      if (st == 0) fwd += emb.forward, bwd_w += emb.backward_weight;
       if (st == pp - 1) {
-        fwd += head_fwd_ / tp;
-        bwd_in += head_fwd_ / tp;
-        bwd_w += head_fwd_ / tp;
+        fwd += head.forward, bwd_in += head.backward_input, bwd_w += head.backward_weight;
+        gemm_f += head.gemm_forward, gemm_b += head.gemm_backward;
       }
       const double per_mb_tp = m > 0 ? tp_total / static_cast<double>(m) : 0;
       const double per_mb_tp_fwd = m > 0 ? tp_fwd / static_cast<double>(m) : 0;
-      k.forward = fwd / rate + per_mb_tp_fwd;
-      k.recompute = recompute / rate;
-      k.backward_input = (bwd_in + recompute) / rate + (per_mb_tp - per_mb_tp_fwd);
-      k.backward_weight = bwd_w / rate;
+      double tp_f = per_mb_tp_fwd, tp_b = per_mb_tp - per_mb_tp_fwd;
+      if (s_.assumptions.tp_comm_overlap) {
+        // Collectives chunked against the linear layers' GEMMs (Megatron-LM --tp-comm-overlap):
+        // what the GEMMs cannot hide stays exposed, the hidden part slows them down.
+        auto hide = [slowdown](double comm, double gemm) {
+          return std::max(0.0, comm - gemm) + slowdown * std::min(comm, gemm);
+        };
+        tp_f = hide(tp_f, gemm_f);
+        tp_b = hide(tp_b, gemm_b);
+      }
+      // Full recompute replays the forward's collectives; their share is in tp_b already.
+      const double blocking_p2p = pp > 1 && !s_.assumptions.overlap_p2p
+                                      ? static_cast<double>(p_.virtual_stages) * k.p2p
+                                      : 0.0;
+      k.forward = fwd + tp_f + blocking_p2p;
+      k.recompute = recompute;
+      k.backward_input = bwd_in + recompute + tp_b + blocking_p2p;
+      k.backward_weight = bwd_w;
       k.tp_communication = per_mb_tp;
       // Optimizer: memory bound; reads gradients, reads and writes optimizer state and writes the
       // compute-dtype weights of this GPU's shard.
@@ -511,7 +594,7 @@ class Estimator {
       const double touched =
           grads_read + 2.0 * static_cast<double>(sm.optimizer_bytes) +
           static_cast<double>(p_.zero_stage == 3 ? sm.weights_bytes : sm.weights_bytes / shard());
-      k.optimizer = touched / s_.cluster.gpu.memory_bandwidth;
+      k.optimizer = memory_seconds(rates, touched, 1);
     }
     // The busiest GPU's collectives, listed once.
     if (best >= 0) {
@@ -568,28 +651,38 @@ class Estimator {
     double exposed = 0;
     double optimizer = 0;
     const auto& A = s_.assumptions;
+    // Communication overlapped with `window` of compute: what does not fit stays exposed, and the
+    // compute it overlaps runs slower while NCCL's kernels share the SMs.
+    const double slowdown = A.overlap_compute_slowdown;
+    auto hidden = [slowdown](double comm, double window) {
+      return std::max(0.0, comm - window) + slowdown * std::min(comm, window);
+    };
     for (const StageCosts& k : e.stage_costs) {
       double x = 0;
       const double last_bwd = k.backward_input + k.backward_weight;
       switch (p_.zero_stage) {
         case 0:
         case 1:
-          x += A.overlap_grad_reduce ? std::max(0.0, k.grad_reduce - last_bwd) : k.grad_reduce;
+          x += A.overlap_grad_reduce ? hidden(k.grad_reduce, last_bwd) : k.grad_reduce;
           break;
         case 2: {
           const double per_mb = m > 0 ? k.grad_reduce / m : 0;
-          x += A.overlap_grad_reduce ? m * std::max(0.0, per_mb - last_bwd) : k.grad_reduce;
+          x += A.overlap_grad_reduce ? m * hidden(per_mb, last_bwd) : k.grad_reduce;
           break;
         }
         default: {
           const double rs_mb = m > 0 ? k.grad_reduce / m : 0;
           const double busy = k.forward + last_bwd;
-          x += A.overlap_param_gather ? m * std::max(0.0, k.zero3_gather + rs_mb - busy)
+          x += A.overlap_param_gather ? m * hidden(k.zero3_gather + rs_mb, busy)
                                       : m * (k.zero3_gather + rs_mb);
           break;
         }
       }
-      if (p_.zero_stage == 1 || p_.zero_stage == 2) x += k.param_gather;
+      if (p_.zero_stage == 1 || p_.zero_stage == 2) {
+        // Megatron-LM --overlap-param-gather: bucket by bucket behind the next step's first
+        // forward (charged here, since every step is alike); otherwise exposed after the step.
+        x += A.overlap_param_gather_after_step ? hidden(k.param_gather, k.forward) : k.param_gather;
+      }
       exposed = std::max(exposed, x);
       optimizer = std::max(optimizer, k.optimizer);
     }

@@ -8,6 +8,7 @@
 
 #include "distplan/planner/error.h"
 #include "distplan/planner/layout.h"
+#include "distplan/planner/op_costs.h"
 #include "distplan/planner/validate.h"
 
 namespace distplan {
@@ -252,9 +253,9 @@ std::string format_plan_table(const Scenario& s, const Estimate& e) {
   line(fmt::format("Compute per step: {:.3g} model FLOPs, {:.3g} hardware FLOPs (with recompute)",
                    e.compute.model_flops_per_step, e.compute.hardware_flops_per_step));
   line(
-      fmt::format("Time (analytic, compute at {:.0f}% of peak): step {:.1f} ms, {:.0f} tokens/s, "
-                  "MFU {:.1f}%",
-                  100 * s.assumptions.compute_efficiency, e.time.step_seconds * 1e3,
+      fmt::format("Time (analytic, op roofline, GEMM ceiling {:.0f}% of peak): step {:.1f} ms, "
+                  "{:.0f} tokens/s, MFU {:.1f}%",
+                  100 * device_rates(s).gemm_efficiency, e.time.step_seconds * 1e3,
                   e.time.tokens_per_second, 100 * e.time.mfu));
   line(fmt::format(
       "  compute {:.1f} ms, pipeline bubble {:.1f} ms ({:.1f}%), exposed DP "

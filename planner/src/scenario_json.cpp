@@ -158,6 +158,12 @@ GpuSpec detail::read_gpu(const json& doc, const std::string& path) {
   if (auto v = r.number("inter_node_bandwidth", kMinBandwidth, kMaxBw, false))
     g.inter_node_bandwidth = *v;
   if (auto v = r.integer("gpus_per_node", 1, 1024)) g.gpus_per_node = *v;
+  if (auto v = r.integer("sm_count", 0, 4096)) g.sm_count = *v;
+  if (auto v = r.number("gemm_efficiency", kMinEfficiency, 1, false)) g.gemm_efficiency = *v;
+  if (auto v = r.number("gemm_k_overhead", 0, 4096, false)) g.gemm_k_overhead = *v;
+  if (auto v = r.number("memory_efficiency", kMinEfficiency, 1, false)) g.memory_efficiency = *v;
+  if (auto v = r.number("flash_forward_efficiency", kMinEfficiency, 1, false)) g.flash_forward_efficiency = *v;
+  if (auto v = r.number("flash_backward_efficiency", kMinEfficiency, 1, false)) g.flash_backward_efficiency = *v;
   if (auto n = r.string("name"); n && !r.has("preset")) g.name = n->substr(0, 128);
   r.finish();
   if (r.has("preset") && !(g == before)) g.name += " (modified)";
@@ -580,10 +586,31 @@ Scenario scenario_from_json(const json& doc, std::initializer_list<std::string_v
   if (const json* a = top.take("assumptions")) {
     ObjectReader r(*a, "/assumptions");
     Assumptions& x = s.assumptions;
-    if (auto v = r.number("compute_efficiency", kMinEfficiency, 1, false))
-      x.compute_efficiency = *v;
+    // 0 keeps the GPU preset's figure (docs/assumptions.md); any other value is at least
+    // kMinEfficiency, so every time stays finite.
+    auto preset_or_efficiency = [&](std::string_view key, double& out) {
+      if (auto v = r.number(key, 0, 1, false)) {
+        if (*v != 0 && *v < kMinEfficiency) {
+          throw InputError(r.child(key), fmt::format("must be 0 (the GPU preset's figure) or at "
+                                                     "least {}, got {}",
+                                                     kMinEfficiency, *v));
+        }
+        out = *v;
+      }
+    };
+    preset_or_efficiency("compute_efficiency", x.compute_efficiency);
+    preset_or_efficiency("memory_efficiency", x.memory_efficiency);
     if (auto v = r.number("communication_efficiency", kMinEfficiency, 1, false))
       x.communication_efficiency = *v;
+    if (auto v = r.integer("nccl_half_bandwidth_bytes", 0, Count{1} << 40))
+      x.nccl_half_bandwidth_bytes = *v;
+    if (auto v = r.number("kernel_launch_seconds", 0, 1e-2, false)) x.kernel_launch_seconds = *v;
+    if (auto v = r.number("overlap_compute_slowdown", 0, 1, false)) x.overlap_compute_slowdown = *v;
+    if (auto v = r.boolean("tp_comm_overlap")) x.tp_comm_overlap = *v;
+    if (auto v = r.boolean("overlap_p2p")) x.overlap_p2p = *v;
+    if (auto v = r.boolean("p2p_scatter_gather")) x.p2p_scatter_gather = *v;
+    if (auto v = r.boolean("overlap_param_gather_after_step"))
+      x.overlap_param_gather_after_step = *v;
     if (auto v = r.integer("zero3_prefetch_layers", 0, 64)) x.zero3_prefetch_layers = *v;
     if (auto v = r.boolean("overlap_grad_reduce")) x.overlap_grad_reduce = *v;
     if (auto v = r.boolean("overlap_param_gather")) x.overlap_param_gather = *v;
@@ -636,7 +663,13 @@ json to_json(const GpuSpec& g) {
           {"memory_bandwidth", g.memory_bandwidth},
           {"intra_node_bandwidth", g.intra_node_bandwidth},
           {"inter_node_bandwidth", g.inter_node_bandwidth},
-          {"gpus_per_node", g.gpus_per_node}};
+          {"gpus_per_node", g.gpus_per_node},
+          {"sm_count", g.sm_count},
+          {"gemm_efficiency", g.gemm_efficiency},
+          {"gemm_k_overhead", g.gemm_k_overhead},
+          {"memory_efficiency", g.memory_efficiency},
+          {"flash_forward_efficiency", g.flash_forward_efficiency},
+          {"flash_backward_efficiency", g.flash_backward_efficiency}};
 }
 
 json to_json(const ParallelSpec& p) {
@@ -680,7 +713,15 @@ json to_json(const Scenario& s) {
       {"parallel", to_json(s.parallel)},
       {"assumptions",
        {{"compute_efficiency", a.compute_efficiency},
+        {"memory_efficiency", a.memory_efficiency},
         {"communication_efficiency", a.communication_efficiency},
+        {"nccl_half_bandwidth_bytes", a.nccl_half_bandwidth_bytes},
+        {"kernel_launch_seconds", a.kernel_launch_seconds},
+        {"overlap_compute_slowdown", a.overlap_compute_slowdown},
+        {"tp_comm_overlap", a.tp_comm_overlap},
+        {"overlap_p2p", a.overlap_p2p},
+        {"p2p_scatter_gather", a.p2p_scatter_gather},
+        {"overlap_param_gather_after_step", a.overlap_param_gather_after_step},
         {"zero3_prefetch_layers", a.zero3_prefetch_layers},
         {"overlap_grad_reduce", a.overlap_grad_reduce},
         {"overlap_param_gather", a.overlap_param_gather},

@@ -29,16 +29,12 @@ void FastMemory::set_outer(const Outer& o) {
   layers_first_ = layers.front();
   layers_second_ = layers.size() > 1 ? layers[1] : layers.front();
   layers_last_ = layers.back();
-  flops_ = layer_flops(table_, o.micro_batch_size, s.training.seq_length);
-  // As estimate.cpp: head forward 2 * tokens * h * V (padded), and the dtype's dense peak.
-  head_forward_ = 2.0 * static_cast<double>(o.micro_batch_size * s.training.seq_length) *
-                  static_cast<double>(s.model.hidden_size) * static_cast<double>(vocab_);
-  const PeakFlops& pk = s.cluster.gpu.peak_flops;
-  const FlopsPerSecond peak = s.training.precision == DType::bf16   ? pk.bf16
-                              : s.training.precision == DType::fp16 ? pk.fp16
-                              : pk.tf32 > 0                         ? pk.tf32
-                                                                    : pk.fp32;
-  rate_ = peak * s.assumptions.compute_efficiency;
+  // The planner's op costs, as estimate.cpp computes them for this (tp, micro-batch).
+  const DeviceRates rates = device_rates(s);
+  for (int sp = 0; sp < 2; ++sp) {
+    layer_[sp] = layer_pass_costs(table_, s.model, s.training, o.tp, sp == 1, rates);
+    head_[sp] = head_pass_costs(s.model, s.training, vocab_, o.tp, sp == 1, rates);
+  }
   for (int sp = 0; sp < 2; ++sp) {
     for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full}) {
       act_[sp][static_cast<int>(r)] =
@@ -83,16 +79,18 @@ Bytes FastMemory::peak_bytes(const Layout& l) const noexcept {
 
 Seconds FastMemory::step_lower_bound(const Layout& l) const noexcept {
   // Per micro-batch on one GPU of a stage: its layers' forward, backward and recomputation
-  // matmuls, plus the LM head's three passes on the last stage. estimate()'s stage time adds TP
-  // communication to these; its step is at least m times the slowest stage (every schedule's
-  // pipeline term is m * t_max plus non-negative bubble, p2p, exposed-communication and optimizer
-  // terms).
-  double per_layer = flops_.forward + flops_.backward_input + flops_.backward_weight;
-  if (l.recompute == Recompute::full) per_layer += flops_.forward;
-  if (l.recompute == Recompute::selective) per_layer += flops_.selective_recompute;
-  const double tp = static_cast<double>(l.tp);
+  // op costs (the planner's own), plus the norm, LM head and loss on the last stage. estimate()'s
+  // stage time adds TP communication and blocking sends to these; its step is at least m times the
+  // slowest stage (every schedule's pipeline term is m * t_max plus non-negative bubble, p2p,
+  // exposed-communication and optimizer terms).
+  const int sp = l.sequence_parallel ? 1 : 0;
+  const PassCosts& c = layer_[sp];
+  double per_layer = c.forward + c.backward_input + c.backward_weight;
+  if (l.recompute == Recompute::full) per_layer += c.forward;
+  if (l.recompute == Recompute::selective) per_layer += c.selective_recompute;
+  const double head = head_[sp].forward + head_[sp].backward_input + head_[sp].backward_weight;
   auto stage = [&](Count layers, bool last) {
-    return (static_cast<double>(layers) * per_layer + (last ? 3.0 * head_forward_ : 0.0)) / tp;
+    return static_cast<double>(layers) * per_layer + (last ? head : 0.0);
   };
   double busiest = stage(layers_first_, l.pp == 1);
   if (l.pp > 1) {
@@ -109,8 +107,7 @@ Seconds FastMemory::step_lower_bound(const Layout& l) const noexcept {
   switch (l.schedule) {
     case Schedule::gpipe:
     case Schedule::one_f_one_b: {
-      const double all_stages =
-          (static_cast<double>(base_.model.num_layers) * per_layer + 3.0 * head_forward_) / tp;
+      const double all_stages = static_cast<double>(base_.model.num_layers) * per_layer + head;
       pipe = (m - 1) * busiest + all_stages;
       break;
     }
@@ -121,7 +118,7 @@ Seconds FastMemory::step_lower_bound(const Layout& l) const noexcept {
     case Schedule::zb_h2:
       break;
   }
-  return pipe / rate_;
+  return pipe;
 }
 
 }  // namespace distplan::search

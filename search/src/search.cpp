@@ -5,6 +5,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <iterator>
+#include <limits>
 #include <thread>
 
 #include <fmt/format.h>
@@ -120,6 +122,21 @@ struct Partial {
   RejectCounts rejected{};
   std::optional<Candidate> lowest_peak;    // lowest peak among layouts that do not fit
   std::optional<Candidate> fastest_below;  // objective "gpus": fastest fitting, under target
+  // Objective throughput: the fastest step seen and every layout within the simulation window of
+  // it (trimmed as the best improves).
+  double best_step = std::numeric_limits<double>::infinity();
+  std::vector<Candidate> near;
+  std::size_t near_trimmed = 0;
+  void offer_near(const Layout& l, const Figures& f, double window) {
+    if (f.step_seconds < best_step) best_step = f.step_seconds;
+    const double limit = (1.0 + window) * best_step;
+    if (f.step_seconds > limit) return;
+    near.push_back({l, f});
+    if (near.size() >= 2 * near_trimmed + 64) {
+      std::erase_if(near, [limit](const Candidate& c) { return c.f.step_seconds > limit; });
+      near_trimmed = near.size();
+    }
+  }
 };
 
 bool fits(const Figures& f, double margin) {
@@ -132,6 +149,10 @@ void search_worker(const Space& space, const Options& opt, const std::vector<Out
                    std::atomic<std::uint64_t>& evaluated_so_far, Partial& part) {
   Scenario s = space.base;
   FastMemory fast(space.base);
+  const double near_window =
+      opt.objective == Objective::throughput && opt.simulate_top > 0 && opt.simulate_within > 0
+          ? opt.simulate_within
+          : 0.0;
   for (;;) {
     const std::size_t i = next.fetch_add(1, std::memory_order_relaxed);
     if (i >= outers.size()) break;
@@ -155,7 +176,12 @@ void search_worker(const Space& space, const Options& opt, const std::vector<Out
         const Candidate& worst = part.top.worst();
         bool pruned = false;
         if (opt.objective == Objective::throughput) {
-          pruned = fast.step_lower_bound(l) > worst.f.step_seconds * (1.0 + 1e-6);
+          // Nor one that cannot come within the simulation window of this thread's best (whose
+          // best is no better than the global best).
+          const double bound = fast.step_lower_bound(l);
+          pruned =
+              bound > worst.f.step_seconds * (1.0 + 1e-6) &&
+              (near_window <= 0 || bound > part.best_step * (1.0 + near_window) * (1.0 + 1e-6));
         } else if (opt.objective == Objective::memory) {
           pruned = f.peak_bytes > worst.f.peak_bytes;
         }
@@ -190,6 +216,7 @@ void search_worker(const Space& space, const Options& opt, const std::vector<Out
       }
       ++part.feasible;
       part.top.offer(l, f);
+      if (near_window > 0) part.offer_near(l, f, near_window);
     });
     evaluated_so_far.fetch_add(part.evaluated - before, std::memory_order_relaxed);
     done.fetch_add(1, std::memory_order_release);
@@ -392,11 +419,36 @@ Result run(const Space& space, const Options& opt) {
   };
   std::sort(best.begin(), best.end(), by_objective);
   if (best.size() > keep) best.resize(keep);
+  // Every feasible layout within the simulation window of the global best joins the re-rank.
+  double best_step = std::numeric_limits<double>::infinity();
+  for (const Partial& p : parts) best_step = std::min(best_step, p.best_step);
+  const double window_limit = (1.0 + opt.simulate_within) * best_step;
+  std::size_t in_window = 0;
+  if (opt.objective == Objective::throughput && opt.simulate_top > 0 && opt.simulate_within > 0) {
+    std::vector<Candidate> near;
+    for (const Partial& p : parts) {
+      for (const Candidate& c : p.near) {
+        if (c.f.step_seconds <= window_limit) near.push_back(c);
+      }
+    }
+    std::sort(near.begin(), near.end(), by_objective);
+    in_window = near.size();
+    std::vector<Candidate> merged;
+    merged.reserve(best.size() + near.size());
+    std::merge(best.begin(), best.end(), near.begin(), near.end(), std::back_inserter(merged),
+               by_objective);
+    merged.erase(
+        std::unique(merged.begin(), merged.end(),
+                    [](const Candidate& a, const Candidate& b) { return a.layout == b.layout; }),
+        merged.end());
+    best = std::move(merged);
+  }
 
   // Re-plan the best alone (the figures people see come from estimate() itself), guard with
   // validate_scenario(), and re-rank the first simulate_top by simulation.
   const bool sim = r.simulator_available && opt.simulate_top > 0;
   std::vector<Layout> valid;
+  int valid_in_window = 0;
   for (const Candidate& c : best) {
     try {
       validate_scenario(make_scenario(space.base, c.layout));
@@ -405,17 +457,20 @@ Result run(const Space& space, const Options& opt) {
       continue;
     }
     valid.push_back(c.layout);
+    if (in_window > 0 && c.f.step_seconds <= window_limit) ++valid_in_window;
   }
-  // The first simulate_top valid plans are simulated, in parallel and in waves: a plan the
-  // simulator cannot run hands its turn to the next, as a serial pass would.
+  // The first simulate_top valid plans, and every one within simulate_within of the best analytic
+  // step (a prefix of `valid`, which is in objective order), are simulated, in parallel and in
+  // waves: a plan the simulator cannot run hands its turn to the next, as a serial pass would.
+  const int sim_target = std::max(opt.simulate_top, valid_in_window);
   std::vector<Plan> plans(valid.size());
   std::vector<char> planned(valid.size(), 0);
   int simulated = 0;
   std::size_t next_plan = 0;
   const int sim_threads = std::max(1, threads_for(opt));
-  while (sim && simulated < opt.simulate_top && next_plan < valid.size()) {
+  while (sim && simulated < sim_target && next_plan < valid.size()) {
     const std::size_t wave =
-        std::min(valid.size() - next_plan, static_cast<std::size_t>(opt.simulate_top - simulated));
+        std::min(valid.size() - next_plan, static_cast<std::size_t>(sim_target - simulated));
     std::atomic<std::size_t> cursor{0}, finished{0};
     auto work = [&] {
       for (std::size_t i; (i = cursor.fetch_add(1)) < wave;) {
@@ -431,7 +486,7 @@ Result run(const Space& space, const Options& opt) {
       std::thread last(work);
       while (finished.load(std::memory_order_acquire) < wave) {
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
-        opt.rerank_progress(simulated + static_cast<int>(finished.load()), opt.simulate_top);
+        opt.rerank_progress(simulated + static_cast<int>(finished.load()), sim_target);
       }
       last.join();
     } else {

@@ -198,6 +198,8 @@ void read_search(const json& v, Request& r) {
       r.options.memory_margin = read_number(value, path, 0.0, 0.99);
     } else if (key == "simulate_top") {
       r.options.simulate_top = static_cast<int>(read_int(value, path, 0, kMaxTopK));
+    } else if (key == "simulate_within") {
+      r.options.simulate_within = read_number(value, path, 0.0, 1.0);
     } else if (key == "target_tokens_per_second") {
       r.options.target_tokens_per_second = read_number(value, path, 0.0, 1e18);
       has_target = true;

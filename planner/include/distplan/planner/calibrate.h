@@ -23,6 +23,11 @@ struct FitParameter {
   double lower;  // the fit stays inside [lower, upper] (and the scenario parser's range)
   double upper;
   std::string_view meaning;  // one line, for tables and docs
+  /// For a field whose 0 means "the GPU preset's figure": the value a run's scenario then uses.
+  /// The fit starts from the runs' mean of it when the starting value is that 0.
+  double (*preset)(const Scenario&) = nullptr;
+  /// Fitted when no --fit list is given (and the runs constrain it); the others only when named.
+  bool by_default = true;
 };
 
 /// Get/set of a plain `double` member, so a table entry reads
@@ -36,6 +41,22 @@ constexpr FitParameter fit_field(std::string_view name, double lower, double upp
           lower,
           upper,
           meaning};
+}
+
+/// As fit_field, for a field whose 0 stands for the GPU preset's value `preset(scenario)`.
+template <double Assumptions::*M>
+constexpr FitParameter preset_field(std::string_view name, double lower, double upper,
+                                    std::string_view meaning, double (*preset)(const Scenario&)) {
+  FitParameter f = fit_field<M>(name, lower, upper, meaning);
+  f.preset = preset;
+  return f;
+}
+
+/// A table entry fitted only when named (--fit), e.g. one that most sets of runs cannot tell apart
+/// from the efficiencies.
+constexpr FitParameter when_named(FitParameter f) {
+  f.by_default = false;
+  return f;
 }
 
 /// Every fittable assumption, in table order.

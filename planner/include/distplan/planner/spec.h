@@ -72,6 +72,13 @@ struct GpuSpec {
   BytesPerSecond intra_node_bandwidth = 0;  // per GPU, one direction (NVLink / xGMI)
   BytesPerSecond inter_node_bandwidth = 0;  // per GPU, one direction (NIC)
   Count gpus_per_node = 8;                  // the usual node of this GPU (cluster default)
+  // Op-level time model (docs/time.md, "Op costs"); each preset names its source.
+  Count sm_count = 0;  // streaming multiprocessors: GEMM wave quantisation (0: not modelled)
+  double gemm_efficiency = 0.75;   // sustained / dense peak of a large, well-shaped GEMM
+  double gemm_k_overhead = 64;     // K-equivalent of a GEMM tile's prologue and epilogue
+  double memory_efficiency = 0.7;  // achieved / nominal HBM bandwidth of elementwise kernels
+  double flash_forward_efficiency = 0.62;   // flash attention forward, achieved / dense peak
+  double flash_backward_efficiency = 0.52;  // flash attention backward, achieved / dense peak
   bool operator==(const GpuSpec&) const = default;
 };
 
@@ -115,12 +122,22 @@ struct ParallelSpec {
 
 /// Named, overridable modelling assumptions (docs/assumptions.md gives each one's source).
 struct Assumptions {
-  double compute_efficiency = 0.5;        // achieved / peak FLOP/s for the layer GEMMs
-  double communication_efficiency = 0.8;  // achieved / nominal link bandwidth (bus bandwidth)
-  Count zero3_prefetch_layers = 1;        // gathered units kept live beyond the current one
-  bool overlap_grad_reduce = true;        // DP gradient reduction overlaps the last backward
-  bool overlap_param_gather = true;       // ZeRO-3 gathers overlap compute (prefetch)
-  Count vocab_pad_multiple = 1;           // vocab padded to a multiple of this × tp
+  // GEMM efficiency ceiling and HBM efficiency: 0 takes the GPU preset's gemm_efficiency /
+  // memory_efficiency; a calibration sets them here.
+  double compute_efficiency = 0;
+  double memory_efficiency = 0;
+  double communication_efficiency = 0.8;         // achieved / nominal bus bandwidth, large messages
+  Bytes nccl_half_bandwidth_bytes = 4 << 20;     // message size reaching half the bus bandwidth
+  Seconds kernel_launch_seconds = 3e-6;          // per kernel, on the stream between kernels
+  double overlap_compute_slowdown = 0.1;         // compute slowdown while NCCL shares the SMs
+  bool tp_comm_overlap = false;                  // TP collectives overlap the layer GEMMs
+  bool overlap_p2p = false;                      // pipeline sends overlap compute
+  bool p2p_scatter_gather = false;               // send 1/t of the activation per TP rank
+  bool overlap_param_gather_after_step = false;  // ZeRO-1/2 gather hides behind the next forward
+  Count zero3_prefetch_layers = 1;               // gathered units kept live beyond the current one
+  bool overlap_grad_reduce = true;               // DP gradient reduction overlaps the last backward
+  bool overlap_param_gather = true;              // ZeRO-3 gathers overlap compute (prefetch)
+  Count vocab_pad_multiple = 1;                  // vocab padded to a multiple of this × tp
   bool operator==(const Assumptions&) const = default;
 };
 

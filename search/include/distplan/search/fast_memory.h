@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "distplan/planner/layer_ops.h"
+#include "distplan/planner/op_costs.h"
 #include "distplan/planner/spec.h"
 #include "distplan/search/space.h"
 
@@ -24,7 +25,7 @@ class FastMemory {
   [[nodiscard]] Bytes peak_bytes(const Layout& l) const noexcept;
   [[nodiscard]] Bytes capacity_bytes() const noexcept { return base_.cluster.gpu.memory_bytes; }
   /// A lower bound of estimate()'s step time: m micro-batches through the busiest stage's
-  /// matmuls at the planner's compute rate, every communication, bubble and optimizer term left
+  /// op costs (the planner's own), every communication, bubble and optimizer term left
   /// out (docs/search.md, "Pruning"). tests/search/fast_memory_test.cpp checks it is a bound.
   [[nodiscard]] Seconds step_lower_bound(const Layout& l) const noexcept;
 
@@ -39,9 +40,10 @@ class FastMemory {
   Count num_microbatches_ = 0;
   Count layers_first_ = 0, layers_second_ = 0, layers_last_ = 0;
   LayerActivation act_[2][3] = {};  // [sequence parallel][recompute], per layer per micro-batch
-  LayerFlops flops_{};              // one layer, one micro-batch, all TP ranks
-  Flops head_forward_ = 0;          // LM head forward FLOPs per micro-batch
-  FlopsPerSecond rate_ = 0;         // dense peak x compute efficiency
+  // The planner's op costs (op_costs.h) of one micro-batch on one GPU, [sequence parallel]:
+  // one layer, and the last stage's norm, LM head and loss.
+  PassCosts layer_[2] = {};
+  PassCosts head_[2] = {};
 };
 
 }  // namespace distplan::search

@@ -26,6 +26,9 @@ struct Options {
   int top_k = 10;
   double memory_margin = 0.0;  // a layout fits when peak <= capacity x (1 - margin)
   int simulate_top = 16;       // how many of the analytically best are re-ranked by simulation
+  /// Objective throughput: also re-rank by simulation every feasible layout whose analytic step
+  /// time is within this fraction of the best's (docs/search.md, "Simulation re-rank").
+  double simulate_within = 0.10;
   double target_tokens_per_second = 0;  // objective "gpus"
   int threads = 0;                      // 0: all hardware threads
   bool suggest = true;

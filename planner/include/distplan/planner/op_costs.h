@@ -1,0 +1,71 @@
+// Op-level compute costs: each op of the layer op table, and the embedding, LM head and loss,
+// timed as a roofline per kernel (docs/time.md, "Op costs"). One cost function for the planner's
+// stage costs, the simulator (which schedules those stage costs) and the search's bounds.
+#pragma once
+
+#include "distplan/planner/layer_ops.h"
+#include "distplan/planner/spec.h"
+#include "distplan/planner/units.h"
+
+namespace distplan {
+
+/// The device figures the op costs need, resolved once from the GPU preset and the assumptions.
+struct DeviceRates {
+  FlopsPerSecond peak = 0;     // dense peak of the compute dtype
+  double gemm_efficiency = 0;  // ceiling for large, well-shaped GEMMs
+  double k_overhead = 0;       // GEMM K-equivalent of a tile's prologue and epilogue
+  double sms = 0;              // 0: wave quantisation not modelled
+  BytesPerSecond hbm = 0;      // achieved HBM bandwidth (nominal * memory efficiency)
+  double inv_hbm = 0;          // 1 / hbm
+  Seconds launch = 0;          // per kernel
+  double flash_forward = 0;    // achieved / dense peak
+  double flash_backward = 0;
+  Bytes element_bytes = 2;  // compute dtype
+  // Reciprocals, so that the per-op costs divide nowhere (the estimate's hot path); set by
+  // device_rates() or finish().
+  double inv_sms = 0, inv_gemm_rate = 0, inv_flash_forward_rate = 0, inv_flash_backward_rate = 0;
+  /// Fills the reciprocals from the fields above.
+  void finish() noexcept;
+};
+
+[[nodiscard]] DeviceRates device_rates(const Scenario& s) noexcept;
+
+/// Dense peak FLOP/s of dtype d (fp32 runs on TF32 tensor cores when the preset gives them).
+[[nodiscard]] FlopsPerSecond dense_peak(const GpuSpec& g, DType d) noexcept;
+
+/// Efficiency of one (batched) GEMM C[m,n] += A[m,k] B[k,n]: the ceiling times tile and wave
+/// quantisation over the SMs times k / (k + k_overhead), best over the usual tensor-core tiles.
+[[nodiscard]] double gemm_efficiency(const DeviceRates& r, double m, double n, double k,
+                                     double batch) noexcept;
+/// Roofline time of one (batched) GEMM plus its launch.
+[[nodiscard]] Seconds gemm_seconds(const DeviceRates& r, double m, double n, double k,
+                                   double batch = 1) noexcept;
+/// A bandwidth-bound kernel (or `kernels` fused ones) moving `bytes` through HBM.
+[[nodiscard]] Seconds memory_seconds(const DeviceRates& r, double bytes, double kernels) noexcept;
+
+/// Time of one micro-batch through one pass, on one GPU.
+struct PassCosts {
+  Seconds forward = 0;
+  Seconds backward_input = 0;
+  Seconds backward_weight = 0;
+  Seconds selective_recompute = 0;  // forward of the ops selective recompute re-runs
+  Seconds gemm_forward = 0;         // of `forward`, the linear layers' GEMMs (TP overlap window)
+  Seconds gemm_backward = 0;        // of the backward passes, the linear layers' GEMMs
+};
+
+/// One transformer layer (all ops of the table) for a micro-batch of b sequences of length s,
+/// on one GPU of a TP group of `tp` (with or without sequence parallelism).
+[[nodiscard]] PassCosts layer_pass_costs(const LayerTable& table, const ModelSpec& m,
+                                         const TrainingSpec& t, Count tp, bool sp,
+                                         const DeviceRates& r) noexcept;
+
+/// The first stage's extra ops: the vocab-parallel embedding lookup (and its gradient scatter).
+[[nodiscard]] PassCosts embedding_pass_costs(const ModelSpec& m, const TrainingSpec& t, Count tp,
+                                             bool sp, const DeviceRates& r) noexcept;
+
+/// The last stage's extra ops: final norm, vocab-parallel LM head GEMMs and cross-entropy.
+[[nodiscard]] PassCosts head_pass_costs(const ModelSpec& m, const TrainingSpec& t,
+                                        Count padded_vocab, Count tp, bool sp,
+                                        const DeviceRates& r) noexcept;
+
+}  // namespace distplan

@@ -1,0 +1,81 @@
+// The worked examples in README.md ("A worked example": `distplan plan --format table` of the
+// default scenario) and docs/time.md ("Worked example") are produced by the code: these tests fail
+// when the committed text differs from what the planner prints today. DISTPLAN_WRITE_DOCS=1
+// rewrites both blocks in place.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "distplan/planner/estimate.h"
+#include "distplan/planner/report.h"
+#include "test_util.h"
+
+namespace distplan {
+namespace {
+
+std::string read(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+bool write_docs() {
+  const char* w = std::getenv("DISTPLAN_WRITE_DOCS");
+  return w && std::string(w) == "1";
+}
+
+// Compares (or with DISTPLAN_WRITE_DOCS=1 replaces) the text between `begin` and `end` in a file.
+void check_block(const std::string& file, const std::string& begin, const std::string& end,
+                 const std::string& want) {
+  const std::string path = std::string(DISTPLAN_SOURCE_DIR) + "/" + file;
+  std::string text = read(path);
+  const auto b = text.find(begin);
+  ASSERT_NE(b, std::string::npos) << file << ": no '" << begin << "'";
+  const auto from = b + begin.size();
+  const auto to = text.find(end, from);
+  ASSERT_NE(to, std::string::npos) << file << ": no '" << end << "' after '" << begin << "'";
+  if (write_docs()) {
+    text.replace(from, to - from, want);
+    std::ofstream(path) << text;
+    return;
+  }
+  EXPECT_EQ(text.substr(from, to - from), want)
+      << file << " drifted from the planner; DISTPLAN_WRITE_DOCS=1 planner_tests "
+      << "--gtest_filter='WorkedExamples.*' rewrites it";
+}
+
+TEST(WorkedExamples, ReadmePlanTableIsWhatThePlannerPrints) {
+  const Scenario s = testing::scenario(testing::default_doc());
+  check_block("README.md", "`./build/cli/distplan plan --format table` prints:\n\n```\n", "```\n",
+              format_plan_table(s, estimate(s)));
+}
+
+TEST(WorkedExamples, TimeDocExampleIsWhatThePlannerComputes) {
+  const Scenario s = testing::scenario(testing::default_doc());
+  const Estimate e = estimate(s);
+  const StageCosts& k = e.stage_costs.front();
+  const TimeEstimate& t = e.time;
+  const std::string want = fmt::format(
+      "Stage 0 per micro-batch: forward {:.1f} ms, backward-input {:.1f} ms (selective recompute "
+      "{:.1f} ms), backward-weight {:.1f} ms; of these, TP collectives {:.1f} ms and blocking "
+      "pipeline sends 2 x {:.2f} ms. Per step grad_reduce {:.1f} ms, param_gather {:.1f} ms, "
+      "optimizer {:.1f} ms.\nStep {:.2f} s = compute {:.2f} s + bubble {:.2f} s ({:.1f} %) + "
+      "exposed DP/ZeRO communication {:.1f} ms + optimizer {:.1f} ms; {:.0f} tokens/s, MFU "
+      "{:.1f} %.\n",
+      k.forward * 1e3, k.backward_input * 1e3, k.recompute * 1e3, k.backward_weight * 1e3,
+      k.tp_communication * 1e3, k.p2p * 1e3, k.grad_reduce * 1e3, k.param_gather * 1e3,
+      k.optimizer * 1e3, t.step_seconds, t.compute_seconds, t.bubble_seconds,
+      100 * t.bubble_fraction, t.exposed_communication_seconds * 1e3, t.optimizer_seconds * 1e3,
+      t.tokens_per_second, 100 * t.mfu);
+  check_block("docs/time.md", "<!-- worked example: generated -->\n",
+              "<!-- end of worked example -->", want);
+}
+
+}  // namespace
+}  // namespace distplan
