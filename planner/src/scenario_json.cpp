@@ -49,6 +49,8 @@ void read_model_fields(ObjectReader& r, ModelSpec& m) {
   read_enum(r, "position_embedding", m.position_embedding, {"learned", "rotary"});
   if (auto v = r.integer("max_position_embeddings", 1, Count{1} << 24))
     m.max_position_embeddings = *v;
+  if (auto v = r.number("rope_theta", 1.0, 1e12, false)) m.rope_theta = *v;
+  if (auto v = r.number("rope_scaling_factor", 0.0, 1024.0, false)) m.rope_scaling_factor = *v;
   if (auto v = r.boolean("tied_embeddings")) m.tied_embeddings = *v;
   if (auto v = r.boolean("bias")) m.bias = *v;
 }
@@ -333,6 +335,30 @@ ModelSpec model_from_hf_config(const json& cfg, std::string_view path_view) {
     if (!it->is_boolean()) throw InputError(path + "/tie_word_embeddings", "must be true or false");
     m.tied_embeddings = it->get<bool>();
   }
+  // Rotary base and Llama-3 frequency scaling (transformers modeling_rope_utils.py, rope_type
+  // "llama3"). Other scaling types change no memory or time but are not exported: refused.
+  if (auto it = cfg.find("rope_theta"); it != cfg.end() && !it->is_null()) {
+    if (!it->is_number() || it->get<double>() < 1.0 || it->get<double>() > 1e12)
+      throw InputError(path + "/rope_theta", "rope_theta must be a number between 1 and 1e12");
+    m.rope_theta = it->get<double>();
+  }
+  if (auto it = cfg.find("rope_scaling"); it != cfg.end() && !it->is_null()) {
+    const std::string p = path + "/rope_scaling";
+    if (!it->is_object()) throw InputError(p, "rope_scaling must be an object or null");
+    std::string type;
+    for (const char* k : {"rope_type", "type"}) {
+      if (auto t = it->find(k); t != it->end() && t->is_string()) type = t->get<std::string>();
+    }
+    if (type == "default") return m;
+    if (type != "llama3") {
+      throw InputError(p, fmt::format("rope scaling type '{}' is not modelled; only \"llama3\" is",
+                                      type.substr(0, 32)));
+    }
+    auto f = it->find("factor");
+    if (f == it->end() || !f->is_number() || f->get<double>() < 1.0 || f->get<double>() > 1024.0)
+      throw InputError(p + "/factor", "factor must be a number between 1 and 1024");
+    m.rope_scaling_factor = f->get<double>();
+  }
   return m;
 }
 
@@ -469,6 +495,8 @@ json to_json(const ModelSpec& m) {
             {"norm", to_string(m.norm)},
             {"position_embedding", to_string(m.position_embedding)},
             {"max_position_embeddings", m.max_position_embeddings},
+            {"rope_theta", m.rope_theta},
+            {"rope_scaling_factor", m.rope_scaling_factor},
             {"tied_embeddings", m.tied_embeddings},
             {"bias", m.bias}};
   return j;
