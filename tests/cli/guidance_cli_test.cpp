@@ -74,5 +74,90 @@ TEST(Guidance, ExportOfAFittingLayoutExitsZeroWithoutWarning) {
   EXPECT_NE(r.out.find("# you still add:"), std::string::npos);
 }
 
+// --- typos, presets, lists, file names (issue 17 item 8) --------------------------------------
+
+// Runs `cmd FILE` on `doc` and returns the error object (exit 2, nothing on stdout).
+json rejected(const json& doc, const std::string& cmd = "plan") {
+  TempDir dir;
+  const auto file = dir.write("s.json", doc.dump());
+  std::vector<std::string> args{cmd, file.string()};
+  if (cmd == "search") args.push_back("--quiet");
+  return error_of(run_cli(args));
+}
+
+TEST(Guidance, MisspeltRequiredFieldIsReportedFirstWithItsSuggestion) {
+  json doc = default_doc();
+  doc["training"].erase("global_batch_size");
+  doc["training"]["global_batch"] = 2;
+  const json e = rejected(doc);
+  EXPECT_EQ(e.value("path", ""), "/training/global_batch");
+  const std::string m = e.value("message", "");
+  EXPECT_EQ(m.rfind("unknown field 'global_batch' (did you mean 'global_batch_size'?)", 0), 0u)
+      << m;
+  // A missing required field with no look-alike keeps the plain message.
+  json plain = default_doc();
+  plain["training"].erase("global_batch_size");
+  EXPECT_EQ(rejected(plain).value("path", ""), "/training/global_batch_size");
+}
+
+TEST(Guidance, PresetNamesIgnoreCaseAndNearMissesAreSuggested) {
+  json doc = default_doc();
+  doc["cluster"]["gpu"] = "H100-SXM-80GB";
+  doc["model"] = "LLAMA2-70B";
+  TempDir dir;
+  const CliResult r = run_cli({"plan", dir.write("s.json", doc.dump()).string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json plan = json::parse(r.out);
+  EXPECT_EQ(plan["scenario"]["cluster"]["gpu"]["name"], "h100-sxm-80gb");
+  EXPECT_EQ(plan["scenario"]["model"]["name"], "llama2-70b");
+  doc["model"] = "llama-3.1-8b";
+  EXPECT_NE(rejected(doc).value("message", "").find("did you mean 'llama3.1-8b'?"),
+            std::string::npos);
+}
+
+TEST(Guidance, SearchKeysGetDidYouMean) {
+  json doc = default_doc();
+  doc.erase("parallel");
+  doc["search"] = {{"topk", 3}};
+  json e = rejected(doc, "search");
+  EXPECT_EQ(e.value("path", ""), "/search/topk");
+  EXPECT_NE(e.value("message", "").find("did you mean 'top_k'?"), std::string::npos);
+  doc["search"] = {{"constraints", {{"tp_in_node", true}}}};
+  e = rejected(doc, "search");
+  EXPECT_NE(e.value("message", "").find("did you mean 'tp_within_node'?"), std::string::npos);
+  doc.erase("search");
+  doc["parallel"] = {{"zero", {1, 2}}};
+  e = rejected(doc, "search");
+  EXPECT_NE(e.value("message", "").find("did you mean 'zero_stage'?"), std::string::npos);
+  doc.erase("parallel");
+  doc["serach"] = {{"top_k", 3}};
+  e = rejected(doc, "search");
+  EXPECT_NE(e.value("message", "").find("did you mean 'search'?"), std::string::npos);
+}
+
+TEST(Guidance, ListsInAPlanPointToSearch) {
+  json doc = default_doc();
+  doc["parallel"]["tp"] = {1, 2};
+  json e = rejected(doc);
+  EXPECT_EQ(e.value("path", ""), "/parallel/tp");
+  EXPECT_NE(e.value("message", "").find("distplan search"), std::string::npos);
+  doc = default_doc();
+  doc["parallel"]["recompute"] = {"none", "full"};
+  EXPECT_NE(rejected(doc).value("message", "").find("distplan search"), std::string::npos);
+  doc = default_doc();
+  doc["search"] = {{"top_k", 3}};
+  e = rejected(doc);
+  EXPECT_EQ(e.value("path", ""), "/search");
+  EXPECT_NE(e.value("message", "").find("distplan search"), std::string::npos);
+}
+
+TEST(Guidance, HfConfigFileNameSaysHowToReadIt) {
+  json doc = default_doc();
+  doc["model"] = {{"hf_config", "path.json"}};
+  const json e = rejected(doc);
+  EXPECT_EQ(e.value("path", ""), "/model/hf_config");
+  EXPECT_NE(e.value("message", "").find("--hf-config path.json"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace distplan::testing

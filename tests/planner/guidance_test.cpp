@@ -7,6 +7,7 @@
 #include "distplan/planner/error.h"
 #include "distplan/planner/presets.h"
 #include "distplan/planner/scenario_json.h"
+#include "distplan/planner/suggest.h"
 #include "test_util.h"
 
 namespace distplan {
@@ -79,6 +80,53 @@ TEST(RopeSettings, EchoedScenarioKeepsThem) {
   const Scenario back = scenario_from_json(to_json(s));
   EXPECT_EQ(back.model.rope_theta, 500000.0);
   EXPECT_EQ(back.model.rope_scaling_factor, 8.0);
+}
+
+// --- did you mean ------------------------------------------------------------------------------
+
+TEST(DidYouMean, FindsTheIntendedNameAndNothingFarOff) {
+  const std::vector<std::string> models = [] {
+    std::vector<std::string> out;
+    for (const PresetInfo& p : model_presets()) out.push_back(p.name);
+    return out;
+  }();
+  EXPECT_EQ(closest_name("llama-3.1-8b", models), "llama3.1-8b");
+  EXPECT_EQ(closest_name("Llama-2-70B", models), "llama2-70b");
+  EXPECT_EQ(closest_name("global_batch", {"global_batch_size", "micro_batch_size"}),
+            "global_batch_size");
+  EXPECT_EQ(closest_name("seq_len", {"seq_length"}), "seq_length");
+  EXPECT_EQ(closest_name("microbatch", {"global_batch_size", "micro_batch_size"}),
+            "micro_batch_size");
+  EXPECT_FALSE(closest_name("micro_batch_size", {"global_batch_size"}));
+  EXPECT_FALSE(closest_name("bert-large", models));
+  EXPECT_TRUE(iequals("A100-80GB", "a100-80gb"));
+  EXPECT_FALSE(iequals("a100-80gb", "a100-40gb"));
+}
+
+TEST(DidYouMean, MissingRequiredFieldReportsTheLookAlikeFirst) {
+  json doc = testing::default_doc();
+  doc["training"].erase("seq_length");
+  doc["training"]["seqlength"] = 4096;
+  InputError e = error_of(doc);
+  EXPECT_EQ(e.path(), "/training/seqlength");
+  EXPECT_NE(std::string(e.what()).find("did you mean 'seq_length'?"), std::string::npos);
+  // micro_batch_size is a known field, not a misspelling of the missing global_batch_size.
+  doc = testing::default_doc();
+  doc["training"].erase("global_batch_size");
+  doc["training"]["micro_batch_size"] = 1;
+  e = error_of(doc);
+  EXPECT_EQ(e.path(), "/training/global_batch_size");
+  // A misspelt section name.
+  doc = testing::default_doc();
+  doc["clutser"] = doc["cluster"];
+  doc.erase("cluster");
+  e = error_of(doc);
+  EXPECT_EQ(e.path(), "/clutser");
+  EXPECT_NE(std::string(e.what()).find("did you mean 'cluster'?"), std::string::npos);
+  // The GPU preset looked up without case.
+  doc = testing::default_doc();
+  doc["cluster"]["gpu"] = "A100-80GB";
+  EXPECT_EQ(scenario_from_json(doc).cluster.gpu.name, "a100-80gb");
 }
 
 }  // namespace
