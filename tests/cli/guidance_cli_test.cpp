@@ -2,7 +2,9 @@
 // exports of layouts that do not fit, typos with did-you-mean, lists in `plan`.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -157,6 +159,54 @@ TEST(Guidance, HfConfigFileNameSaysHowToReadIt) {
   const json e = rejected(doc);
   EXPECT_EQ(e.value("path", ""), "/model/hf_config");
   EXPECT_NE(e.value("message", "").find("--hf-config path.json"), std::string::npos);
+}
+
+// --- validate's table (issue 17 item 10) -------------------------------------------------------
+
+// A tiny model on 4 CPU ranks (pp 2, dp 2): more ranks than the cores of a small CI machine.
+json four_rank_scenario() {
+  return json::parse(R"({"model": {"num_layers": 4, "hidden_size": 64, "num_attention_heads": 4,
+      "ffn_hidden_size": 256, "vocab_size": 512, "mlp": "gelu", "norm": "layernorm",
+      "position_embedding": "learned", "max_position_embeddings": 32, "bias": true},
+    "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 4, "gpus_per_node": 8},
+    "training": {"seq_length": 32, "global_batch_size": 8, "micro_batch_size": 1,
+                 "precision": "fp32"},
+    "parallel": {"tp": 1, "pp": 2, "dp": 2}})");
+}
+
+TEST(Guidance, ValidateTableLabelsWhatItCompares) {
+  TempDir dir;
+  const auto file = dir.write("v.json", four_rank_scenario().dump());
+  const std::vector<std::string> mpi_env{"OMPI_ALLOW_RUN_AS_ROOT=1",
+                                         "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1",
+                                         "OMPI_MCA_btl=self,vader",
+                                         "OMPI_MCA_btl_vader_single_copy_mechanism=none",
+                                         "OMPI_MCA_rmaps_base_oversubscribe=1",
+                                         "TMPDIR=" + dir.path().string()};
+  // Rank 0 alone (collectives emulated): one process, never oversubscribed.
+  const CliResult one = run_cli(
+      {"validate", file.string(), "--steps", "1", "--emulate-rank", "0", "--format", "table"}, {},
+      std::chrono::seconds(120), mpi_env);
+  if (one.exit_code != 0 && one.err.find("MPI") != std::string::npos) {
+    GTEST_SKIP() << "this build has no MPI backend: " << one.err;
+  }
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  const std::string& t = one.out;
+  EXPECT_NE(t.find("simulated step, with measured costs"), std::string::npos) << t;
+  // A CPU's timings against an H100's analytic time: labelled, no error computed.
+  EXPECT_NE(t.find("analytic)"), std::string::npos) << t;
+  EXPECT_NE(t.find("not comparable"), std::string::npos) << t;
+  EXPECT_NE(t.find("  temporaries "), std::string::npos) << t;
+  EXPECT_NE(t.find("(temporaries: activation gradients and collective staging"), std::string::npos)
+      << t;
+  EXPECT_EQ(t.find("oversubscribed"), std::string::npos) << t;
+
+  // All 4 ranks under mpirun: oversubscribed exactly when the machine has fewer cores.
+  const CliResult all = run_cli({"validate", file.string(), "--steps", "1", "--format", "table"},
+                                {}, std::chrono::seconds(120), mpi_env);
+  ASSERT_EQ(all.exit_code, 0) << all.err;
+  const bool fewer_cores = std::thread::hardware_concurrency() < 4;
+  EXPECT_EQ(all.out.find("note: 4 ranks on ") != std::string::npos, fewer_cores) << all.out;
 }
 
 }  // namespace
