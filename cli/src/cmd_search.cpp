@@ -6,11 +6,13 @@
 #include <map>
 #include <memory>
 
+#include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
 #include "command.h"
 #include "distplan/planner/error.h"
 #include "distplan/planner/scenario_json.h"
+#include "distplan/planner/units.h"
 #include "distplan/planner/validate.h"
 #include "distplan/search/export.h"
 #include "distplan/search/search.h"
@@ -24,12 +26,25 @@ const std::map<std::string, search::ExportFormat> kExportFormats{
     {"deepspeed", search::ExportFormat::deepspeed},
     {"torchtitan", search::ExportFormat::torchtitan}};
 
-void print_export(const Scenario& s, search::ExportFormat f) {
+// A layout that does not fit is refused (exit 2) unless `force`; forced, the export carries a
+// warning (a comment, and a line on stderr). docs/exports.md.
+void print_export(const Scenario& s, search::ExportFormat f, bool force) {
   const search::Exported out = search::export_scenario(s, f);
+  const std::string fit = fmt::format(
+      "the layout does not fit: the planner's peak is {:.2f} GiB "
+      "per GPU, the GPU has {:.2f} GiB",
+      to_gib(out.peak_bytes), to_gib(out.capacity_bytes));
+  if (!out.fits && !force) {
+    throw InputError("/parallel", fit +
+                                      "; `distplan plan --format table` shows what would make "
+                                      "it fit, --force exports it anyway");
+  }
   std::cout << out.text;
+  if (!out.fits) std::cerr << "warning: " << fit << '\n';
   // JSON has no comments: the notes of a DeepSpeed export go to stderr.
   if (f == search::ExportFormat::deepspeed) {
     for (const std::string& n : out.notes) std::cerr << "note: " << n << '\n';
+    for (const std::string& a : out.to_add) std::cerr << "you still add: " << a << '\n';
   }
 }
 
@@ -102,7 +117,7 @@ void install_search(CLI::App& app) {
       }
       const Scenario s = search::make_scenario(
           req.space.base, r.plans[static_cast<std::size_t>(opts->export_rank - 1)].layout);
-      print_export(s, kExportFormats.at(opts->export_format));
+      print_export(s, kExportFormats.at(opts->export_format), /*force=*/false);
       return;
     }
     if (opts->common.format == Format::table) {
@@ -116,16 +131,20 @@ void install_search(CLI::App& app) {
 void install_export(CLI::App& app) {
   auto opts = std::make_shared<CommonOptions>();
   auto to = std::make_shared<std::string>();
+  auto force = std::make_shared<bool>(false);
   auto* cmd = app.add_subcommand(
       "export", "A scenario's layout as Megatron-LM arguments, DeepSpeed JSON or torchtitan TOML");
   add_common_options(*cmd, *opts, /*input_optional=*/true);
   cmd->add_option("--to", *to, "megatron | deepspeed | torchtitan")
       ->required()
       ->check(CLI::IsMember({"megatron", "deepspeed", "torchtitan"}));
-  cmd->callback([opts, to] {
+  cmd->add_flag("--force", *force,
+                "Export a layout that does not fit (exit 0, with a warning) instead of refusing it "
+                "(exit 2)");
+  cmd->callback([opts, to, force] {
     const nlohmann::json doc = read_document(*opts);
     const Scenario s = read_scenario(*opts, doc);
-    print_export(s, kExportFormats.at(*to));
+    print_export(s, kExportFormats.at(*to), *force);
   });
 }
 

@@ -836,6 +836,7 @@ class Trainer {
   // ---- data -----------------------------------------------------------------------------------
   // Token j of global sample `sample` of step `step` (s + 1 tokens: inputs and shifted targets).
   std::int32_t token(Count step, Count sample, Count j) const {
+    if (o_.repeat_batch) step = 1;
     const std::uint64_t hsh = mix(o_.seed * 7919 + mix(static_cast<std::uint64_t>(step) << 40 ^
                                                        static_cast<std::uint64_t>(sample) << 16 ^
                                                        static_cast<std::uint64_t>(j)));

@@ -1,6 +1,7 @@
 // One rank of a backend run. Under mpirun every rank trains its part; rank 0 gathers every rank's
 // measurement and writes distplan.measurement/v1 JSON to --out (or stdout).
-//   distplan-backend-worker SCENARIO.json [--steps K] [--out FILE] [--emulate-rank R]
+//   distplan-backend-worker SCENARIO.json [--steps K] [--out FILE] [--emulate-rank R] [--lr X]
+//   [--repeat-batch]
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
@@ -25,6 +26,10 @@ int main(int argc, char** argv) {
       opts.steps = std::atoll(argv[++i]);
     } else if (a == "--out" && i + 1 < argc) {
       out = argv[++i];
+    } else if (a == "--lr" && i + 1 < argc) {
+      opts.learning_rate = std::strtof(argv[++i], nullptr);
+    } else if (a == "--repeat-batch") {
+      opts.repeat_batch = true;
     } else if (a == "--emulate-rank" && i + 1 < argc) {
       emulate = true;
       opts.emulate_rank = std::atoi(argv[++i]);

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "distplan/planner/error.h"
+#include "distplan/planner/suggest.h"
 
 namespace distplan::detail {
 namespace {
@@ -45,7 +46,61 @@ std::string printable(std::string_view s) {
   return out;
 }
 
+// Lower case without the separators people vary ('-', '_', '.', ' ').
+std::string fold(std::string_view s) {
+  std::string out;
+  for (char c : s.substr(0, 128)) {
+    if (c == '-' || c == '_' || c == '.' || c == ' ') continue;
+    out += (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c;
+  }
+  return out;
+}
+
 }  // namespace
+}  // namespace distplan::detail
+
+namespace distplan {
+
+bool iequals(std::string_view a, std::string_view b) noexcept {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+           auto lower = [](char c) { return (c >= 'A' && c <= 'Z') ? char(c - 'A' + 'a') : c; };
+           return lower(x) == lower(y);
+         });
+}
+
+std::optional<std::string> closest_name(std::string_view name,
+                                        const std::vector<std::string>& candidates) {
+  const std::string n = detail::fold(name);
+  std::optional<std::string> best;
+  std::size_t best_d = 0;
+  for (const std::string& c : candidates) {
+    const std::string k = detail::fold(c);
+    if (k.empty() || n.empty()) continue;
+    std::size_t d = detail::edit_distance(n, k);
+    const std::size_t shorter = std::min(n.size(), k.size());
+    const bool prefix = shorter >= 4 && (k.starts_with(n) || n.starts_with(k));
+    const std::size_t limit = std::max<std::size_t>(2, std::max(n.size(), k.size()) / 3);
+    if (d > limit && !prefix) continue;
+    if (prefix) d = std::min(d, std::max(n.size(), k.size()) - shorter);
+    if (!best || d < best_d) best = c, best_d = d;
+  }
+  return best;
+}
+
+std::string did_you_mean(std::string_view name, const std::vector<std::string>& candidates) {
+  const auto c = closest_name(name, candidates);
+  return c ? fmt::format(" (did you mean '{}'?)", *c) : std::string();
+}
+
+}  // namespace distplan
+
+namespace distplan::detail {
+
+std::string list_hint(const nlohmann::json& v) {
+  return v.is_array() ? "; a plan takes one value, lists of candidates are for `distplan search` "
+                        "(docs/search.md)"
+                      : "";
+}
 
 std::string pointer_escape(std::string_view key) {
   std::string out;
@@ -108,7 +163,8 @@ std::optional<Count> ObjectReader::integer(std::string_view key, Count min, Coun
     }
     value = static_cast<Count>(d);
   } else {
-    throw InputError(child(key), fmt::format("{} must be an integer, not {}", key, type_name(*v)));
+    throw InputError(child(key), fmt::format("{} must be an integer, not {}{}", key, type_name(*v),
+                                             list_hint(*v)));
   }
   if (value < min)
     throw InputError(child(key), fmt::format("{}={} must be at least {}", key, value, min));
@@ -138,8 +194,8 @@ std::optional<bool> ObjectReader::boolean(std::string_view key) {
   const nlohmann::json* v = find(key);
   if (!v) return std::nullopt;
   if (!v->is_boolean()) {
-    throw InputError(child(key),
-                     fmt::format("{} must be true or false, not {}", key, type_name(*v)));
+    throw InputError(child(key), fmt::format("{} must be true or false, not {}{}", key,
+                                             type_name(*v), list_hint(*v)));
   }
   return v->get<bool>();
 }
@@ -148,7 +204,8 @@ std::optional<std::string> ObjectReader::string(std::string_view key) {
   const nlohmann::json* v = find(key);
   if (!v) return std::nullopt;
   if (!v->is_string()) {
-    throw InputError(child(key), fmt::format("{} must be a string, not {}", key, type_name(*v)));
+    throw InputError(child(key), fmt::format("{} must be a string, not {}{}", key, type_name(*v),
+                                             list_hint(*v)));
   }
   std::string text = v->get<std::string>();
   // Names reach terminals in tables: a control character (C0, DEL, or C1 as UTF-8 U+0080-U+009F)
@@ -186,14 +243,24 @@ void ObjectReader::finish(std::initializer_list<std::string_view> ignored) const
     const std::string& k = it.key();
     if (std::find(seen_.begin(), seen_.end(), k) != seen_.end()) continue;
     if (std::find(ignored.begin(), ignored.end(), k) != ignored.end()) continue;
-    std::string hint;
-    std::size_t best = 3;
-    for (const auto& known : seen_) {
-      const std::size_t d = edit_distance(k, known);
-      if (d < best) best = d, hint = fmt::format(" (did you mean '{}'?)", known);
-    }
-    throw InputError(child(k), fmt::format("unknown field '{}'{}", printable(k), hint));
+    std::vector<std::string> known = seen_;
+    known.insert(known.end(), ignored.begin(), ignored.end());
+    throw InputError(child(k),
+                     fmt::format("unknown field '{}'{}", printable(k), did_you_mean(k, known)));
   }
+}
+
+void ObjectReader::missing(std::string_view key, std::string_view message) const {
+  // A misspelling of the missing field is the likelier mistake: report it first.
+  for (auto it = j_.begin(); it != j_.end(); ++it) {
+    const std::string& k = it.key();
+    if (std::find(seen_.begin(), seen_.end(), k) != seen_.end()) continue;
+    if (closest_name(k, {std::string(key)})) {
+      throw InputError(child(k), fmt::format("unknown field '{}' (did you mean '{}'?); {}",
+                                             printable(k), key, message));
+    }
+  }
+  throw InputError(child(key), std::string(message));
 }
 
 }  // namespace distplan::detail

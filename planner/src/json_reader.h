@@ -35,6 +35,8 @@ class ObjectReader {
 
   /// Throws for the first key that no accessor asked for (with a did-you-mean hint).
   void finish(std::initializer_list<std::string_view> ignored = {}) const;
+  /// Throws for a required `key` that is absent: for an unknown key that looks like it first.
+  [[noreturn]] void missing(std::string_view key, std::string_view message) const;
 
  private:
   const nlohmann::json* find(std::string_view key);
@@ -47,6 +49,9 @@ class ObjectReader {
 ModelSpec read_model(const nlohmann::json& doc, const std::string& path);
 /// A GPU: a preset name, or an object (fields, optionally over a `preset`).
 GpuSpec read_gpu(const nlohmann::json& doc, const std::string& path);
+
+/// "; ... lists are for `distplan search`" when `v` is an array, else "".
+std::string list_hint(const nlohmann::json& v);
 
 /// Escapes a key for use in a JSON pointer (RFC 6901).
 std::string pointer_escape(std::string_view key);

@@ -10,6 +10,7 @@
 
 #include "distplan/planner/check.h"
 #include "distplan/planner/error.h"
+#include "distplan/planner/suggest.h"
 #include "json_reader.h"
 
 namespace distplan::data {
@@ -98,12 +99,20 @@ std::optional<ModelSpec> find_model_preset(std::string_view name) {
   for (const auto& p : registry().models) {
     if (p.info.name == name) return p.spec;
   }
+  // Preset names are lower case; `A100-80GB` means `a100-80gb`.
+  for (const auto& p : registry().models) {
+    if (iequals(p.info.name, name)) return p.spec;
+  }
   return std::nullopt;
 }
 
 std::optional<GpuSpec> find_gpu_preset(std::string_view name) {
   for (const auto& p : registry().gpus) {
     if (p.info.name == name) return p.spec;
+  }
+  // Preset names are lower case; `A100-80GB` means `a100-80gb`.
+  for (const auto& p : registry().gpus) {
+    if (iequals(p.info.name, name)) return p.spec;
   }
   return std::nullopt;
 }

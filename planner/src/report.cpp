@@ -44,8 +44,8 @@ std::string layout_line(const ParallelSpec& p) {
 }
 
 // Tries `s` and appends it when it is valid and lowers the peak.
-void try_change(std::vector<FitSuggestion>& out, const Estimate& base, std::string change,
-                Scenario s) {
+void try_change(std::vector<FitSuggestion>& out, const Estimate& base, Count base_gpus,
+                std::string change, Scenario s) {
   try {
     validate_scenario(s);
   } catch (const InputError&) {
@@ -58,8 +58,22 @@ void try_change(std::vector<FitSuggestion>& out, const Estimate& base, std::stri
   f.peak_bytes = e.memory.peak_bytes;
   f.saving_bytes = base.memory.peak_bytes - e.memory.peak_bytes;
   f.fits = e.memory.fits;
+  f.more_gpus = s.cluster.num_gpus > base_gpus;
+  f.step_seconds = e.time.step_seconds;
+  f.time_cost_seconds = e.time.step_seconds - base.time.step_seconds;
   f.scenario = std::move(s);
   out.push_back(std::move(f));
+}
+
+// What the user can act on first: fitting on their GPUs (cheapest in time), then lower peaks on
+// their GPUs, then more GPUs.
+bool suggestion_before(const FitSuggestion& a, const FitSuggestion& b) {
+  if (a.more_gpus != b.more_gpus) return !a.more_gpus;
+  if (!a.more_gpus && a.fits != b.fits) return a.fits;
+  if (!a.more_gpus && a.fits) {
+    if (a.step_seconds != b.step_seconds) return a.step_seconds < b.step_seconds;
+  }
+  return a.peak_bytes < b.peak_bytes;
 }
 
 }  // namespace
@@ -74,22 +88,22 @@ std::vector<FitSuggestion> single_changes(const Scenario& s, const Estimate& e,
     if (p.dp == 1) break;
     Scenario x = s;
     x.parallel.zero_stage = z;
-    try_change(out, e, fmt::format("ZeRO-{}", z), x);
+    try_change(out, e, s.cluster.num_gpus, fmt::format("ZeRO-{}", z), x);
   }
   if (p.recompute != Recompute::full) {
     if (p.recompute == Recompute::none) {
       Scenario x = s;
       x.parallel.recompute = Recompute::selective;
-      try_change(out, e, "selective recompute", x);
+      try_change(out, e, s.cluster.num_gpus, "selective recompute", x);
     }
     Scenario x = s;
     x.parallel.recompute = Recompute::full;
-    try_change(out, e, "full recompute", x);
+    try_change(out, e, s.cluster.num_gpus, "full recompute", x);
   }
   if (!p.sequence_parallel && p.tp > 1) {
     Scenario x = s;
     x.parallel.sequence_parallel = true;
-    try_change(out, e, "sequence parallel", x);
+    try_change(out, e, s.cluster.num_gpus, "sequence parallel", x);
   }
   if (p.dp % 2 == 0) {
     Scenario x = s;
@@ -97,23 +111,26 @@ std::vector<FitSuggestion> single_changes(const Scenario& s, const Estimate& e,
     x.parallel.dp /= 2;
     x.parallel.fsdp_shard_size = std::max<Count>(1, x.parallel.fsdp_shard_size / 2);
     if (x.parallel.dp % x.parallel.fsdp_shard_size != 0) x.parallel.fsdp_shard_size = x.parallel.dp;
-    try_change(out, e, fmt::format("tp={} (dp={})", x.parallel.tp, x.parallel.dp), x);
+    try_change(out, e, s.cluster.num_gpus,
+               fmt::format("tp={} (dp={})", x.parallel.tp, x.parallel.dp), x);
     Scenario y = s;
     y.parallel.pp *= 2;
     y.parallel.dp /= 2;
     y.parallel.fsdp_shard_size = x.parallel.fsdp_shard_size;
     y.parallel.layers_per_stage.clear();
-    try_change(out, e, fmt::format("pp={} (dp={})", y.parallel.pp, y.parallel.dp), y);
+    try_change(out, e, s.cluster.num_gpus,
+               fmt::format("pp={} (dp={})", y.parallel.pp, y.parallel.dp), y);
   }
   if (s.training.micro_batch_size > 1) {
     Scenario x = s;
     x.training.micro_batch_size /= 2;
-    try_change(out, e, fmt::format("micro_batch_size={}", x.training.micro_batch_size), x);
+    try_change(out, e, s.cluster.num_gpus,
+               fmt::format("micro_batch_size={}", x.training.micro_batch_size), x);
   }
   if (p.schedule == Schedule::gpipe) {
     Scenario x = s;
     x.parallel.schedule = Schedule::one_f_one_b;
-    try_change(out, e, "1F1B schedule", x);
+    try_change(out, e, s.cluster.num_gpus, "1F1B schedule", x);
   }
   if (more_gpus) {
     // More GPUs: twice the data-parallel ranks with ZeRO-3 sharding everything, or a pipeline
@@ -123,17 +140,16 @@ std::vector<FitSuggestion> single_changes(const Scenario& s, const Estimate& e,
     x.parallel.dp *= 2;
     x.parallel.fsdp_shard_size = x.parallel.dp;
     x.parallel.zero_stage = 3;
-    try_change(out, e, fmt::format("{} GPUs, dp={} with ZeRO-3", x.cluster.num_gpus, x.parallel.dp),
-               x);
+    try_change(out, e, s.cluster.num_gpus,
+               fmt::format("{} GPUs, dp={} with ZeRO-3", x.cluster.num_gpus, x.parallel.dp), x);
     Scenario y = s;
     y.cluster.num_gpus *= 2;
     y.parallel.pp *= 2;
     y.parallel.layers_per_stage.clear();
-    try_change(out, e, fmt::format("{} GPUs, pp={}", y.cluster.num_gpus, y.parallel.pp), y);
+    try_change(out, e, s.cluster.num_gpus,
+               fmt::format("{} GPUs, pp={}", y.cluster.num_gpus, y.parallel.pp), y);
   }
-  std::stable_sort(out.begin(), out.end(), [](const FitSuggestion& a, const FitSuggestion& b) {
-    return a.peak_bytes < b.peak_bytes;
-  });
+  std::stable_sort(out.begin(), out.end(), suggestion_before);
   return out;
 }
 
@@ -142,7 +158,8 @@ std::vector<FitSuggestion> single_changes(const Scenario& s, const Estimate& e,
 std::vector<FitSuggestion> fit_suggestions(const Scenario& s, const Estimate& e) {
   // More GPUs are suggested only for a layout that does not fit.
   std::vector<FitSuggestion> out = single_changes(s, e, /*more_gpus=*/!e.memory.fits);
-  if (out.empty() || out.front().fits) return out;
+  const auto fits_here = [](const FitSuggestion& f) { return f.fits && !f.more_gpus; };
+  if (out.empty() || std::any_of(out.begin(), out.end(), fits_here)) return out;
   // No single change fits: combine the best change of each round, greedily, first on the same
   // GPUs and only then with more.
   FitSuggestion combined;
@@ -160,9 +177,15 @@ std::vector<FitSuggestion> fit_suggestions(const Scenario& s, const Estimate& e)
     }
     if (combined.fits) break;
   }
-  if (combined.fits && combined.peak_bytes < out.front().peak_bytes) {
+  combined.more_gpus = combined.scenario.cluster.num_gpus > s.cluster.num_gpus;
+  const bool any_fit =
+      std::any_of(out.begin(), out.end(), [](const FitSuggestion& f) { return f.fits; });
+  if (combined.fits && (!combined.more_gpus || !any_fit)) {
     combined.saving_bytes = e.memory.peak_bytes - combined.peak_bytes;
-    out.insert(out.begin(), std::move(combined));
+    combined.step_seconds = estimate(combined.scenario).time.step_seconds;
+    combined.time_cost_seconds = combined.step_seconds - e.time.step_seconds;
+    out.push_back(std::move(combined));
+    std::stable_sort(out.begin(), out.end(), suggestion_before);
   }
   return out;
 }
@@ -231,10 +254,11 @@ std::string format_plan_table(const Scenario& s, const Estimate& e) {
           "  No single change of the layout lowers the peak; more GPUs per layout or a shorter "
           "sequence would.");
     } else {
-      line("  What would help (peak after each change):");
+      line("  What would help, on these GPUs first (peak after each change; step time it costs):");
       for (const auto& f : fixes) {
-        line(fmt::format("    {:<40} -{:>8} GiB -> {:>8} GiB {}", f.change, gib(f.saving_bytes),
-                         gib(f.peak_bytes), f.fits ? "(fits)" : ""));
+        line(fmt::format("    {:<40} -{:>8} GiB -> {:>8} GiB  {:>+9.1f} ms/step {}", f.change,
+                         gib(f.saving_bytes), gib(f.peak_bytes), f.time_cost_seconds * 1e3,
+                         f.fits ? "(fits)" : ""));
       }
     }
   }

@@ -15,6 +15,7 @@
 #include "distplan/planner/error.h"
 #include "distplan/planner/layout.h"
 #include "distplan/planner/presets.h"
+#include "distplan/planner/suggest.h"
 #include "distplan/planner/validate.h"
 #include "json_reader.h"
 
@@ -45,6 +46,16 @@ DType read_dtype(ObjectReader& r, std::string_view key, DType fallback) {
   return d;
 }
 
+std::string unknown_preset_message(std::string_view kind, const std::string& name) {
+  std::vector<std::string> names;
+  for (const PresetInfo& p : kind == "GPU" ? gpu_presets() : model_presets())
+    names.push_back(p.name);
+  std::string printable;
+  for (char c : name.substr(0, 64)) printable += (c >= 0x20 && c < 0x7f) ? c : '?';
+  return fmt::format("unknown {} preset '{}'{} (run `distplan presets`)", kind, printable,
+                     did_you_mean(name, names));
+}
+
 // Model fields present in `r` override `m`.
 void read_model_fields(ObjectReader& r, ModelSpec& m) {
   if (auto v = r.integer("num_layers", 1, 100000)) m.num_layers = *v;
@@ -58,6 +69,8 @@ void read_model_fields(ObjectReader& r, ModelSpec& m) {
   read_enum(r, "position_embedding", m.position_embedding, {"learned", "rotary"});
   if (auto v = r.integer("max_position_embeddings", 1, Count{1} << 24))
     m.max_position_embeddings = *v;
+  if (auto v = r.number("rope_theta", 1.0, 1e12, false)) m.rope_theta = *v;
+  if (auto v = r.number("rope_scaling_factor", 0.0, 1024.0, false)) m.rope_scaling_factor = *v;
   if (auto v = r.boolean("tied_embeddings")) m.tied_embeddings = *v;
   if (auto v = r.boolean("bias")) m.bias = *v;
   if (auto v = r.boolean("qkv_bias")) m.qkv_bias = *v;
@@ -69,8 +82,7 @@ ModelSpec detail::read_model(const json& doc, const std::string& path) {
   if (doc.is_string()) {
     const auto name = doc.get<std::string>();
     if (auto m = find_model_preset(name)) return *m;
-    throw InputError(path, fmt::format("unknown model preset '{}' (run `distplan presets`)",
-                                       name.substr(0, 64)));
+    throw InputError(path, unknown_preset_message("model", name));
   }
   ObjectReader r(doc, path);
   ModelSpec m;
@@ -82,11 +94,7 @@ ModelSpec detail::read_model(const json& doc, const std::string& path) {
     if (r.has("hf_config"))
       throw InputError(r.child("preset"), "give either preset or hf_config, not both");
     auto p = find_model_preset(*preset);
-    if (!p) {
-      throw InputError(
-          r.child("preset"),
-          fmt::format("unknown model preset '{}' (run `distplan presets`)", preset->substr(0, 64)));
-    }
+    if (!p) throw InputError(r.child("preset"), unknown_preset_message("model", *preset));
     m = *p;
   }
   const ModelSpec before = m;
@@ -132,19 +140,14 @@ GpuSpec detail::read_gpu(const json& doc, const std::string& path) {
   if (doc.is_string()) {
     const auto name = doc.get<std::string>();
     if (auto g = find_gpu_preset(name)) return *g;
-    throw InputError(
-        path, fmt::format("unknown GPU preset '{}' (run `distplan presets`)", name.substr(0, 64)));
+    throw InputError(path, unknown_preset_message("GPU", name));
   }
   ObjectReader r(doc, path);
   GpuSpec g;
   g.name = "custom";
   if (const auto preset = r.string("preset")) {
     auto p = find_gpu_preset(*preset);
-    if (!p) {
-      throw InputError(
-          r.child("preset"),
-          fmt::format("unknown GPU preset '{}' (run `distplan presets`)", preset->substr(0, 64)));
-    }
+    if (!p) throw InputError(r.child("preset"), unknown_preset_message("GPU", *preset));
     g = *p;
   }
   const GpuSpec before = g;
@@ -390,6 +393,16 @@ void refuse_unmodelled(const json& cfg, const std::string& path, const std::stri
 
 ModelSpec model_from_hf_config(const json& cfg, std::string_view path_view) {
   const std::string path(path_view);
+  if (cfg.is_string()) {
+    // A library reads no files: the CLI's --hf-config does.
+    std::string printable;
+    for (char c : cfg.get<std::string>().substr(0, 64))
+      printable += (c >= 0x20 && c < 0x7f) ? c : '?';
+    throw InputError(path, fmt::format("hf_config holds the contents of a config.json (an object), "
+                                       "not a file name; to read '{}', run distplan with "
+                                       "--hf-config {} (or paste the file's object here)",
+                                       printable, printable));
+  }
   if (!cfg.is_object()) throw InputError(path, "hf_config must be a JSON object (a config.json)");
   // Field names per family (Hugging Face transformers configuration_*.py):
   //   Llama/Mistral/Qwen2: num_hidden_layers, hidden_size, num_attention_heads,
@@ -480,39 +493,68 @@ ModelSpec model_from_hf_config(const json& cfg, std::string_view path_view) {
     if (!it->is_boolean()) throw InputError(path + "/tie_word_embeddings", "must be true or false");
     m.tied_embeddings = it->get<bool>();
   }
+  // Rotary base and Llama-3 frequency scaling (transformers modeling_rope_utils.py, rope_type
+  // "llama3"). Other scaling types change no memory or time but are not exported: refused.
+  if (auto it = cfg.find("rope_theta"); it != cfg.end() && !it->is_null()) {
+    if (!it->is_number() || it->get<double>() < 1.0 || it->get<double>() > 1e12)
+      throw InputError(path + "/rope_theta", "rope_theta must be a number between 1 and 1e12");
+    m.rope_theta = it->get<double>();
+  }
+  if (auto it = cfg.find("rope_scaling"); it != cfg.end() && !it->is_null()) {
+    const std::string p = path + "/rope_scaling";
+    if (!it->is_object()) throw InputError(p, "rope_scaling must be an object or null");
+    std::string type;
+    for (const char* k : {"rope_type", "type"}) {
+      if (auto t = it->find(k); t != it->end() && t->is_string()) type = t->get<std::string>();
+    }
+    if (type == "default") return m;
+    if (type != "llama3") {
+      throw InputError(p, fmt::format("rope scaling type '{}' is not modelled; only \"llama3\" is",
+                                      type.substr(0, 32)));
+    }
+    auto f = it->find("factor");
+    if (f == it->end() || !f->is_number() || f->get<double>() < 1.0 || f->get<double>() > 1024.0)
+      throw InputError(p + "/factor", "factor must be a number between 1 and 1024");
+    m.rope_scaling_factor = f->get<double>();
+  }
   return m;
 }
 
 Scenario scenario_from_json(const json& doc, std::initializer_list<std::string_view> extra_keys) {
   ObjectReader top(doc, "");
   Scenario s;
+  // Every known top-level key is taken before a required one is found missing, so that a
+  // misspelt required key is reported as such (ObjectReader::missing).
+  const json* model = top.take("model");
+  const json* training = top.take("training");
+  const json* cluster = top.take("cluster");
+  const json* parallel = top.take("parallel");
+  const json* assumptions = top.take("assumptions");
+  top.take("schema");  // an echoed scenario may carry the document's schema tag
+  if (!model) top.missing("model", "model is required (a preset name or an object)");
 
   // Model.
-  const json* model = top.take("model");
-  if (!model) throw InputError("/model", "model is required (a preset name or an object)");
   s.model = detail::read_model(*model, "/model");
 
   // Training (read before the model defaults that depend on it).
-  const json* training = top.take("training");
-  if (!training)
-    throw InputError("/training", "training is required (seq_length, global_batch_size, ...)");
+  if (!training) {
+    top.missing("training", "training is required (seq_length, global_batch_size, ...)");
+  }
   {
     ObjectReader r(*training, "/training");
     TrainingSpec& t = s.training;
-    if (auto v = r.integer("seq_length", 1, Count{1} << 22))
-      t.seq_length = *v;
-    else
-      throw InputError("/training/seq_length", "seq_length is required");
-    if (auto v = r.integer("global_batch_size", 1, Count{1} << 32))
-      t.global_batch_size = *v;
-    else
-      throw InputError("/training/global_batch_size", "global_batch_size is required");
+    const auto seq = r.integer("seq_length", 1, Count{1} << 22);
+    const auto gbs = r.integer("global_batch_size", 1, Count{1} << 32);
     if (auto v = r.integer("micro_batch_size", 1, Count{1} << 24)) t.micro_batch_size = *v;
     t.precision = read_dtype(r, "precision", DType::bf16);
     read_enum(r, "optimizer", t.optimizer, {"adamw", "adam", "sgd"});
     t.grad_accumulation_dtype = read_dtype(r, "grad_accumulation_dtype", t.precision);
     read_enum(r, "attention", t.attention, {"flash", "standard"});
     if (auto v = r.number("dropout", 0.0, 0.999, false)) t.dropout = *v;
+    if (!seq) r.missing("seq_length", "seq_length is required");
+    if (!gbs) r.missing("global_batch_size", "global_batch_size is required");
+    t.seq_length = *seq;
+    t.global_batch_size = *gbs;
     r.finish();
   }
   if (s.model.position_embedding == PositionEmbedding::learned &&
@@ -521,14 +563,20 @@ Scenario scenario_from_json(const json& doc, std::initializer_list<std::string_v
   }
 
   // Cluster.
-  const json* cluster = top.take("cluster");
-  if (!cluster) throw InputError("/cluster", "cluster is required (gpu, num_gpus, ...)");
+  if (!cluster) top.missing("cluster", "cluster is required (gpu, num_gpus, ...)");
   bool num_gpus_given = false;
   {
     ObjectReader r(*cluster, "/cluster");
     ClusterSpec& c = s.cluster;
     const json* gpu = r.take("gpu");
-    if (!gpu) throw InputError("/cluster/gpu", "gpu is required (a preset name or an object)");
+    if (!gpu) {
+      for (std::string_view k :
+           {"num_gpus", "gpus_per_node", "intra_node_bandwidth", "inter_node_bandwidth",
+            "intra_node_latency", "inter_node_latency", "runtime_reserve_bytes"}) {
+        r.take(k);
+      }
+      r.missing("gpu", "gpu is required (a preset name or an object)");
+    }
     c.gpu = detail::read_gpu(*gpu, "/cluster/gpu");
     if (auto v = r.integer("num_gpus", 1, Count{1} << 24)) c.num_gpus = *v, num_gpus_given = true;
     c.gpus_per_node = r.integer("gpus_per_node", 1, 1024).value_or(c.gpu.gpus_per_node);
@@ -548,7 +596,7 @@ Scenario scenario_from_json(const json& doc, std::initializer_list<std::string_v
   {
     ParallelSpec& p = s.parallel;
     bool dp_given = false;
-    if (const json* parallel = top.take("parallel")) {
+    if (parallel) {
       ObjectReader r(*parallel, "/parallel");
       if (auto v = r.integer("tp", 1, Count{1} << 16)) p.tp = *v;
       if (auto v = r.integer("pp", 1, Count{1} << 16)) p.pp = *v;
@@ -583,7 +631,7 @@ Scenario scenario_from_json(const json& doc, std::initializer_list<std::string_v
   }
 
   // Assumptions.
-  if (const json* a = top.take("assumptions")) {
+  if (const json* a = assumptions) {
     ObjectReader r(*a, "/assumptions");
     Assumptions& x = s.assumptions;
     // 0 keeps the GPU preset's figure (docs/assumptions.md); any other value is at least
@@ -617,7 +665,12 @@ Scenario scenario_from_json(const json& doc, std::initializer_list<std::string_v
     if (auto v = r.integer("vocab_pad_multiple", 1, 1 << 16)) x.vocab_pad_multiple = *v;
     r.finish();
   }
-  top.take("schema");  // an echoed scenario may carry the document's schema tag
+  if (top.has("search") &&
+      std::find(extra_keys.begin(), extra_keys.end(), "search") == extra_keys.end()) {
+    throw InputError("/search",
+                     "a search object is read by `distplan search`; a plan takes one "
+                     "layout (docs/search.md)");
+  }
   top.finish(extra_keys);
   validate_scenario(s);
   return s;
@@ -643,6 +696,8 @@ json to_json(const ModelSpec& m) {
             {"mlp", to_string(m.mlp)},
             {"norm", to_string(m.norm)},
             {"position_embedding", to_string(m.position_embedding)},
+            {"rope_theta", m.rope_theta},
+            {"rope_scaling_factor", m.rope_scaling_factor},
             {"tied_embeddings", m.tied_embeddings},
             {"bias", m.bias},
             {"qkv_bias", m.qkv_bias}};

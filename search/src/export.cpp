@@ -7,7 +7,9 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "distplan/planner/estimate.h"
 #include "distplan/planner/layout.h"
+#include "distplan/planner/units.h"
 
 namespace distplan::search {
 
@@ -36,16 +38,34 @@ bool hybrid(const Scenario& s) {
   return s.parallel.zero_stage > 0 && shard(s) < s.parallel.dp;
 }
 
+std::string_view dtype_name(DType d) {
+  return d == DType::fp32 ? "fp32" : d == DType::bf16 ? "bf16" : "fp16";
+}
+
+// The first comment lines of a Megatron-LM or TOML export when the layout does not fit.
+std::string fit_warning(const Exported& e) {
+  if (e.fits) return {};
+  return fmt::format(
+      "# WARNING: this layout does not fit: the planner's peak is {:.2f} GiB per GPU, the GPU has "
+      "{:.2f} GiB (distplan plan shows what would make it fit)\n",
+      to_gib(e.peak_bytes), to_gib(e.capacity_bytes));
+}
+
+std::string to_add_lines(const Exported& e) {
+  std::string out;
+  for (const std::string& a : e.to_add) out += "# you still add: " + a + "\n";
+  return out;
+}
+
 std::string schedule_note(const Scenario& s, std::string_view framework) {
   return fmt::format("schedule {} is not built into {}; its default schedule runs instead",
                      to_string(s.parallel.schedule), framework);
 }
 
-Exported megatron(const Scenario& s) {
+Exported megatron(const Scenario& s, Exported out) {
   const ModelSpec& m = s.model;
   const TrainingSpec& t = s.training;
   const ParallelSpec& p = s.parallel;
-  Exported out;
   std::vector<std::string> args;
   auto arg = [&](std::string_view flag, auto value) {
     args.push_back(fmt::format("{} {}", flag, value));
@@ -67,6 +87,22 @@ Exported megatron(const Scenario& s) {
                                        : t.seq_length);
   arg("--position-embedding-type",
       m.position_embedding == PositionEmbedding::rotary ? "rope" : "learned_absolute");
+  if (m.position_embedding == PositionEmbedding::rotary) {
+    // Megatron-LM parses --rotary-base as an integer.
+    if (m.rope_theta == static_cast<double>(static_cast<Count>(m.rope_theta))) {
+      arg("--rotary-base", static_cast<Count>(m.rope_theta));
+    } else {
+      out.notes.push_back(fmt::format(
+          "rope_theta {} is not an integer; Megatron-LM's --rotary-base takes integers only",
+          m.rope_theta));
+    }
+    if (m.rope_scaling_factor > 0) {
+      // Megatron-LM's Llama-3 scaling fixes low/high frequency factors 1 and 4 and an original
+      // context of 8192, as Llama 3.1 uses.
+      flag("--use-rope-scaling");
+      arg("--rope-scaling-factor", m.rope_scaling_factor);
+    }
+  }
   if (m.mlp == Mlp::swiglu) flag("--swiglu");
   if (m.norm == Norm::rmsnorm) arg("--normalization", "RMSNorm");
   if (!m.tied_embeddings) flag("--untie-embeddings-and-output-weights");
@@ -79,8 +115,18 @@ Exported megatron(const Scenario& s) {
   // Precision and optimizer.
   if (t.precision == DType::bf16) flag("--bf16");
   if (t.precision == DType::fp16) flag("--fp16");
-  if (t.grad_accumulation_dtype == DType::fp32 && t.precision != DType::fp32) {
+  // Gradient dtype (arguments.py validate_args): with --bf16 Megatron accumulates and reduces
+  // gradients in fp32 unless --grad-reduce-in-bf16; with --fp16 in fp16 unless
+  // --accumulate-allreduce-grads-in-fp32.
+  const DType g = t.grad_accumulation_dtype;
+  if (t.precision != DType::fp32 && g == DType::fp32) {
     flag("--accumulate-allreduce-grads-in-fp32");
+  } else if (t.precision == DType::bf16 && g == DType::bf16) {
+    flag("--grad-reduce-in-bf16");
+  } else if (g != t.precision) {
+    out.notes.push_back(fmt::format(
+        "{} gradients with {} compute cannot be set in Megatron-LM; it keeps {} gradients",
+        dtype_name(g), dtype_name(t.precision), t.precision == DType::fp16 ? "fp16" : "fp32"));
   }
   arg("--optimizer", t.optimizer == Optimizer::sgd ? "sgd" : "adam");
 
@@ -121,9 +167,11 @@ Exported megatron(const Scenario& s) {
     arg("--num-distributed-optimizer-instances", p.dp / shard(s));
   }
   if (p.zero_stage >= 2) {
-    flag("--use-custom-fsdp");
+    flag("--use-megatron-fsdp");
     arg("--data-parallel-sharding-strategy",
         p.zero_stage == 2 ? "optim_grads" : "optim_grads_params");
+    arg("--ckpt-format", "fsdp_dtensor");  // the only format Megatron FSDP accepts
+    out.notes.push_back("Megatron FSDP needs CUDA_DEVICE_MAX_CONNECTIONS unset or above 1");
     if (hybrid(s)) {
       out.notes.push_back(fmt::format(
           "Megatron-LM FSDP shards over the whole data-parallel group ({} GPUs), not groups of {}",
@@ -135,14 +183,22 @@ Exported megatron(const Scenario& s) {
     flag("--overlap-param-gather");
   }
 
+  out.to_add = {
+      fmt::format("the tokenizer (--tokenizer-type, --tokenizer-model; its vocabulary must be {})",
+                  m.vocab_size),
+      "the data (--data-path, --split)",
+      "the run length and learning-rate schedule (--train-iters, --lr, --min-lr, "
+      "--lr-decay-style, --lr-warmup-iters), --weight-decay, --clip-grad",
+      "checkpoints (--save, --load, --save-interval)"};
+
   std::ostringstream o;
-  o << fmt::format("# Megatron-LM pretrain_gpt.py arguments for {} on {} GPUs: tp={} pp={} dp={}\n",
-                   m.name, p.tp * p.pp * p.dp, p.tp, p.pp, p.dp);
-  o << fmt::format(
-      "# (dp = world size / (tp*pp); {} micro-batches per step; vocabulary {} from the "
-      "tokenizer)\n",
-      accumulation_steps(s), m.vocab_size);
+  o << fit_warning(out);
+  o << fmt::format("# {} pretrain_gpt.py arguments for {} on {} GPUs: tp={} pp={} dp={}\n",
+                   kMegatronVersion, m.name, p.tp * p.pp * p.dp, p.tp, p.pp, p.dp);
+  o << fmt::format("# (dp = world size / (tp*pp); {} micro-batches per step)\n",
+                   accumulation_steps(s));
   for (const std::string& n : out.notes) o << "# note: " << n << '\n';
+  o << to_add_lines(out);
   for (std::size_t i = 0; i < args.size(); ++i) {
     o << args[i] << (i + 1 < args.size() ? " \\\n" : "\n");
   }
@@ -150,10 +206,9 @@ Exported megatron(const Scenario& s) {
   return out;
 }
 
-Exported deepspeed(const Scenario& s) {
+Exported deepspeed(const Scenario& s, Exported out) {
   const TrainingSpec& t = s.training;
   const ParallelSpec& p = s.parallel;
-  Exported out;
   nlohmann::ordered_json j;
   j["train_batch_size"] = t.global_batch_size;
   j["train_micro_batch_size_per_gpu"] = t.micro_batch_size;
@@ -211,6 +266,12 @@ Exported deepspeed(const Scenario& s) {
   } else {
     j["optimizer"] = {{"type", "SGD"}};
   }
+  out.to_add = {
+      fmt::format("the tokenizer and data loader in your training script (vocabulary {})",
+                  s.model.vocab_size),
+      "optimizer.params (lr, betas, weight_decay) and a scheduler (e.g. WarmupDecayLR with "
+      "total_num_steps, warmup_num_steps), gradient_clipping",
+      "the model code itself (DeepSpeed takes the model from your script)"};
   out.text = j.dump(2) + "\n";
   return out;
 }
@@ -219,10 +280,67 @@ std::string toml_string(std::string_view v) {
   return fmt::format("\"{}\"", v);
 }
 
-Exported torchtitan(const Scenario& s) {
+// torchtitan v0.2.2's Llama-3 flavors (torchtitan/models/llama3/__init__.py, llama3_args), with the
+// SwiGLU width its FeedForward derives from ffn_dim_multiplier and multiple_of
+// (model/model.py: 2/3 of 4·dim, times the multiplier, rounded up to multiple_of). Every flavor
+// uses RoPE theta 500000 with Llama-3 scaling factor 8 (model/args.py RoPEScalingArgs) and
+// vocabulary 128256.
+struct TorchtitanFlavor {
+  std::string_view name;
+  Count dim, n_layers, n_heads, n_kv_heads;
+  double ffn_dim_multiplier;
+  Count multiple_of;
+};
+constexpr TorchtitanFlavor kTorchtitanLlama3[] = {
+    {"8B", 4096, 32, 32, 8, 1.3, 1024},
+    {"70B", 8192, 80, 64, 8, 1.3, 4096},
+    {"405B", 16384, 126, 128, 8, 1.2, 4096},
+};
+constexpr double kTorchtitanRopeTheta = 500000.0;
+constexpr double kTorchtitanRopeScaling = 8.0;
+constexpr Count kTorchtitanVocab = 128256;
+
+Count torchtitan_ffn(const TorchtitanFlavor& f) {
+  Count hidden = 2 * (4 * f.dim) / 3;
+  hidden = static_cast<Count>(f.ffn_dim_multiplier * static_cast<double>(hidden));
+  return f.multiple_of * ((hidden + f.multiple_of - 1) / f.multiple_of);
+}
+
+// The [model] section: the Llama-3 flavor with this model's shape, or what to register.
+std::string torchtitan_model(const ModelSpec& m, Exported& out) {
+  const bool llama_architecture = m.mlp == Mlp::swiglu && m.norm == Norm::rmsnorm &&
+                                  m.position_embedding == PositionEmbedding::rotary && !m.bias &&
+                                  !m.tied_embeddings;
+  std::string flavor;
+  for (const TorchtitanFlavor& f : kTorchtitanLlama3) {
+    if (llama_architecture && m.hidden_size == f.dim && m.num_layers == f.n_layers &&
+        m.num_attention_heads == f.n_heads && m.num_kv_heads == f.n_kv_heads &&
+        m.ffn_hidden_size == torchtitan_ffn(f) && m.vocab_size == kTorchtitanVocab &&
+        m.rope_theta == kTorchtitanRopeTheta && m.rope_scaling_factor == kTorchtitanRopeScaling) {
+      flavor = std::string(f.name);
+    }
+  }
+  if (flavor.empty()) {
+    flavor = "distplan_custom";
+    if (llama_architecture) {
+      out.notes.push_back(fmt::format(
+          "no torchtitan Llama-3 flavor has this shape: add \"distplan_custom\" to llama3_args "
+          "(dim={}, n_layers={}, n_heads={}, n_kv_heads={}, vocab_size={}, rope_theta={}, an "
+          "ffn_dim_multiplier/multiple_of giving a SwiGLU width of {})",
+          m.hidden_size, m.num_layers, m.num_attention_heads, m.num_kv_heads, m.vocab_size,
+          m.rope_theta, m.ffn_hidden_size));
+    } else {
+      out.notes.push_back(
+          "torchtitan's llama3 model is SwiGLU, RMSNorm, rotary, bias-free and untied; this model "
+          "is not, so it needs its own model code in torchtitan");
+    }
+  }
+  return fmt::format("\n[model]\nname = \"llama3\"\nflavor = {}\n", toml_string(flavor));
+}
+
+Exported torchtitan(const Scenario& s, Exported out) {
   const TrainingSpec& t = s.training;
   const ParallelSpec& p = s.parallel;
-  Exported out;
   // FSDP2 always shards parameters, gradients and optimizer states (ZeRO-3 layout); replicas of
   // a shard group form the HSDP replicate dimension. ZeRO-0 is plain replication (DDP).
   Count replicate = p.dp;
@@ -270,10 +388,31 @@ Exported torchtitan(const Scenario& s) {
   if (!p.sequence_parallel && p.tp > 1) {
     out.notes.push_back("torchtitan's tensor parallelism always shards the sequence (sp on)");
   }
+  // torchtitan v0.2.2 (config/job_config.py): mixed_precision_param is bfloat16 or float32,
+  // mixed_precision_reduce float32 only.
+  if (t.precision == DType::fp16) {
+    out.notes.push_back("torchtitan has no fp16 training; the export uses bfloat16");
+  }
+  if (t.grad_accumulation_dtype != DType::fp32 && t.precision != DType::fp32) {
+    out.notes.push_back(fmt::format(
+        "torchtitan reduces gradients in float32 only; the plan's {} gradients become fp32",
+        dtype_name(t.grad_accumulation_dtype)));
+  }
+  const std::string model_section = torchtitan_model(s.model, out);
+  out.to_add = {"[model] hf_assets_path: the folder with the tokenizer (vocabulary " +
+                    std::to_string(s.model.vocab_size) + ")",
+                "[training] dataset (or dataset_path) and steps",
+                "[optimizer] lr, weight_decay and [lr_scheduler] warmup_steps, decay_type; "
+                "[training] max_norm",
+                "[checkpoint] folder and interval"};
   std::ostringstream o;
-  o << fmt::format("# torchtitan job config for {} on {} GPUs: tp={} pp={} dp={} ZeRO-{}\n",
-                   s.model.name, p.tp * p.pp * p.dp, p.tp, p.pp, p.dp, p.zero_stage);
+  o << fit_warning(out);
+  o << fmt::format("# {} job config for {} on {} GPUs: tp={} pp={} dp={} ZeRO-{}\n",
+                   kTorchtitanVersion, s.model.name, p.tp * p.pp * p.dp, p.tp, p.pp, p.dp,
+                   p.zero_stage);
   for (const std::string& n : out.notes) o << "# note: " << n << '\n';
+  o << to_add_lines(out);
+  o << model_section;
   o << "\n[training]\n";
   // Without a pipeline a local batch is one micro-batch and the rest is gradient accumulation;
   // with a pipeline the local batch is split into pipeline micro-batches.
@@ -282,15 +421,8 @@ Exported torchtitan(const Scenario& s) {
   o << "global_batch_size = " << t.global_batch_size << '\n';
   o << "seq_len = " << t.seq_length << '\n';
   o << "mixed_precision_param = "
-    << toml_string(t.precision == DType::fp32   ? "float32"
-                   : t.precision == DType::bf16 ? "bfloat16"
-                                                : "float16")
-    << '\n';
-  o << "mixed_precision_reduce = "
-    << toml_string(t.grad_accumulation_dtype == DType::fp32   ? "float32"
-                   : t.grad_accumulation_dtype == DType::bf16 ? "bfloat16"
-                                                              : "float16")
-    << '\n';
+    << toml_string(t.precision == DType::fp32 ? "float32" : "bfloat16") << '\n';
+  o << "mixed_precision_reduce = \"float32\"\n";
   o << "\n[parallelism]\n";
   o << "data_parallel_replicate_degree = " << replicate << '\n';
   o << "data_parallel_shard_degree = " << shard_degree << '\n';
@@ -315,15 +447,21 @@ Exported torchtitan(const Scenario& s) {
 }  // namespace
 
 Exported export_scenario(const Scenario& s, ExportFormat format) {
+  // The fit is known before the text is written, so the text can carry the warning.
+  const MemoryEstimate mem = estimate(s).memory;
+  Exported seed;
+  seed.fits = mem.fits;
+  seed.peak_bytes = mem.peak_bytes;
+  seed.capacity_bytes = mem.capacity_bytes;
   switch (format) {
     case ExportFormat::megatron:
-      return megatron(s);
+      return megatron(s, seed);
     case ExportFormat::deepspeed:
-      return deepspeed(s);
+      return deepspeed(s, seed);
     case ExportFormat::torchtitan:
-      return torchtitan(s);
+      return torchtitan(s, seed);
   }
-  return {};
+  return seed;
 }
 
 }  // namespace distplan::search

@@ -58,30 +58,44 @@ struct Candidate {
   Figures f;
 };
 
-/// Lower is better; ties broken by the layout itself, so the order is total.
-bool better(Objective obj, const Layout& la, const Figures& a, const Layout& lb, const Figures& b) {
+/// Throughputs in the same band of relative width kThroughputTieTolerance (logarithmic bands, so
+/// the order stays a strict weak order) count as equal and rank by lower peak memory: a time
+/// difference of 1e-9 relative is far below what the time model resolves (docs/search.md,
+/// "Ties"). Two throughputs closer than the tolerance fall in different bands only when a band
+/// edge lies between them (a chance of their relative difference / the tolerance).
+double throughput_band(double tokens_per_second) {
+  if (!(tokens_per_second > 0)) return -std::numeric_limits<double>::infinity();
+  return std::floor(std::log(tokens_per_second) / std::log1p(kThroughputTieTolerance));
+}
+
+}  // namespace
+
+bool ranks_before(Objective obj, const Layout& la, const Figures& a, const Layout& lb,
+                  const Figures& b) {
+  const double ta = throughput_band(a.tokens_per_second);
+  const double tb = throughput_band(b.tokens_per_second);
   switch (obj) {
     case Objective::throughput:
-      if (a.tokens_per_second != b.tokens_per_second) {
-        return a.tokens_per_second > b.tokens_per_second;
-      }
+      if (ta != tb) return ta > tb;
       if (a.peak_bytes != b.peak_bytes) return a.peak_bytes < b.peak_bytes;
       break;
     case Objective::memory:
       if (a.peak_bytes != b.peak_bytes) return a.peak_bytes < b.peak_bytes;
-      if (a.tokens_per_second != b.tokens_per_second) {
-        return a.tokens_per_second > b.tokens_per_second;
-      }
+      if (ta != tb) return ta > tb;
       break;
     case Objective::gpus:
       if (la.num_gpus() != lb.num_gpus()) return la.num_gpus() < lb.num_gpus();
-      if (a.tokens_per_second != b.tokens_per_second) {
-        return a.tokens_per_second > b.tokens_per_second;
-      }
+      if (ta != tb) return ta > tb;
       if (a.peak_bytes != b.peak_bytes) return a.peak_bytes < b.peak_bytes;
       break;
   }
   return la < lb;
+}
+
+namespace {
+
+bool better(Objective obj, const Layout& la, const Figures& a, const Layout& lb, const Figures& b) {
+  return ranks_before(obj, la, a, lb, b);
 }
 
 /// The best `keep` candidates seen, as a max-heap on `better` (the worst kept on top).

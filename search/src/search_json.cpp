@@ -10,6 +10,7 @@
 
 #include "distplan/planner/error.h"
 #include "distplan/planner/scenario_json.h"
+#include "distplan/planner/suggest.h"
 
 namespace distplan::search {
 
@@ -97,8 +98,12 @@ std::vector<Count> int_list(const json& v, const std::string& path, Count min, C
   return out;
 }
 
-void unknown_key(const std::string& path, const std::string& key) {
-  throw InputError(path + "/" + key, fmt::format("unknown field '{}'", key.substr(0, 64)));
+void unknown_key(const std::string& path, const std::string& key,
+                 const std::vector<std::string>& known) {
+  std::string printable;
+  for (char c : key.substr(0, 64)) printable += (c >= 0x20 && c < 0x7f) ? c : '?';
+  throw InputError(path + "/" + key,
+                   fmt::format("unknown field '{}'{}", printable, did_you_mean(key, known)));
 }
 
 Candidates read_parallel(const json& p) {
@@ -135,7 +140,9 @@ Candidates read_parallel(const json& p) {
     } else if (key == "layers_per_stage") {
       throw InputError(path, "the search uses equal pipeline stages; omit layers_per_stage");
     } else {
-      unknown_key("/parallel", key);
+      unknown_key("/parallel", key,
+                  {"tp", "pp", "dp", "virtual_stages", "fsdp_shard_size", "zero_stage",
+                   "sequence_parallel", "recompute", "schedule"});
     }
   }
   return c;
@@ -177,7 +184,11 @@ Constraints read_constraints(const json& v) {
         found = true;
       }
     }
-    if (!found) unknown_key(path, key);
+    if (!found) {
+      std::vector<std::string> known{"max_micro_batch_size"};
+      for (const auto& f : kConstraintFields) known.emplace_back(f.name);
+      unknown_key(path, key, known);
+    }
   }
   return c;
 }
@@ -210,7 +221,9 @@ void read_search(const json& v, Request& r) {
     } else if (key == "constraints") {
       r.space.constraints = read_constraints(value);
     } else {
-      unknown_key("/search", key);
+      unknown_key("/search", key,
+                  {"top_k", "objective", "memory_margin", "simulate_top",
+                   "target_tokens_per_second", "threads", "suggest", "constraints"});
     }
   }
   if (r.options.objective == Objective::gpus && !has_target) {

@@ -394,8 +394,11 @@ TEST(BadInput, UnknownPresetsAndChoicesNameTheField) {
   expect_rejected(with("/parallel/schedule", "1f2b"), "/parallel/schedule", "not one of");
   expect_rejected(with("/training/precision", "fp8"), "/training/precision", "not one of");
   expect_rejected(with("/parallel/recompute", "some"), "/parallel/recompute", "not one of");
-  // Preset names are exact (lower-case, stable).
-  expect_rejected(with("/model", "Llama2-70B"), "/model", "unknown model preset");
+  // Preset names match without case (issue 17: `A100-80GB` is a100-80gb); a near miss is
+  // suggested.
+  expect_rejected(with("/model", "llama-3.1-8b"), "/model", "did you mean 'llama3.1-8b'?");
+  expect_rejected(with("/cluster/gpu", "h100-sxm"), "/cluster/gpu",
+                  "did you mean 'h100-sxm-80gb'?");
 }
 
 TEST(BadInput, UnreadableFilesAreInputErrors) {

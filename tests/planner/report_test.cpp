@@ -32,8 +32,45 @@ TEST(FitSuggestions, EachSuggestionIsReEstimatedAndLowersThePeak) {
     some_fit |= f.fits;
   }
   EXPECT_TRUE(some_fit);  // 16 GPUs with ZeRO-3 or pp=2 hold Llama-2-70B
-  for (std::size_t i = 1; i < fixes.size(); ++i)
-    EXPECT_LE(fixes[i - 1].peak_bytes, fixes[i].peak_bytes);
+}
+
+// Issue 17: what works on the user's GPUs comes before "more GPUs", and each suggestion carries
+// its time cost (its own estimate's step time minus the scenario's).
+TEST(FitSuggestions, SameGpusFirstEachWithItsTimeCost) {
+  for (const json& doc :
+       {too_big(), json{{"model", "llama2-70b"},
+                        {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", 16}}},
+                        {"training", {{"seq_length", 4096}, {"global_batch_size", 64}}},
+                        {"parallel", {{"tp", 8}}}}}) {
+    const Scenario s = testing::scenario(doc);
+    const Estimate e = estimate(s);
+    const auto fixes = fit_suggestions(s, e);
+    ASSERT_FALSE(fixes.empty());
+    int rank = 0;  // 0: fits here, 1: other changes here, 2: more GPUs; never decreasing
+    for (std::size_t i = 0; i < fixes.size(); ++i) {
+      const FitSuggestion& f = fixes[i];
+      EXPECT_EQ(f.more_gpus, f.scenario.cluster.num_gpus > s.cluster.num_gpus) << f.change;
+      const int r = f.more_gpus ? 2 : f.fits ? 0 : 1;
+      EXPECT_GE(r, rank) << f.change << " listed after a worse group";
+      if (i > 0 && r == rank && r == 0) {
+        EXPECT_LE(fixes[i - 1].step_seconds, f.step_seconds) << f.change;
+      } else if (i > 0 && r == rank) {
+        EXPECT_LE(fixes[i - 1].peak_bytes, f.peak_bytes) << f.change;
+      }
+      rank = r;
+      const Estimate again = estimate(f.scenario);
+      EXPECT_DOUBLE_EQ(f.step_seconds, again.time.step_seconds) << f.change;
+      EXPECT_DOUBLE_EQ(f.time_cost_seconds, again.time.step_seconds - e.time.step_seconds)
+          << f.change;
+    }
+  }
+  // Full recompute on the same GPUs costs time (the forward runs twice): its cost is positive.
+  const Scenario s = testing::scenario(too_big());
+  for (const auto& f : fit_suggestions(s, estimate(s))) {
+    if (f.change == "full recompute") EXPECT_GT(f.time_cost_seconds, 0);
+  }
+  const std::string t = format_plan_table(s, estimate(s));
+  EXPECT_NE(t.find("ms/step"), std::string::npos);
 }
 
 TEST(PlanTable, SaysWhatDoesNotFitAndBy) {

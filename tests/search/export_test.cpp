@@ -1,23 +1,28 @@
 #include "distplan/search/export.h"
 
+#include <algorithm>
 #include <map>
 #include <sstream>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "distplan/planner/estimate.h"
 #include "distplan/planner/layout.h"
+#include "distplan/planner/presets.h"
 #include "distplan/search/search.h"
 #include "distplan/search/search_json.h"
 
 namespace distplan::search {
 namespace {
 
-Scenario scenario_of(const Layout& l) {
+Scenario scenario_of(const Layout& l, const std::string& model = "llama2-70b") {
   nlohmann::json doc = {
-      {"model", "llama2-70b"},
+      {"model", model},
       {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", 64}, {"gpus_per_node", 8}}},
-      {"training", {{"seq_length", 4096}, {"global_batch_size", 512}}}};
+      {"training",
+       {{"seq_length", std::min<Count>(4096, find_model_preset(model)->max_position_embeddings)},
+        {"global_batch_size", 512}}}};
   return make_scenario(request_from_json(doc).space.base, l);
 }
 
@@ -48,6 +53,12 @@ std::multimap<std::string, std::string> megatron_args(const std::string& text) {
   return out;
 }
 
+/// The value of `flag`, or "<absent>".
+std::string value_of(const std::multimap<std::string, std::string>& args, const std::string& flag) {
+  const auto it = args.find(flag);
+  return it == args.end() ? "<absent>" : it->second;
+}
+
 /// key = value of one TOML table.
 std::map<std::string, std::string> toml_table(const std::string& text, const std::string& table) {
   std::map<std::string, std::string> out;
@@ -69,15 +80,15 @@ TEST(Export, MegatronArgumentsAreThePlansValues) {
   const Scenario s = scenario_of(
       layout(8, 4, 2, 1, 0, Recompute::selective, true, Schedule::interleaved_1f1b, 5, 2));
   const auto a = megatron_args(export_scenario(s, ExportFormat::megatron).text);
-  EXPECT_EQ(a.find("--tensor-model-parallel-size")->second, "8");
-  EXPECT_EQ(a.find("--pipeline-model-parallel-size")->second, "4");
-  EXPECT_EQ(a.find("--num-layers-per-virtual-pipeline-stage")->second, "4");  // 80 / (4*5)
-  EXPECT_EQ(a.find("--micro-batch-size")->second, "2");
-  EXPECT_EQ(a.find("--global-batch-size")->second, "512");
-  EXPECT_EQ(a.find("--seq-length")->second, "4096");
-  EXPECT_EQ(a.find("--num-layers")->second, "80");
-  EXPECT_EQ(a.find("--num-query-groups")->second, "8");
-  EXPECT_EQ(a.find("--recompute-granularity")->second, "selective");
+  EXPECT_EQ(value_of(a, "--tensor-model-parallel-size"), "8");
+  EXPECT_EQ(value_of(a, "--pipeline-model-parallel-size"), "4");
+  EXPECT_EQ(value_of(a, "--num-layers-per-virtual-pipeline-stage"), "4");  // 80 / (4*5)
+  EXPECT_EQ(value_of(a, "--micro-batch-size"), "2");
+  EXPECT_EQ(value_of(a, "--global-batch-size"), "512");
+  EXPECT_EQ(value_of(a, "--seq-length"), "4096");
+  EXPECT_EQ(value_of(a, "--num-layers"), "80");
+  EXPECT_EQ(value_of(a, "--num-query-groups"), "8");
+  EXPECT_EQ(value_of(a, "--recompute-granularity"), "selective");
   EXPECT_EQ(a.count("--sequence-parallel"), 1u);
   EXPECT_EQ(a.count("--use-distributed-optimizer"), 1u);
   EXPECT_EQ(a.count("--use-custom-fsdp"), 0u);
@@ -88,9 +99,9 @@ TEST(Export, MegatronZero3AndFullRecompute) {
   const Scenario s =
       scenario_of(layout(4, 2, 8, 3, 0, Recompute::full, false, Schedule::one_f_one_b, 1, 1));
   const auto a = megatron_args(export_scenario(s, ExportFormat::megatron).text);
-  EXPECT_EQ(a.find("--data-parallel-sharding-strategy")->second, "optim_grads_params");
-  EXPECT_EQ(a.find("--recompute-granularity")->second, "full");
-  EXPECT_EQ(a.find("--recompute-num-layers")->second, "1");
+  EXPECT_EQ(value_of(a, "--data-parallel-sharding-strategy"), "optim_grads_params");
+  EXPECT_EQ(value_of(a, "--recompute-granularity"), "full");
+  EXPECT_EQ(value_of(a, "--recompute-num-layers"), "1");
   EXPECT_EQ(a.count("--sequence-parallel"), 0u);
   EXPECT_EQ(a.count("--num-layers-per-virtual-pipeline-stage"), 0u);
 }
@@ -144,8 +155,8 @@ TEST(Export, MegatronUnevenStagesGiveFirstAndLastCounts) {
   t.cluster.num_gpus = 24;
   const auto a = megatron_args(export_scenario(t, ExportFormat::megatron).text);
   const std::vector<Count> layers = stage_layer_counts(t);
-  EXPECT_EQ(a.find("--decoder-first-pipeline-num-layers")->second, std::to_string(layers.front()));
-  EXPECT_EQ(a.find("--decoder-last-pipeline-num-layers")->second, std::to_string(layers.back()));
+  EXPECT_EQ(value_of(a, "--decoder-first-pipeline-num-layers"), std::to_string(layers.front()));
+  EXPECT_EQ(value_of(a, "--decoder-last-pipeline-num-layers"), std::to_string(layers.back()));
 }
 
 TEST(Export, DeparturesAreNoted) {
@@ -153,6 +164,228 @@ TEST(Export, DeparturesAreNoted) {
       scenario_of(layout(8, 4, 2, 1, 0, Recompute::none, true, Schedule::zb_h1, 1, 1));
   EXPECT_FALSE(export_scenario(s, ExportFormat::megatron).notes.empty());
   EXPECT_FALSE(export_scenario(s, ExportFormat::torchtitan).notes.empty());  // no ZeRO-1 in FSDP2
+}
+
+// --- Megatron-LM: every flag in the named version ---------------------------------------------
+
+/// Megatron-LM's own argument list (data/reference, transcribed from the version's
+/// megatron/training/arguments.py): the independent oracle for the flag names and values.
+const nlohmann::json& megatron_reference() {
+  static const nlohmann::json j =
+      nlohmann::json::parse(*embedded_data_file("reference/megatron_core_v0.15.3_arguments.json"));
+  return j;
+}
+
+// Layouts over ZeRO stages, recompute, schedules, sequence parallelism, hybrid sharding, uneven
+// stages and precisions, on a learned-position GeLU model with biases and on Llama 3.1.
+std::vector<Scenario> export_matrix() {
+  std::vector<Scenario> out;
+  for (const std::string model : {"llama3.1-70b", "gpt3-13b", "llama2-70b"}) {
+    for (int zero = 0; zero <= 3; ++zero) {
+      for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full}) {
+        for (Schedule sched :
+             {Schedule::one_f_one_b, Schedule::interleaved_1f1b, Schedule::zb_h1}) {
+          const Count v = sched == Schedule::interleaved_1f1b ? 2 : 1;
+          const Count shard = zero > 0 ? 4 : 0;
+          Scenario s =
+              scenario_of(layout(4, 2, 8, zero, shard, r, zero % 2 == 0, sched, v, 1), model);
+          for (DType prec : {DType::bf16, DType::fp16, DType::fp32}) {
+            for (DType grad : {DType::bf16, DType::fp16, DType::fp32}) {
+              if (prec == DType::fp32 && grad != DType::fp32) continue;
+              s.training.precision = prec;
+              s.training.grad_accumulation_dtype = grad;
+              out.push_back(s);
+            }
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
+TEST(Export, EveryMegatronFlagExistsInTheNamedVersionWithAValidValue) {
+  const nlohmann::json& flags = megatron_reference().at("flags");
+  ASSERT_GT(flags.size(), 500u);
+  EXPECT_EQ(kMegatronVersion, "Megatron-LM core_v0.15.3");
+  const std::vector<Scenario> matrix = export_matrix();
+  ASSERT_GT(matrix.size(), 500u);
+  for (const Scenario& s : matrix) {
+    const std::string text = export_scenario(s, ExportFormat::megatron).text;
+    for (const auto& [flag, value] : megatron_args(text)) {
+      ASSERT_TRUE(flags.contains(flag)) << flag << " is not a Megatron-LM core_v0.15.3 argument";
+      const nlohmann::json& f = flags.at(flag);
+      if (!f.value("takes_value", true)) {
+        EXPECT_EQ(value, "") << flag << " is a switch";
+      } else {
+        EXPECT_NE(value, "") << flag << " needs a value";
+      }
+      if (f.contains("choices")) {
+        const auto& c = f.at("choices");
+        EXPECT_NE(std::find(c.begin(), c.end(), value), c.end()) << flag << " " << value;
+      }
+    }
+  }
+}
+
+// What Megatron-LM core_v0.15.3 makes of the precision switches (arguments.py, validate_args):
+// --bf16 accumulates and reduces gradients in fp32 unless --grad-reduce-in-bf16; --fp16 keeps
+// fp16 gradients unless --accumulate-allreduce-grads-in-fp32; neither: fp32 everywhere.
+DType megatron_grad_dtype(const std::multimap<std::string, std::string>& a) {
+  if (a.count("--bf16")) return a.count("--grad-reduce-in-bf16") ? DType::bf16 : DType::fp32;
+  if (a.count("--fp16"))
+    return a.count("--accumulate-allreduce-grads-in-fp32") ? DType::fp32 : DType::fp16;
+  return DType::fp32;
+}
+
+TEST(Export, MegatronGradientDtypeIsThePlansOrNoted) {
+  int exact = 0;
+  for (const Scenario& s : export_matrix()) {
+    const Exported e = export_scenario(s, ExportFormat::megatron);
+    const DType g = megatron_grad_dtype(megatron_args(e.text));
+    const bool noted = std::any_of(e.notes.begin(), e.notes.end(), [](const std::string& n) {
+      return n.find("gradients") != std::string::npos && n.find("cannot") != std::string::npos;
+    });
+    if (g == s.training.grad_accumulation_dtype) {
+      EXPECT_FALSE(noted);
+      ++exact;
+    } else {
+      // Only the combinations Megatron cannot express: fp16 gradients with bf16 compute, bf16
+      // gradients with fp16 compute.
+      EXPECT_TRUE(noted) << to_string(s.training.precision) << " "
+                         << to_string(s.training.grad_accumulation_dtype);
+      EXPECT_NE(s.training.precision, DType::fp32);
+      EXPECT_NE(s.training.grad_accumulation_dtype, DType::fp32);
+      EXPECT_NE(s.training.grad_accumulation_dtype, s.training.precision);
+    }
+  }
+  EXPECT_GT(exact, 0);
+}
+
+TEST(Export, MegatronLlama31HasItsRotaryBaseAndScaling) {
+  // Published values: Llama 3.1 config.json rope_theta 500000, rope_scaling factor 8.0
+  // (rope_type llama3); Llama 2 uses the RoFormer default 10000.
+  const auto a = megatron_args(
+      export_scenario(
+          scenario_of(layout(8, 1, 8, 1, 0, Recompute::none, true, Schedule::one_f_one_b, 1, 1),
+                      "llama3.1-70b"),
+          ExportFormat::megatron)
+          .text);
+  EXPECT_EQ(value_of(a, "--rotary-base"), "500000");
+  EXPECT_EQ(a.count("--use-rope-scaling"), 1u);
+  EXPECT_EQ(value_of(a, "--rope-scaling-factor"), "8");
+  const auto b = megatron_args(
+      export_scenario(
+          scenario_of(layout(8, 1, 8, 1, 0, Recompute::none, true, Schedule::one_f_one_b, 1, 1)),
+          ExportFormat::megatron)
+          .text);
+  EXPECT_EQ(value_of(b, "--rotary-base"), "10000");
+  EXPECT_EQ(b.count("--use-rope-scaling"), 0u);
+  // A learned-position model has no rotary flags at all.
+  const auto c = megatron_args(
+      export_scenario(
+          scenario_of(layout(8, 1, 8, 1, 0, Recompute::none, true, Schedule::one_f_one_b, 1, 1),
+                      "gpt3-13b"),
+          ExportFormat::megatron)
+          .text);
+  EXPECT_EQ(c.count("--rotary-base"), 0u);
+  EXPECT_EQ(value_of(c, "--position-embedding-type"), "learned_absolute");
+}
+
+TEST(Export, MegatronFsdpUsesTheRenamedFlag) {
+  for (int zero : {2, 3}) {
+    const auto a =
+        megatron_args(export_scenario(scenario_of(layout(4, 2, 8, zero, 0, Recompute::none, true,
+                                                         Schedule::one_f_one_b, 1, 1)),
+                                      ExportFormat::megatron)
+                          .text);
+    EXPECT_EQ(a.count("--use-custom-fsdp"), 0u);
+    EXPECT_EQ(a.count("--use-megatron-fsdp"), 1u);
+    // core_v0.15.3 asserts Megatron FSDP checkpoints in fsdp_dtensor format.
+    EXPECT_EQ(value_of(a, "--ckpt-format"), "fsdp_dtensor");
+  }
+}
+
+// --- torchtitan -----------------------------------------------------------------------------
+
+TEST(Export, TorchtitanModelSectionNamesTheFlavorOfTheSameShape) {
+  const Layout l = layout(8, 1, 8, 3, 0, Recompute::none, true, Schedule::one_f_one_b, 1, 1);
+  // torchtitan v0.2.2 llama3_args: "8B" and "70B" are Llama 3.1 8B and 70B.
+  for (const auto& [model, flavor] : std::vector<std::pair<std::string, std::string>>{
+           {"llama3.1-8b", "\"8B\""}, {"llama3.1-70b", "\"70B\""}, {"llama3.1-405b", "\"405B\""}}) {
+    const Exported e = export_scenario(scenario_of(l, model), ExportFormat::torchtitan);
+    const auto m = toml_table(e.text, "model");
+    EXPECT_EQ(m.at("name"), "\"llama3\"");
+    EXPECT_EQ(m.at("flavor"), flavor) << model;
+  }
+  // Llama 2 70B differs (rotary base, vocabulary): no flavor fits, and the note says what to add.
+  const Exported e = export_scenario(scenario_of(l), ExportFormat::torchtitan);
+  EXPECT_EQ(toml_table(e.text, "model").at("flavor"), "\"distplan_custom\"");
+  EXPECT_TRUE(std::any_of(e.notes.begin(), e.notes.end(), [](const std::string& n) {
+    return n.find("dim=8192") != std::string::npos && n.find("n_kv_heads=8") != std::string::npos;
+  }));
+}
+
+TEST(Export, TorchtitanPrecisionKeysTakeOnlyItsValues) {
+  // torchtitan v0.2.2 job_config.py: mixed_precision_param bfloat16 | float32,
+  // mixed_precision_reduce float32.
+  for (const Scenario& s : export_matrix()) {
+    const Exported e = export_scenario(s, ExportFormat::torchtitan);
+    const auto t = toml_table(e.text, "training");
+    EXPECT_TRUE(t.at("mixed_precision_param") == "\"bfloat16\"" ||
+                t.at("mixed_precision_param") == "\"float32\"");
+    EXPECT_EQ(t.at("mixed_precision_reduce"), "\"float32\"");
+  }
+}
+
+// --- fit and what is left to the user ---------------------------------------------------------
+
+TEST(Export, ALayoutThatDoesNotFitSaysSoFirst) {
+  // Llama 2 70B replicated on every GPU (tp 1, no ZeRO) cannot fit 80 GB: 70e9 bf16 weights alone
+  // are 140 GB.
+  const Scenario big =
+      scenario_of(layout(1, 1, 64, 0, 0, Recompute::none, false, Schedule::one_f_one_b, 1, 1));
+  const Scenario ok =
+      scenario_of(layout(8, 4, 2, 1, 0, Recompute::selective, true, Schedule::one_f_one_b, 1, 1));
+  ASSERT_FALSE(estimate(big).memory.fits);
+  ASSERT_TRUE(estimate(ok).memory.fits);
+  for (ExportFormat f :
+       {ExportFormat::megatron, ExportFormat::deepspeed, ExportFormat::torchtitan}) {
+    const Exported e = export_scenario(big, f);
+    EXPECT_FALSE(e.fits);
+    EXPECT_GT(e.peak_bytes, e.capacity_bytes);
+    if (f != ExportFormat::deepspeed)
+      EXPECT_EQ(e.text.rfind("# WARNING: this layout does not fit", 0), 0u);
+    const Exported g = export_scenario(ok, f);
+    EXPECT_TRUE(g.fits);
+    EXPECT_EQ(g.text.find("WARNING"), std::string::npos);
+  }
+}
+
+TEST(Export, EachExportSaysWhatTheUserStillAdds) {
+  const Scenario s =
+      scenario_of(layout(8, 4, 2, 1, 0, Recompute::selective, true, Schedule::one_f_one_b, 1, 1));
+  for (ExportFormat f :
+       {ExportFormat::megatron, ExportFormat::deepspeed, ExportFormat::torchtitan}) {
+    const Exported e = export_scenario(s, f);
+    std::string all;
+    for (const std::string& a : e.to_add) all += a + "\n";
+    for (const char* what : {"tokenizer", "data", "lr"}) {
+      EXPECT_NE(all.find(what), std::string::npos) << to_string(f) << " lacks " << what;
+    }
+    if (f != ExportFormat::deepspeed) {
+      EXPECT_NE(e.text.find("# you still add: "), std::string::npos) << to_string(f);
+    }
+  }
+  // The Megatron flags named there exist in the named version too.
+  const nlohmann::json& flags = megatron_reference().at("flags");
+  for (const std::string& a : export_scenario(s, ExportFormat::megatron).to_add) {
+    for (std::size_t pos = a.find("--"); pos != std::string::npos; pos = a.find("--", pos + 2)) {
+      const std::size_t end = a.find_first_of(" ,;)", pos);
+      const std::string flag = a.substr(pos, end - pos);
+      EXPECT_TRUE(flags.contains(flag)) << flag;
+    }
+  }
 }
 
 }  // namespace

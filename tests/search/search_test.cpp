@@ -1,5 +1,8 @@
 #include "distplan/search/search.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -76,6 +79,42 @@ TEST(Search, AnalyticRankingIsBestFirst) {
   for (std::size_t i = 1; i < r.plans.size(); ++i) {
     EXPECT_GE(r.plans[i - 1].figures.tokens_per_second, r.plans[i].figures.tokens_per_second);
   }
+}
+
+// Throughputs that differ by less than the tie tolerance rank by lower peak memory (issue 17:
+// ZeRO-2 at 70 GiB ranked above ZeRO-3 at 57 GiB for 2e-14 s).
+TEST(Search, NearTiesRankByLowerPeak) {
+  Layout zero2, zero3;
+  zero2.dp = zero3.dp = 8;
+  zero2.zero_stage = 2;
+  zero3.zero_stage = 3;
+  Figures a, b;
+  a.step_seconds = 1.0;
+  a.tokens_per_second = 1e6;
+  a.peak_bytes = Bytes{70} << 30;
+  b = a;
+  b.peak_bytes = Bytes{57} << 30;
+  int checked = 0;
+  // Differences far inside the tolerance, over many magnitudes: the lower peak ranks first,
+  // whichever is a hair faster.
+  for (double tps = 1e2; tps < 1e9; tps *= 3.7) {
+    for (double rel : {2e-14, 1e-12, 1e-11}) {
+      a.tokens_per_second = tps * (1 + rel);  // ZeRO-2 a hair faster
+      b.tokens_per_second = tps;
+      EXPECT_TRUE(ranks_before(Objective::throughput, zero3, b, zero2, a)) << tps << " " << rel;
+      EXPECT_FALSE(ranks_before(Objective::throughput, zero2, a, zero3, b)) << tps << " " << rel;
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 30);
+  // Beyond the tolerance the faster wins regardless of memory.
+  a.tokens_per_second = 1e6 * (1 + 1e-7);
+  b.tokens_per_second = 1e6;
+  EXPECT_TRUE(ranks_before(Objective::throughput, zero2, a, zero3, b));
+  // The memory objective breaks its ties by throughput, with the same tolerance.
+  a.peak_bytes = b.peak_bytes;
+  a.tokens_per_second = 1e6 * (1 + 1e-7);
+  EXPECT_TRUE(ranks_before(Objective::memory, zero3, a, zero2, b));
 }
 
 TEST(Search, ResultsDoNotDependOnTheThreadCount) {

@@ -24,6 +24,9 @@ struct RunOptions {
   std::uint64_t seed = 1234;
   float learning_rate = 1e-3f;
   float weight_decay = 0.01f;
+  // Every step trains on the first step's batch (tests that a model can overfit it: a working
+  // optimizer must drive that loss down; fresh data every step hides a dead one).
+  bool repeat_batch = false;
 };
 
 struct ExecutedAction {

@@ -17,9 +17,15 @@ struct FitSuggestion {
   Bytes peak_bytes = 0;  // its peak
   Bytes saving_bytes = 0;
   bool fits = false;
+  bool more_gpus = false;         // needs more GPUs than the scenario has
+  Seconds step_seconds = 0;       // its analytic step time
+  Seconds time_cost_seconds = 0;  // its step time minus the scenario's (negative: faster)
 };
 
-/// Single-step changes of the layout that lower the peak, best first.
+/// Single-step changes of the layout that lower the peak (and, when no single one fits, the
+/// greedy combination that does), ordered: first what fits on the scenario's GPUs, cheapest in
+/// step time first; then the rest on the same GPUs, lowest peak first; then those needing more
+/// GPUs, lowest peak first.
 [[nodiscard]] std::vector<FitSuggestion> fit_suggestions(const Scenario& s, const Estimate& e);
 
 [[nodiscard]] std::string format_plan_table(const Scenario& s, const Estimate& e);

@@ -46,6 +46,11 @@ struct ModelSpec {
   Norm norm = Norm::layernorm;
   PositionEmbedding position_embedding = PositionEmbedding::learned;
   Count max_position_embeddings = 0;  // used when position_embedding is learned
+  // Rotary embedding (Su et al. 2021, eq. 15): the base of the frequencies, and the factor of
+  // Llama-3-style frequency scaling (0 = none). Neither changes memory or time; exports pass them
+  // on (Megatron-LM --rotary-base, --use-rope-scaling --rope-scaling-factor).
+  double rope_theta = 10000.0;
+  double rope_scaling_factor = 0.0;
   bool tied_embeddings = false;
   bool bias = false;      // biases on the linear layers
   bool qkv_bias = false;  // biases on the q, k and v projections only (Qwen2); implied by bias

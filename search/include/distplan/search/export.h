@@ -14,9 +14,18 @@ namespace distplan::search {
 enum class ExportFormat { megatron, deepspeed, torchtitan };
 [[nodiscard]] std::string_view to_string(ExportFormat f) noexcept;
 
+/// The framework versions whose argument names and config keys the exports use
+/// (docs/exports.md names the source files and commits).
+inline constexpr std::string_view kMegatronVersion = "Megatron-LM core_v0.15.3";
+inline constexpr std::string_view kTorchtitanVersion = "torchtitan v0.2.2";
+
 struct Exported {
-  std::string text;                // the arguments, JSON or TOML
-  std::vector<std::string> notes;  // where the framework cannot express the layout exactly
+  std::string text;                 // the arguments, JSON or TOML
+  std::vector<std::string> notes;   // where the framework cannot express the layout exactly
+  std::vector<std::string> to_add;  // what the user still has to supply (tokenizer, data, LR, ...)
+  bool fits = true;                 // the planner's peak fits the GPU
+  Bytes peak_bytes = 0;             // the planner's peak per GPU
+  Bytes capacity_bytes = 0;         // the GPU's memory
 };
 
 /// The scenario's layout (tp, pp, dp, ZeRO, recompute, sp, schedule, batch) and model shape in the

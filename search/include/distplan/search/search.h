@@ -21,6 +21,10 @@ enum class Objective {
 };
 [[nodiscard]] std::string_view to_string(Objective o) noexcept;
 
+/// Throughputs within this relative difference rank as equal, the lower peak memory first
+/// (docs/search.md, "Ties").
+inline constexpr double kThroughputTieTolerance = 1e-9;
+
 struct Options {
   Objective objective = Objective::throughput;
   int top_k = 10;
@@ -98,6 +102,12 @@ struct Result {
 
 /// Runs the search. Never throws for an empty or infeasible space: the Result says so.
 [[nodiscard]] Result run(const Space& space, const Options& options);
+
+/// The ranking order (lower is better): the objective, with throughputs within
+/// kThroughputTieTolerance counted equal, then the other figure, then the layout's fields; a strict
+/// weak order, total over distinct layouts.
+[[nodiscard]] bool ranks_before(Objective obj, const Layout& la, const Figures& a, const Layout& lb,
+                                const Figures& b);
 
 /// True when the search library was built with the simulator (plans are then re-ranked by it).
 [[nodiscard]] bool simulator_linked() noexcept;
