@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <exception>
 #include <limits>
+#include <optional>
 
 #include <fmt/format.h>
 #include <Eigen/Dense>
@@ -23,7 +25,8 @@ namespace {
 constexpr std::array kFitParameters{
     preset_field<&Assumptions::compute_efficiency>(
         "compute_efficiency", 1e-3, 1.0,
-        "GEMM efficiency ceiling: achieved / dense peak FLOP/s (0: the GPU preset's gemm_efficiency)",
+        "GEMM efficiency ceiling: achieved / dense peak FLOP/s (0: the GPU preset's "
+        "gemm_efficiency)",
         [](const Scenario& s) { return s.cluster.gpu.gemm_efficiency; }),
     when_named(preset_field<&Assumptions::memory_efficiency>(
         "memory_efficiency", 1e-3, 1.0,
@@ -187,6 +190,7 @@ struct FitOutcome {
   Vec theta;
   int iterations = 0;
   double condition = 0;
+  double cost = 0;  // half the sum of squared relative residuals at theta
 };
 
 // Levenberg–Marquardt in the unbounded variables u (Marquardt's diagonal scaling; Madsen,
@@ -266,7 +270,31 @@ FitOutcome fit(const Problem& pr, int max_iterations, bool check_start) {
     }
   }
   const double cond = check_conditioning(J1, pr.params, "at the fitted values");
-  return {theta, it, cond};
+  return {theta, it, cond, cost};
+}
+
+// The step time is piecewise smooth (max() of compute and exposed communication), so a local
+// method can stop in a region where a parameter's time is hidden behind another. The fit runs
+// from the given start and from the middle of the bounds, and keeps the lower cost; when both
+// fail, the first start's reason is the one reported.
+FitOutcome fit_multistart(const Problem& pr, int max_iterations) {
+  std::optional<FitOutcome> best;
+  std::exception_ptr first_error;
+  try {
+    best = fit(pr, max_iterations, /*check_start=*/true);
+  } catch (const InputError&) {
+    first_error = std::current_exception();
+  }
+  Problem mid{pr.runs, pr.params, pr.start};
+  for (const FitParameter* f : pr.params) f->set(mid.start, 0.5 * (f->lower + f->upper));
+  try {
+    FitOutcome o = fit(mid, max_iterations, /*check_start=*/false);
+    if (!best || o.cost < best->cost) best = std::move(o);
+  } catch (const InputError&) {
+    // The middle start is a second try only.
+  }
+  if (!best) std::rethrow_exception(first_error);
+  return *best;
 }
 
 double mape(const std::vector<double>& predicted, const std::vector<const CalibrationRun*>& runs) {
@@ -384,7 +412,7 @@ CalibrationResult calibrate(const std::vector<CalibrationRun>& runs,
   }
 
   const Problem pr{all, params, start};
-  const FitOutcome f = fit(pr, options.max_iterations, /*check_start=*/true);
+  const FitOutcome f = fit_multistart(pr, options.max_iterations);
   out.iterations = f.iterations;
   out.condition_number = f.condition;
   for (std::size_t j = 0; j < params.size(); ++j) {

@@ -165,8 +165,10 @@ GpuSpec detail::read_gpu(const json& doc, const std::string& path) {
   if (auto v = r.number("gemm_efficiency", kMinEfficiency, 1, false)) g.gemm_efficiency = *v;
   if (auto v = r.number("gemm_k_overhead", 0, 4096, false)) g.gemm_k_overhead = *v;
   if (auto v = r.number("memory_efficiency", kMinEfficiency, 1, false)) g.memory_efficiency = *v;
-  if (auto v = r.number("flash_forward_efficiency", kMinEfficiency, 1, false)) g.flash_forward_efficiency = *v;
-  if (auto v = r.number("flash_backward_efficiency", kMinEfficiency, 1, false)) g.flash_backward_efficiency = *v;
+  if (auto v = r.number("flash_forward_efficiency", kMinEfficiency, 1, false))
+    g.flash_forward_efficiency = *v;
+  if (auto v = r.number("flash_backward_efficiency", kMinEfficiency, 1, false))
+    g.flash_backward_efficiency = *v;
   if (auto n = r.string("name"); n && !r.has("preset")) g.name = n->substr(0, 128);
   r.finish();
   if (r.has("preset") && !(g == before)) g.name += " (modified)";

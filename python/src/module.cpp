@@ -248,7 +248,8 @@ pyb::object default_scenario_document() {
 
 PYBIND11_MODULE(_distplan, m) {
   using namespace distplan::py;
-  m.doc() = "distplan's C++ core: plan, plan_many, simulate, search, calibrate, presets (docs/python.md)";
+  m.doc() =
+      "distplan's C++ core: plan, plan_many, simulate, search, calibrate, presets (docs/python.md)";
   m.attr("__version__") = DISTPLAN_VERSION;
   pyb::register_exception_translator([](std::exception_ptr p) {
     try {

@@ -107,6 +107,8 @@ Exported megatron(const Scenario& s, Exported out) {
   if (m.norm == Norm::rmsnorm) arg("--normalization", "RMSNorm");
   if (!m.tied_embeddings) flag("--untie-embeddings-and-output-weights");
   if (!m.bias) flag("--disable-bias-linear");
+  // Qwen2's q/k/v biases on otherwise bias-free linears (Megatron-LM's --add-qkv-bias).
+  if (!m.bias && m.qkv_bias) flag("--add-qkv-bias");
   arg("--make-vocab-size-divisible-by", s.assumptions.vocab_pad_multiple);
   arg("--attention-dropout", t.dropout);
   arg("--hidden-dropout", t.dropout);
@@ -310,7 +312,7 @@ Count torchtitan_ffn(const TorchtitanFlavor& f) {
 std::string torchtitan_model(const ModelSpec& m, Exported& out) {
   const bool llama_architecture = m.mlp == Mlp::swiglu && m.norm == Norm::rmsnorm &&
                                   m.position_embedding == PositionEmbedding::rotary && !m.bias &&
-                                  !m.tied_embeddings;
+                                  !m.qkv_bias && !m.tied_embeddings;
   std::string flavor;
   for (const TorchtitanFlavor& f : kTorchtitanLlama3) {
     if (llama_architecture && m.hidden_size == f.dim && m.num_layers == f.n_layers &&

@@ -238,7 +238,8 @@ TEST(HfConfig, CountsQwen2QkvBiases) {
                      {"num_key_value_heads", 4},     {"intermediate_size", 18944},
                      {"vocab_size", 152064},         {"max_position_embeddings", 131072},
                      {"tie_word_embeddings", false}, {"use_sliding_window", false},
-                     {"sliding_window", 131072},     {"hidden_act", "silu"}};
+                     {"sliding_window", 131072},     {"hidden_act", "silu"},
+                     {"rope_theta", 1000000.0}};
   const ModelSpec m = model_from_hf_config(qwen, "/m");
   EXPECT_TRUE(m.qkv_bias);
   EXPECT_FALSE(m.bias);

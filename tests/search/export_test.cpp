@@ -292,6 +292,19 @@ TEST(Export, MegatronLlama31HasItsRotaryBaseAndScaling) {
   EXPECT_EQ(value_of(c, "--position-embedding-type"), "learned_absolute");
 }
 
+TEST(Export, MegatronQwen2AddsItsQkvBiases) {
+  // Qwen2.5 has biases on q, k and v only (its released checkpoint's q_proj.bias etc.): Megatron
+  // needs --add-qkv-bias beside --disable-bias-linear; Llama has neither bias.
+  const Layout l = layout(4, 1, 16, 1, 0, Recompute::none, true, Schedule::one_f_one_b, 1, 1);
+  const auto q =
+      megatron_args(export_scenario(scenario_of(l, "qwen2.5-7b"), ExportFormat::megatron).text);
+  EXPECT_EQ(q.count("--add-qkv-bias"), 1u);
+  EXPECT_EQ(q.count("--disable-bias-linear"), 1u);
+  const auto ll =
+      megatron_args(export_scenario(scenario_of(l, "llama3.1-8b"), ExportFormat::megatron).text);
+  EXPECT_EQ(ll.count("--add-qkv-bias"), 0u);
+}
+
 TEST(Export, MegatronFsdpUsesTheRenamedFlag) {
   for (int zero : {2, 3}) {
     const auto a =

@@ -325,6 +325,7 @@ TEST(SearchLimits, TopKOutsideTheJsonRangeIsRefusedWhoeverSetsIt) {
 TEST(SearchLimits, ParallelReRankingMatchesOneThreadAndReportsProgress) {
   Request req = request_of("llama2-7b", 16, 64, 4096);
   req.options.simulate_top = 8;
+  req.options.simulate_within = 0;  // exactly the first 8 (the 10 % window would add more)
   req.options.threads = 1;
   const Result one = run(req.space, req.options);
   req.options.threads = 4;
