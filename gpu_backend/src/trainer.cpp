@@ -15,6 +15,7 @@
 
 #include "distplan/gpu_backend/cpu_ops.h"
 #include "distplan/gpu_backend/device_ops.h"
+#include "distplan/gpu_backend/gradient_dump.h"
 #include "distplan/gpu_backend/run.h"
 #include "distplan/gpu_backend/tensor.h"
 #include "distplan/planner/check.h"
@@ -1220,6 +1221,7 @@ class Trainer {
       }
       if (reduces) mark(sim::Track::dp, sim::SliceKind::grad_reduce, -1, u.chunk, tu);
     }
+    if (step == 1 && !o_.dump_gradients.empty()) dump_gradients();
     const auto t_opt = Clock::now();
     // fp16: skip the step when any gradient overflowed (all ranks agree).
     double overflow = 0;
@@ -1254,6 +1256,30 @@ class Trainer {
     double loss = loss_sum_;
     g_.world_reduce(&loss, 1, ReduceOp::sum);
     return {loss / static_cast<double>(t_.global_batch_size * t_.seq_length), overflow != 0};
+  }
+
+  // The reduced gradient this rank holds (the optimizer's range of every unit, as
+  // optimizer_step reads it), element by element with its parameter and index in the unsharded
+  // tensor; ZeRO padding is left out (RunOptions::dump_gradients).
+  void dump_gradients() const {
+    std::vector<GradientRecord> out;
+    for (const Unit& u : units_) {
+      const Count lo = opt_begin(u), n = opt_count(u);
+      Vec gv(static_cast<std::size_t>(n));
+      u.grads.read(gv.data(), n, p_.zero_stage >= 2 ? 0 : lo);
+      for (const Param& p : u.params) {
+        const Count a = std::max(lo, p.offset), b = std::min(lo + n, p.offset + p.numel());
+        if (a >= b) continue;
+        GradientRecord r;
+        r.param = p.uid;
+        for (Count j = a; j < b; ++j) {
+          r.index.push_back(p.global_index(j - p.offset));
+          r.value.push_back(gv[static_cast<std::size_t>(j - lo)] / loss_scale_);
+        }
+        out.push_back(std::move(r));
+      }
+    }
+    write_gradient_dump(o_.dump_gradients + "/rank" + std::to_string(g_.world_rank) + ".grad", out);
   }
 
 #ifdef DISTPLAN_HAVE_CUDA

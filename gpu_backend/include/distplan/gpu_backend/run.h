@@ -27,6 +27,9 @@ struct RunOptions {
   // Every step trains on the first step's batch (tests that a model can overfit it: a working
   // optimizer must drive that loss down; fresh data every step hides a dead one).
   bool repeat_batch = false;
+  // Non-empty: after the first step's gradient reduction, before the optimizer, every rank writes
+  // the reduced gradient it holds to DIR/rank<world rank>.grad (gradient_dump.h).
+  std::string dump_gradients;
 };
 
 struct ExecutedAction {
