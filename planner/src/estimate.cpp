@@ -228,12 +228,23 @@ class Estimator {
     const GroupInfo& x = group(g);
     const Count n = x.size;
     if (n <= 1 || calls == 0) return 0;
-    // Ring: 2(n-1) latency steps for all-reduce, n-1 for reduce-scatter / all-gather, 1 for p2p.
-    const double steps = op == CollectiveOp::all_reduce  ? 2.0 * static_cast<double>(n - 1)
-                         : op == CollectiveOp::send_recv ? 1.0
-                                                         : static_cast<double>(n - 1);
     const double wire = static_cast<double>(ring_wire_bytes(op, bytes, n));
-    return static_cast<double>(calls) * (steps * x.latency + transfer_seconds(x, wire, bytes));
+    return static_cast<double>(calls) *
+           (latency_steps(x, op) * x.latency + transfer_seconds(x, wire, bytes));
+  }
+
+  // Latency steps of one call: the ring's 2(n-1) for all-reduce, n-1 for reduce-scatter and
+  // all-gather, 1 for p2p. Across nodes NCCL runs all-reduce on a double binary tree when its
+  // tuning model finds it faster (NCCL >= 2.4, "Massively Scale Your Deep Learning Training with
+  // NCCL 2.4"): 2·ceil(log2 n) steps (reduce up, broadcast down) with the same bus bytes, which
+  // is fewer steps for n >= 3; `tree_all_reduce` false (NCCL_ALGO=Ring) keeps the ring.
+  [[nodiscard]] double latency_steps(const GroupInfo& x, CollectiveOp op) const noexcept {
+    const Count n = x.size;
+    if (op == CollectiveOp::send_recv) return 1.0;
+    if (op != CollectiveOp::all_reduce) return static_cast<double>(n - 1);
+    const double ring = 2.0 * static_cast<double>(n - 1);
+    if (!s_.assumptions.tree_all_reduce || x.link != Link::inter_node) return ring;
+    return std::min(ring, 2.0 * std::ceil(std::log2(static_cast<double>(n))));
   }
 
   // Achieved bus bandwidth for a buffer of `bytes`: the link rate times the large-message
@@ -270,12 +281,9 @@ class Estimator {
                                                               : bytes * (n - 1) / n)
                            : ring_wire_bytes(op, bytes, n);
     c.wire_bytes_per_gpu_per_step = wire * calls;
-    const double steps = op == CollectiveOp::all_reduce  ? 2.0 * static_cast<double>(n - 1)
-                         : op == CollectiveOp::send_recv ? 1.0
-                                                         : static_cast<double>(n - 1);
     c.seconds_per_step =
         static_cast<double>(calls) *
-        (steps * x.latency + transfer_seconds(x, static_cast<double>(wire), bytes));
+        (latency_steps(x, op) * x.latency + transfer_seconds(x, static_cast<double>(wire), bytes));
     out(c);
   }
 

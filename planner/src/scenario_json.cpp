@@ -661,6 +661,7 @@ Scenario scenario_from_json(const json& doc, std::initializer_list<std::string_v
     if (auto v = r.boolean("p2p_scatter_gather")) x.p2p_scatter_gather = *v;
     if (auto v = r.boolean("overlap_param_gather_after_step"))
       x.overlap_param_gather_after_step = *v;
+    if (auto v = r.boolean("tree_all_reduce")) x.tree_all_reduce = *v;
     if (auto v = r.integer("zero3_prefetch_layers", 0, 64)) x.zero3_prefetch_layers = *v;
     if (auto v = r.boolean("overlap_grad_reduce")) x.overlap_grad_reduce = *v;
     if (auto v = r.boolean("overlap_param_gather")) x.overlap_param_gather = *v;
@@ -779,6 +780,7 @@ json to_json(const Scenario& s) {
         {"overlap_p2p", a.overlap_p2p},
         {"p2p_scatter_gather", a.p2p_scatter_gather},
         {"overlap_param_gather_after_step", a.overlap_param_gather_after_step},
+        {"tree_all_reduce", a.tree_all_reduce},
         {"zero3_prefetch_layers", a.zero3_prefetch_layers},
         {"overlap_grad_reduce", a.overlap_grad_reduce},
         {"overlap_param_gather", a.overlap_param_gather},

@@ -28,6 +28,32 @@ TEST(Communication, RingFactorsFollowNcclTests) {
   }
 }
 
+// NCCL's double binary tree (NCCL 2.4+) reduces up and broadcasts down a tree of depth
+// ceil(log2 n): 2*ceil(log2 16) = 8 latency steps for 16 ranks where the ring takes 2*(16-1) = 30,
+// with the same bus bytes. Inside a node the ring's steps stay.
+TEST(Communication, InterNodeAllReduceLatencyFollowsTheTree) {
+  const double alpha = 2e-5;
+  json doc = {
+      {"model", "llama2-7b"},
+      {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", 16}, {"inter_node_latency", alpha}}},
+      {"training", {{"seq_length", 4096}, {"global_batch_size", 64}}},
+      {"parallel", {{"zero_stage", 0}}}};
+  auto dp_all_reduce = [](const Estimate& e) {
+    for (const auto& c : e.communication.collectives)
+      if (c.group == Group::dp && c.op == CollectiveOp::all_reduce) return c;
+    ADD_FAILURE() << "no dp all-reduce";
+    return Collective{};
+  };
+  const Collective tree = dp_all_reduce(estimate(testing::scenario(doc)));
+  doc["assumptions"]["tree_all_reduce"] = false;
+  const Collective ring = dp_all_reduce(estimate(testing::scenario(doc)));
+  ASSERT_EQ(tree.link, Link::inter_node);
+  EXPECT_EQ(tree.wire_bytes_per_gpu_per_step, ring.wire_bytes_per_gpu_per_step);
+  const double calls = static_cast<double>(tree.calls_per_step);
+  EXPECT_NEAR(ring.seconds_per_step - tree.seconds_per_step, calls * (30 - 8) * alpha,
+              1e-9 * ring.seconds_per_step);
+}
+
 TEST(Communication, Zero0AllReducesEveryGradientOncePerStep) {
   json doc = {{"model", "llama2-7b"},
               {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", 16}}},

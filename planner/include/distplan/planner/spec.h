@@ -139,6 +139,7 @@ struct Assumptions {
   bool overlap_p2p = false;                      // pipeline sends overlap compute
   bool p2p_scatter_gather = false;               // send 1/t of the activation per TP rank
   bool overlap_param_gather_after_step = false;  // ZeRO-1/2 gather hides behind the next forward
+  bool tree_all_reduce = true;  // inter-node all-reduce latency as NCCL's tree when it is lower
   Count zero3_prefetch_layers = 1;               // gathered units kept live beyond the current one
   bool overlap_grad_reduce = true;               // DP gradient reduction overlaps the last backward
   bool overlap_param_gather = true;              // ZeRO-3 gathers overlap compute (prefetch)
