@@ -879,7 +879,9 @@ class Trainer {
   // (megatron/core/pipeline_parallel/p2p_communication.py). Issued one by one, the two stages of
   // p = 2 would each wait in a send for a receive the other posts only after its own send.
   struct OutMessage {
-    std::shared_ptr<Tensor> buf;  // handed to the communicator until the send completes
+    // Shared with the communicator until the send completes; the step's closing barrier
+    // completes every send, so none outlives the step (nor this trainer's allocator).
+    std::shared_ptr<Tensor> buf;
     int peer = 0;
     P2PTag tag;
     const char* what = "";
