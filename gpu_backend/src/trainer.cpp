@@ -1503,6 +1503,7 @@ Measurement run(const Scenario& s, const RunOptions& opts) {
     // One GPU per local rank (Open MPI's local rank; Slurm's as a fallback).
     const char* lr = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
     if (lr == nullptr) lr = std::getenv("SLURM_LOCALID");
+    check_nccl_pipeline(s.parallel);
     cuda::set_device((lr ? std::atoi(lr) : 0) % std::max(cuda::device_count(), 1));
     groups = make_nccl_groups(s.parallel);
 #else
@@ -1511,12 +1512,22 @@ Measurement run(const Scenario& s, const RunOptions& opts) {
   } else {
     groups = make_mpi_groups(s.parallel);
   }
-  Measurement m;
-  {
-    Trainer trainer(s, opts, *groups);
-    m = trainer.train();
+  return run_on_groups(s, opts, *groups);
+}
+
+void check_nccl_pipeline(const ParallelSpec& p) {
+  if (p.pp > 1 && (p.schedule == Schedule::interleaved_1f1b || p.schedule == Schedule::zb_h2)) {
+    throw InputError("/parallel/schedule",
+                     "multi-GPU runs over NCCL take gpipe, 1f1b and zb_h1 pipelines; this "
+                     "schedule's point-to-point exchanges can wait on each other on one NCCL "
+                     "stream (run it on the CPU with MPI, or one rank with --emulate-rank)");
   }
-  return m;
+}
+
+Measurement run_on_groups(const Scenario& s, const RunOptions& opts, ProcessGroups& groups) {
+  check_supported(s);
+  Trainer trainer(s, opts, groups);
+  return trainer.train();
 }
 
 }  // namespace distplan::backend
