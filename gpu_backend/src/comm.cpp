@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "distplan/gpu_backend/tensor.h"
@@ -45,13 +46,19 @@ void Communicator::all_gather(const void* in, void* out, Count n, DType dtype,
   log_->record(group_, CollectiveOp::all_gather, what, n * size_ * bytes_of(dtype));
   do_all_gather(in, out, n, dtype);
 }
-void Communicator::send(const void* data, Count n, DType dtype, int dst, int tag,
-                        const std::string& what) {
-  log_->record(group_, CollectiveOp::send_recv, what, n * bytes_of(dtype));
-  do_send(data, n, dtype, dst, tag);
+void Communicator::send_recv(std::vector<P2POp> batch) {
+  for (const P2POp& op : batch) {
+    DISTPLAN_CHECK(op.peer >= 0 && op.peer < size_, "point-to-point peer outside the group");
+    if (op.dir == P2POp::Dir::send)
+      log_->record(group_, CollectiveOp::send_recv, op.what, op.n * bytes_of(op.dtype));
+  }
+  do_send_recv(batch);
 }
-void Communicator::recv(void* data, Count n, DType dtype, int src, int tag) {
-  do_recv(data, n, dtype, src, tag);
+
+std::string to_string(const P2PTag& t) {
+  return std::string(t.kind == P2PTag::Kind::activation ? "activation" : "gradient") +
+         " of micro-batch " + std::to_string(t.microbatch) + " for virtual stage " +
+         std::to_string(t.virtual_stage);
 }
 
 RankCoords rank_coords(const ParallelSpec& p, int world_rank) noexcept {
@@ -126,9 +133,10 @@ class EmulatedCommunicator final : public Communicator {
     move_bytes(device_, static_cast<char*>(out) + bytes * static_cast<std::size_t>(rank()), in,
                bytes);
   }
-  void do_send(const void*, Count, DType, int, int) override {}
-  void do_recv(void* data, Count n, DType dtype, int, int) override {
-    zero_bytes(device_, data, static_cast<std::size_t>(n * bytes_of(dtype)));
+  void do_send_recv(std::vector<P2POp>& batch) override {
+    for (const P2POp& op : batch)
+      if (op.dir == P2POp::Dir::recv)
+        zero_bytes(device_, op.data, static_cast<std::size_t>(op.n * bytes_of(op.dtype)));
   }
 
  private:

@@ -1,8 +1,10 @@
 // MPI communicators for CPU ranks. 16-bit buffers are reduced in fp32 and rounded back.
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <list>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "distplan/gpu_backend/comm.h"
@@ -50,9 +52,15 @@ int icount(Count n) {
 class MpiCommunicator final : public Communicator {
  public:
   MpiCommunicator(Group g, MPI_Comm comm, CommLog* log)
-      : Communicator(g, comm_rank(comm), comm_size(comm), log), comm_(comm) {}
+      : Communicator(g, comm_rank(comm), comm_size(comm), log), comm_(comm) {
+    // Point-to-point messages travel on a duplicate whose errors return (a message longer than
+    // the receive is reported by name, not aborted); the collectives keep MPI's fatal handler.
+    MPI_Comm_dup(comm_, &p2p_);
+    MPI_Comm_set_errhandler(p2p_, MPI_ERRORS_RETURN);
+  }
   ~MpiCommunicator() override {
     complete_sends();
+    MPI_Comm_free(&p2p_);
     MPI_Comm_free(&comm_);
   }
   void barrier() override {
@@ -79,20 +87,71 @@ class MpiCommunicator final : public Communicator {
     std::vector<char> mine(static_cast<const char*>(in), static_cast<const char*>(in) + bytes);
     MPI_Allgather(mine.data(), icount(bytes), MPI_BYTE, out, icount(bytes), MPI_BYTE, comm_);
   }
-  void do_send(const void* data, Count n, DType dtype, int dst, int tag) override {
-    const Count bytes = n * bytes_of(dtype);
-    auto& p = pending_.emplace_back();
-    p.data.assign(static_cast<const char*>(data), static_cast<const char*>(data) + bytes);
-    MPI_Isend(p.data.data(), icount(bytes), MPI_BYTE, dst, tag, comm_, &p.req);
+  // Each message is a header naming what it carries, then the payload. Messages between a pair
+  // match in the order they were issued (MPI's non-overtaking rule, one tag for all), as NCCL
+  // matches them, so a receive that the schedule pairs with a different send fails here too.
+  void do_send_recv(std::vector<P2POp>& batch) override {
+    std::vector<MPI_Request> reqs;
+    std::vector<std::size_t> recv_of;
+    std::vector<std::vector<char>> staged(batch.size());
+    for (std::size_t i = 0; i < batch.size(); ++i) {
+      P2POp& op = batch[i];
+      const auto bytes = static_cast<std::size_t>(op.n * bytes_of(op.dtype));
+      if (op.dir == P2POp::Dir::send) {
+        auto& p = pending_.emplace_back();
+        p.data.resize(sizeof(Header) + bytes);
+        const Header h = header_of(op.tag, bytes);
+        std::memcpy(p.data.data(), &h, sizeof h);
+        std::memcpy(p.data.data() + sizeof h, op.data, bytes);
+        check_p2p(MPI_Isend(p.data.data(), icount(static_cast<Count>(p.data.size())), MPI_BYTE,
+                            op.peer, kP2PTag, p2p_, &p.req),
+                  "MPI_Isend", op);
+        op.keep_alive.reset();  // the payload is copied out
+      } else {
+        staged[i].resize(sizeof(Header) + bytes);
+        reqs.emplace_back();
+        recv_of.push_back(i);
+        check_p2p(MPI_Irecv(staged[i].data(), icount(static_cast<Count>(staged[i].size())),
+                            MPI_BYTE, op.peer, kP2PTag, p2p_, &reqs.back()),
+                  "MPI_Irecv", op);
+      }
+    }
+    std::vector<MPI_Status> st(reqs.size());
+    const int rc = MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), st.data());
+    for (std::size_t k = 0; k < recv_of.size(); ++k) {
+      const P2POp& op = batch[recv_of[k]];
+      const std::vector<char>& buf = staged[recv_of[k]];
+      const std::string where = "pipeline receive on rank " + std::to_string(rank()) + " of its " +
+                                std::string(to_string(group())) + " group from rank " +
+                                std::to_string(op.peer) + ": expected the " + to_string(op.tag);
+      if (rc != MPI_SUCCESS && st[k].MPI_ERROR != MPI_SUCCESS) {
+        throw P2POrderError(
+            where + " (" + std::to_string(buf.size()) +
+            " bytes with its header), but MPI reports: " + mpi_error_string(st[k].MPI_ERROR) +
+            "; the sender's message differs in size");
+      }
+      int got = 0;
+      MPI_Get_count(&st[k], MPI_BYTE, &got);
+      Header h{};
+      if (static_cast<std::size_t>(got) >= sizeof h) std::memcpy(&h, buf.data(), sizeof h);
+      const P2PTag sent = tag_of(h);
+      if (static_cast<std::size_t>(got) != buf.size() || !(sent == op.tag) ||
+          h.bytes != static_cast<std::int64_t>(buf.size() - sizeof h)) {
+        throw P2POrderError(where + " (" + std::to_string(buf.size() - sizeof h) +
+                            " bytes), received the " + to_string(sent) + " (" +
+                            std::to_string(h.bytes) +
+                            " bytes): the two ranks' schedule programs order their messages "
+                            "differently");
+      }
+      std::memcpy(op.data, buf.data() + sizeof h, buf.size() - sizeof h);
+    }
+    if (rc != MPI_SUCCESS) throw std::runtime_error("MPI_Waitall failed on a pipeline exchange");
     // Reap finished sends so the staging copies do not pile up.
     for (auto it = pending_.begin(); it != pending_.end();) {
       int done = 0;
       MPI_Test(&it->req, &done, MPI_STATUS_IGNORE);
       it = done ? pending_.erase(it) : std::next(it);
     }
-  }
-  void do_recv(void* data, Count n, DType dtype, int src, int tag) override {
-    MPI_Recv(data, icount(n * bytes_of(dtype)), MPI_BYTE, src, tag, comm_, MPI_STATUS_IGNORE);
   }
 
  private:
@@ -110,11 +169,38 @@ class MpiCommunicator final : public Communicator {
     for (auto& p : pending_) MPI_Wait(&p.req, MPI_STATUS_IGNORE);
     pending_.clear();
   }
+  struct Header {
+    std::int64_t kind, microbatch, virtual_stage, bytes;
+  };
+  static constexpr int kP2PTag = 0;
+  static Header header_of(const P2PTag& t, std::size_t bytes) {
+    return {t.kind == P2PTag::Kind::activation ? 0 : 1, t.microbatch, t.virtual_stage,
+            static_cast<std::int64_t>(bytes)};
+  }
+  static P2PTag tag_of(const Header& h) {
+    P2PTag t;
+    t.kind = h.kind == 0 ? P2PTag::Kind::activation : P2PTag::Kind::gradient;
+    t.microbatch = h.microbatch;
+    t.virtual_stage = h.virtual_stage;
+    return t;
+  }
+  static std::string mpi_error_string(int code) {
+    char text[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(code, text, &len);
+    return std::string(text, static_cast<std::size_t>(len));
+  }
+  void check_p2p(int rc, const char* call, const P2POp& op) const {
+    if (rc == MPI_SUCCESS) return;
+    throw std::runtime_error(std::string(call) + " to/from rank " + std::to_string(op.peer) +
+                             " for the " + to_string(op.tag) + ": " + mpi_error_string(rc));
+  }
   struct Pending {
     std::vector<char> data;
     MPI_Request req{};
   };
   MPI_Comm comm_;
+  MPI_Comm p2p_ = MPI_COMM_NULL;
   std::list<Pending> pending_;
 };
 

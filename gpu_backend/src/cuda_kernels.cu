@@ -424,14 +424,18 @@ void adam_step(float* master, const float* grad, float* m, float* v, std::size_t
   DISTPLAN_CUDA_CHECK_LAUNCH();
 }
 bool has_overflow(const float* x, std::size_t n) {
-  int* flag = nullptr;
-  DISTPLAN_CUDA_CHECK(cudaMalloc(&flag, sizeof(int)));
-  DISTPLAN_CUDA_CHECK(cudaMemset(flag, 0, sizeof(int)));
+  // One device word for the process, allocated on the first check: a cudaMalloc/cudaFree per
+  // check would synchronise the device each time (cudaFree waits for all its work).
+  static int* const flag = [] {
+    int* f = nullptr;
+    DISTPLAN_CUDA_CHECK(cudaMalloc(&f, sizeof(int)));
+    return f;
+  }();
+  DISTPLAN_CUDA_CHECK(cudaMemsetAsync(flag, 0, sizeof(int), 0));
   k_overflow<<<blocks_for(n), kThreads>>>(x, n, flag);
   DISTPLAN_CUDA_CHECK_LAUNCH();
   int h = 0;
   DISTPLAN_CUDA_CHECK(cudaMemcpy(&h, flag, sizeof(int), cudaMemcpyDeviceToHost));
-  DISTPLAN_CUDA_CHECK(cudaFree(flag));
   return h != 0;
 }
 

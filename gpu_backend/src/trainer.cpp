@@ -864,9 +864,79 @@ class Trainer {
     std::vector<LayerParams> layer_params;
   };
 
-  // Message tag of what virtual stage `vs` receives for micro-batch `mb`.
-  int tag(bool grad, Count mb, Count vs) const {
-    return static_cast<int>((grad ? 1 : 0) + 2 * (vs + pp_ * v_ * mb));
+  // What virtual stage `vs` receives for micro-batch `mb`.
+  static P2PTag tag(bool grad, Count mb, Count vs) {
+    P2PTag t;
+    t.kind = grad ? P2PTag::Kind::gradient : P2PTag::Kind::activation;
+    t.microbatch = mb;
+    t.virtual_stage = vs;
+    return t;
+  }
+
+  // ---- pipeline messages ----------------------------------------------------------------------
+  // A chunk's output (its activation, or its input gradient) waits in the outbox until the next
+  // action of the program starts, and goes out in one exchange with that action's receive: 1F1B's
+  // "send activation, receive gradient" and "send gradient, receive activation" pairs, as
+  // Megatron-LM's send_forward_recv_backward / send_backward_recv_forward
+  // (megatron/core/pipeline_parallel/p2p_communication.py). Issued one by one, the two stages of
+  // p = 2 would each wait in a send for a receive the other posts only after its own send.
+  struct OutMessage {
+    // Shared with the communicator until the send completes; the step's closing barrier
+    // completes every send, so none outlives the step (nor this trainer's allocator).
+    std::shared_ptr<Tensor> buf;
+    int peer = 0;
+    P2PTag tag;
+    const char* what = "";
+    sim::Track track = sim::Track::send_next;
+    sim::SliceKind kind = sim::SliceKind::send_activation;
+    Count mb = 0, chunk = 0;
+  };
+  void post_send(const Vec& x, int peer, P2PTag t, const char* what, sim::Track track,
+                 sim::SliceKind kind, Count mb, Count c) {
+    DISTPLAN_CHECK(!outbox_, "a pipeline send is already waiting");
+    outbox_ = OutMessage{std::make_shared<Tensor>(pack(x, cb_)), peer, t, what, track, kind, mb, c};
+  }
+  // Issues the waiting send (if any) and the receive into `in` (if given) as one exchange.
+  void exchange(Tensor* in, int peer, P2PTag t) {
+    std::optional<OutMessage> out = std::move(outbox_);
+    outbox_.reset();
+    std::vector<P2POp> batch;
+    if (out) {
+      P2POp op;
+      op.dir = P2POp::Dir::send;
+      op.peer = out->peer;
+      op.data = out->buf->data();
+      op.n = out->buf->numel();
+      op.dtype = cb_;
+      op.tag = out->tag;
+      op.what = out->what;
+      op.keep_alive = out->buf;
+      batch.push_back(std::move(op));
+    }
+    if (in != nullptr) {
+      P2POp op;
+      op.dir = P2POp::Dir::recv;
+      op.peer = peer;
+      op.data = in->data();
+      op.n = in->numel();
+      op.dtype = cb_;
+      op.tag = t;
+      batch.push_back(std::move(op));
+    }
+    if (batch.empty()) return;
+    const auto t0 = Clock::now();
+    g_.pp->send_recv(std::move(batch));
+    if (out) mark(out->track, out->kind, out->mb, out->chunk, t0);
+  }
+  void flush_sends() {
+    exchange(nullptr, 0, P2PTag{});
+  }
+  // Whether action `a` starts by receiving from a neighbouring stage.
+  bool receives_first(const sim::Action& a) const {
+    const Chunk& ch = chunks_[static_cast<std::size_t>(a.chunk)];
+    if (a.op == sim::Op::forward) return !ch.first;
+    if (a.op == sim::Op::backward || a.op == sim::Op::backward_input) return !ch.last;
+    return false;
   }
   Count vstage(Count c) const {
     return c * pp_ + stage_;
@@ -922,7 +992,7 @@ class Trainer {
     } else {
       x.assign(static_cast<std::size_t>(Nl_ * h_), 0.0f);
       Tensor in(alloc_, {Nl_ * h_}, cb_, MemoryTag::temporaries);
-      g_.pp->recv(in.data(), in.numel(), cb_, prev_stage(), tag(false, mb, vstage(c)));
+      exchange(&in, prev_stage(), tag(false, mb, vstage(c)));
       x = rd(in);
     }
     st.layers.resize(static_cast<std::size_t>(ch.num_layers));
@@ -944,11 +1014,8 @@ class Trainer {
       head_forward(st, x, step, mb);
       release(pass[pi]);
     } else {
-      const auto t0 = Clock::now();
-      Tensor out = pack(x, cb_);
-      g_.pp->send(out.data(), out.numel(), cb_, next_stage(), tag(false, mb, vstage(c) + 1),
-                  "activations (forward)");
-      mark(sim::Track::send_next, sim::SliceKind::send_activation, mb, c, t0);
+      post_send(x, next_stage(), tag(false, mb, vstage(c) + 1), "activations (forward)",
+                sim::Track::send_next, sim::SliceKind::send_activation, mb, c);
     }
   }
 
@@ -1103,7 +1170,7 @@ class Trainer {
       release(pass[pi++]);
     } else {
       Tensor in(alloc_, {Nl_ * h_}, cb_, MemoryTag::temporaries);
-      g_.pp->recv(in.data(), in.numel(), cb_, next_stage(), tag(true, mb, vstage(c)));
+      exchange(&in, next_stage(), tag(true, mb, vstage(c)));
       dy = rd(in);
     }
     for (Count l = ch.num_layers - 1; l >= 0; --l, ++pi) {
@@ -1123,11 +1190,8 @@ class Trainer {
       flush(jobs, pass[pi]);
       release(pass[pi]);
     } else {
-      const auto t0 = Clock::now();
-      Tensor out = pack(dy, cb_);
-      g_.pp->send(out.data(), out.numel(), cb_, prev_stage(), tag(true, mb, vstage(c) - 1),
-                  "gradients (backward)");
-      mark(sim::Track::send_prev, sim::SliceKind::send_gradient, mb, c, t0);
+      post_send(dy, prev_stage(), tag(true, mb, vstage(c) - 1), "gradients (backward)",
+                sim::Track::send_prev, sim::SliceKind::send_gradient, mb, c);
     }
     if (!split) states_.erase({mb, c});
   }
@@ -1161,6 +1225,7 @@ class Trainer {
     for (const sim::Action& a : program_.programs[static_cast<std::size_t>(stage_)]) {
       const auto t0 = Clock::now();
       cur_mb_ = a.microbatch;
+      if (!receives_first(a)) flush_sends();
       switch (a.op) {
         case sim::Op::forward:
           forward(step, a.microbatch, a.chunk);
@@ -1179,6 +1244,7 @@ class Trainer {
       mark(sim::Track::compute, slice_kind(a.op), a.microbatch, a.chunk, t0);
     }
     cur_mb_ = -1;
+    flush_sends();
     g_.pp->barrier();
     const auto t0 = Clock::now();
     // Tied embeddings (pp > 1): the first stage's word embedding and the last stage's copy sum
@@ -1414,6 +1480,7 @@ class Trainer {
   std::vector<Unit> units_;
   std::vector<Chunk> chunks_;
   std::map<std::pair<Count, Count>, ChunkState> states_;
+  std::optional<OutMessage> outbox_;
   std::vector<ExecutedAction> executed_;
   std::vector<sim::TraceEvent> timeline_;
   Clock::time_point step_t0_ = Clock::now();
@@ -1463,6 +1530,7 @@ Measurement run(const Scenario& s, const RunOptions& opts) {
     // One GPU per local rank (Open MPI's local rank; Slurm's as a fallback).
     const char* lr = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
     if (lr == nullptr) lr = std::getenv("SLURM_LOCALID");
+    check_nccl_pipeline(s.parallel);
     cuda::set_device((lr ? std::atoi(lr) : 0) % std::max(cuda::device_count(), 1));
     groups = make_nccl_groups(s.parallel);
 #else
@@ -1471,12 +1539,22 @@ Measurement run(const Scenario& s, const RunOptions& opts) {
   } else {
     groups = make_mpi_groups(s.parallel);
   }
-  Measurement m;
-  {
-    Trainer trainer(s, opts, *groups);
-    m = trainer.train();
+  return run_on_groups(s, opts, *groups);
+}
+
+void check_nccl_pipeline(const ParallelSpec& p) {
+  if (p.pp > 1 && (p.schedule == Schedule::interleaved_1f1b || p.schedule == Schedule::zb_h2)) {
+    throw InputError("/parallel/schedule",
+                     "multi-GPU runs over NCCL take gpipe, 1f1b and zb_h1 pipelines; this "
+                     "schedule's point-to-point exchanges can wait on each other on one NCCL "
+                     "stream (run it on the CPU with MPI, or one rank with --emulate-rank)");
   }
-  return m;
+}
+
+Measurement run_on_groups(const Scenario& s, const RunOptions& opts, ProcessGroups& groups) {
+  check_supported(s);
+  Trainer trainer(s, opts, groups);
+  return trainer.train();
 }
 
 }  // namespace distplan::backend

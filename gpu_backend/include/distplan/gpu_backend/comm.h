@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -41,6 +42,40 @@ class CommLog {
   std::map<Key, CommTotals> entries_;
 };
 
+/// What a pipeline message carries: the receiver's virtual stage, its micro-batch and whether it
+/// is a forward activation or a backward gradient. The sender and the receiver each name it from
+/// the schedule program; the MPI communicator checks that they agree.
+struct P2PTag {
+  enum class Kind { activation, gradient };
+  Kind kind = Kind::activation;
+  Count microbatch = 0;
+  Count virtual_stage = 0;
+  bool operator==(const P2PTag&) const = default;
+};
+[[nodiscard]] std::string to_string(const P2PTag& t);
+
+/// One send or receive of a batched exchange (Communicator::send_recv). `peer` is a rank of the
+/// group; `data` holds `n` elements of `dtype` on the communicator's device. A send may hand over
+/// ownership of its buffer in `keep_alive`: the communicator drops it once the send has completed
+/// on its stream, so the buffer is never freed while in flight.
+struct P2POp {
+  enum class Dir { send, recv };
+  Dir dir = Dir::send;
+  int peer = 0;
+  void* data = nullptr;
+  Count n = 0;
+  DType dtype = DType::fp32;
+  P2PTag tag;
+  std::string what;  // sends: the CommLog entry
+  std::shared_ptr<void> keep_alive;
+};
+
+/// A receive got a different message than the schedule program pairs it with.
+class P2POrderError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 /// A communicator over one group. Buffers hold `n` elements of `dtype` (16-bit types are reduced
 /// in fp32 and rounded back). Counts are per rank: reduce_scatter reads n*size and writes n;
 /// all_gather reads n and writes n*size. The recorded bytes are the full buffer (n*size elements
@@ -57,12 +92,14 @@ class Communicator {
   void all_reduce(void* data, Count n, DType dtype, ReduceOp op, const std::string& what);
   void reduce_scatter(const void* in, void* out, Count n, DType dtype, const std::string& what);
   void all_gather(const void* in, void* out, Count n, DType dtype, const std::string& what);
-  /// Non-blocking for the caller (the data is copied out); recorded as send_recv.
-  /// `tag` tells messages between the same pair apart (the receiver's virtual stage, micro-batch
-  /// and direction).
-  void send(const void* data, Count n, DType dtype, int dst, int tag, const std::string& what);
-  /// Blocks until the matching send arrives. Receives are not recorded (the sender records).
-  void recv(void* data, Count n, DType dtype, int src, int tag);
+  /// One step's point-to-point exchange, issued together: every send and receive of the batch is
+  /// in flight at once (one NCCL group; MPI_Isend/MPI_Irecv + MPI_Waitall), so a send never waits
+  /// on a receive of the same batch being posted first (docs/gpu_backend.md, "Pipeline messages").
+  /// Returns when every receive's data is usable by later work on the compute stream; sends may
+  /// still be in flight, their buffers kept alive by P2POp::keep_alive. Messages between a pair
+  /// match in issue order; the MPI communicator checks each receive's tag against the sender's
+  /// and throws P2POrderError naming both. Sends are recorded as send_recv under their `what`.
+  void send_recv(std::vector<P2POp> batch);
   /// Completes outstanding sends, then synchronises the group.
   virtual void barrier() = 0;
 
@@ -70,8 +107,7 @@ class Communicator {
   virtual void do_all_reduce(void* data, Count n, DType dtype, ReduceOp op) = 0;
   virtual void do_reduce_scatter(const void* in, void* out, Count n, DType dtype) = 0;
   virtual void do_all_gather(const void* in, void* out, Count n, DType dtype) = 0;
-  virtual void do_send(const void* data, Count n, DType dtype, int dst, int tag) = 0;
-  virtual void do_recv(void* data, Count n, DType dtype, int src, int tag) = 0;
+  virtual void do_send_recv(std::vector<P2POp>& batch) = 0;
 
  private:
   Group group_;

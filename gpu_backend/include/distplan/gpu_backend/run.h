@@ -62,6 +62,16 @@ struct Measurement {
 /// with tp*dp*pp ranks; rank 0's result holds every rank's measurement, other ranks' only theirs.
 /// Throws InputError for layouts the backend does not implement (docs/gpu_backend.md, "Limits").
 [[nodiscard]] Measurement run(const Scenario& s, const RunOptions& opts);
+/// Throws InputError on /parallel/schedule for a pipeline whose exchanges can wait on each other
+/// under NCCL's rules (one stream per rank, each group complete as a whole, messages past the
+/// eager buffers sent by rendezvous): interleaved 1F1B and ZB-H2 with pp > 1.
+/// tests/gpu_backend/pipeline_rendezvous_test.cpp reproduces the cycle for exactly these; MPI and
+/// emulated runs take every schedule (docs/gpu_backend.md, "Pipeline messages").
+void check_nccl_pipeline(const ParallelSpec& p);
+/// The same on groups the caller built (for `groups.world_rank`): tests put communicators with
+/// other matching rules in (tests/gpu_backend/pipeline_rendezvous_test.cpp).
+[[nodiscard]] Measurement run_on_groups(const Scenario& s, const RunOptions& opts,
+                                        ProcessGroups& groups);
 
 /// True when built with CUDA and a GPU is visible (cudaGetDeviceCount succeeds with one or more).
 [[nodiscard]] bool cuda_available() noexcept;
