@@ -36,6 +36,15 @@ Count inflight_chunks(Schedule schedule, Count pp, Count v, Count stage, Count m
       // ZB-H2 warms up with 2(p - s) - 1 forwards and defers W by 2s: 2p - 1 in flight
       // (Qi et al. 2023, Table 2: (2p - 1) M_B).
       return std::min(2 * pp - 1, m);
+    case Schedule::zb_v:
+      // PyTorch's ScheduleZBVZeroBubble order (make_zb_v): stage s runs 2p - s - 1 chunk-0 and
+      // s chunk-1 forwards before its first chunk-1 forward of the (F, B, W) warm-up, so 2p
+      // chunks are alive at every stage's peak, p micro-batches of a whole stage: 1F1B's peak of
+      // stage 0 (Qi et al. 2023, Sec. 6). Needs m >= 2p - 1 (validate).
+      return 2 * pp;
+    case Schedule::v_half:
+    case Schedule::v_min:
+      return 2 * m;  // no generator: validate refuses the schedule
     case Schedule::interleaved_1f1b: {
       // Megatron-LM get_pp_rank_microbatches (NVIDIA/Megatron-LM
       // megatron/core/pipeline_parallel/schedules.py, commit 00611e6e): num_warmup =
@@ -67,8 +76,14 @@ Bytes activation_peak_bytes(Schedule schedule, Count pp, Count v, Count stage, C
   // The first virtual stage is chunk 0 of stage 0 and the last is chunk v - 1 of stage pp - 1
   // (Megatron-LM's placement, virtual stage c * pp + s).
   const Bytes first = stage == 0 ? first_bytes : 0;
-  const Bytes last = stage == pp - 1 ? last_bytes : 0;
+  const Bytes last = stage == head_stage(schedule, pp) ? last_bytes : 0;
   const Count chunks = inflight_chunks(schedule, pp, v, stage, m);
+  if (schedule == Schedule::zb_v) {
+    // Stage 0 holds both ends of the V. Its peak is either 2p chunk-0 passes (the first stable
+    // forward, m >= 2p) or 2p - 1 of chunk 0 and one of chunk 1 (the (F, B, W) warm-up).
+    if (first == 0 && last == 0) return chunks * chunk_bytes;
+    return chunks * chunk_bytes + (chunks - 1) * first + std::max(first, last);
+  }
   if (v == 1) return chunks * (chunk_bytes + first + last);
   // Interleaved: the stage holds W + 1 chunks at every steady-state forward (W warm-up forwards,
   // then F, B pairs), fewer before and after; a forward only ever adds. When the warm-up is

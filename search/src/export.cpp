@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "distplan/planner/error.h"
 #include "distplan/planner/layout.h"
 
 namespace distplan::search {
@@ -254,6 +255,17 @@ Exported torchtitan(const Scenario& s) {
     case Schedule::zb_h2:
       schedule = "InterleavedZeroBubble";
       break;
+    case Schedule::zb_v:
+      // torch.distributed.pipelining's ScheduleZBVZeroBubble: two stages per rank in a V
+      // (get_schedule_class name "ZBVZeroBubble", pytorch/pytorch schedules.py).
+      schedule = "ZBVZeroBubble";
+      break;
+    case Schedule::v_half:
+    case Schedule::v_min:
+      throw InputError("/parallel/schedule",
+                       fmt::format("torchtitan has no {} schedule; export zb_v or a 1F1B family "
+                                   "schedule",
+                                   to_string(p.schedule)));
   }
   if ((p.schedule == Schedule::zb_h1 || p.schedule == Schedule::zb_h2) && p.pp > 1) {
     out.notes.push_back(fmt::format(
@@ -300,7 +312,8 @@ Exported torchtitan(const Scenario& s) {
   if (p.pp > 1) {
     o << "pipeline_parallel_schedule = " << toml_string(schedule) << '\n';
     o << "pipeline_parallel_microbatch_size = " << t.micro_batch_size << '\n';
-    if (p.schedule == Schedule::interleaved_1f1b) {
+    // Multi-stage schedules need torchtitan to cut 2 (ZB-V) or v stages per rank.
+    if (p.schedule == Schedule::interleaved_1f1b || p.schedule == Schedule::zb_v) {
       o << "pipeline_parallel_layers_per_stage = " << s.model.num_layers / (p.pp * p.virtual_stages)
         << '\n';
     }

@@ -21,14 +21,16 @@ struct Drawn {
 
 Drawn draw(std::mt19937_64& rng) {
   auto pick = [&rng](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
-  static const char* kSchedules[] = {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_h2"};
-  const std::string sched = kSchedules[pick(0, 4)];
+  static const char* kSchedules[] = {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_h2", "zb_v"};
+  const std::string sched = kSchedules[pick(0, 5)];
   const int pp = pick(1, 6);
-  const int v = sched == "interleaved_1f1b" ? pick(1, 4) : 1;
+  const int v = sched == "interleaved_1f1b" ? pick(1, 4) : sched == "zb_v" ? 2 : 1;
   const int layers = pp * v * pick(1, 3);
   const int tp = pick(1, 2), dp = pick(1, 2), mbs = pick(1, 2);
-  // Megatron-LM's interleaved order needs m to be a multiple of pp.
-  const int m = sched == "interleaved_1f1b" ? pp * pick(1, 4) : pick(1, 17);
+  // Megatron-LM's interleaved order needs m to be a multiple of pp; ZB-V at least 2 pp.
+  const int m = sched == "interleaved_1f1b" ? pp * pick(1, 4)
+                : sched == "zb_v"           ? 2 * pp + pick(0, 9)
+                                            : pick(1, 17);
   static const char* kRecompute[] = {"none", "selective"};
   nlohmann::json j = {
       {"model", {{"preset", "llama2-7b"}, {"num_layers", layers}}},
@@ -52,7 +54,7 @@ Drawn draw(std::mt19937_64& rng) {
 TEST(PlanEqualsSimulation, SavedActivationsPerStageOverRandomLayouts) {
   std::mt19937_64 rng(20241117);
   int checked = 0;
-  for (int i = 0; i < 400; ++i) {
+  for (int i = 0; i < 480; ++i) {
     const Drawn d = draw(rng);
     const Scenario s = scenario_from_json(d.doc);
     const Estimate e = estimate(s);
@@ -67,7 +69,7 @@ TEST(PlanEqualsSimulation, SavedActivationsPerStageOverRandomLayouts) {
     }
     ++checked;
   }
-  EXPECT_EQ(checked, 400);
+  EXPECT_EQ(checked, 480);
 }
 
 // Issue 17 item 1: 4 layers, pp 2, v 2, global batch 2 (m = p). Megatron-LM's current warm-up
