@@ -155,5 +155,16 @@ TEST(Export, DeparturesAreNoted) {
   EXPECT_FALSE(export_scenario(s, ExportFormat::torchtitan).notes.empty());  // no ZeRO-1 in FSDP2
 }
 
+TEST(Export, TorchtitanNamesZbvZeroBubble) {
+  // torch.distributed.pipelining's get_schedule_class("ZBVZeroBubble") is ScheduleZBVZeroBubble:
+  // two stages per rank in a V, so torchtitan cuts num_layers / (2 pp) layers per stage.
+  const Scenario s =
+      scenario_of(layout(8, 2, 4, 1, 0, Recompute::none, true, Schedule::zb_v, 2, 1));
+  const std::string text = export_scenario(s, ExportFormat::torchtitan).text;
+  const auto par = toml_table(text, "parallelism");
+  EXPECT_EQ(par.at("pipeline_parallel_schedule"), "\"ZBVZeroBubble\"");
+  EXPECT_EQ(par.at("pipeline_parallel_layers_per_stage"), "20");  // 80 / (2*2)
+}
+
 }  // namespace
 }  // namespace distplan::search
