@@ -569,7 +569,8 @@ class Estimator {
       case Schedule::v_half:
       case Schedule::v_min:
         // t_max is both chunks of the stage. ZB-V: zero bubble when F = B = W (Qi et al. 2023,
-        // Sec. 6); the steady state's m t_max is a lower bound otherwise.
+        // Sec. 6); otherwise, and for V-Half / V-Min, m t_max is a lower bound (the simulation
+        // has their bubble, docs/simulator.md).
         pipe = m * t_max;
         break;
     }

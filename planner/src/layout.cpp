@@ -43,8 +43,15 @@ Count inflight_chunks(Schedule schedule, Count pp, Count v, Count stage, Count m
       // stage 0 (Qi et al. 2023, Sec. 6). Needs m >= 2p - 1 (validate).
       return 2 * pp;
     case Schedule::v_half:
-    case Schedule::v_min:
-      return 2 * m;  // no generator: validate refuses the schedule
+      // The authors' V-Half building block (make_v_half): 2 floor(p/2) + 2 chunks on every stage
+      // once m >= 2p, about half of 1F1B's 2p (Qi et al. 2024; sail-sg README table "1/2x").
+      return 2 * (pp / 2) + 2;
+    case Schedule::v_min: {
+      // V-Min's block (make_v_min): 2 floor((p + 1)/3) + 2 chunks, about a third of 1F1B's
+      // (README table "1/3x"); when p mod 3 = 2 every third stage, from stage 0, holds two fewer.
+      const Count k = 2 * ((pp + 1) / 3) + 2;
+      return pp % 3 == 2 && stage % 3 == 0 ? k - 2 : k;
+    }
     case Schedule::interleaved_1f1b: {
       // Megatron-LM get_pp_rank_microbatches (NVIDIA/Megatron-LM
       // megatron/core/pipeline_parallel/schedules.py, commit 00611e6e): num_warmup =
@@ -78,11 +85,13 @@ Bytes activation_peak_bytes(Schedule schedule, Count pp, Count v, Count stage, C
   const Bytes first = stage == 0 ? first_bytes : 0;
   const Bytes last = stage == head_stage(schedule, pp) ? last_bytes : 0;
   const Count chunks = inflight_chunks(schedule, pp, v, stage, m);
-  if (schedule == Schedule::zb_v) {
-    // Stage 0 holds both ends of the V. Its peak is either 2p chunk-0 passes (the first stable
-    // forward, m >= 2p) or 2p - 1 of chunk 0 and one of chunk 1 (the (F, B, W) warm-up).
+  if (v_shape(schedule)) {
+    // Stage 0 holds both ends of the V. At its peak it holds one chunk-1 pass and the rest of
+    // chunk 0 (every V order, m >= 2p); ZB-V's first stable forward also reaches the peak with
+    // chunk 0 only.
     if (first == 0 && last == 0) return chunks * chunk_bytes;
-    return chunks * chunk_bytes + (chunks - 1) * first + std::max(first, last);
+    const Bytes one_of_chunk_1 = schedule == Schedule::zb_v ? std::max(first, last) : last;
+    return chunks * chunk_bytes + (chunks - 1) * first + one_of_chunk_1;
   }
   if (v == 1) return chunks * (chunk_bytes + first + last);
   // Interleaved: the stage holds W + 1 chunks at every steady-state forward (W warm-up forwards,

@@ -152,17 +152,11 @@ void validate_scenario(const Scenario& s) {
                      "a multiple of 2*pp={}",
                      to_string(p.schedule), m.num_layers, 2 * p.pp));
   }
-  if (p.schedule == Schedule::zb_v && m_mb < 2 * p.pp) {
+  if (v_shape(p.schedule) && m_mb < 2 * p.pp) {
     fail("/parallel/schedule",
-         fmt::format("zb_v needs at least 2*pp={} micro-batches per step (its V warm-up holds 2pp "
-                     "chunks); the step has {}",
-                     2 * p.pp, m_mb));
-  }
-  if (p.schedule == Schedule::v_half || p.schedule == Schedule::v_min) {
-    fail("/parallel/schedule",
-         fmt::format("schedule {} is named but distplan has no program generator for it yet; use "
-                     "zb_v",
-                     to_string(p.schedule)));
+         fmt::format("{} needs at least 2*pp={} micro-batches per step (the V's warm-up and the "
+                     "planner's activation peak assume it); the step has {}",
+                     to_string(p.schedule), 2 * p.pp, m_mb));
   }
   if (p.schedule == Schedule::interleaved_1f1b) {
     if (m.num_layers % (p.pp * p.virtual_stages) != 0) {

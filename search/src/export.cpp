@@ -7,7 +7,6 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "distplan/planner/error.h"
 #include "distplan/planner/layout.h"
 
 namespace distplan::search {
@@ -262,10 +261,12 @@ Exported torchtitan(const Scenario& s) {
       break;
     case Schedule::v_half:
     case Schedule::v_min:
-      throw InputError("/parallel/schedule",
-                       fmt::format("torchtitan has no {} schedule; export zb_v or a 1F1B family "
-                                   "schedule",
-                                   to_string(p.schedule)));
+      schedule = "ZBVZeroBubble";
+      out.notes.push_back(fmt::format(
+          "torchtitan has no {} schedule; ZBVZeroBubble places the same V but keeps about {} "
+          "times the activations",
+          to_string(p.schedule), p.schedule == Schedule::v_half ? 2 : 3));
+      break;
   }
   if ((p.schedule == Schedule::zb_h1 || p.schedule == Schedule::zb_h2) && p.pp > 1) {
     out.notes.push_back(fmt::format(
@@ -313,7 +314,7 @@ Exported torchtitan(const Scenario& s) {
     o << "pipeline_parallel_schedule = " << toml_string(schedule) << '\n';
     o << "pipeline_parallel_microbatch_size = " << t.micro_batch_size << '\n';
     // Multi-stage schedules need torchtitan to cut 2 (ZB-V) or v stages per rank.
-    if (p.schedule == Schedule::interleaved_1f1b || p.schedule == Schedule::zb_v) {
+    if (p.schedule == Schedule::interleaved_1f1b || v_shape(p.schedule)) {
       o << "pipeline_parallel_layers_per_stage = " << s.model.num_layers / (p.pp * p.virtual_stages)
         << '\n';
     }

@@ -222,8 +222,8 @@ void inner_lists(const Space& space, const Outer& o, RejectCounts& rejected, Inn
   const Count m = b.training.global_batch_size / (o.dp * o.micro_batch_size);
 
   static constexpr Schedule kAllSchedules[] = {
-      Schedule::one_f_one_b, Schedule::gpipe, Schedule::interleaved_1f1b,
-      Schedule::zb_h1,       Schedule::zb_h2, Schedule::zb_v};
+      Schedule::one_f_one_b, Schedule::gpipe, Schedule::interleaved_1f1b, Schedule::zb_h1,
+      Schedule::zb_h2,       Schedule::zb_v,  Schedule::v_half,           Schedule::v_min};
   out.schedules.clear();
   out.virtual_stages.clear();
   const bool flat_allowed = allowed(pin.virtual_stages, Count{1});
@@ -239,9 +239,7 @@ void inner_lists(const Space& space, const Outer& o, RejectCounts& rejected, Inn
         return;
       }
     } else if (v_shape(s)) {
-      // Two chunks per stage in a V (validate_scenario's rules for zb_v); v_half and v_min have
-      // no generator and are never proposed.
-      if (s != Schedule::zb_v) return;
+      // Two chunks per stage in a V (validate_scenario's rules for the V schedules).
       if (!allowed(pin.virtual_stages, Count{2})) return;
       if (o.pp == 1 && c.single_schedule_without_pp) {
         bump(rejected, Reject::single_schedule_without_pp);

@@ -138,14 +138,15 @@ TEST(Space, FewerGpusSpansSmallerClusters) {
   EXPECT_TRUE(counts.count(16));
 }
 
-TEST(Space, ZbVWhereTheVFits) {
-  // zb_v: two equal chunks per stage (2 pp divides num_layers) and at least 2 pp micro-batches.
+TEST(Space, VSchedulesWhereTheVFits) {
+  // zb_v, v_half, v_min: two equal chunks per stage (2 pp divides num_layers) and at least 2 pp
+  // micro-batches.
   const Space sp = space_of("gpt3-1.3b", 24, 96, 2048);  // 24 layers
   RejectCounts rejected{};
   const std::vector<Layout> all = enumerate_layouts(sp, rejected);
   std::size_t found = 0;
   for (const Layout& l : all) {
-    if (l.schedule != Schedule::zb_v) continue;
+    if (!v_shape(l.schedule)) continue;
     ++found;
     EXPECT_EQ(l.virtual_stages, 2);
     EXPECT_GT(l.pp, 1);  // one stage: the same work as the flat schedules

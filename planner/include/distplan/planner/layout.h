@@ -43,7 +43,9 @@ struct StageChunk {
 /// Peak (micro-batch, chunk) activation sets alive on `stage` for a schedule with closed form:
 /// GPipe m; 1F1B min(p - stage, m); ZB-H1 min(p, m); ZB-H2 min(2p - 1, m) (activations live
 /// until the weight pass);
-/// interleaved 1F1B min(2(p - stage - 1) + (v - 1)p + 1, m*v) (Megatron-LM's warm-up count + 1).
+/// interleaved 1F1B min(2(p - stage - 1) + (v - 1)p + 1, m*v) (Megatron-LM's warm-up count + 1);
+/// the V schedules (m >= 2p) ZB-V 2p, V-Half 2 floor(p/2) + 2, V-Min 2 floor((p + 1)/3) + 2 (two
+/// fewer on stages s = 0 mod 3 when p = 2 mod 3).
 [[nodiscard]] Count inflight_chunks(Schedule schedule, Count pp, Count virtual_stages, Count stage,
                                     Count num_microbatches) noexcept;
 

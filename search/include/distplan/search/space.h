@@ -65,8 +65,8 @@ enum class Reject : int {
   interleaved_microbatches,       // interleaved: micro-batches per step a multiple of pp
   sequence_parallel_divides_seq,  // sp: tp divides seq_length
   shard_not_divisor,              // a pinned fsdp_shard_size that does not divide dp
-  v_shape_divides_layers,         // zb_v: 2 pp divides num_layers (two equal chunks per stage)
-  v_shape_microbatches,           // zb_v: at least 2 pp micro-batches per step
+  v_shape_divides_layers,         // V schedules: 2 pp divides num_layers (two equal chunks)
+  v_shape_microbatches,           // V schedules: at least 2 pp micro-batches per step
   // Constraints (liftable).
   tp_within_node,
   pp_divides_layers,

@@ -80,6 +80,20 @@ struct SchedulePrograms {
 /// max(m, 2p - 1) micro-batches with those past m left out, as PyTorch does.
 [[nodiscard]] SchedulePrograms make_zb_v(Count p, Count m);
 
+/// V-Half and V-Min (Qi et al. 2024, "Pipeline Parallelism with Controllable Memory", Sec. 4):
+/// the V placement with the authors' stable building block repeated every 6 unit slots. Stage s
+/// runs, for micro-batch k, F of chunk 0, F of chunk 1, B of chunk 1 and B of chunk 0 at slots
+///   V-Half: 2s, 3p - s - 2, 3p + d + 2s - 1, 6p + d - s - 2   (d = 3 if p is even, else 0)
+///   V-Min:  s, 2p - s - 1, 2p + d + s, 4p + d - s - 1          (d = 2 if 3 divides p, else 0)
+/// plus 6k, and fills each empty slot with the oldest pending W (chunk 1's first); the program is
+/// that slot order (sail-sg/zero-bubble-pipeline-parallelism, megatron/core/pipeline_parallel/
+/// zerobubble/scheduler/zbv_greedy.py, stable_pattern_v_half / stable_pattern_v_min / put_w,
+/// commit 064369d6a5c670cc20480a201363e3c0a4ec0246). The authors' later "squeeze" only moves
+/// passes earlier without raising memory; the event simulation starts every pass as soon as its
+/// inputs and its stage allow, which squeezes the timeline in the same order.
+[[nodiscard]] SchedulePrograms make_v_half(Count p, Count m);
+[[nodiscard]] SchedulePrograms make_v_min(Count p, Count m);
+
 /// Whether consecutive steps overlap. ZB-H2 is run as Qi et al. 2023 run it: with the optimizer's
 /// post-validation (Sec. 4) no step-wide synchronization holds the first stages until the last
 /// one finishes, so a stage starts its next step as soon as its own work is done and its
