@@ -1,4 +1,4 @@
-// The V-shape schedule zb_v through the CLI: plan and simulate accept it; validate refuses it at
+// The V-shape schedules through the CLI: plan and simulate accept them; validate refuses zb_v at
 // /parallel/schedule, because the training backend places chunks Megatron-LM's way and would run
 // a V program with the wrong layers and neighbours.
 #include <gtest/gtest.h>
@@ -25,12 +25,16 @@ json tiny_v() {
           {"parallel", {{"tp", 1}, {"pp", 2}, {"dp", 1}, {"schedule", "zb_v"}}}};
 }
 
-TEST(VScheduleCli, PlanAndSimulateAcceptZbV) {
-  const TempDir dir;
-  const auto in = dir.write("s.json", tiny_v().dump());
-  for (const char* cmd : {"plan", "simulate"}) {
-    const CliResult r = run_cli({cmd, in.string()});
-    EXPECT_EQ(r.exit_code, 0) << cmd << ": " << r.err;
+TEST(VScheduleCli, PlanAndSimulateAcceptTheVSchedules) {
+  for (const char* sched : {"zb_v", "v_half", "v_min"}) {
+    json doc = tiny_v();
+    doc["parallel"]["schedule"] = sched;
+    const TempDir dir;
+    const auto in = dir.write("s.json", doc.dump());
+    for (const char* cmd : {"plan", "simulate"}) {
+      const CliResult r = run_cli({cmd, in.string()});
+      EXPECT_EQ(r.exit_code, 0) << sched << " " << cmd << ": " << r.err;
+    }
   }
 }
 

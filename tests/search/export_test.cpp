@@ -166,5 +166,16 @@ TEST(Export, TorchtitanNamesZbvZeroBubble) {
   EXPECT_EQ(par.at("pipeline_parallel_layers_per_stage"), "20");  // 80 / (2*2)
 }
 
+TEST(Export, TorchtitanRunsVHalfAsZbvWithANote) {
+  const Scenario s =
+      scenario_of(layout(8, 2, 4, 1, 0, Recompute::none, true, Schedule::v_half, 2, 1));
+  const Exported x = export_scenario(s, ExportFormat::torchtitan);
+  EXPECT_EQ(toml_table(x.text, "parallelism").at("pipeline_parallel_schedule"),
+            "\"ZBVZeroBubble\"");
+  bool noted = false;
+  for (const std::string& n : x.notes) noted = noted || n.find("v_half") != std::string::npos;
+  EXPECT_TRUE(noted);
+}
+
 }  // namespace
 }  // namespace distplan::search
