@@ -17,7 +17,7 @@ export LSAN_OPTIONS="suppressions=$PWD/.ci/lsan.supp:print_suppressions=0"
 # are dlopen'd and unloaded, so the allocations they keep until exit show up as leaks in an
 # "<unknown module>" that no suppression can name. They run with address and UB checks on and leak
 # detection off; every other test runs with leak detection.
-mpi_tests='LayoutTest|ValidateCli|Mpi|mpi'
+mpi_tests='LayoutTest|GradientTest|ValidateCli|Guidance.ValidateTable|CommP2P|Mpi|mpi'
 ctest --test-dir "$build" --output-on-failure -j"$jobs" --timeout 300 -E "$mpi_tests"
 ASAN_OPTIONS="$ASAN_OPTIONS:detect_leaks=0" \
   ctest --test-dir "$build" --output-on-failure -j"$jobs" --timeout 300 -R "$mpi_tests"

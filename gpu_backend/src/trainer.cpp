@@ -1495,6 +1495,15 @@ class Trainer {
 }  // namespace
 
 void check_supported(const Scenario& s) {
+  // The trainer places chunk c of stage s at virtual stage c*p + s and routes its messages so;
+  // a V program would run with the wrong layers and neighbours.
+  if (v_shape(s.parallel.schedule)) {
+    throw InputError("/parallel/schedule",
+                     "the backend does not run the V-shape schedule " +
+                         std::string(to_string(s.parallel.schedule)) +
+                         " (chunks s and 2p - 1 - s on stage s); simulate it, or train with "
+                         "zb_h1, zb_h2 or interleaved_1f1b");
+  }
   if (s.training.dropout > 0)
     throw InputError("/training/dropout", "the backend trains without dropout");
   if (s.model.tied_embeddings && s.parallel.zero_stage >= 2) {

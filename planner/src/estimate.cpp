@@ -136,8 +136,8 @@ class Estimator {
   [[nodiscard]] StageUnits units(int stage) const noexcept {
     // One definition of what a stage holds (memory_terms.h), named for the collectives.
     const StageUnitParams x =
-        stage_unit_params(m_, p_.tp, p_.pp, stage, layers_[static_cast<std::size_t>(stage)], vocab_,
-                          layer_params_rank_);
+        stage_unit_params(m_, p_.tp, p_.pp, p_.schedule, stage,
+                          layers_[static_cast<std::size_t>(stage)], vocab_, layer_params_rank_);
     StageUnits u;
     u.layer = {"layers", x.layer, x.layers};
     u.embedding = {"embedding", x.embedding, x.embeddings};
@@ -160,8 +160,10 @@ class Estimator {
     for (int st = 0; st < pp; ++st) {
       const Count layers = layers_[static_cast<std::size_t>(st)];
       StageMemory& sm = mem.stages[static_cast<std::size_t>(st)];
-      stage_memory(s_, ml, stage_unit_params(m_, p_.tp, pp, st, layers, vocab_, layer_params_rank_),
-                   act, st, vocab_, sm);
+      stage_memory(
+          s_, ml,
+          stage_unit_params(m_, p_.tp, pp, p_.schedule, st, layers, vocab_, layer_params_rank_),
+          act, st, vocab_, sm);
       if (v == 1) {
         sm.first_layer = first_layer;
         sm.end_layer = first_layer + layers;
@@ -396,7 +398,7 @@ class Estimator {
         add(out, Group::tp, CollectiveOp::all_gather, "embedding output gradient", act, m);
       }
     }
-    if (st == pp - 1) {
+    if (st == head_stage(p_.schedule, pp)) {
       if (p_.sequence_parallel) {
         // Gather the final norm's output for the vocab-parallel LM head; in backward, gather it
         // again and reduce-scatter its gradient.
@@ -413,19 +415,24 @@ class Estimator {
     // Pipeline: activations forward to the next chunk, gradients back to the previous one.
     if (pp > 1) {
       const Bytes p2p = p2p_bytes();
-      const Count fwd_sends = st == pp - 1 ? m * (v - 1) : m * v;
-      const Count bwd_sends = st == 0 ? m * (v - 1) : m * v;
+      // Every chunk sends to the next virtual stage but the last; under a V the last is on
+      // stage 0 and the turn at stage pp - 1 stays on the GPU (layout.h, virtual_stage_of).
+      const bool vee = v_shape(p_.schedule);
+      const Count fwd_sends =
+          vee ? m * (2 - (st == 0) - (st == pp - 1)) : (st == pp - 1 ? m * (v - 1) : m * v);
+      const Count bwd_sends = vee ? fwd_sends : (st == 0 ? m * (v - 1) : m * v);
       add(out, Group::pp, CollectiveOp::send_recv, "activations (forward)", p2p, fwd_sends);
       add(out, Group::pp, CollectiveOp::send_recv, "gradients (backward)", p2p, bwd_sends);
       if (scatter_gather_p2p() && !p_.sequence_parallel) {
         // Scatter/gather: each TP rank sends 1/t of the replicated activation; the receivers
-        // all-gather it over NVLink (Narayanan et al. 2021, sec. 4.1). One gather per receive.
-        const Count fwd_recvs = st == 0 ? m * (v - 1) : m * v;
-        const Count bwd_recvs = st == pp - 1 ? m * (v - 1) : m * v;
+        // all-gather it over NVLink (Narayanan et al. 2021, sec. 4.1). One gather per receive
+        // (under a V a stage receives as often as it sends).
+        const Count fwd_recvs = vee ? fwd_sends : (st == 0 ? m * (v - 1) : m * v);
+        const Count bwd_recvs = vee ? bwd_sends : (st == pp - 1 ? m * (v - 1) : m * v);
         add(out, Group::tp, CollectiveOp::all_gather, "pipeline receives (scatter/gather)", act,
             fwd_recvs + bwd_recvs);
       }
-      if (m_.tied_embeddings && (st == 0 || st == pp - 1)) {
+      if (m_.tied_embeddings && head_stage(p_.schedule, pp) != 0 && (st == 0 || st == pp - 1)) {
         add(out, Group::embedding, CollectiveOp::all_reduce, "tied embedding gradients",
             vocab_ * m_.hidden_size / p_.tp * gb(), 1);
       }
@@ -568,7 +575,7 @@ class Estimator {
       if (p_.recompute == Recompute::full) recompute = L * layer.forward;
       if (p_.recompute == Recompute::selective) recompute = L * layer.selective_recompute;
       if (st == 0) fwd += emb.forward, bwd_w += emb.backward_weight;
-      if (st == pp - 1) {
+      if (st == head_stage(p_.schedule, pp)) {
         fwd += head.forward, bwd_in += head.backward_input, bwd_w += head.backward_weight;
         gemm_f += head.gemm_forward, gemm_b += head.gemm_backward;
       }
@@ -649,6 +656,14 @@ class Estimator {
       case Schedule::zb_h2:
         // Qi et al. 2023, Table 2: bubble (p - 1)(F + B - 2W), zero when W is large enough.
         pipe = m * t_max + (p - 1) * std::max(0.0, F + B - 2 * W);
+        break;
+      case Schedule::zb_v:
+      case Schedule::v_half:
+      case Schedule::v_min:
+        // t_max is both chunks of the stage. ZB-V: zero bubble when F = B = W (Qi et al. 2023,
+        // Sec. 6); otherwise, and for V-Half / V-Min, m t_max is a lower bound (the simulation
+        // has their bubble, docs/simulator.md).
+        pipe = m * t_max;
         break;
     }
     // Point-to-point transfers on the critical path: the fill and the drain cross p - 1

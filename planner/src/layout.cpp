@@ -36,6 +36,22 @@ Count inflight_chunks(Schedule schedule, Count pp, Count v, Count stage, Count m
       // ZB-H2 warms up with 2(p - s) - 1 forwards and defers W by 2s: 2p - 1 in flight
       // (Qi et al. 2023, Table 2: (2p - 1) M_B).
       return std::min(2 * pp - 1, m);
+    case Schedule::zb_v:
+      // PyTorch's ScheduleZBVZeroBubble order (make_zb_v): stage s runs 2p - s - 1 chunk-0 and
+      // s chunk-1 forwards before its first chunk-1 forward of the (F, B, W) warm-up, so 2p
+      // chunks are alive at every stage's peak, p micro-batches of a whole stage: 1F1B's peak of
+      // stage 0 (Qi et al. 2023, Sec. 6). Needs m >= 2p - 1 (validate).
+      return 2 * pp;
+    case Schedule::v_half:
+      // The authors' V-Half building block (make_v_half): 2 floor(p/2) + 2 chunks on every stage
+      // once m >= 2p, about half of 1F1B's 2p (Qi et al. 2024; sail-sg README table "1/2x").
+      return 2 * (pp / 2) + 2;
+    case Schedule::v_min: {
+      // V-Min's block (make_v_min): 2 floor((p + 1)/3) + 2 chunks, about a third of 1F1B's
+      // (README table "1/3x"); when p mod 3 = 2 every third stage, from stage 0, holds two fewer.
+      const Count k = 2 * ((pp + 1) / 3) + 2;
+      return pp % 3 == 2 && stage % 3 == 0 ? k - 2 : k;
+    }
     case Schedule::interleaved_1f1b: {
       // Megatron-LM get_pp_rank_microbatches (NVIDIA/Megatron-LM
       // megatron/core/pipeline_parallel/schedules.py, commit 00611e6e): num_warmup =
@@ -67,8 +83,16 @@ Bytes activation_peak_bytes(Schedule schedule, Count pp, Count v, Count stage, C
   // The first virtual stage is chunk 0 of stage 0 and the last is chunk v - 1 of stage pp - 1
   // (Megatron-LM's placement, virtual stage c * pp + s).
   const Bytes first = stage == 0 ? first_bytes : 0;
-  const Bytes last = stage == pp - 1 ? last_bytes : 0;
+  const Bytes last = stage == head_stage(schedule, pp) ? last_bytes : 0;
   const Count chunks = inflight_chunks(schedule, pp, v, stage, m);
+  if (v_shape(schedule)) {
+    // Stage 0 holds both ends of the V. At its peak it holds one chunk-1 pass and the rest of
+    // chunk 0 (every V order, m >= 2p); ZB-V's first stable forward also reaches the peak with
+    // chunk 0 only.
+    if (first == 0 && last == 0) return chunks * chunk_bytes;
+    const Bytes one_of_chunk_1 = schedule == Schedule::zb_v ? std::max(first, last) : last;
+    return chunks * chunk_bytes + (chunks - 1) * first + one_of_chunk_1;
+  }
   if (v == 1) return chunks * (chunk_bytes + first + last);
   // Interleaved: the stage holds W + 1 chunks at every steady-state forward (W warm-up forwards,
   // then F, B pairs), fewer before and after; a forward only ever adds. When the warm-up is

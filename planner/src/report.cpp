@@ -209,7 +209,11 @@ std::string format_plan_table(const Scenario& s, const Estimate& e) {
   line("");
   line(fmt::format("Memory per GPU (GiB = 2^30 bytes), capacity {} GiB",
                    gib(e.memory.capacity_bytes)));
-  if (s.parallel.virtual_stages > 1) {
+  if (v_shape(s.parallel.schedule)) {
+    line(
+        "  (layers: chunk 0 of each stage; in the V its chunk 1 is virtual stage 2pp-1-stage, "
+        "so stage 0 also holds the last layers and the LM head)");
+  } else if (s.parallel.virtual_stages > 1) {
     line(fmt::format("  (layers: the first chunk of each stage, +{} more chunks every {} layers)",
                      s.parallel.virtual_stages - 1,
                      s.model.num_layers / s.parallel.virtual_stages));

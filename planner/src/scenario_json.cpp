@@ -607,8 +607,19 @@ Scenario scenario_from_json(const json& doc, std::initializer_list<std::string_v
       if (auto v = r.integer("fsdp_shard_size", 1, Count{1} << 24)) p.fsdp_shard_size = *v;
       if (auto v = r.boolean("sequence_parallel")) p.sequence_parallel = *v;
       read_enum(r, "recompute", p.recompute, {"none", "selective", "full"});
-      read_enum(r, "schedule", p.schedule, {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_h2"});
-      if (auto v = r.integer("virtual_stages", 1, 1024)) p.virtual_stages = *v;
+      read_enum(r, "schedule", p.schedule,
+                {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_h2", "zb_v", "v_half", "v_min"});
+      if (auto v = r.integer("virtual_stages", 1, 1024)) {
+        p.virtual_stages = *v;
+        if (v_shape(p.schedule) && *v != 2) {
+          throw InputError("/parallel/virtual_stages",
+                           fmt::format("schedule {} places exactly two chunks on each stage (a V); "
+                                       "virtual_stages must be 2 or omitted, not {}",
+                                       to_string(p.schedule), *v));
+        }
+      } else if (v_shape(p.schedule)) {
+        p.virtual_stages = 2;  // implied by the V: chunks s and 2p - 1 - s on stage s
+      }
       if (const json* l = r.take("layers_per_stage")) {
         p.layers_per_stage = read_count_list(*l, "/parallel/layers_per_stage");
         // An empty list would read as "absent" (an even split): say so instead of guessing.

@@ -61,6 +61,12 @@ std::string_view to_string(Schedule v) noexcept {
       return "zb_h1";
     case Schedule::zb_h2:
       return "zb_h2";
+    case Schedule::zb_v:
+      return "zb_v";
+    case Schedule::v_half:
+      return "v_half";
+    case Schedule::v_min:
+      return "v_min";
   }
   return "?";
 }

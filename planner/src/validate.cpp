@@ -135,10 +135,28 @@ void validate_scenario(const Scenario& s) {
            "an explicit split cannot be combined with virtual_stages > 1");
     }
   }
-  if (p.virtual_stages > 1 && p.schedule != Schedule::interleaved_1f1b) {
+  if (v_shape(p.schedule) && p.virtual_stages != 2) {
+    fail("/parallel/virtual_stages",
+         fmt::format("schedule {} places exactly two chunks on each stage (a V); "
+                     "virtual_stages must be 2, not {}",
+                     to_string(p.schedule), p.virtual_stages));
+  }
+  if (p.virtual_stages > 1 && p.schedule != Schedule::interleaved_1f1b && !v_shape(p.schedule)) {
     fail("/parallel/virtual_stages",
          fmt::format("virtual_stages={} needs schedule interleaved_1f1b (schedule is {})",
                      p.virtual_stages, to_string(p.schedule)));
+  }
+  if (v_shape(p.schedule) && p.virtual_stages == 2 && m.num_layers % (2 * p.pp) != 0) {
+    fail("/parallel/virtual_stages",
+         fmt::format("schedule {} splits each stage into two equal chunks: num_layers={} must be "
+                     "a multiple of 2*pp={}",
+                     to_string(p.schedule), m.num_layers, 2 * p.pp));
+  }
+  if (v_shape(p.schedule) && m_mb < 2 * p.pp) {
+    fail("/parallel/schedule",
+         fmt::format("{} needs at least 2*pp={} micro-batches per step (the V's warm-up and the "
+                     "planner's activation peak assume it); the step has {}",
+                     to_string(p.schedule), 2 * p.pp, m_mb));
   }
   if (p.schedule == Schedule::interleaved_1f1b) {
     if (m.num_layers % (p.pp * p.virtual_stages) != 0) {

@@ -374,6 +374,19 @@ Exported torchtitan(const Scenario& s, Exported out) {
     case Schedule::zb_h2:
       schedule = "InterleavedZeroBubble";
       break;
+    case Schedule::zb_v:
+      // torch.distributed.pipelining's ScheduleZBVZeroBubble: two stages per rank in a V
+      // (get_schedule_class name "ZBVZeroBubble", pytorch/pytorch schedules.py).
+      schedule = "ZBVZeroBubble";
+      break;
+    case Schedule::v_half:
+    case Schedule::v_min:
+      schedule = "ZBVZeroBubble";
+      out.notes.push_back(fmt::format(
+          "torchtitan has no {} schedule; ZBVZeroBubble places the same V but keeps about {} "
+          "times the activations",
+          to_string(p.schedule), p.schedule == Schedule::v_half ? 2 : 3));
+      break;
   }
   if ((p.schedule == Schedule::zb_h1 || p.schedule == Schedule::zb_h2) && p.pp > 1) {
     out.notes.push_back(fmt::format(
@@ -434,7 +447,8 @@ Exported torchtitan(const Scenario& s, Exported out) {
   if (p.pp > 1) {
     o << "pipeline_parallel_schedule = " << toml_string(schedule) << '\n';
     o << "pipeline_parallel_microbatch_size = " << t.micro_batch_size << '\n';
-    if (p.schedule == Schedule::interleaved_1f1b) {
+    // Multi-stage schedules need torchtitan to cut 2 (ZB-V) or v stages per rank.
+    if (p.schedule == Schedule::interleaved_1f1b || v_shape(p.schedule)) {
       o << "pipeline_parallel_layers_per_stage = " << s.model.num_layers / (p.pp * p.virtual_stages)
         << '\n';
     }

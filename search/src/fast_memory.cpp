@@ -56,8 +56,8 @@ Bytes FastMemory::stage_total(const Layout& l, Count st, Count layer_count) cons
   ml.recompute = l.recompute;
   ml.schedule = l.schedule;
   const int stage = static_cast<int>(st);
-  const StageUnitParams units =
-      stage_unit_params(base_.model, l.tp, l.pp, stage, layer_count, vocab_, layer_params_);
+  const StageUnitParams units = stage_unit_params(base_.model, l.tp, l.pp, l.schedule, stage,
+                                                  layer_count, vocab_, layer_params_);
   StageMemory sm;
   stage_memory(base_, ml, units, act_[l.sequence_parallel ? 1 : 0][static_cast<int>(l.recompute)],
                stage, vocab_, sm);
@@ -99,8 +99,8 @@ Seconds FastMemory::step_lower_bound(const Layout& l) const noexcept {
   }
   // The pipeline term's bubble where its closed form bounds it by compute alone: GPipe and 1F1B
   // (m - 1) t_max + sum_s t_s >= (m - 1) busiest + all stages' compute; interleaved
-  // m t_max + (p - 1) t_max / v. ZB-H1/H2's bubble depends on F + B - W of the slowest stage:
-  // left out (m t_max only).
+  // m t_max + (p - 1) t_max / v. ZB-H1/H2's and the V schedules' bubble depends on F + B - W of the
+  // slowest stage: left out (m t_max only).
   const double m = static_cast<double>(num_microbatches_);
   const double p = static_cast<double>(l.pp);
   double pipe = m * busiest;
@@ -116,6 +116,9 @@ Seconds FastMemory::step_lower_bound(const Layout& l) const noexcept {
       break;
     case Schedule::zb_h1:
     case Schedule::zb_h2:
+    case Schedule::zb_v:
+    case Schedule::v_half:
+    case Schedule::v_min:
       break;
   }
   return pipe;

@@ -24,6 +24,10 @@ std::string_view to_string(Reject r) noexcept {
       return "sequence_parallel_divides_seq";
     case Reject::shard_not_divisor:
       return "shard_not_divisor";
+    case Reject::v_shape_divides_layers:
+      return "v_shape_divides_layers";
+    case Reject::v_shape_microbatches:
+      return "v_shape_microbatches";
     case Reject::tp_within_node:
       return "tp_within_node";
     case Reject::pp_divides_layers:
@@ -217,9 +221,9 @@ void inner_lists(const Space& space, const Outer& o, RejectCounts& rejected, Inn
   const Count layers = b.model.num_layers;
   const Count m = b.training.global_batch_size / (o.dp * o.micro_batch_size);
 
-  static constexpr Schedule kAllSchedules[] = {Schedule::one_f_one_b, Schedule::gpipe,
-                                               Schedule::interleaved_1f1b, Schedule::zb_h1,
-                                               Schedule::zb_h2};
+  static constexpr Schedule kAllSchedules[] = {
+      Schedule::one_f_one_b, Schedule::gpipe, Schedule::interleaved_1f1b, Schedule::zb_h1,
+      Schedule::zb_h2,       Schedule::zb_v,  Schedule::v_half,           Schedule::v_min};
   out.schedules.clear();
   out.virtual_stages.clear();
   const bool flat_allowed = allowed(pin.virtual_stages, Count{1});
@@ -232,6 +236,21 @@ void inner_lists(const Space& space, const Outer& o, RejectCounts& rejected, Inn
       }
       if (m % o.pp != 0) {
         bump(rejected, Reject::interleaved_microbatches);
+        return;
+      }
+    } else if (v_shape(s)) {
+      // Two chunks per stage in a V (validate_scenario's rules for the V schedules).
+      if (!allowed(pin.virtual_stages, Count{2})) return;
+      if (o.pp == 1 && c.single_schedule_without_pp) {
+        bump(rejected, Reject::single_schedule_without_pp);
+        return;
+      }
+      if (layers % (2 * o.pp) != 0) {
+        bump(rejected, Reject::v_shape_divides_layers);
+        return;
+      }
+      if (m < 2 * o.pp) {
+        bump(rejected, Reject::v_shape_microbatches);
         return;
       }
     } else {

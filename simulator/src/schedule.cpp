@@ -2,6 +2,7 @@
 #include "distplan/simulator/schedule.h"
 
 #include <algorithm>
+#include <array>
 #include <deque>
 #include <string>
 
@@ -9,6 +10,7 @@
 
 #include "distplan/planner/check.h"
 #include "distplan/planner/error.h"
+#include "distplan/planner/layout.h"
 
 namespace distplan::sim {
 
@@ -44,6 +46,10 @@ std::string action_to_string(const Action& a) {
   }
   if (a.chunk == 0) return fmt::format("{}{}", letter, a.microbatch);
   return fmt::format("{}{}.{}", letter, a.microbatch, a.chunk);
+}
+
+Count SchedulePrograms::virtual_stage(Count stage, Count chunk) const noexcept {
+  return virtual_stage_of(v_shape, stages, stage, chunk);
 }
 
 namespace {
@@ -175,12 +181,118 @@ SchedulePrograms make_zb_h2(Count p, Count m) {
   return out;
 }
 
+SchedulePrograms make_zb_v(Count p, Count m) {
+  SchedulePrograms out = empty_programs(p, m, 2);
+  out.v_shape = true;
+  // PyTorch builds the order for at least 2p - 1 micro-batches (the V's warm-up) and drops the
+  // actions of those that do not exist; the rest keeps its order.
+  const Count n = std::max(m, 2 * p - 1);
+  for (Count s = 0; s < p; ++s) {
+    auto& prog = out.programs[static_cast<std::size_t>(s)];
+    prog.reserve(static_cast<std::size_t>(6 * m));
+    Count f[2] = {0, 0}, b[2] = {0, 0}, w[2] = {0, 0};
+    auto push = [&](Op op, Count chunk, Count& counter) {
+      if (counter < m) prog.push_back(act(op, counter, chunk));
+      ++counter;
+    };
+    auto fwd = [&](Count c) { push(Op::forward, c, f[c]); };
+    auto bwd = [&](Count c) { push(Op::backward_input, c, b[c]); };
+    auto wgt = [&](Count c) { push(Op::backward_weight, c, w[c]); };
+    for (Count i = 0; i < 2 * (p - s) - 1; ++i) fwd(0);
+    for (Count i = 0; i < s; ++i) fwd(1), fwd(0);
+    for (Count i = 0; i < p - s; ++i) fwd(1), bwd(1), wgt(1);
+    while (f[1] < f[0] || f[0] < n) {
+      if (f[0] < n) fwd(0);
+      bwd(0), wgt(0);
+      fwd(1), bwd(1), wgt(1);
+    }
+    for (Count i = 0; i < s; ++i) bwd(0), bwd(1);
+    for (Count i = 0; i < p - s; ++i) bwd(0), wgt(0);
+    while (w[1] < b[1]) wgt(1);
+    while (w[0] < b[0]) wgt(0);
+    DISTPLAN_CHECK(f[0] == n && f[1] == n && b[0] == n && b[1] == n && w[0] == n && w[1] == n,
+                   "ZB-V runs every pass of every micro-batch once");
+  }
+  return out;
+}
+
+namespace {
+
+// Slot order of a V building block (make_v_half / make_v_min). `first[s]` holds the slots of
+// micro-batch 0's F chunk 0, F chunk 1, B chunk 1, B chunk 0 on stage s; micro-batch k adds 6k.
+SchedulePrograms v_from_block(Count p, Count m, const std::vector<std::array<Count, 4>>& first) {
+  SchedulePrograms out = empty_programs(p, m, 2);
+  out.v_shape = true;
+  static constexpr Op kOp[4] = {Op::forward, Op::forward, Op::backward_input, Op::backward_input};
+  static constexpr Count kChunk[4] = {0, 1, 1, 0};
+  for (Count s = 0; s < p; ++s) {
+    const auto& base = first[static_cast<std::size_t>(s)];
+    auto& prog = out.programs[static_cast<std::size_t>(s)];
+    prog.reserve(static_cast<std::size_t>(6 * m));
+    Count next[4] = {0, 0, 0, 0};  // next micro-batch of each kind
+    Count pending[2] = {0, 0};     // W owed for chunk 1, chunk 0 (in B order)
+    Count done_w[2] = {0, 0};
+    const Count last_slot = *std::max_element(base.begin(), base.end()) + 6 * (m - 1);
+    for (Count slot = 0; slot <= last_slot; ++slot) {
+      int kind = -1;
+      for (int t = 0; t < 4; ++t) {
+        if (next[t] < m && base[static_cast<std::size_t>(t)] + 6 * next[t] == slot) kind = t;
+      }
+      if (kind >= 0) {
+        prog.push_back(act(kOp[kind], next[kind]++, kChunk[kind]));
+        if (kind >= 2) ++pending[kind - 2];
+        continue;
+      }
+      for (int w = 0; w < 2; ++w) {
+        if (pending[w] > 0) {
+          --pending[w];
+          prog.push_back(act(Op::backward_weight, done_w[w]++, w == 0 ? 1 : 0));
+          break;
+        }
+      }
+    }
+    for (int w = 0; w < 2; ++w)
+      while (pending[w]-- > 0)
+        prog.push_back(act(Op::backward_weight, done_w[w]++, w == 0 ? 1 : 0));
+  }
+  return out;
+}
+
+}  // namespace
+
+SchedulePrograms make_v_half(Count p, Count m) {
+  const Count d = p % 2 == 0 ? 3 : 0;
+  std::vector<std::array<Count, 4>> first(static_cast<std::size_t>(p));
+  for (Count s = 0; s < p; ++s)
+    first[static_cast<std::size_t>(s)] = {2 * s, 3 * p - s - 2, 3 * p + d + 2 * s - 1,
+                                          6 * p + d - s - 2};
+  return v_from_block(p, m, first);
+}
+
+SchedulePrograms make_v_min(Count p, Count m) {
+  const Count d = p % 3 == 0 ? 2 : 0;
+  std::vector<std::array<Count, 4>> first(static_cast<std::size_t>(p));
+  for (Count s = 0; s < p; ++s)
+    first[static_cast<std::size_t>(s)] = {s, 2 * p - s - 1, 2 * p + d + s, 4 * p + d - s - 1};
+  return v_from_block(p, m, first);
+}
+
 bool steps_overlap(Schedule kind) noexcept {
-  return kind == Schedule::zb_h2;
+  // Both need the optimizer's post-validation (Qi et al. 2023, Sec. 4) to reach their published
+  // bubbles: without it the step-wide synchronization breaks the parallelogram.
+  // The V-Half / V-Min authors measure the same way: the longest stage span (zbv_greedy.py,
+  // eager_execution_time).
+  return kind == Schedule::zb_h2 || v_shape(kind);
 }
 
 SchedulePrograms make_schedule(Schedule kind, Count p, Count m, Count v) {
-  if (v != 1 && kind != Schedule::interleaved_1f1b) {
+  if (v_shape(kind) && v != 2) {
+    throw InputError("/parallel/virtual_stages",
+                     fmt::format("schedule {} places two chunks on each stage; virtual_stages "
+                                 "must be 2, not {}",
+                                 to_string(kind), v));
+  }
+  if (v != 1 && kind != Schedule::interleaved_1f1b && !v_shape(kind)) {
     throw InputError("/parallel/virtual_stages",
                      fmt::format("virtual_stages = {} needs schedule interleaved_1f1b", v));
   }
@@ -195,8 +307,15 @@ SchedulePrograms make_schedule(Schedule kind, Count p, Count m, Count v) {
       return make_zb_h1(p, m);
     case Schedule::zb_h2:
       return make_zb_h2(p, m);
+    case Schedule::zb_v:
+      return make_zb_v(p, m);
+    case Schedule::v_half:
+      return make_v_half(p, m);
+    case Schedule::v_min:
+      return make_v_min(p, m);
   }
-  throw InputError("/parallel/schedule", "unknown schedule");
+  throw InputError("/parallel/schedule",
+                   fmt::format("schedule {} has no program generator", to_string(kind)));
 }
 
 // ---- checker ---------------------------------------------------------------------------------
@@ -296,22 +415,22 @@ void check_program(const SchedulePrograms& prog) {
   std::deque<std::size_t> work;
   for (std::size_t s = 0; s < P; ++s) work.push_back(s);
   const Count last_virtual = p * v - 1;
+  if (prog.v_shape && v != 2) {
+    throw InputError("/virtual_stages", "a V-shape placement has exactly two chunks per stage");
+  }
+  // Stage and chunk of virtual stage vs (the placement map in layout.h).
+  auto at = [&](Count vs) { return locate_virtual_stage(prog.v_shape, p, vs); };
+  auto index = [&](StageChunk sc, std::int32_t mb) {
+    return static_cast<std::size_t>(sc.stage) * pairs + static_cast<std::size_t>(sc.chunk * m + mb);
+  };
   auto runnable = [&](std::size_t s, const Action& a) {
-    const Count vs = a.chunk * p + static_cast<Count>(s);
+    const Count vs = prog.virtual_stage(static_cast<Count>(s), a.chunk);
     switch (a.op) {
-      case Op::forward: {
-        if (vs == 0) return true;
-        const std::size_t ps = s > 0 ? s - 1 : P - 1;
-        const Count pcnk = s > 0 ? a.chunk : a.chunk - 1;
-        return fwd_done[ps * pairs + static_cast<std::size_t>(pcnk * m + a.microbatch)] != 0;
-      }
+      case Op::forward:
+        return vs == 0 || fwd_done[index(at(vs - 1), a.microbatch)] != 0;
       case Op::backward:
-      case Op::backward_input: {
-        if (vs == last_virtual) return true;
-        const std::size_t ns = s + 1 < P ? s + 1 : 0;
-        const Count ncnk = s + 1 < P ? a.chunk : a.chunk + 1;
-        return bwd_done[ns * pairs + static_cast<std::size_t>(ncnk * m + a.microbatch)] != 0;
-      }
+      case Op::backward_input:
+        return vs == last_virtual || bwd_done[index(at(vs + 1), a.microbatch)] != 0;
       case Op::backward_weight:
         return true;
     }
@@ -331,12 +450,13 @@ void check_program(const SchedulePrograms& prog) {
     while (pc[s] < actions.size() && runnable(s, actions[pc[s]])) {
       const Action& a = actions[pc[s]++];
       const std::size_t k = s * pairs + slot(a);
+      const Count vs = prog.virtual_stage(static_cast<Count>(s), a.chunk);
       if (a.op == Op::forward) {
         fwd_done[k] = 1;
-        wake(s + 1 < P ? s + 1 : 0);
+        if (vs < last_virtual) wake(static_cast<std::size_t>(at(vs + 1).stage));
       } else if (a.op != Op::backward_weight) {
         bwd_done[k] = 1;
-        wake(s > 0 ? s - 1 : P - 1);
+        if (vs > 0) wake(static_cast<std::size_t>(at(vs - 1).stage));
       }
     }
   }
@@ -350,9 +470,12 @@ void check_program(const SchedulePrograms& prog) {
     if (++n_stuck > kListed) continue;
     if (!stuck.empty()) stuck += "; ";
     const Action& a = prog.programs[s][pc[s]];
-    stuck += fmt::format("stage {} waits at action {} ({}) for the {} of stage {}", s, pc[s],
-                         action_to_string(a), a.op == Op::forward ? "activation" : "gradient",
-                         a.op == Op::forward ? (s > 0 ? s - 1 : P - 1) : (s + 1 < P ? s + 1 : 0));
+    const Count vs = prog.virtual_stage(static_cast<Count>(s), a.chunk);
+    const Count from = a.op == Op::forward ? (vs > 0 ? at(vs - 1).stage : 0)
+                                           : (vs < last_virtual ? at(vs + 1).stage : 0);
+    stuck +=
+        fmt::format("stage {} waits at action {} ({}) for the {} of stage {}", s, pc[s],
+                    action_to_string(a), a.op == Op::forward ? "activation" : "gradient", from);
   }
   if (n_stuck > kListed) stuck += fmt::format("; and {} more stages", n_stuck - kListed);
   if (first_stuck != P) {

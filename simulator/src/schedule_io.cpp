@@ -96,6 +96,12 @@ SchedulePrograms schedule_from_json(const nlohmann::json& doc) {
       if (!value.is_number_integer() || value.get<std::int64_t>() < 1)
         throw InputError(path, "must be a positive integer");
       (key == "microbatches" ? m : v) = value.get<Count>();
+    } else if (key == "placement") {
+      if (!value.is_string() || (value != "interleaved" && value != "v"))
+        throw InputError(path,
+                         "must be \"interleaved\" (chunk c of stage s is virtual stage "
+                         "c*p + s) or \"v\" (chunks s and 2p - 1 - s)");
+      prog.v_shape = value == "v";
     } else if (key == "schema" || key == "name" || key == "description") {
       if (!value.is_string()) throw InputError(path, "must be a string");
     } else if (key == "stages") {
@@ -192,9 +198,11 @@ nlohmann::json schedule_to_json(const SchedulePrograms& prog) {
     for (const Action& a : actions) row.push_back(action_to_string(a));
     stages.push_back(std::move(row));
   }
-  return {{"microbatches", prog.microbatches},
-          {"virtual_stages", prog.virtual_stages},
-          {"stages", std::move(stages)}};
+  nlohmann::json out = {{"microbatches", prog.microbatches},
+                        {"virtual_stages", prog.virtual_stages},
+                        {"stages", std::move(stages)}};
+  if (prog.v_shape) out["placement"] = "v";
+  return out;
 }
 
 std::string schedule_to_csv(const SchedulePrograms& prog) {

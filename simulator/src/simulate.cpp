@@ -11,6 +11,7 @@
 
 #include "distplan/planner/check.h"
 #include "distplan/planner/error.h"
+#include "distplan/planner/layout.h"
 #include "distplan/simulator/engine.h"
 
 namespace distplan::sim {
@@ -197,7 +198,7 @@ struct Run {
   // Saved activations of one (micro-batch, chunk) on stage s.
   Bytes pass_bytes(std::size_t s, Count chunk) const noexcept {
     const StageTimes& t = times[s];
-    const Count vs = chunk * p + static_cast<Count>(s);
+    const Count vs = prog.virtual_stage(static_cast<Count>(s), chunk);
     return t.chunk_bytes + (vs == 0 ? t.first_bytes : 0) + (vs == last_virtual ? t.last_bytes : 0);
   }
 
@@ -216,7 +217,7 @@ struct Run {
     if (st.busy || st.pc == actions.size()) return;
     const Action a = actions[st.pc];
     const std::size_t k = s * pairs + static_cast<std::size_t>(a.chunk * m + a.microbatch);
-    const Count vs = a.chunk * p + static_cast<Count>(s);
+    const Count vs = prog.virtual_stage(static_cast<Count>(s), a.chunk);
     if (a.op == Op::forward) {
       if (vs != 0 && !ws.fwd_ready[k]) return;
     } else if (a.op != Op::backward_weight) {
@@ -301,18 +302,13 @@ struct Run {
 
   void send(std::size_t s, bool forward, const Action& a, EventTime now) {
     StageState& st = ws.stages[s];
-    const auto P = static_cast<std::size_t>(p);
-    std::size_t dest;
-    Count chunk;
-    if (forward) {
-      dest = s + 1 < P ? s + 1 : 0;
-      chunk = s + 1 < P ? a.chunk : a.chunk + 1;
-    } else {
-      dest = s > 0 ? s - 1 : P - 1;
-      chunk = s > 0 ? a.chunk : a.chunk - 1;
-    }
-    const Seconds d = times[s].p2p;
-    const auto slot = static_cast<std::size_t>(chunk * m + a.microbatch);
+    const Count vs = prog.virtual_stage(static_cast<Count>(s), a.chunk);
+    const StageChunk to = locate_virtual_stage(prog.v_shape, p, forward ? vs + 1 : vs - 1);
+    const auto dest = static_cast<std::size_t>(to.stage);
+    // The V's turn (virtual stage p - 1 to p) stays on the GPU: no send (PyTorch's "V-schedule
+    // special case", set_local_fwd_input / set_local_bwd_input in schedules.py).
+    const Seconds d = prog.v_shape && dest == s ? 0.0 : times[s].p2p;
+    const auto slot = static_cast<std::size_t>(to.chunk * m + a.microbatch);
     if (d <= 0) {
       // An instantaneous send: deliver now instead of through the queue. The receiver starts at
       // the same time either way (if it is busy, its own completion will start it), so the
@@ -338,7 +334,7 @@ struct Run {
     st.busy = false;
     st.last_end = now;
     ++st.pc;
-    const Count vs = a.chunk * p + static_cast<Count>(s);
+    const Count vs = prog.virtual_stage(static_cast<Count>(s), a.chunk);
     switch (a.op) {
       case Op::forward:
         if (vs != last_virtual) send(s, true, a, now);
@@ -512,6 +508,14 @@ SimResult simulate(const Scenario& s, const Estimate& e, const SimOptions& opts)
   SchedulePrograms generated;
   const SchedulePrograms* prog = opts.program;
   if (prog) {
+    if (prog->v_shape != v_shape(s.parallel.schedule)) {
+      throw InputError(
+          "/placement",
+          fmt::format("the schedule program places chunks {} but schedule {} places "
+                      "them {}",
+                      prog->v_shape ? "in a V" : "interleaved", to_string(s.parallel.schedule),
+                      v_shape(s.parallel.schedule) ? "in a V" : "interleaved"));
+    }
     if (prog->stages != p || prog->virtual_stages != v || prog->microbatches != m) {
       throw InputError(
           "/stages", fmt::format("the schedule program has p = {}, v = {}, m = {} but the "
@@ -550,8 +554,8 @@ SimResult simulate(const Scenario& s, const Estimate& e, const SimOptions& opts)
     std::vector<StageTimes> quiet = times;
     for (StageTimes& t : quiet) t.p2p = t.zero3_gather = t.grad_reduce = t.param_gather = 0;
     SimResult q;
-    Run again{*prog, quiet, true, true, per_mb, steps_overlap(s.parallel.schedule), false, ws, q,
-              nullptr};
+    Run again{*prog, quiet, true, true,   per_mb, steps_overlap(s.parallel.schedule),
+              false, ws,    q,    nullptr};
     again.run();
     out.exposed_communication_seconds = std::max(0.0, out.step_seconds - q.step_seconds);
   }

@@ -3,6 +3,8 @@
 // with a different send, or a message of another size, fails naming both sides.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -16,8 +18,10 @@ struct Result {
 };
 
 Result run_probe(const std::string& args) {
-  const std::string log =
-      ::testing::TempDir() + "/p2p_probe_" + std::to_string(std::rand()) + ".log";
+  // One log per test process: CTest runs these tests in parallel.
+  const std::string log = ::testing::TempDir() + "/p2p_probe_" +
+                          ::testing::UnitTest::GetInstance()->current_test_info()->name() + "_" +
+                          std::to_string(::getpid()) + ".log";
   const std::string cmd =
       "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader "
       "OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1 "

@@ -401,5 +401,27 @@ TEST(Export, EachExportSaysWhatTheUserStillAdds) {
   }
 }
 
+TEST(Export, TorchtitanNamesZbvZeroBubble) {
+  // torch.distributed.pipelining's get_schedule_class("ZBVZeroBubble") is ScheduleZBVZeroBubble:
+  // two stages per rank in a V, so torchtitan cuts num_layers / (2 pp) layers per stage.
+  const Scenario s =
+      scenario_of(layout(8, 2, 4, 1, 0, Recompute::none, true, Schedule::zb_v, 2, 1));
+  const std::string text = export_scenario(s, ExportFormat::torchtitan).text;
+  const auto par = toml_table(text, "parallelism");
+  EXPECT_EQ(par.at("pipeline_parallel_schedule"), "\"ZBVZeroBubble\"");
+  EXPECT_EQ(par.at("pipeline_parallel_layers_per_stage"), "20");  // 80 / (2*2)
+}
+
+TEST(Export, TorchtitanRunsVHalfAsZbvWithANote) {
+  const Scenario s =
+      scenario_of(layout(8, 2, 4, 1, 0, Recompute::none, true, Schedule::v_half, 2, 1));
+  const Exported x = export_scenario(s, ExportFormat::torchtitan);
+  EXPECT_EQ(toml_table(x.text, "parallelism").at("pipeline_parallel_schedule"),
+            "\"ZBVZeroBubble\"");
+  bool noted = false;
+  for (const std::string& n : x.notes) noted = noted || n.find("v_half") != std::string::npos;
+  EXPECT_TRUE(noted);
+}
+
 }  // namespace
 }  // namespace distplan::search

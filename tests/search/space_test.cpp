@@ -113,7 +113,7 @@ TEST(Space, InterleavingOnlyWhereMegatronAllowsIt) {
   RejectCounts rejected{};
   for (const Layout& l : enumerate_layouts(sp, rejected)) {
     if (l.schedule != Schedule::interleaved_1f1b) {
-      EXPECT_EQ(l.virtual_stages, 1);
+      EXPECT_EQ(l.virtual_stages, v_shape(l.schedule) ? 2 : 1);  // a V has two chunks
       continue;
     }
     const Count m = 512 / (l.dp * l.micro_batch_size);
@@ -136,6 +136,27 @@ TEST(Space, FewerGpusSpansSmallerClusters) {
   EXPECT_TRUE(counts.count(1));
   EXPECT_TRUE(counts.count(64));
   EXPECT_TRUE(counts.count(16));
+}
+
+TEST(Space, VSchedulesWhereTheVFits) {
+  // zb_v, v_half, v_min: two equal chunks per stage (2 pp divides num_layers) and at least 2 pp
+  // micro-batches.
+  const Space sp = space_of("gpt3-1.3b", 24, 96, 2048);  // 24 layers
+  RejectCounts rejected{};
+  const std::vector<Layout> all = enumerate_layouts(sp, rejected);
+  std::size_t found = 0;
+  for (const Layout& l : all) {
+    if (!v_shape(l.schedule)) continue;
+    ++found;
+    EXPECT_EQ(l.virtual_stages, 2);
+    EXPECT_GT(l.pp, 1);  // one stage: the same work as the flat schedules
+    EXPECT_EQ(24 % (2 * l.pp), 0) << l.pp;
+    EXPECT_GE(96 / (l.dp * l.micro_batch_size), 2 * l.pp) << l.pp;
+  }
+  EXPECT_GT(found, 0u);
+  EXPECT_GT(rejected[static_cast<int>(Reject::v_shape_divides_layers)] +
+                rejected[static_cast<int>(Reject::v_shape_microbatches)],
+            0u);
 }
 
 }  // namespace

@@ -21,14 +21,18 @@ struct Drawn {
 
 Drawn draw(std::mt19937_64& rng) {
   auto pick = [&rng](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
-  static const char* kSchedules[] = {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_h2"};
-  const std::string sched = kSchedules[pick(0, 4)];
+  static const char* kSchedules[] = {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1",
+                                     "zb_h2", "zb_v", "v_half",           "v_min"};
+  const std::string sched = kSchedules[pick(0, 7)];
+  const bool vee = sched == "zb_v" || sched == "v_half" || sched == "v_min";
   const int pp = pick(1, 6);
-  const int v = sched == "interleaved_1f1b" ? pick(1, 4) : 1;
+  const int v = sched == "interleaved_1f1b" ? pick(1, 4) : vee ? 2 : 1;
   const int layers = pp * v * pick(1, 3);
   const int tp = pick(1, 2), dp = pick(1, 2), mbs = pick(1, 2);
-  // Megatron-LM's interleaved order needs m to be a multiple of pp.
-  const int m = sched == "interleaved_1f1b" ? pp * pick(1, 4) : pick(1, 17);
+  // Megatron-LM's interleaved order needs m to be a multiple of pp; the V schedules at least 2 pp.
+  const int m = sched == "interleaved_1f1b" ? pp * pick(1, 4)
+                : vee                       ? 2 * pp + pick(0, 9)
+                                            : pick(1, 17);
   static const char* kRecompute[] = {"none", "selective"};
   nlohmann::json j = {
       {"model", {{"preset", "llama2-7b"}, {"num_layers", layers}}},
@@ -52,7 +56,7 @@ Drawn draw(std::mt19937_64& rng) {
 TEST(PlanEqualsSimulation, SavedActivationsPerStageOverRandomLayouts) {
   std::mt19937_64 rng(20241117);
   int checked = 0;
-  for (int i = 0; i < 400; ++i) {
+  for (int i = 0; i < 640; ++i) {
     const Drawn d = draw(rng);
     const Scenario s = scenario_from_json(d.doc);
     const Estimate e = estimate(s);
@@ -67,7 +71,7 @@ TEST(PlanEqualsSimulation, SavedActivationsPerStageOverRandomLayouts) {
     }
     ++checked;
   }
-  EXPECT_EQ(checked, 400);
+  EXPECT_EQ(checked, 640);
 }
 
 // Issue 17 item 1: 4 layers, pp 2, v 2, global batch 2 (m = p). Megatron-LM's current warm-up
@@ -113,6 +117,36 @@ TEST(PlanEqualsSimulation, InterleavedStageZeroHoldsTwoPDropoutMasks) {
     EXPECT_EQ(st0.activations_bytes, chunks * chunk + 2 * p * st0.embedding_activation_bytes)
         << "p " << p;
     EXPECT_EQ(simulate(s, e).stages[0].peak_activation_bytes, st0.activations_bytes) << "p " << p;
+  }
+}
+
+// The V schedules on every p up to 8 (V-Min's stage pattern repeats with p mod 3), with the
+// embedding-dropout and LM-head bytes both on stage 0.
+TEST(PlanEqualsSimulation, VScheduleStagesWithEmbeddingAndHeadOnStageZero) {
+  for (const char* sched : {"zb_v", "v_half", "v_min"}) {
+    for (int p = 1; p <= 8; ++p) {
+      for (int m : {2 * p, 2 * p + 5}) {
+        const nlohmann::json j = {{"model", {{"preset", "llama2-7b"}, {"num_layers", 2 * p}}},
+                                  {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", p}}},
+                                  {"training",
+                                   {{"seq_length", 256},
+                                    {"global_batch_size", m},
+                                    {"micro_batch_size", 1},
+                                    {"dropout", 0.1}}},
+                                  {"parallel", {{"pp", p}, {"schedule", sched}}}};
+        const Scenario s = scenario_from_json(j);
+        const Estimate e = estimate(s);
+        const SimResult r = simulate(s, e);
+        ASSERT_GT(e.memory.stages[0].embedding_activation_bytes, 0);
+        ASSERT_GT(e.memory.stages[0].head_activation_bytes, 0);
+        for (std::size_t k = 0; k < r.stages.size(); ++k) {
+          EXPECT_EQ(e.memory.stages[k].inflight_chunks, r.stages[k].peak_inflight_chunks)
+              << sched << " p " << p << " m " << m << " stage " << k;
+          EXPECT_EQ(e.memory.stages[k].activations_bytes, r.stages[k].peak_activation_bytes)
+              << sched << " p " << p << " m " << m << " stage " << k;
+        }
+      }
+    }
   }
 }
 

@@ -14,10 +14,38 @@ namespace distplan {
 /// The explicit `parallel.layers_per_stage` when given, else an even split.
 [[nodiscard]] std::vector<Count> stage_layer_counts(const Scenario& s);
 
+/// Where virtual stages sit. Megatron-LM's interleaved placement puts chunk c of stage s at
+/// virtual stage c*p + s; a V-shape schedule (v_shape(), two chunks) puts chunk 0 of stage s at
+/// virtual stage s and chunk 1 at 2p - 1 - s (Qi et al. 2024, Sec. 3; torchtitan's
+/// generate_stage_to_rank_mapping(style="v") in pytorch/pytorch
+/// torch/distributed/pipelining/_utils.py). Activations and gradients flow between consecutive
+/// virtual stages; under the V the turn at stage p - 1 (virtual stage p - 1 to p) stays on the GPU.
+struct StageChunk {
+  Count stage = 0;
+  Count chunk = 0;
+};
+[[nodiscard]] constexpr Count virtual_stage_of(bool v_placement, Count pp, Count stage,
+                                               Count chunk) noexcept {
+  if (v_placement) return chunk == 0 ? stage : 2 * pp - 1 - stage;
+  return chunk * pp + stage;
+}
+[[nodiscard]] constexpr StageChunk locate_virtual_stage(bool v_placement, Count pp,
+                                                        Count vs) noexcept {
+  if (v_placement) return vs < pp ? StageChunk{vs, 0} : StageChunk{2 * pp - 1 - vs, 1};
+  return StageChunk{vs % pp, vs / pp};
+}
+/// The stage holding the first virtual stage (embedding) is always 0; the one holding the last
+/// (final norm, LM head, loss) is p - 1, or 0 under a V.
+[[nodiscard]] constexpr Count head_stage(Schedule schedule, Count pp) noexcept {
+  return v_shape(schedule) ? 0 : pp - 1;
+}
+
 /// Peak (micro-batch, chunk) activation sets alive on `stage` for a schedule with closed form:
 /// GPipe m; 1F1B min(p - stage, m); ZB-H1 min(p, m); ZB-H2 min(2p - 1, m) (activations live
 /// until the weight pass);
-/// interleaved 1F1B min(2(p - stage - 1) + (v - 1)p + 1, m*v) (Megatron-LM's warm-up count + 1).
+/// interleaved 1F1B min(2(p - stage - 1) + (v - 1)p + 1, m*v) (Megatron-LM's warm-up count + 1);
+/// the V schedules (m >= 2p) ZB-V 2p, V-Half 2 floor(p/2) + 2, V-Min 2 floor((p + 1)/3) + 2 (two
+/// fewer on stages s = 0 mod 3 when p = 2 mod 3).
 [[nodiscard]] Count inflight_chunks(Schedule schedule, Count pp, Count virtual_stages, Count stage,
                                     Count num_microbatches) noexcept;
 

@@ -85,8 +85,10 @@ struct StageUnitParams {
     return layer * layers + embedding * embeddings + head * heads;
   }
 };
+/// `schedule` places the LM head (head_stage in layout.h: stage 0 under a V).
 [[nodiscard]] inline StageUnitParams stage_unit_params(const ModelSpec& m, Count tp, Count pp,
-                                                       int stage, Count layers, Count padded_vocab,
+                                                       Schedule schedule, int stage, Count layers,
+                                                       Count padded_vocab,
                                                        Count layer_params) noexcept {
   const Count h = m.hidden_size;
   StageUnitParams u;
@@ -98,11 +100,13 @@ struct StageUnitParams {
     u.embedding = emb;
     u.embeddings = 1;
   }
-  if (stage == pp - 1) {
+  const Count head_st = head_stage(schedule, pp);
+  if (stage == head_st) {
     Count head = m.norm == Norm::layernorm ? 2 * h : h;  // final norm
     // Untied: the LM head's own weight. Tied across stages: Megatron-LM keeps a copy of the word
-    // embedding on the last stage and all-reduces its gradient with the first.
-    if (!m.tied_embeddings || pp > 1) head += padded_vocab * h / tp;
+    // embedding on the last stage and all-reduces its gradient with the first; on the embedding's
+    // own stage (pp = 1, or a V) the one matrix serves both.
+    if (!m.tied_embeddings || head_st != 0) head += padded_vocab * h / tp;
     u.head = head;
     u.heads = 1;
   }
@@ -154,8 +158,9 @@ inline void stage_memory(const Scenario& base, const MemoryLayout& l, const Stag
   const Bytes token_h = act_tokens * h;
   sm.embedding_activation_bytes =
       st == 0 && t.dropout > 0 ? (sp ? token_h / tp : token_h) : 0;  // embedding dropout mask
-  sm.head_activation_bytes =
-      st == pp - 1 ? 2 * (sp ? token_h * cb / tp : token_h * cb) : 0;  // final norm, LM head
+  sm.head_activation_bytes = st == head_stage(l.schedule, pp)
+                                 ? 2 * (sp ? token_h * cb / tp : token_h * cb)
+                                 : 0;  // final norm, LM head
   sm.activation_bytes_per_microbatch =
       u.layers * act.kept + sm.embedding_activation_bytes + sm.head_activation_bytes;
   sm.inflight_chunks = inflight_chunks(l.schedule, pp, v, st, l.num_microbatches);
@@ -173,7 +178,7 @@ inline void stage_memory(const Scenario& base, const MemoryLayout& l, const Stag
   // ZeRO-2/3 unit buffers live while a unit's gradient is reduced or its parameters are gathered.
   // The two are never alive together, so the category's peak is the larger.
   Bytes logits_ws = 0;
-  if (st == pp - 1) {
+  if (st == head_stage(l.schedule, pp)) {
     // Logits in the compute dtype plus their fp32 softmax for the vocab-parallel loss.
     const Bytes logits = act_tokens * (vocab / tp) * (cb + 4);
     const Count live = l.schedule == Schedule::gpipe ? l.num_microbatches : 1;
@@ -206,7 +211,8 @@ inline void stage_memory(const Scenario& base, const MemoryLayout& l, const Stag
       // Zero-bubble schedules split the backward: the B pass gathers parameters and defers every
       // weight gradient, the W pass fills the unit gradient and reads no parameter, so the
       // gathered units and the unit gradient are never alive together.
-      const bool split = l.schedule == Schedule::zb_h1 || l.schedule == Schedule::zb_h2;
+      const bool split =
+          l.schedule == Schedule::zb_h1 || l.schedule == Schedule::zb_h2 || v_shape(l.schedule);
       zero_ws = split ? std::max(gathered * cb, gradient) : gathered * cb + gradient;
     }
   }

@@ -65,6 +65,8 @@ enum class Reject : int {
   interleaved_microbatches,       // interleaved: micro-batches per step a multiple of pp
   sequence_parallel_divides_seq,  // sp: tp divides seq_length
   shard_not_divisor,              // a pinned fsdp_shard_size that does not divide dp
+  v_shape_divides_layers,         // V schedules: 2 pp divides num_layers (two equal chunks)
+  v_shape_microbatches,           // V schedules: at least 2 pp micro-batches per step
   // Constraints (liftable).
   tp_within_node,
   pp_divides_layers,
@@ -161,9 +163,12 @@ void for_each_inner(const Space& space, const Outer& o, RejectCounts& rejected, 
   l.dp = o.dp;
   l.micro_batch_size = o.micro_batch_size;
   static const std::vector<Count> kOne{1};
+  static const std::vector<Count> kTwo{2};  // a V: exactly two chunks per stage
   for (Schedule sched : lists.schedules) {
     l.schedule = sched;
-    const auto& vs = detail::is_interleaved(sched) ? lists.virtual_stages : kOne;
+    const auto& vs = detail::is_interleaved(sched) ? lists.virtual_stages
+                     : v_shape(sched)              ? kTwo
+                                                   : kOne;
     for (Count v : vs) {
       l.virtual_stages = v;
       for (int z : lists.zero_stages) {

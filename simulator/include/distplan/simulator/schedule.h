@@ -3,7 +3,9 @@
 // and the GPU backend executes the same program (docs/simulator.md, "Schedules").
 //
 // Letters used throughout: p = pipeline stages, m = micro-batches per step, v = virtual stages
-// (model chunks) per GPU. Chunk c of stage s is virtual stage c*p + s (Megatron-LM's placement).
+// (model chunks) per GPU. Chunk c of stage s is virtual stage c*p + s (Megatron-LM's placement),
+// or, for the V-shape schedules, s (chunk 0) and 2p - 1 - s (chunk 1): virtual_stage_of() in
+// distplan/planner/layout.h is the one map the checker, the simulator and the planner use.
 #pragma once
 
 #include <cstdint>
@@ -35,8 +37,12 @@ struct SchedulePrograms {
   Count stages = 0;                           // p
   Count virtual_stages = 1;                   // v
   Count microbatches = 0;                     // m
+  bool v_shape = false;                       // chunk placement: V (v = 2) or interleaved
   std::vector<std::vector<Action>> programs;  // [stage][position]
   bool operator==(const SchedulePrograms&) const = default;
+
+  /// Virtual stage of chunk `chunk` on `stage` (layout.h, virtual_stage_of).
+  [[nodiscard]] Count virtual_stage(Count stage, Count chunk) const noexcept;
 
   [[nodiscard]] std::size_t num_actions() const noexcept {
     std::size_t n = 0;
@@ -64,6 +70,29 @@ struct SchedulePrograms {
 /// The order of the authors' get_hand_schedule(warmup_c = 2) (sail-sg/zero-bubble-pipeline-
 /// parallelism, megatron/core/pipeline_parallel/efficiency.py): F, then B and its due W per step.
 [[nodiscard]] SchedulePrograms make_zb_h2(Count p, Count m);
+
+/// ZB-V (Qi et al. 2023, Sec. 6; Qi et al. 2024): two chunks per stage in a V, the backward split
+/// into B and W, zero bubble when T_F = T_B = T_W with 1F1B's activation peak (2p chunks of half a
+/// stage on stage 0). The order of PyTorch's ScheduleZBVZeroBubble (pytorch/pytorch
+/// torch/distributed/pipelining/schedules.py, commit 00722e648b740f91d0e71494baa17891749fd291):
+/// 2(p - s) - 1 chunk-0 forwards, s pairs (F chunk 1, F chunk 0), p - s (F, B, W) of chunk 1,
+/// then (F, B, W) of chunk 0 and of chunk 1 alternately, then the drain; built for
+/// max(m, 2p - 1) micro-batches with those past m left out, as PyTorch does.
+[[nodiscard]] SchedulePrograms make_zb_v(Count p, Count m);
+
+/// V-Half and V-Min (Qi et al. 2024, "Pipeline Parallelism with Controllable Memory", Sec. 4):
+/// the V placement with the authors' stable building block repeated every 6 unit slots. Stage s
+/// runs, for micro-batch k, F of chunk 0, F of chunk 1, B of chunk 1 and B of chunk 0 at slots
+///   V-Half: 2s, 3p - s - 2, 3p + d + 2s - 1, 6p + d - s - 2   (d = 3 if p is even, else 0)
+///   V-Min:  s, 2p - s - 1, 2p + d + s, 4p + d - s - 1          (d = 2 if 3 divides p, else 0)
+/// plus 6k, and fills each empty slot with the oldest pending W (chunk 1's first); the program is
+/// that slot order (sail-sg/zero-bubble-pipeline-parallelism, megatron/core/pipeline_parallel/
+/// zerobubble/scheduler/zbv_greedy.py, stable_pattern_v_half / stable_pattern_v_min / put_w,
+/// commit 064369d6a5c670cc20480a201363e3c0a4ec0246). The authors' later "squeeze" only moves
+/// passes earlier without raising memory; the event simulation starts every pass as soon as its
+/// inputs and its stage allow, which squeezes the timeline in the same order.
+[[nodiscard]] SchedulePrograms make_v_half(Count p, Count m);
+[[nodiscard]] SchedulePrograms make_v_min(Count p, Count m);
 
 /// Whether consecutive steps overlap. ZB-H2 is run as Qi et al. 2023 run it: with the optimizer's
 /// post-validation (Sec. 4) no step-wide synchronization holds the first stages until the last
