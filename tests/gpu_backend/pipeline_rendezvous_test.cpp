@@ -101,9 +101,16 @@ struct Wire {
     }
     cv.notify_all();
   }
+  // Waits for `done`; a deadlock is an exception. Before it unwinds rank `rank`'s trainer, the
+  // send buffers that rank handed over are dropped here: they belong to that trainer's allocator.
   template <class Pred>
-  void wait(std::unique_lock<std::mutex>& lk, Pred done, const std::string& what) {
-    if (!cv.wait_for(lk, kDeadlock, done)) throw std::runtime_error("deadlock: " + what);
+  void wait(std::unique_lock<std::mutex>& lk, Pred done, const std::string& what, int rank) {
+    if (cv.wait_for(lk, kDeadlock, done)) return;
+    for (const auto& b : stream[rank])
+      for (const auto& e : b->ops)
+        if (e->send && e->from == rank) e->keep.reset();
+    for (const auto& e : sends[rank]) e->keep.reset();
+    throw std::runtime_error("deadlock: " + what);
   }
 };
 
@@ -115,7 +122,7 @@ class RendezvousCommunicator final : public Communicator {
     std::unique_lock lk(w_->m);
     w_->wait(
         lk, [&] { return w_->stream[rank()].empty(); },
-        "rank " + std::to_string(rank()) + " completes its sends at the barrier");
+        "rank " + std::to_string(rank()) + " completes its sends at the barrier", rank());
     const int gen = w_->generation;
     if (++w_->arrived == 2) {
       w_->arrived = 0;
@@ -123,7 +130,7 @@ class RendezvousCommunicator final : public Communicator {
       w_->cv.notify_all();
     }
     w_->wait(
-        lk, [&] { return w_->generation != gen; }, "barrier");
+        lk, [&] { return w_->generation != gen; }, "barrier", rank());
   }
 
  protected:
@@ -151,7 +158,8 @@ class RendezvousCommunicator final : public Communicator {
     w_->wait(
         lk, [&] { return b->complete(); },
         "rank " + std::to_string(rank()) + " waits for a batch of " + std::to_string(batch.size()) +
-            " with the " + to_string(batch.back().tag));
+            " with the " + to_string(batch.back().tag),
+        rank());
     for (const auto& e : b->ops)
       if (!e->error.empty()) throw P2POrderError(e->error);
   }
@@ -166,7 +174,7 @@ std::unique_ptr<ProcessGroups> rendezvous_groups(const ParallelSpec& p, int rank
                                                  const std::shared_ptr<Wire>& w) {
   auto g = make_emulated_groups(p, rank);
   g->pp = std::make_unique<RendezvousCommunicator>(rank, &g->log, w);
-  g->world_reduce = [w](double* x, int n, ReduceOp op) {
+  g->world_reduce = [w, rank](double* x, int n, ReduceOp op) {
     std::unique_lock lk(w->m);
     const int gen = w->reduce_generation;
     if (w->reduce_arrived == 0) {
@@ -184,7 +192,7 @@ std::unique_ptr<ProcessGroups> rendezvous_groups(const ParallelSpec& p, int rank
       w->cv.notify_all();
     }
     w->wait(
-        lk, [&] { return w->reduce_generation != gen; }, "world reduction");
+        lk, [&] { return w->reduce_generation != gen; }, "world reduction", rank);
     for (int i = 0; i < n; ++i) x[i] = w->reduced[static_cast<std::size_t>(i)];
   };
   return g;
