@@ -78,23 +78,36 @@ LayerTable build_layer_table(const ModelSpec& m, const TrainingSpec& t) {
   const bool dropout = t.dropout > 0.0;
   const Count h = m.hidden_size;
   const Count kvh = m.kv_hidden();
+  const Count qh = m.q_hidden();  // a * head_dim: h unless head_dim is explicit (Qwen3)
   const Count f = m.ffn_hidden_size;
   const Count a = m.num_attention_heads;
 
   add_norm(b, "input_norm", m, act);
   // Qwen2's attention has biases on q, k and v only (Hugging Face Qwen2Attention:
   // q_proj/k_proj/v_proj bias=True, o_proj bias=False).
-  add_linear(b, "qkv", LinearKind::column_parallel, h, h + 2 * kvh, m.bias || m.qkv_bias, act,
+  add_linear(b, "qkv", LinearKind::column_parallel, h, qh + 2 * kvh, m.bias || m.qkv_bias, act,
              TpShard::sp);
 
   LayerOp& attn = b.add(OpKind::attention_core, "attention");
   // QK^T and (softmax)V: 2*h FLOPs each per query token per key (all heads), forward; backward
   // computes two GEMMs per forward GEMM and has no weights (Narayanan et al. 2021, eq. 1).
-  attn.forward_flops_per_token_per_key = 4.0 * static_cast<double>(h);
+  attn.forward_flops_per_token_per_key = 4.0 * static_cast<double>(qh);
   attn.backward_input_factor = 2.0;
   attn.backward_weight_factor = 0.0;
+  if (m.qk_norm) {
+    // Qwen3's q_norm and k_norm (HF Qwen3Attention): an RMSNorm weight of head_dim each, shared by
+    // all heads and so whole on every TP rank; each keeps its input (the projected q and k).
+    attn.weight_params = 2 * m.head_dim();
+    attn.param_shard = TpShard::replicated;
+    Builder::save(
+        attn,
+        {.name = "q_norm_input", .per_token = qh, .bytes_per_element = act, .shard = TpShard::tp});
+    Builder::save(
+        attn,
+        {.name = "k_norm_input", .per_token = kvh, .bytes_per_element = act, .shard = TpShard::tp});
+  }
   Builder::save(attn,
-                {.name = "q", .per_token = h, .bytes_per_element = act, .shard = TpShard::tp});
+                {.name = "q", .per_token = qh, .bytes_per_element = act, .shard = TpShard::tp});
   // Keys and values as the score and context GEMMs see them. Flash attention reads the kv heads
   // directly; unfused attention first expands them to all a heads and its batched GEMMs save the
   // expanded copies (Megatron-LM megatron/core/transformer/dot_product_attention.py repeats the
@@ -132,7 +145,7 @@ LayerTable build_layer_table(const ModelSpec& m, const TrainingSpec& t) {
         attn, {.name = "logsumexp", .per_token = a, .bytes_per_element = 4, .shard = TpShard::tp});
   }
 
-  add_linear(b, "attention_out", LinearKind::row_parallel, h, h, m.bias, act, TpShard::tp);
+  add_linear(b, "attention_out", LinearKind::row_parallel, qh, h, m.bias, act, TpShard::tp);
   if (dropout) add_dropout(b, "attention_dropout", m);
   b.add(OpKind::residual_add, "attention_residual");
 

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "distplan/planner/layer_ops.h"
+#include "distplan/planner/moe.h"
 
 namespace distplan {
 
@@ -174,6 +175,8 @@ Count model_parameters(const ModelSpec& m) {
 }
 
 Count model_parameters(const ModelSpec& m, const LayerTable& table) noexcept {
+  // Experts and MLA: layers differ from the table's dense layer (moe.cpp counts them).
+  if (m.moe.enabled() || m.mla.enabled()) return count_parameters(m).total;
   const Count h = m.hidden_size;
   Count n = m.num_layers * layer_parameters(table);
   n += m.vocab_size * h;  // token embedding

@@ -161,7 +161,7 @@ PassCosts layer_pass_costs(const LayerTable& table, const ModelSpec& m, const Tr
         break;
       }
       case OpKind::attention_core: {
-        const double q_bytes = T * h / tpd * e;
+        const double q_bytes = T * static_cast<double>(m.q_hidden()) / tpd * e;
         const double kv_bytes = 2 * T * static_cast<double>(m.kv_hidden()) / tpd * e;
         if (t.attention == Attention::flash) {
           // Dao 2023 (FlashAttention-2): causal masking skips half the blocks; the backward
@@ -189,6 +189,13 @@ PassCosts layer_pass_costs(const LayerTable& table, const ModelSpec& m, const Tr
           const double rope = (q_bytes + kv_bytes / 2) * 2;
           fwd += memory_seconds(r, rope, 1);
           bin += memory_seconds(r, rope, 1);
+        }
+        if (m.qk_norm) {
+          // q and k RMSNorms (Qwen3), costed as the layer norms above: read and write forward;
+          // backward reads dy and x and writes dx.
+          const double qk = q_bytes + kv_bytes / 2;
+          fwd += memory_seconds(r, qk * 2, 2);
+          bin += memory_seconds(r, qk * 3, 4);
         }
         bool selective = false;
         for (int i = 0; i < op.num_saved; ++i) selective |= op.saved[i].dropped_by_selective;

@@ -14,10 +14,12 @@
 
 #include "distplan/planner/error.h"
 #include "distplan/planner/layout.h"
+#include "distplan/planner/moe.h"
 #include "distplan/planner/presets.h"
 #include "distplan/planner/suggest.h"
 #include "distplan/planner/validate.h"
 #include "json_reader.h"
+#include "moe_json.h"
 
 namespace distplan {
 
@@ -74,6 +76,7 @@ void read_model_fields(ObjectReader& r, ModelSpec& m) {
   if (auto v = r.boolean("tied_embeddings")) m.tied_embeddings = *v;
   if (auto v = r.boolean("bias")) m.bias = *v;
   if (auto v = r.boolean("qkv_bias")) m.qkv_bias = *v;
+  detail::read_moe_mla_fields(r, m);
 }
 
 }  // namespace
@@ -113,6 +116,7 @@ ModelSpec detail::read_model(const json& doc, const std::string& path) {
       throw InputError(r.child(key), fmt::format("{} is required for a custom model", key));
   }
   if (m.num_kv_heads == 0) m.num_kv_heads = m.num_attention_heads;
+  detail::check_moe_mla_fields(m, path);
   return m;
 }
 
@@ -340,8 +344,11 @@ constexpr UnsupportedField kUnsupportedFields[] = {
     {"text_config", "a multimodal model (nested text_config)"},
 };
 
-// Families whose config.json distplan maps field by field (docs/scenario.md).
-constexpr std::string_view kMappedTypes[] = {"llama", "mistral", "qwen2", "gpt2", "gpt_neox"};
+// Families whose config.json distplan maps field by field (docs/scenario.md; MoE and MLA
+// families: docs/moe.md).
+constexpr std::string_view kMappedTypes[] = {"llama",     "mistral",     "qwen2",      "gpt2",
+                                             "gpt_neox",  "qwen3",       "mixtral",    "qwen2_moe",
+                                             "qwen3_moe", "deepseek_v2", "deepseek_v3"};
 
 // A present field that turns the feature on: not null, not false, not 0, not "".
 bool enabled(const json& v) {
@@ -356,6 +363,7 @@ void refuse_unmodelled(const json& cfg, const std::string& path, const std::stri
   for (const UnsupportedField& f : kUnsupportedFields) {
     auto it = cfg.find(f.key);
     if (it == cfg.end() || !enabled(*it)) continue;
+    if (detail::hf_family_maps(model_type, f.key)) continue;
     throw InputError(path + "/" + f.key,
                      fmt::format("{} = {} declares {}, which distplan does not model; it would "
                                  "be planned as a dense model with the wrong parameter count, so "
@@ -368,8 +376,9 @@ void refuse_unmodelled(const json& cfg, const std::string& path, const std::stri
     if (!mapped) {
       throw InputError(path + "/model_type",
                        fmt::format("model_type '{}' is not mapped by distplan (mapped: llama, "
-                                   "mistral, qwen2, gpt2, gpt_neox); give the model's fields "
-                                   "instead of hf_config",
+                                   "mistral, qwen2, qwen3, gpt2, gpt_neox, mixtral, qwen2_moe, "
+                                   "qwen3_moe, deepseek_v2, deepseek_v3); give the model's "
+                                   "fields instead of hf_config",
                                    model_type.substr(0, 64)));
     }
   }
@@ -383,7 +392,8 @@ void refuse_unmodelled(const json& cfg, const std::string& path, const std::stri
   flag("mlp_bias", "biases on the MLP projections only");
   flag("use_qk_norm", "normalisation of queries and keys");
   flag("qk_layernorm", "normalisation of queries and keys");
-  if (model_type == "qwen2") flag("use_sliding_window", "sliding-window attention");
+  if (model_type.starts_with("qwen")) flag("use_sliding_window", "sliding-window attention");
+  if (model_type == "mixtral") flag("sliding_window", "sliding-window attention");
   if (model_type == "mistral" || model_type == "llama") {
     // Mistral-7B-v0.1 attends to the last 4096 tokens only: attention FLOPs (and unfused
     // attention's saved scores) differ from full causal attention beyond the window.
@@ -392,6 +402,10 @@ void refuse_unmodelled(const json& cfg, const std::string& path, const std::stri
 }
 
 }  // namespace
+
+ModelSpec model_from_json(const json& doc, std::string_view path) {
+  return detail::read_model(doc, std::string(path));
+}
 
 ModelSpec model_from_hf_config(const json& cfg, std::string_view path_view) {
   const std::string path(path_view);
@@ -476,21 +490,19 @@ ModelSpec model_from_hf_config(const json& cfg, std::string_view path_view) {
       m.bias = false;
       // Qwen2 (and Qwen2.5, which shares model_type qwen2) projects q, k and v with biases that
       // config.json does not announce (transformers models/qwen2/modeling_qwen2.py).
-      m.qkv_bias = model_type == "qwen2";
+      m.qkv_bias = model_type == "qwen2" || model_type == "qwen2_moe";
       m.tied_embeddings = false;
     }
   }
-  // An explicit head_dim other than hidden/heads (Mistral-Nemo, Qwen3) changes the projections.
+  // An explicit head_dim other than hidden/heads (Mistral-Nemo, Qwen3) widens or narrows the
+  // q, k, v and output projections (model.head_dim).
   if (auto it = cfg.find("head_dim"); it != cfg.end() && !it->is_null()) {
-    if (!it->is_number_integer() || m.num_attention_heads == 0 ||
-        it->get<Count>() * m.num_attention_heads != m.hidden_size) {
-      throw InputError(path + "/head_dim",
-                       fmt::format("head_dim = {} differs from hidden_size / num_attention_heads "
-                                   "= {}/{}; an explicit head dimension is not modelled by "
-                                   "distplan",
-                                   it->dump().substr(0, 32), m.hidden_size, m.num_attention_heads));
-    }
+    if (!it->is_number_integer() || it->get<Count>() < 1 || it->get<Count>() > (1 << 16))
+      throw InputError(path + "/head_dim", "head_dim must be a positive integer");
+    if (it->get<Count>() * m.num_attention_heads != m.hidden_size)
+      m.explicit_head_dim = it->get<Count>();
   }
+  detail::map_hf_moe_mla(cfg, path, model_type, m);
   if (auto it = cfg.find("tie_word_embeddings"); it != cfg.end()) {
     if (!it->is_boolean()) throw InputError(path + "/tie_word_embeddings", "must be true or false");
     m.tied_embeddings = it->get<bool>();
@@ -510,6 +522,9 @@ ModelSpec model_from_hf_config(const json& cfg, std::string_view path_view) {
       if (auto t = it->find(k); t != it->end() && t->is_string()) type = t->get<std::string>();
     }
     if (type == "default") return m;
+    // YaRN (DeepSeek-V2/V3) rescales rotary frequencies and the attention softmax; it changes
+    // no shape, and those families are not planned or exported yet (docs/moe.md).
+    if (type == "yarn" && detail::hf_family_accepts_yarn(model_type)) return m;
     if (type != "llama3") {
       throw InputError(p, fmt::format("rope scaling type '{}' is not modelled; only \"llama3\" is",
                                       type.substr(0, 32)));
@@ -718,6 +733,7 @@ json to_json(const ModelSpec& m) {
   // Rotary models need no table length; 0 (unset) is not a valid input, so it is left out and the
   // echo reads back to the same model.
   if (m.max_position_embeddings > 0) j["max_position_embeddings"] = m.max_position_embeddings;
+  detail::put_moe_mla_fields(m, j);
   return j;
 }
 
@@ -888,6 +904,7 @@ json plan_to_json(const Scenario& s, const Estimate& e, unsigned parts) {
     json j(json::value_t::object);
     auto& o = j.get_ref<json::object_t&>();
     put(o, "parameters", e.parameters);
+    put(o, "active_parameters", count_parameters(s.model).active);
     put(o, "padded_vocab_size", e.padded_vocab_size);
     put(o, "num_microbatches", e.num_microbatches);
     put(top, "model_summary", std::move(j));
@@ -952,10 +969,13 @@ json plan_to_json(const Scenario& s, const Estimate& e, unsigned parts) {
 json presets_to_json() {
   json out = {{"schema", "distplan.presets/v1"}};
   for (const auto& p : model_presets()) {
-    out["models"].push_back({{"name", p.name},
-                             {"description", p.description},
-                             {"source", p.source},
-                             {"model", to_json(*find_model_preset(p.name))}});
+    const ModelSpec m = *find_model_preset(p.name);
+    const ParameterCount c = count_parameters(m);
+    json entry = {{"name", p.name},        {"description", p.description},
+                  {"source", p.source},    {"model", to_json(m)},
+                  {"parameters", c.total}, {"active_parameters", c.active}};
+    if (c.mtp > 0) entry["mtp_parameters"] = c.mtp;
+    out["models"].push_back(std::move(entry));
   }
   for (const auto& p : gpu_presets()) {
     out["gpus"].push_back({{"name", p.name},

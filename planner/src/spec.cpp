@@ -70,6 +70,9 @@ std::string_view to_string(Schedule v) noexcept {
   }
   return "?";
 }
+std::string_view to_string(Router v) noexcept {
+  return v == Router::softmax ? "softmax" : "sigmoid";
+}
 std::string_view to_string(Group v) noexcept {
   switch (v) {
     case Group::dp:

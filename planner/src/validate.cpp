@@ -9,6 +9,7 @@
 #include "distplan/planner/error.h"
 #include "distplan/planner/layer_ops.h"
 #include "distplan/planner/layout.h"
+#include "moe_json.h"
 
 namespace distplan {
 namespace {
@@ -24,7 +25,8 @@ constexpr double kMaxParameters = 1e14;
 
 // Returns an upper estimate of the model's parameters (double: no integer product yet).
 double check_model(const ModelSpec& m) {
-  if (m.hidden_size % m.num_attention_heads != 0) {
+  // An explicit head_dim (or MLA's head widths) frees the heads from dividing hidden_size.
+  if (m.explicit_head_dim == 0 && !m.mla.enabled() && m.hidden_size % m.num_attention_heads != 0) {
     fail("/model/hidden_size",
          fmt::format("hidden_size={} is not divisible by num_attention_heads={}", m.hidden_size,
                      m.num_attention_heads));
@@ -57,6 +59,8 @@ void validate_scenario(const Scenario& s) {
   const TrainingSpec& t = s.training;
   const ParallelSpec& p = s.parallel;
   const double parameters = check_model(m);
+  detail::check_moe_mla_fields(m, "/model");
+  detail::refuse_unplanned_model(m);
 
   // Cluster.
   const FlopsPerSecond peak = t.precision == DType::bf16 ? c.gpu.peak_flops.bf16

@@ -167,6 +167,10 @@ TEST(MemoryProperty, ShippedScenariosAndPresetsRoundTrip) {
   }
   EXPECT_GE(docs.size(), 4u);
   for (const auto& p : model_presets()) {
+    // MoE, MLA and MTP presets are refused at plan time (moe_test.cpp: MoePlanning); their
+    // echoed model reads back to itself (MoeJson.EveryPresetModelRoundTrips).
+    const ModelSpec preset = *find_model_preset(p.name);
+    if (preset.moe.enabled() || preset.mla.enabled() || preset.mtp_layers > 0) continue;
     json doc = testing::default_doc();
     doc["model"] = p.name;
     doc["training"]["seq_length"] =

@@ -185,13 +185,21 @@ TEST(HfConfig, RefusesWhatItDoesNotModelAtTheField) {
     doc["model"] = {{"hf_config", cfg}};
     expect_error(doc, "/model/hf_config/" + field, needle);
   };
+  // The MoE and MLA families import (tests/planner/moe_test.cpp) and are refused at plan time at
+  // the model's field; their fields in a family that has none are refused at the field.
   json mixtral = dense;
   mixtral["model_type"] = "mixtral";
   mixtral["num_local_experts"] = 8;
   mixtral["num_experts_per_tok"] = 2;
+  {
+    json doc = testing::default_doc();
+    doc["model"] = {{"hf_config", mixtral}};
+    expect_error(doc, "/model/moe", "Mixture-of-Experts");
+  }
+  mixtral["model_type"] = "mistral";
   expect_refused(mixtral, "num_local_experts", "Mixture-of-Experts");
   json deepseek = dense;
-  deepseek.update({{"model_type", "deepseek_v3"},
+  deepseek.update({{"model_type", "llama"},
                    {"n_routed_experts", 256},
                    {"n_shared_experts", 1},
                    {"moe_intermediate_size", 2048},
@@ -205,7 +213,7 @@ TEST(HfConfig, RefusesWhatItDoesNotModelAtTheField) {
   deepseek.erase("moe_intermediate_size");
   expect_refused(deepseek, "q_lora_rank", "latent attention");
   json qwen_moe = dense;
-  qwen_moe.update({{"model_type", "qwen2_moe"}, {"num_experts", 60}});
+  qwen_moe.update({{"model_type", "qwen2"}, {"num_experts", 60}});
   expect_refused(qwen_moe, "num_experts", "Mixture-of-Experts");
   json unknown = dense;
   unknown["model_type"] = "falcon";
@@ -215,12 +223,14 @@ TEST(HfConfig, RefusesWhatItDoesNotModelAtTheField) {
   llama["attention_bias"] = true;
   expect_refused(llama, "attention_bias", "not modelled");
   llama.erase("attention_bias");
-  llama["head_dim"] = 64;  // 4096 / 32 = 128
-  expect_refused(llama, "head_dim", "head_dim");
-  llama["head_dim"] = 128;  // the implied one is accepted
+  llama["head_dim"] = 64;  // 4096 / 32 = 128: an explicit head width (model.head_dim)
   json doc = testing::default_doc();
   doc["model"] = {{"hf_config", llama}};
+  EXPECT_EQ(testing::scenario(doc).model.q_hidden(), 32 * 64);
+  llama["head_dim"] = 128;  // the implied one
+  doc["model"] = {{"hf_config", llama}};
   EXPECT_EQ(testing::scenario(doc).model.hidden_size, 4096);
+  EXPECT_EQ(testing::scenario(doc).model.explicit_head_dim, 0);
   // Disabled features are not refused: DeepSeek-V2-Lite's q_lora_rank null, Qwen2's
   // use_sliding_window false, Mistral v0.2's sliding_window null.
   llama["q_lora_rank"] = nullptr;

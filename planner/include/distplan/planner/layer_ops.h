@@ -45,7 +45,7 @@ struct SavedTensor {
   bool dropped_by_selective = false;  // recomputed under selective recompute (Korthikanti sec. 5)
 };
 
-inline constexpr int kMaxSavedPerOp = 6;
+inline constexpr int kMaxSavedPerOp = 8;  // attention: q/k norm inputs, q, k, v, probs, dropout
 
 struct LayerOp {
   OpKind kind = OpKind::norm;

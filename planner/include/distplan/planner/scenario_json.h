@@ -29,9 +29,13 @@ namespace distplan {
 /// The embedded default scenario (Llama-2-70B on 64 x H100-SXM-80GB), parsed.
 [[nodiscard]] Scenario default_scenario();
 
-/// Maps a Hugging Face config.json (Llama, Mistral, Qwen2, GPT-2, GPT-NeoX) to a model.
+/// Maps a Hugging Face config.json (Llama, Mistral, Qwen2, Qwen3, GPT-2, GPT-NeoX, Mixtral,
+/// Qwen2-MoE, Qwen3-MoE, DeepSeek-V2/V3) to a model.
 /// `path` is where the object sits in the input document, for error messages.
 [[nodiscard]] ModelSpec model_from_hf_config(const nlohmann::json& cfg, std::string_view path);
+/// Reads a scenario's `model` member (a preset name or an object) on its own: the fields are
+/// checked, but not against a training or layout (scenario_from_json does that).
+[[nodiscard]] ModelSpec model_from_json(const nlohmann::json& doc, std::string_view path);
 
 /// The scenario with every default filled in (the `scenario` echoed by every command).
 [[nodiscard]] nlohmann::json to_json(const Scenario& s);

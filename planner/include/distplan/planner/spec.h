@@ -18,6 +18,7 @@ enum class DType { fp32, fp16, bf16 };
 enum class Optimizer { adamw, adam, sgd };
 enum class Attention { flash, standard };
 enum class Recompute { none, selective, full };
+enum class Router { softmax, sigmoid };
 enum class Schedule { gpipe, one_f_one_b, interleaved_1f1b, zb_h1, zb_h2, zb_v, v_half, v_min };
 /// V-shape schedules (Qi et al. 2024, "Pipeline Parallelism with Controllable Memory"): two
 /// chunks per stage, virtual stages s and 2p - 1 - s on stage s (down, then up). They imply
@@ -34,9 +35,42 @@ enum class Schedule { gpipe, one_f_one_b, interleaved_1f1b, zb_h1, zb_h2, zb_v, 
 [[nodiscard]] std::string_view to_string(Attention v) noexcept;
 [[nodiscard]] std::string_view to_string(Recompute v) noexcept;
 [[nodiscard]] std::string_view to_string(Schedule v) noexcept;
+[[nodiscard]] std::string_view to_string(Router v) noexcept;
 [[nodiscard]] constexpr Bytes bytes_of(DType d) noexcept {
   return d == DType::fp32 ? 4 : 2;
 }
+
+/// Mixture-of-Experts feed-forward layers (docs/moe.md). num_experts = 0: a dense model.
+/// Layer i (from 0) is a MoE layer when i >= first_dense_layers and
+/// (i - first_dense_layers) % layer_frequency == 0; the other layers keep the dense MLP of
+/// ffn_hidden_size. Experts use the model's `mlp` kind (SwiGLU: three matrices).
+struct MoeSpec {
+  Count num_experts = 0;                    // routed experts per MoE layer
+  Count top_k = 0;                          // routed experts per token
+  Count expert_ffn_hidden_size = 0;         // one routed expert's FFN width
+  Count num_shared_experts = 0;             // always-active experts (DeepSeekMoE, Qwen2-MoE)
+  Count shared_expert_ffn_hidden_size = 0;  // one shared expert's FFN width
+  bool shared_expert_gate = false;  // Qwen2-MoE: a sigmoid gate (h -> 1) on the shared output
+  Count first_dense_layers = 0;     // leading dense layers (HF first_k_dense_replace)
+  Count layer_frequency = 1;        // every k-th layer after them is a MoE layer
+  Router router = Router::softmax;  // score function of the router (h -> num_experts)
+  bool router_bias = false;         // DeepSeek-V3's per-expert bias for top-k selection
+  // Tokens an expert takes, as a multiple of its even share; nullopt: dropless.
+  std::optional<double> capacity_factor;
+  [[nodiscard]] bool enabled() const noexcept { return num_experts > 0; }
+  bool operator==(const MoeSpec&) const = default;
+};
+
+/// DeepSeek's multi-head latent attention (DeepSeek-V2 paper, sec. 2.1). kv_lora_rank = 0: off.
+struct MlaSpec {
+  Count q_lora_rank = 0;  // 0: queries projected directly (JSON null)
+  Count kv_lora_rank = 0;
+  Count qk_nope_head_dim = 0;
+  Count qk_rope_head_dim = 0;
+  Count v_head_dim = 0;
+  [[nodiscard]] bool enabled() const noexcept { return kv_lora_rank > 0; }
+  bool operator==(const MlaSpec&) const = default;
+};
 
 /// A decoder-only transformer. Shapes: h = hidden_size, a = num_attention_heads,
 /// h/a = head dim, kv = num_kv_heads (GQA when kv < a), f = ffn_hidden_size, V = vocab_size.
@@ -60,9 +94,19 @@ struct ModelSpec {
   bool tied_embeddings = false;
   bool bias = false;      // biases on the linear layers
   bool qkv_bias = false;  // biases on the q, k and v projections only (Qwen2); implied by bias
+  // Attention head width when it is not hidden/heads (Qwen3: 128 with h = 2048, 32 heads);
+  // 0: hidden_size / num_attention_heads.
+  Count explicit_head_dim = 0;
+  bool qk_norm = false;  // RMSNorm over each query and key head (Qwen3; weights of head_dim)
+  MoeSpec moe;
+  MlaSpec mla;
+  Count mtp_layers = 0;  // multi-token prediction modules (DeepSeek-V3), counted apart
   bool operator==(const ModelSpec&) const = default;
 
-  [[nodiscard]] Count head_dim() const noexcept { return hidden_size / num_attention_heads; }
+  [[nodiscard]] Count head_dim() const noexcept {
+    return explicit_head_dim > 0 ? explicit_head_dim : hidden_size / num_attention_heads;
+  }
+  [[nodiscard]] Count q_hidden() const noexcept { return head_dim() * num_attention_heads; }
   [[nodiscard]] Count kv_hidden() const noexcept { return head_dim() * num_kv_heads; }
 };
 

@@ -1,0 +1,117 @@
+// Parameter counts of MoE and MLA models (docs/moe.md). Every dense piece (norms, grouped-query
+// attention, an FFN of a given width) is read from the layer op table, so a dense model's count
+// here is the table's; only the router, the expert multiplicities and MLA's projections are
+// written here. Sources: Hugging Face transformers modeling_mixtral.py (MixtralSparseMoeBlock),
+// modeling_qwen2_moe.py (shared_expert, shared_expert_gate), modeling_qwen3_moe.py,
+// modeling_deepseek_v3.py (DeepseekV3Attention, DeepseekV3TopkRouter's e_score_correction_bias);
+// DeepSeek-AI 2024, "DeepSeek-V2", sec. 2.1 (MLA).
+#include "distplan/planner/moe.h"
+
+#include <string_view>
+
+#include "distplan/planner/layer_ops.h"
+
+namespace distplan {
+namespace {
+
+Count table_params(const LayerTable& table, std::initializer_list<std::string_view> names) {
+  Count n = 0;
+  for (const LayerOp& op : table) {
+    for (std::string_view name : names) {
+      if (op.name == name) n += op.weight_params + op.bias_params;
+    }
+  }
+  return n;
+}
+
+// MLA (DeepSeek-V2 eqs. 9-19; HF DeepseekV3Attention): queries through a low-rank bottleneck
+// (q_a_proj, its RMSNorm, q_b_proj) or directly (q_proj); keys and values through the compressed
+// latent plus the shared rotary key (kv_a_proj_with_mqa, its RMSNorm, kv_b_proj); o_proj.
+Count mla_parameters(const ModelSpec& m) noexcept {
+  const MlaSpec& a = m.mla;
+  const Count h = m.hidden_size;
+  const Count heads = m.num_attention_heads;
+  const Count qk_head = a.qk_nope_head_dim + a.qk_rope_head_dim;
+  Count n = 0;
+  if (a.q_lora_rank > 0) {
+    n += h * a.q_lora_rank + a.q_lora_rank + a.q_lora_rank * heads * qk_head;
+  } else {
+    n += h * heads * qk_head;
+  }
+  n += h * (a.kv_lora_rank + a.qk_rope_head_dim) + a.kv_lora_rank;
+  n += a.kv_lora_rank * heads * (a.qk_nope_head_dim + a.v_head_dim);
+  n += heads * a.v_head_dim * h;
+  return n;
+}
+
+}  // namespace
+
+bool is_moe_layer(const ModelSpec& m, Count i) noexcept {
+  const MoeSpec& e = m.moe;
+  if (!e.enabled() || i < e.first_dense_layers) return false;
+  return (i - e.first_dense_layers) % e.layer_frequency == 0;
+}
+
+Count moe_layer_count(const ModelSpec& m) noexcept {
+  const MoeSpec& e = m.moe;
+  if (!e.enabled() || m.num_layers <= e.first_dense_layers) return 0;
+  const Count after = m.num_layers - e.first_dense_layers;
+  return (after + e.layer_frequency - 1) / e.layer_frequency;
+}
+
+Count attention_parameters(const ModelSpec& m) noexcept {
+  if (m.mla.enabled()) return mla_parameters(m);
+  return table_params(build_layer_table(m, TrainingSpec{}), {"qkv", "attention", "attention_out"});
+}
+
+Count mlp_parameters(const ModelSpec& m, Count f) noexcept {
+  ModelSpec x = m;
+  x.ffn_hidden_size = f;
+  return table_params(build_layer_table(x, TrainingSpec{}), {"mlp_in", "mlp_out"});
+}
+
+Count moe_block_parameters(const ModelSpec& m, bool active) noexcept {
+  const MoeSpec& e = m.moe;
+  if (!e.enabled()) return 0;
+  const Count h = m.hidden_size;
+  Count n = e.num_experts * h;  // router: one score per expert, no bias
+  if (e.router_bias) n += e.num_experts;
+  n += (active ? e.top_k : e.num_experts) * mlp_parameters(m, e.expert_ffn_hidden_size);
+  n += e.num_shared_experts * mlp_parameters(m, e.shared_expert_ffn_hidden_size);
+  if (e.shared_expert_gate) n += h;
+  return n;
+}
+
+ParameterCount count_parameters(const ModelSpec& m) noexcept {
+  const Count h = m.hidden_size;
+  const LayerTable table = build_layer_table(m, TrainingSpec{});
+  const Count norms = table_params(table, {"input_norm", "post_attention_norm"});
+  const Count attention = attention_parameters(m);
+  const Count dense_layer = norms + attention + mlp_parameters(m, m.ffn_hidden_size);
+  const Count moe_total = norms + attention + moe_block_parameters(m, false);
+  const Count moe_active = norms + attention + moe_block_parameters(m, true);
+  const Count moe_layers = moe_layer_count(m);
+  const Count dense_layers = m.num_layers - moe_layers;
+
+  Count outer = m.vocab_size * h;  // token embedding
+  if (m.position_embedding == PositionEmbedding::learned) outer += m.max_position_embeddings * h;
+  const Count final_norm = m.norm == Norm::layernorm ? 2 * h : h;
+  outer += final_norm;
+  if (!m.tied_embeddings) outer += m.vocab_size * h;  // LM head
+
+  ParameterCount c;
+  c.total = outer + dense_layers * dense_layer + moe_layers * moe_total;
+  c.active = outer + dense_layers * dense_layer + moe_layers * moe_active;
+  // A DeepSeek-V3 MTP module (DeepSeek-V3 report, sec. 2.2; README_WEIGHTS.md): RMSNorms of the
+  // hidden state and of the next token's embedding, the projection of their concatenation
+  // (2h -> h), one transformer layer placed by the main model's rule, and the output head's norm;
+  // the embedding and output head are shared with the main model. MTP module k has layer id
+  // num_layers + k (README_WEIGHTS.md, "Loading Rules").
+  for (Count k = 0; k < m.mtp_layers; ++k) {
+    const Count layer = is_moe_layer(m, m.num_layers + k) ? moe_total : dense_layer;
+    c.mtp += 2 * final_norm + 2 * h * h + layer + final_norm;
+  }
+  return c;
+}
+
+}  // namespace distplan

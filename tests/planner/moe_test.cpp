@@ -1,0 +1,293 @@
+// MoE and MLA models: config.json import with the released checkpoints' exact parameter counts,
+// the model fields' JSON, and the refusal to plan what is not modelled yet (docs/moe.md).
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "distplan/planner/error.h"
+#include "distplan/planner/estimate.h"
+#include "distplan/planner/layer_ops.h"
+#include "distplan/planner/layout.h"
+#include "distplan/planner/moe.h"
+#include "distplan/planner/presets.h"
+#include "distplan/planner/scenario_json.h"
+#include "test_util.h"
+
+namespace distplan {
+namespace {
+
+using nlohmann::json;
+
+InputError error_of(const json& doc) {
+  try {
+    (void)testing::scenario(doc);
+  } catch (const InputError& e) {
+    return e;
+  }
+  ADD_FAILURE() << "accepted: " << doc.dump();
+  return InputError("", "");
+}
+
+// data/reference/moe_parameter_counts.json: each release's config.json fields and its checkpoint's
+// parameter count (safetensors index total_size / 2 for bf16, or the publisher's exact figure).
+TEST(MoeParameters, HfConfigsImportWithTheCheckpointsExactCounts) {
+  const json ref = testing::reference("moe_parameter_counts.json");
+  int exact = 0;
+  for (const auto& [name, r] : ref["models"].items()) {
+    const ModelSpec m = model_from_hf_config(r["config"], "/model/hf_config");
+    const ParameterCount c = count_parameters(m);
+    if (r.contains("parameters")) {
+      EXPECT_EQ(c.total, r["parameters"].get<Count>()) << name;
+      ++exact;
+    } else {
+      // DeepSeek-V2 publishes 236B, rounded to 1B.
+      EXPECT_NEAR(static_cast<double>(c.total), r["parameters_published"].get<double>(), 0.5e9)
+          << name;
+    }
+    // Active parameters: one token's forward pass, embedding and LM head included (the convention
+    // of Mixtral's 12.9B). Publishers round (and some leave parts out), so within 3%.
+    const double published = r["active_parameters_published"].get<double>();
+    EXPECT_NEAR(static_cast<double>(c.active) / published, 1.0, 0.03) << name << " " << c.active;
+    EXPECT_LT(c.active, c.total) << name;
+  }
+  EXPECT_GE(exact, 6);
+}
+
+TEST(MoeParameters, MixtralAndDeepSeekV3AreTheIssuesFigures) {
+  EXPECT_EQ(count_parameters(*find_model_preset("mixtral-8x7b")).total, 46702792704);
+  const ParameterCount v3 = count_parameters(*find_model_preset("deepseek-v3"));
+  EXPECT_EQ(v3.total, 671026419200);
+  // README_WEIGHTS.md: the MTP module has 11.5B unique parameters beyond the shared embedding and
+  // output head (rounded; its layer alone is 11.507B, its projection and norms add 0.103B).
+  EXPECT_NEAR(static_cast<double>(v3.mtp), 11.5e9, 0.12e9);
+  // The MTP module is counted apart: the main model's count does not change with it.
+  ModelSpec no_mtp = *find_model_preset("deepseek-v3");
+  no_mtp.mtp_layers = 0;
+  EXPECT_EQ(count_parameters(no_mtp).total, v3.total);
+  EXPECT_EQ(count_parameters(no_mtp).mtp, 0);
+}
+
+// The presets are the released configs: importing each config.json gives the preset.
+TEST(MoeParameters, PresetsEqualTheirConfigJson) {
+  const json ref = testing::reference("moe_parameter_counts.json");
+  for (const char* name :
+       {"mixtral-8x7b", "mixtral-8x22b", "deepseek-v3", "qwen3-30b-a3b", "qwen3-235b-a22b"}) {
+    ModelSpec hf = model_from_hf_config(ref["models"][name]["config"], "/m");
+    hf.name = name;
+    EXPECT_EQ(hf, *find_model_preset(name)) << name;
+  }
+}
+
+// A dense model's count is the layer table's (one truth): MoE off, both counts agree for every
+// dense preset, and total = active.
+TEST(MoeParameters, DenseModelsCountAsTheLayerTable) {
+  for (const PresetInfo& p : model_presets()) {
+    const ModelSpec m = *find_model_preset(p.name);
+    if (m.moe.enabled() || m.mla.enabled()) continue;
+    const ParameterCount c = count_parameters(m);
+    EXPECT_EQ(c.total, model_parameters(m, build_layer_table(m, TrainingSpec{}))) << p.name;
+    EXPECT_EQ(c.active, c.total) << p.name;
+  }
+}
+
+// Hand count of a small MoE model, independent of the code's structure: 4 layers, the first
+// dense, then MoE every second layer (layers 1 and 3); h = 8, 2 heads, 1 KV head, SwiGLU.
+TEST(MoeParameters, PlacementAndHandCount) {
+  ModelSpec m;
+  m.num_layers = 4;
+  m.hidden_size = 8;
+  m.num_attention_heads = 2;
+  m.num_kv_heads = 1;
+  m.ffn_hidden_size = 16;
+  m.vocab_size = 10;
+  m.mlp = Mlp::swiglu;
+  m.norm = Norm::rmsnorm;
+  m.position_embedding = PositionEmbedding::rotary;
+  m.moe = {.num_experts = 4,
+           .top_k = 2,
+           .expert_ffn_hidden_size = 6,
+           .num_shared_experts = 1,
+           .shared_expert_ffn_hidden_size = 5,
+           .first_dense_layers = 1,
+           .layer_frequency = 2,
+           .router_bias = true,
+           .capacity_factor = std::nullopt};
+  EXPECT_FALSE(is_moe_layer(m, 0));
+  EXPECT_TRUE(is_moe_layer(m, 1));
+  EXPECT_FALSE(is_moe_layer(m, 2));
+  EXPECT_TRUE(is_moe_layer(m, 3));
+  EXPECT_EQ(moe_layer_count(m), 2);
+  // Attention: q 8x8, k and v 8x4 each, o 8x8 = 192; norms 2 x 8.
+  const Count attention = 64 + 32 + 32 + 64, norms = 16;
+  const Count dense_mlp = 3 * 8 * 16;
+  const Count expert = 3 * 8 * 6, shared = 3 * 8 * 5, router = 4 * 8 + 4;
+  const Count dense_layer = norms + attention + dense_mlp;
+  const Count moe_layer = norms + attention + router + 4 * expert + shared;
+  const Count moe_active = norms + attention + router + 2 * expert + shared;
+  const Count outer = 10 * 8 * 2 + 8;  // embedding, LM head, final norm
+  const ParameterCount c = count_parameters(m);
+  EXPECT_EQ(c.total, outer + 2 * dense_layer + 2 * moe_layer);
+  EXPECT_EQ(c.active, outer + 2 * dense_layer + 2 * moe_active);
+}
+
+// Qwen3 (dense): head_dim 128 independent of hidden / heads, and q/k RMSNorms of head_dim.
+// Qwen/Qwen3-8B's checkpoint: 16,381,470,720 bf16 bytes, i.e. 8,190,735,360 parameters.
+TEST(MoeParameters, Qwen3DenseImportsAndPlans) {
+  const json cfg = {{"model_type", "qwen3"},
+                    {"num_hidden_layers", 36},
+                    {"hidden_size", 4096},
+                    {"num_attention_heads", 32},
+                    {"num_key_value_heads", 8},
+                    {"head_dim", 128},
+                    {"intermediate_size", 12288},
+                    {"vocab_size", 151936},
+                    {"max_position_embeddings", 40960},
+                    {"rope_theta", 1000000},
+                    {"tie_word_embeddings", false},
+                    {"attention_bias", false},
+                    {"use_sliding_window", false},
+                    {"hidden_act", "silu"}};
+  const ModelSpec m = model_from_hf_config(cfg, "/m");
+  EXPECT_TRUE(m.qk_norm);
+  EXPECT_EQ(m.explicit_head_dim, 0);  // 4096 / 32 = 128 already
+  EXPECT_EQ(model_parameters(m), 8190735360);
+  // Qwen3-0.6B's shapes: head_dim 128 with hidden 1024 and 16 heads; q is 2048 wide.
+  json small = cfg;
+  small.update({{"num_hidden_layers", 28},
+                {"hidden_size", 1024},
+                {"num_attention_heads", 16},
+                {"intermediate_size", 3072},
+                {"tie_word_embeddings", true}});
+  const ModelSpec s = model_from_hf_config(small, "/m");
+  EXPECT_EQ(s.explicit_head_dim, 128);
+  // Per layer: q 1024x2048, k and v 1024x1024, o 2048x1024, q/k norms 2x128, two norms,
+  // SwiGLU 3x1024x3072; plus the tied embedding and the final norm.
+  const Count layer =
+      3 * 1024 * 2048 + 256 + 2 * 1024 + 2 * 1024 * 1024 - 1024 * 2048 + 3 * 1024 * 3072;
+  EXPECT_EQ(model_parameters(s), 28 * layer + 151936 * 1024 + 1024);
+  json doc = testing::default_doc();
+  doc["model"] = {{"hf_config", small}};
+  doc["training"]["seq_length"] = 4096;
+  doc["parallel"] = {{"tp", 2}, {"pp", 1}, {"dp", 4}};
+  doc["cluster"]["num_gpus"] = 8;
+  const Scenario sc = testing::scenario(doc);
+  const Estimate e = estimate(sc);
+  EXPECT_EQ(e.parameters, model_parameters(s));
+  // The plan echoes the head width and the norms, and reads back to the same plan.
+  const json plan = plan_to_json(sc, e);
+  EXPECT_EQ(plan["scenario"]["model"]["head_dim"], 128);
+  EXPECT_EQ(plan["scenario"]["model"]["qk_norm"], true);
+  const Scenario again = scenario_from_json(plan["scenario"]);
+  EXPECT_EQ(plan_to_json(again, estimate(again)), plan);
+}
+
+// Every preset's model, echoed, reads back to itself (MoE, MLA and MTP fields included).
+TEST(MoeJson, EveryPresetModelRoundTrips) {
+  for (const PresetInfo& p : model_presets()) {
+    const ModelSpec m = *find_model_preset(p.name);
+    ModelSpec back = model_from_json(to_json(m), "/model");
+    back.name = m.name;
+    EXPECT_EQ(back, m) << p.name;
+  }
+  const json j = to_json(*find_model_preset("deepseek-v3"));
+  EXPECT_TRUE(j["moe"]["capacity_factor"].is_null());  // dropless
+  EXPECT_EQ(j["moe"]["router"], "sigmoid");
+  EXPECT_EQ(j["mla"]["kv_lora_rank"], 512);
+  EXPECT_EQ(j["mtp_layers"], 1);
+  EXPECT_FALSE(to_json(*find_model_preset("llama2-7b")).contains("moe"));
+}
+
+TEST(MoeJson, FieldsOverAPresetAndBadValuesAtTheirPath) {
+  const ModelSpec m = model_from_json(
+      {{"preset", "mixtral-8x7b"}, {"moe", {{"top_k", 1}, {"capacity_factor", 1.25}}}}, "/model");
+  EXPECT_EQ(m.moe.top_k, 1);
+  EXPECT_EQ(m.moe.num_experts, 8);
+  ASSERT_TRUE(m.moe.capacity_factor.has_value());
+  EXPECT_DOUBLE_EQ(*m.moe.capacity_factor, 1.25);
+  EXPECT_EQ(m.name, "mixtral-8x7b (modified)");
+  EXPECT_FALSE(
+      model_from_json({{"preset", "mixtral-8x7b"}, {"moe", nullptr}}, "/model").moe.enabled());
+  auto path_of = [](const json& doc) -> std::string {
+    try {
+      (void)model_from_json(doc, "/model");
+    } catch (const InputError& e) {
+      return e.path();
+    }
+    return "accepted";
+  };
+  EXPECT_EQ(path_of({{"preset", "mixtral-8x7b"}, {"moe", {{"top_k", 9}}}}), "/model/moe/top_k");
+  EXPECT_EQ(path_of({{"preset", "mixtral-8x7b"}, {"moe", {{"router", "relu"}}}}),
+            "/model/moe/router");
+  EXPECT_EQ(path_of({{"preset", "mixtral-8x7b"}, {"moe", {{"capacity_factor", 0}}}}),
+            "/model/moe/capacity_factor");
+  EXPECT_EQ(path_of({{"preset", "mixtral-8x7b"}, {"moe", {{"num_shared_experts", 1}}}}),
+            "/model/moe/shared_expert_ffn_hidden_size");
+  EXPECT_EQ(path_of({{"preset", "mixtral-8x7b"}, {"moe", {{"first_dense_layers", 32}}}}),
+            "/model/moe/first_dense_layers");
+  EXPECT_EQ(path_of({{"preset", "llama2-7b"}, {"moe", {{"top_k", 2}}}}), "/model/moe/num_experts");
+  EXPECT_EQ(path_of({{"preset", "llama2-7b"}, {"mla", {{"kv_lora_rank", 512}}}}),
+            "/model/mla/qk_nope_head_dim");
+  EXPECT_EQ(path_of({{"preset", "llama2-7b"}, {"moe", {{"num_expert", 8}}}}),
+            "/model/moe/num_expert");
+  // A model too large for int64 arithmetic is refused before any count is formed.
+  EXPECT_EQ(path_of({{"preset", "mixtral-8x7b"},
+                     {"moe", {{"num_experts", 65536}, {"expert_ffn_hidden_size", 4194304}}}}),
+            "/model/moe");
+}
+
+// What the memory, communication and time models do not cover is refused at the model field,
+// with the counts, never planned as a dense model.
+TEST(MoePlanning, RefusedAtTheFieldWithTheCounts) {
+  json doc = testing::default_doc();
+  doc["model"] = "mixtral-8x7b";
+  InputError e = error_of(doc);
+  EXPECT_EQ(e.path(), "/model/moe");
+  EXPECT_NE(std::string(e.what()).find("46702792704"), std::string::npos) << e.what();
+  doc["model"] = {{"preset", "deepseek-v3"}, {"moe", nullptr}};
+  EXPECT_EQ(error_of(doc).path(), "/model/mla");
+  doc["model"] = {{"preset", "deepseek-v3"}, {"moe", nullptr}, {"mla", nullptr}};
+  EXPECT_EQ(error_of(doc).path(), "/model/mtp_layers");
+}
+
+// config.json fields of the mapped families that distplan does not model are refused at the field.
+TEST(MoeHfConfig, RefusesWhatTheFamiliesDoNotModel) {
+  const json ref = testing::reference("moe_parameter_counts.json");
+  auto path_of = [](const json& cfg) -> std::string {
+    try {
+      (void)model_from_hf_config(cfg, "/model/hf_config");
+    } catch (const InputError& e) {
+      return e.path();
+    }
+    return "accepted";
+  };
+  json q = ref["models"]["qwen3-30b-a3b"]["config"];
+  q["decoder_sparse_step"] = 2;
+  EXPECT_EQ(path_of(q), "/model/hf_config/decoder_sparse_step");
+  q["decoder_sparse_step"] = 1;
+  q["mlp_only_layers"] = {0, 1};
+  EXPECT_EQ(path_of(q), "/model/hf_config/mlp_only_layers");
+  q["mlp_only_layers"] = json::array();
+  q["use_sliding_window"] = true;
+  EXPECT_EQ(path_of(q), "/model/hf_config/use_sliding_window");
+  json d = ref["models"]["deepseek-v3"]["config"];
+  d["moe_layer_freq"] = 2;
+  EXPECT_EQ(path_of(d), "/model/hf_config/moe_layer_freq");
+  d["moe_layer_freq"] = 1;
+  d["scoring_func"] = "sparsemax";
+  EXPECT_EQ(path_of(d), "/model/hf_config/scoring_func");
+  json x = ref["models"]["mixtral-8x7b"]["config"];
+  x["sliding_window"] = 4096;
+  EXPECT_EQ(path_of(x), "/model/hf_config/sliding_window");
+  // A family's MoE fields are still refused in a family that does not have them.
+  json llama = ref["models"]["mixtral-8x7b"]["config"];
+  llama["model_type"] = "llama";
+  EXPECT_EQ(path_of(llama), "/model/hf_config/num_local_experts");
+  // YaRN is accepted only where it changes no shape the planner knows of (DeepSeek).
+  llama.erase("num_local_experts");
+  llama.erase("num_experts_per_tok");
+  llama["rope_scaling"] = {{"type", "yarn"}, {"factor", 4}};
+  EXPECT_EQ(path_of(llama), "/model/hf_config/rope_scaling");
+}
+
+}  // namespace
+}  // namespace distplan
