@@ -114,4 +114,18 @@ ParameterCount count_parameters(const ModelSpec& m) noexcept {
   return c;
 }
 
+double training_flops_per_token(const ModelSpec& m, Count seq_length) noexcept {
+  Count input_embedding = m.vocab_size * m.hidden_size;
+  if (m.position_embedding == PositionEmbedding::learned)
+    input_embedding += m.max_position_embeddings * m.hidden_size;
+  const double matmul_params = static_cast<double>(count_parameters(m).active - input_embedding);
+  const double d_qk = static_cast<double>(
+      m.mla.enabled() ? m.mla.qk_nope_head_dim + m.mla.qk_rope_head_dim : m.head_dim());
+  const double d_v = static_cast<double>(m.mla.enabled() ? m.mla.v_head_dim : m.head_dim());
+  const double heads = static_cast<double>(m.num_attention_heads);
+  const double attention_forward =
+      2.0 * heads * (d_qk + d_v) * static_cast<double>(seq_length) / 2.0;
+  return 3.0 * (2.0 * matmul_params + static_cast<double>(m.num_layers) * attention_forward);
+}
+
 }  // namespace distplan

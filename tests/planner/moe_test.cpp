@@ -181,6 +181,35 @@ TEST(MoeParameters, Qwen3DenseImportsAndPlans) {
   EXPECT_EQ(plan_to_json(again, estimate(again)), plan);
 }
 
+// Zhao et al. 2025 (DeepSeek-AI, "Insights into DeepSeek-V3: Scaling Challenges and Reflections on
+// Hardware for AI Architectures", ISCA 2025), Table 2: training cost per token at sequence length
+// 4096 — DeepSeek-V2 155 GFLOPs, DeepSeek-V3 250 GFLOPs, LLaMA-405B (dense) 2448 GFLOPs. The
+// convention (6 x active non-embedding parameters + causal attention) is stated in moe.h; the
+// paper rounds and does not state it, so within 1.5%.
+TEST(MoeFlops, TrainingCostPerTokenMatchesTheDeepSeekV3HardwarePaper) {
+  const json ref = testing::reference("moe_parameter_counts.json");
+  const ModelSpec v2 = model_from_hf_config(ref["models"]["deepseek-v2"]["config"], "/m");
+  const ModelSpec v3 = *find_model_preset("deepseek-v3");
+  const ModelSpec llama = *find_model_preset("llama3.1-405b");
+  const json paper = testing::reference("deepseek_isca2025_table2.json");
+  const Count s = paper["seq_length"].get<Count>();
+  const json& g = paper["gflops_per_token"];
+  EXPECT_NEAR(training_flops_per_token(v2, s) / (g["deepseek-v2"].get<double>() * 1e9), 1.0, 0.015);
+  EXPECT_NEAR(training_flops_per_token(v3, s) / (g["deepseek-v3"].get<double>() * 1e9), 1.0, 0.015);
+  EXPECT_NEAR(training_flops_per_token(llama, s) / (g["llama3.1-405b"].get<double>() * 1e9), 1.0,
+              0.015);
+  // Only the routed experts a token uses count: more experts at the same top_k cost only the
+  // router's wider score matmul (and its bias), 6 x 58 MoE layers x 256 x (h + 1).
+  ModelSpec wider = v3;
+  wider.moe.num_experts *= 2;
+  EXPECT_NEAR(training_flops_per_token(wider, 4096) - training_flops_per_token(v3, 4096),
+              6.0 * 58 * 256 * (7168 + 1), 1.0);
+  ModelSpec deeper = v3;
+  deeper.moe.top_k += 1;  // one more routed expert: 6 x 3 h f_e per MoE layer
+  EXPECT_NEAR(training_flops_per_token(deeper, 4096) - training_flops_per_token(v3, 4096),
+              6.0 * 58 * 3 * 7168 * 2048, 1.0);
+}
+
 // Every preset's model, echoed, reads back to itself (MoE, MLA and MTP fields included).
 TEST(MoeJson, EveryPresetModelRoundTrips) {
   for (const PresetInfo& p : model_presets()) {

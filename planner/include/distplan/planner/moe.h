@@ -32,4 +32,12 @@ struct ParameterCount {
 /// model_parameters() of layout.h.
 [[nodiscard]] ParameterCount count_parameters(const ModelSpec& m) noexcept;
 
+/// Training FLOPs per token of the main model (forward and backward, 3x the forward), in the
+/// convention of Zhao et al. 2025 (DeepSeek-AI, "Insights into DeepSeek-V3", ISCA 2025, Table 2):
+/// 2 FLOPs per multiply-add of every active parameter but the input embedding (router, shared
+/// and top_k routed experts, MLA projections, LM head), plus causal attention, whose queries see
+/// on average seq_length / 2 keys: 2 a (d_qk + d_v) s/2 per token per layer forward. (The layer
+/// op table counts attention over all s keys, Narayanan et al. 2021; docs/moe.md.)
+[[nodiscard]] double training_flops_per_token(const ModelSpec& m, Count seq_length) noexcept;
+
 }  // namespace distplan
