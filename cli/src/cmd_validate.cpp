@@ -808,6 +808,10 @@ void install_validate(CLI::App& app) {
       return;
     }
     backend::check_supported(s);
+    // The backend's layers have heads of hidden / heads and no q/k norms (docs/moe.md).
+    if (s.model.explicit_head_dim > 0)
+      throw InputError("/model/head_dim", "the backend trains heads of hidden_size / heads only");
+    if (s.model.qk_norm) throw InputError("/model/qk_norm", "the backend has no q/k norms");
     if (opts->emulate_rank >= ranks_of(s))
       throw InputError("", fmt::format("--emulate-rank {} is not a rank of the layout (0..{})",
                                        opts->emulate_rank, ranks_of(s) - 1));

@@ -453,13 +453,13 @@ class Estimator {
   // these (they differ in pp, dp, ZeRO, schedule, recompute), so each thread keeps the last two
   // (SP off and on); any change of an input recomputes them.
   struct OpCosts {
-    std::array<double, 26> key{};
+    std::array<double, 28> key{};
     bool valid = false;
     PassCosts layer, embedding, head;
   };
   [[nodiscard]] const OpCosts& op_costs(const DeviceRates& r) const {
     const ModelSpec& m = m_;
-    const std::array<double, 26> key = {static_cast<double>(m.hidden_size),
+    const std::array<double, 28> key = {static_cast<double>(m.hidden_size),
                                         static_cast<double>(m.num_attention_heads),
                                         static_cast<double>(m.num_kv_heads),
                                         static_cast<double>(m.ffn_hidden_size),
@@ -484,7 +484,9 @@ class Estimator {
                                         r.flash_forward,
                                         r.flash_backward,
                                         static_cast<double>(r.element_bytes),
-                                        static_cast<double>(m.max_position_embeddings)};
+                                        static_cast<double>(m.max_position_embeddings),
+                                        static_cast<double>(m.explicit_head_dim),
+                                        static_cast<double>(m.qk_norm)};
     thread_local std::array<OpCosts, 2> memo;
     OpCosts& c = memo[p_.sequence_parallel ? 1 : 0];
     if (!c.valid || c.key != key) {

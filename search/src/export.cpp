@@ -77,6 +77,9 @@ Exported megatron(const Scenario& s, Exported out) {
   arg("--hidden-size", m.hidden_size);
   arg("--ffn-hidden-size", m.ffn_hidden_size);
   arg("--num-attention-heads", m.num_attention_heads);
+  // An explicit head width (Qwen3): Megatron-LM's --kv-channels, else hidden / heads.
+  if (m.explicit_head_dim > 0) arg("--kv-channels", m.explicit_head_dim);
+  if (m.qk_norm) flag("--qk-layernorm");  // with --normalization RMSNorm: RMSNorm of q and k
   if (m.num_kv_heads != m.num_attention_heads) {
     flag("--group-query-attention");
     arg("--num-query-groups", m.num_kv_heads);
@@ -312,7 +315,8 @@ Count torchtitan_ffn(const TorchtitanFlavor& f) {
 std::string torchtitan_model(const ModelSpec& m, Exported& out) {
   const bool llama_architecture = m.mlp == Mlp::swiglu && m.norm == Norm::rmsnorm &&
                                   m.position_embedding == PositionEmbedding::rotary && !m.bias &&
-                                  !m.qkv_bias && !m.tied_embeddings;
+                                  !m.qkv_bias && !m.tied_embeddings && m.explicit_head_dim == 0 &&
+                                  !m.qk_norm;
   std::string flavor;
   for (const TorchtitanFlavor& f : kTorchtitanLlama3) {
     if (llama_architecture && m.hidden_size == f.dim && m.num_layers == f.n_layers &&
@@ -333,8 +337,9 @@ std::string torchtitan_model(const ModelSpec& m, Exported& out) {
           m.rope_theta, m.ffn_hidden_size));
     } else {
       out.notes.push_back(
-          "torchtitan's llama3 model is SwiGLU, RMSNorm, rotary, bias-free and untied; this model "
-          "is not, so it needs its own model code in torchtitan");
+          "torchtitan's llama3 model is SwiGLU, RMSNorm, rotary, bias-free and untied, with head "
+          "width hidden / heads and no q/k norms; this model is not, so it needs its own model "
+          "code in torchtitan");
     }
   }
   return fmt::format("\n[model]\nname = \"llama3\"\nflavor = {}\n", toml_string(flavor));

@@ -179,6 +179,17 @@ TEST(MoeParameters, Qwen3DenseImportsAndPlans) {
   EXPECT_EQ(plan["scenario"]["model"]["qk_norm"], true);
   const Scenario again = scenario_from_json(plan["scenario"]);
   EXPECT_EQ(plan_to_json(again, estimate(again)), plan);
+  // Narrower heads (hidden / heads = 64) and no q/k norms: fewer FLOPs, and a shorter step (the
+  // op-cost memo must see the head width and the norms, not reuse the wider model's costs).
+  Scenario narrow = sc;
+  narrow.model.explicit_head_dim = 0;
+  const Estimate n = estimate(narrow);
+  EXPECT_LT(n.compute.model_flops_per_step, e.compute.model_flops_per_step);
+  EXPECT_LT(n.time.step_seconds, estimate(sc).time.step_seconds);
+  Scenario no_norm = sc;
+  no_norm.model.qk_norm = false;
+  EXPECT_LT(estimate(no_norm).time.step_seconds, estimate(sc).time.step_seconds);
+  EXPECT_LT(estimate(no_norm).memory.peak_bytes, e.memory.peak_bytes);
 }
 
 // Zhao et al. 2025 (DeepSeek-AI, "Insights into DeepSeek-V3: Scaling Challenges and Reflections on

@@ -305,6 +305,28 @@ TEST(Export, MegatronQwen2AddsItsQkvBiases) {
   EXPECT_EQ(ll.count("--add-qkv-bias"), 0u);
 }
 
+TEST(Export, Qwen3HeadWidthAndQkNormsReachMegatronAndNoFlavor) {
+  // Qwen3's head_dim differs from hidden / heads and it normalises q and k: Megatron-LM needs
+  // --kv-channels and --qk-layernorm (both core_v0.15.3 arguments); torchtitan's llama3 flavors
+  // have neither, so no flavor is named.
+  const Layout l = layout(4, 1, 16, 1, 0, Recompute::none, true, Schedule::one_f_one_b, 1, 1);
+  Scenario s = scenario_of(l, "llama3.1-8b");
+  s.model.explicit_head_dim = 64;  // 4096 / 32 = 128
+  s.model.qk_norm = true;
+  const auto a = megatron_args(export_scenario(s, ExportFormat::megatron).text);
+  EXPECT_EQ(value_of(a, "--kv-channels"), "64");
+  EXPECT_EQ(a.count("--qk-layernorm"), 1u);
+  const nlohmann::json& flags = megatron_reference().at("flags");
+  EXPECT_TRUE(flags.contains("--kv-channels"));
+  EXPECT_FALSE(flags.at("--qk-layernorm").value("takes_value", true));
+  const Exported t = export_scenario(s, ExportFormat::torchtitan);
+  EXPECT_NE(t.text.find("distplan_custom"), std::string::npos);
+  const auto plain =
+      megatron_args(export_scenario(scenario_of(l, "llama3.1-8b"), ExportFormat::megatron).text);
+  EXPECT_EQ(plain.count("--kv-channels"), 0u);
+  EXPECT_EQ(plain.count("--qk-layernorm"), 0u);
+}
+
 TEST(Export, MegatronFsdpUsesTheRenamedFlag) {
   for (int zero : {2, 3}) {
     const auto a =
