@@ -461,8 +461,9 @@ json rel(double predicted, double measured) {
   return (measured - predicted) / predicted;
 }
 
-constexpr const char* kCategories[] = {"weights", "gradients", "optimizer", "activations",
-                                       "buffers", "runtime",   "total"};  // total: tracked
+constexpr const char* kCategories[] = {
+    "weights", "gradients", "optimizer", "activations",
+    "buffers", "runtime",   "total",     "reserved"};  // total: tracked; reserved: caching model
 
 // Collectives of one stage, summed per (group, op, what) and per (group, op).
 struct StageComm {
@@ -551,6 +552,7 @@ Report compare(const Scenario& s, const Estimate& e, const BackendResult& br,
       take("buffers", r.memory.peak_of(backend::MemoryTag::buffers));
       take("temporaries", r.memory.peak_of(backend::MemoryTag::temporaries));
       take("total", r.memory.peak_total);
+      take("reserved", r.memory.peak_reserved);
     }
     if (!present) continue;
     for (const auto& [k, v] : cat) ms[k + "_bytes"] = v;
@@ -570,7 +572,7 @@ Report compare(const Scenario& s, const Estimate& e, const BackendResult& br,
         t << fmt::format("  {:<22}{:>10.3f} {:>10}   n/a\n", c, pv / unit, "-");
         continue;
       }
-      if (key == "total_bytes") pv -= ps.value("runtime_bytes", 0.0);
+      if (key == "total_bytes" || key == "reserved_bytes") pv -= ps.value("runtime_bytes", 0.0);
       es[key] = rel(pv, mv);
       const json& r = es[key];
       t << fmt::format("  {:<22}{:>10.3f} {:>10.3f}   {}\n", c, pv / unit, mv / unit,

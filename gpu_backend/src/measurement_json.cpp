@@ -47,7 +47,8 @@ nlohmann::json to_json(const RankMeasurement& r) {
   for (int i = 0; i < kNumMemoryTags; ++i) {
     mem[std::string(to_string(static_cast<MemoryTag>(i))) + "_bytes"] = r.memory.peak[i];
   }
-  mem["peak_bytes"] = r.memory.peak_total;  // joint peak of all tagged bytes
+  mem["peak_bytes"] = r.memory.peak_total;         // joint peak of all tagged bytes
+  mem["reserved_bytes"] = r.memory.peak_reserved;  // the caching allocator's segments at peak
   nlohmann::json actions = nlohmann::json::array();
   for (const ExecutedAction& a : r.actions) {
     actions.push_back({{"op", sim::to_string(a.action.op)},
@@ -96,6 +97,7 @@ RankMeasurement rank_measurement_from_json(const nlohmann::json& j) {
         mem.at(std::string(to_string(static_cast<MemoryTag>(i))) + "_bytes").get<Bytes>();
   }
   r.memory.peak_total = mem.at("peak_bytes").get<Bytes>();
+  r.memory.peak_reserved = mem.value("reserved_bytes", Bytes{0});
   for (const auto& a : j.at("actions")) {
     ExecutedAction e;
     e.action.op = action_op_from(a.at("op").get<std::string>());

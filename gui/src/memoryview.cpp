@@ -106,7 +106,8 @@ void MemoryView::rebuildChart() {
   x->append(stages);
   auto* y = new QValueAxis;
   y->setTitleText(tr("GiB per GPU"));
-  y->setRange(0, std::max(capGiB, to_gib(memory.peak_bytes)) * 1.08);
+  y->setRange(
+      0, std::max({capGiB, to_gib(memory.peak_bytes), to_gib(memory.peak_reserved_bytes)}) * 1.08);
   y->setLabelFormat(QStringLiteral("%.0f"));
   y->applyNiceNumbers();
   chart_->addAxis(x, Qt::AlignBottom);
@@ -116,9 +117,10 @@ void MemoryView::rebuildChart() {
   capacity_->attachAxis(x);
   capacity_->attachAxis(y);
 
-  chart_->setTitle(tr("Memory per GPU by pipeline stage — peak %1 of %2 (%3)")
-                       .arg(formatGiB(memory.peak_bytes), formatGiB(memory.capacity_bytes),
-                            memory.fits ? tr("fits") : tr("does not fit")));
+  chart_->setTitle(
+      tr("Memory per GPU by pipeline stage — peak %1 reserved (%2 allocated) of %3 (%4)")
+          .arg(formatGiB(memory.peak_reserved_bytes), formatGiB(memory.peak_allocated_bytes),
+               formatGiB(memory.capacity_bytes), memory.fits ? tr("fits") : tr("does not fit")));
 }
 
 double MemoryView::barValueGiB(MemoryCategory category, int stage) const {

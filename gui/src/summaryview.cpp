@@ -110,15 +110,17 @@ void SummaryView::refresh() {
       pair(tr("%1 %").arg(simBubble_ * 100, 0, 'f', 1),
            tr("%1 %").arg(t.bubble_fraction * 100, 0, 'f', 1)));
   const MemoryEstimate& m = estimate_.memory;
+  // Reserved bytes (allocator segments and runtime) are what fits compares; allocated beside them.
   figures_[QStringLiteral("memory")]->setText(
-      tr("%1<br><small>of %2, stage %3</small>")
-          .arg(formatGiB(m.peak_bytes), formatGiB(m.capacity_bytes))
+      tr("%1 reserved<br><small>%2 allocated, of %3, stage %4</small>")
+          .arg(formatGiB(m.peak_reserved_bytes), formatGiB(m.peak_allocated_bytes),
+               formatGiB(m.capacity_bytes))
           .arg(m.peak_stage));
   figures_[QStringLiteral("fits")]->setText(
       m.fits ? tr("<span style='color:#2e7d32'>yes</span><br><small>%1 free</small>")
-                   .arg(formatGiB(m.capacity_bytes - m.peak_bytes))
+                   .arg(formatGiB(m.capacity_bytes - m.peak_reserved_bytes))
              : tr("<span style='color:#b00020'>no</span><br><small>%1 over</small>")
-                   .arg(formatGiB(m.peak_bytes - m.capacity_bytes)));
+                   .arg(formatGiB(m.peak_reserved_bytes - m.capacity_bytes)));
   const ParallelSpec& p = scenario_.parallel;
   details_->setText(
       tr("%1 on %2 × %3 · %4 parameters · tp %5 · pp %6 · dp %7 · ZeRO %8 · %9 "

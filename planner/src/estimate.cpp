@@ -177,8 +177,11 @@ class Estimator {
         mem.peak_bytes = sm.total_bytes;
         mem.peak_stage = st;
       }
+      mem.peak_allocated_bytes = std::max(mem.peak_allocated_bytes, sm.allocated_bytes);
+      mem.peak_reserved_bytes = std::max(mem.peak_reserved_bytes, sm.reserved_bytes);
     }
-    mem.fits = mem.peak_bytes <= mem.capacity_bytes;
+    // What the device must hold: the allocator's segments and the runtime (docs/memory.md).
+    mem.fits = mem.peak_reserved_bytes <= mem.capacity_bytes;
   }
 
   // FLOPs -------------------------------------------------------------------------------------

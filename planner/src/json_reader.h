@@ -53,6 +53,11 @@ GpuSpec read_gpu(const nlohmann::json& doc, const std::string& path);
 /// "; ... lists are for `distplan search`" when `v` is an array, else "".
 std::string list_hint(const nlohmann::json& v);
 
+/// assumptions.framework_profile: fields present override `p` (framework.cpp).
+void read_framework_profile(const nlohmann::json& doc, const std::string& path,
+                            FrameworkProfile& p);
+nlohmann::json framework_profile_json(const FrameworkProfile& p);
+
 /// Escapes a key for use in a JSON pointer (RFC 6901).
 std::string pointer_escape(std::string_view key);
 

@@ -4,6 +4,8 @@
 // dropout, standard attention and 16-bit activations.
 #include "distplan/planner/layer_ops.h"
 
+#include <algorithm>
+
 #include "distplan/planner/check.h"
 
 namespace distplan {
@@ -183,17 +185,21 @@ LayerActivation layer_activation(const LayerTable& table, const ModelSpec& model
   const Count b = training.micro_batch_size;
   const Count s = training.seq_length;
   Bytes all = 0, dropped = 0;
+  Count largest = 0;
   for (const LayerOp& op : table) {
     for (int i = 0; i < op.num_saved; ++i) {
       const SavedTensor& t = op.saved[i];
       const Bytes elems = b * s * (t.per_token + t.per_token_per_key * s);
       Bytes bytes = elems * t.bytes_per_element;
-      if (t.shard == TpShard::tp || (t.shard == TpShard::sp && sequence_parallel)) bytes /= tp;
+      const bool sharded = t.shard == TpShard::tp || (t.shard == TpShard::sp && sequence_parallel);
+      if (t.bytes_per_element > 1) largest = std::max(largest, sharded ? elems / tp : elems);
+      if (sharded) bytes /= tp;
       all += bytes;
       if (t.dropped_by_selective) dropped += bytes;
     }
   }
   LayerActivation out;
+  out.largest_elements = largest;
   switch (recompute) {
     case Recompute::none:
       out.kept = all;

@@ -14,6 +14,7 @@ MemoryLayout memory_layout(const Scenario& s) noexcept {
   l.num_microbatches = s.num_microbatches();
   l.zero_stage = p.zero_stage;
   l.shard = p.zero_stage == 0 ? 1 : s.shard_size();
+  l.dp = p.dp;
   l.sequence_parallel = p.sequence_parallel;
   l.recompute = p.recompute;
   l.schedule = p.schedule;

@@ -52,11 +52,12 @@ void try_change(std::vector<FitSuggestion>& out, const Estimate& base, Count bas
     return;
   }
   const Estimate e = estimate(s);
-  if (e.memory.peak_bytes >= base.memory.peak_bytes) return;
+  // In reserved bytes: what fits compares (= total under the generic profile).
+  if (e.memory.peak_reserved_bytes >= base.memory.peak_reserved_bytes) return;
   FitSuggestion f;
   f.change = std::move(change);
-  f.peak_bytes = e.memory.peak_bytes;
-  f.saving_bytes = base.memory.peak_bytes - e.memory.peak_bytes;
+  f.peak_bytes = e.memory.peak_reserved_bytes;
+  f.saving_bytes = base.memory.peak_reserved_bytes - e.memory.peak_reserved_bytes;
   f.fits = e.memory.fits;
   f.more_gpus = s.cluster.num_gpus > base_gpus;
   f.step_seconds = e.time.step_seconds;
@@ -181,7 +182,7 @@ std::vector<FitSuggestion> fit_suggestions(const Scenario& s, const Estimate& e)
   const bool any_fit =
       std::any_of(out.begin(), out.end(), [](const FitSuggestion& f) { return f.fits; });
   if (combined.fits && (!combined.more_gpus || !any_fit)) {
-    combined.saving_bytes = e.memory.peak_bytes - combined.peak_bytes;
+    combined.saving_bytes = e.memory.peak_reserved_bytes - combined.peak_bytes;
     combined.step_seconds = estimate(combined.scenario).time.step_seconds;
     combined.time_cost_seconds = combined.step_seconds - e.time.step_seconds;
     out.push_back(std::move(combined));
@@ -218,18 +219,25 @@ std::string format_plan_table(const Scenario& s, const Estimate& e) {
                      s.parallel.virtual_stages - 1,
                      s.model.num_layers / s.parallel.virtual_stages));
   }
-  line(fmt::format("  {:>5} {:>9} {:>8} {:>9} {:>9} {:>9} {:>11} {:>9} {:>9} {:>9}", "stage",
+  // A framework profile adds its transient, and allocated and reserved bytes (docs/memory.md).
+  const bool fw = s.assumptions.framework_profile.models_allocator;
+  line(fmt::format("  {:>5} {:>9} {:>8} {:>9} {:>9} {:>9} {:>11} {:>9} {:>9} {:>9}{}", "stage",
                    "layers", "in-fl.", "weights", "grads", "optim", "activations", "buffers",
-                   "runtime", "total"));
+                   "runtime", "total",
+                   fw ? fmt::format(" {:>9} {:>9} {:>9}", "transient", "allocated", "reserved")
+                      : std::string()));
   for (const StageMemory& st : e.memory.stages) {
     line(fmt::format(
-        "  {:>5} {:>9} {:>8.2f} {:>9} {:>9} {:>9} {:>11} {:>9} {:>9} {:>9}{}", st.stage,
+        "  {:>5} {:>9} {:>8.2f} {:>9} {:>9} {:>9} {:>11} {:>9} {:>9} {:>9}{}{}", st.stage,
         s.parallel.virtual_stages > 1 ? fmt::format("{}-{} +{}", st.first_layer, st.end_layer - 1,
                                                     s.parallel.virtual_stages - 1)
                                       : fmt::format("{}-{}", st.first_layer, st.end_layer - 1),
         st.inflight_microbatches, gib(st.weights_bytes), gib(st.gradients_bytes),
         gib(st.optimizer_bytes), gib(st.activations_bytes), gib(st.buffers_bytes),
         gib(st.runtime_bytes), gib(st.total_bytes),
+        fw ? fmt::format(" {:>9} {:>9} {:>9}", gib(st.transient_bytes), gib(st.allocated_bytes),
+                         gib(st.reserved_bytes))
+           : std::string(),
         st.stage == e.memory.peak_stage ? "  <- peak" : ""));
   }
   const StageMemory& peak = e.memory.stages[static_cast<std::size_t>(e.memory.peak_stage)];
@@ -242,16 +250,23 @@ std::string format_plan_table(const Scenario& s, const Estimate& e) {
   const auto dom = *std::max_element(
       cats.begin(), cats.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
   const double share = static_cast<double>(dom.second) / static_cast<double>(peak.total_bytes);
+  if (fw) {
+    line(fmt::format(
+        "  {}: peak allocated {} GiB (max_memory_allocated), reserved {} GiB with the runtime "
+        "outside the allocator (what fits compares).",
+        to_string(s.training.framework), gib(e.memory.peak_allocated_bytes),
+        gib(e.memory.peak_reserved_bytes)));
+  }
   if (e.memory.fits) {
     line(fmt::format(
         "  Peak {} GiB on stage {}: fits, {} GiB to spare. Largest: {} ({:.0f}% of the peak).",
-        gib(e.memory.peak_bytes), e.memory.peak_stage,
-        gib(e.memory.capacity_bytes - e.memory.peak_bytes), dom.first, 100 * share));
+        gib(e.memory.peak_reserved_bytes), e.memory.peak_stage,
+        gib(e.memory.capacity_bytes - e.memory.peak_reserved_bytes), dom.first, 100 * share));
   } else {
     line(fmt::format(
         "  DOES NOT FIT: peak {} GiB on stage {} exceeds {} GiB by {} GiB. Largest: {} ({:.0f}%).",
-        gib(e.memory.peak_bytes), e.memory.peak_stage, gib(e.memory.capacity_bytes),
-        gib(e.memory.peak_bytes - e.memory.capacity_bytes), dom.first, 100 * share));
+        gib(e.memory.peak_reserved_bytes), e.memory.peak_stage, gib(e.memory.capacity_bytes),
+        gib(e.memory.peak_reserved_bytes - e.memory.capacity_bytes), dom.first, 100 * share));
     const auto fixes = fit_suggestions(s, e);
     if (fixes.empty()) {
       line(

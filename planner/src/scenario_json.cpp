@@ -565,7 +565,13 @@ Scenario scenario_from_json(const json& doc, std::initializer_list<std::string_v
     if (auto v = r.integer("micro_batch_size", 1, Count{1} << 24)) t.micro_batch_size = *v;
     t.precision = read_dtype(r, "precision", DType::bf16);
     read_enum(r, "optimizer", t.optimizer, {"adamw", "adam", "sgd"});
-    t.grad_accumulation_dtype = read_dtype(r, "grad_accumulation_dtype", t.precision);
+    read_enum(r, "framework", t.framework, {"generic", "megatron", "deepspeed", "fsdp2"});
+    s.assumptions.framework_profile = framework_profile(t.framework);
+    // A framework that keeps fp32 gradients under bf16 sets the default (docs/memory.md).
+    const bool fp32_grads =
+        s.assumptions.framework_profile.fp32_gradients_with_bf16 && t.precision == DType::bf16;
+    t.grad_accumulation_dtype =
+        read_dtype(r, "grad_accumulation_dtype", fp32_grads ? DType::fp32 : t.precision);
     read_enum(r, "attention", t.attention, {"flash", "standard"});
     if (auto v = r.number("dropout", 0.0, 0.999, false)) t.dropout = *v;
     if (!seq) r.missing("seq_length", "seq_length is required");
@@ -604,8 +610,10 @@ Scenario scenario_from_json(const json& doc, std::initializer_list<std::string_v
                                  .value_or(c.gpu.inter_node_bandwidth);
     c.intra_node_latency = r.number("intra_node_latency", 0, 1.0, false).value_or(5e-6);
     c.inter_node_latency = r.number("inter_node_latency", 0, 1.0, false).value_or(1e-5);
-    c.runtime_reserve_bytes =
-        r.integer("runtime_reserve_bytes", 0, Count{1} << 50).value_or(Count{2} << 30);
+    c.runtime_reserve_bytes = r.integer("runtime_reserve_bytes", 0, Count{1} << 50)
+                                  .value_or(s.training.framework == Framework::generic
+                                                ? Count{2} << 30
+                                                : ClusterSpec::kRuntimeFromProfile);
     r.finish();
   }
 
@@ -692,6 +700,8 @@ Scenario scenario_from_json(const json& doc, std::initializer_list<std::string_v
     if (auto v = r.boolean("overlap_grad_reduce")) x.overlap_grad_reduce = *v;
     if (auto v = r.boolean("overlap_param_gather")) x.overlap_param_gather = *v;
     if (auto v = r.integer("vocab_pad_multiple", 1, 1 << 16)) x.vocab_pad_multiple = *v;
+    if (const json* fp = r.take("framework_profile"))
+      detail::read_framework_profile(*fp, r.child("framework_profile"), x.framework_profile);
     r.finish();
   }
   if (top.has("search") &&
@@ -775,7 +785,7 @@ json to_json(const Scenario& s) {
   const ClusterSpec& c = s.cluster;
   const TrainingSpec& t = s.training;
   const Assumptions& a = s.assumptions;
-  return {
+  json j = {
       {"model", to_json(s.model)},
       {"cluster",
        {{"gpu", to_json(c.gpu)},
@@ -813,6 +823,13 @@ json to_json(const Scenario& s) {
         {"overlap_param_gather", a.overlap_param_gather},
         {"vocab_pad_multiple", a.vocab_pad_multiple}}},
   };
+  // A reserve computed from the framework's profile is not echoed (it depends on the layout);
+  // the framework and its profile are, when they are not generic's.
+  if (c.runtime_reserve_bytes < 0) j["cluster"].erase("runtime_reserve_bytes");
+  if (t.framework != Framework::generic) j["training"]["framework"] = to_string(t.framework);
+  if (t.framework != Framework::generic || a.framework_profile != FrameworkProfile{})
+    j["assumptions"]["framework_profile"] = detail::framework_profile_json(a.framework_profile);
+  return j;
 }
 
 namespace {
@@ -839,6 +856,9 @@ json stage_memory_json(const StageMemory& m) {
   put(o, "activations_bytes", m.activations_bytes);
   put(o, "buffers_bytes", m.buffers_bytes);
   put(o, "runtime_bytes", m.runtime_bytes);
+  put(o, "transient_bytes", m.transient_bytes);
+  put(o, "allocated_bytes", m.allocated_bytes);
+  put(o, "reserved_bytes", m.reserved_bytes);
   put(o, "total_bytes", m.total_bytes);
   return j;
 }
@@ -918,6 +938,8 @@ json plan_to_json(const Scenario& s, const Estimate& e, unsigned parts) {
     auto& o = j.get_ref<json::object_t&>();
     put(o, "capacity_bytes", e.memory.capacity_bytes);
     put(o, "peak_bytes", e.memory.peak_bytes);
+    put(o, "peak_allocated_bytes", e.memory.peak_allocated_bytes);
+    put(o, "peak_reserved_bytes", e.memory.peak_reserved_bytes);
     put(o, "peak_stage", e.memory.peak_stage);
     put(o, "fits", e.memory.fits);
     put(o, "stages", std::move(stages));

@@ -52,6 +52,7 @@ Bytes FastMemory::stage_total(const Layout& l, Count st, Count layer_count) cons
   ml.num_microbatches = num_microbatches_;
   ml.zero_stage = l.zero_stage;
   ml.shard = l.zero_stage == 0 ? 1 : (l.fsdp_shard_size > 0 ? l.fsdp_shard_size : l.dp);
+  ml.dp = l.dp;
   ml.sequence_parallel = l.sequence_parallel;
   ml.recompute = l.recompute;
   ml.schedule = l.schedule;
@@ -61,7 +62,7 @@ Bytes FastMemory::stage_total(const Layout& l, Count st, Count layer_count) cons
   StageMemory sm;
   stage_memory(base_, ml, units, act_[l.sequence_parallel ? 1 : 0][static_cast<int>(l.recompute)],
                stage, vocab_, sm);
-  return sm.total_bytes;
+  return sm.reserved_bytes;  // what fits compares (= total_bytes under the generic profile)
 }
 
 Bytes FastMemory::peak_bytes(const Layout& l) const noexcept {

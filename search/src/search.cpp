@@ -33,7 +33,7 @@ std::string_view to_string(Objective o) noexcept {
 Figures figures_of(const Estimate& e, const Scenario& s) {
   (void)s;
   Figures f;
-  f.peak_bytes = e.memory.peak_bytes;
+  f.peak_bytes = e.memory.peak_reserved_bytes;  // what fits compares
   f.capacity_bytes = e.memory.capacity_bytes;
   f.step_seconds = e.time.step_seconds;
   f.tokens_per_second = e.time.tokens_per_second;

@@ -76,9 +76,11 @@ struct StageTimes {
   Count grad_buckets = 1;    // per chunk
   Seconds param_gather = 0;
   Seconds optimizer = 0;
-  Bytes chunk_bytes = 0;  // one (micro-batch, chunk) through one chunk's layers
-  Bytes first_bytes = 0;  // more for a pass of the first virtual stage (embedding output)
-  Bytes last_bytes = 0;   // more for a pass of the last virtual stage (final norm, LM head)
+  Bytes chunk_bytes = 0;   // one (micro-batch, chunk) through one chunk's layers
+  Bytes first_bytes = 0;   // more for a pass of the first virtual stage (embedding output)
+  Bytes last_bytes = 0;    // more for a pass of the last virtual stage (final norm, LM head)
+  Bytes static_bytes = 0;  // allocated all step: model states, buffers, workspace
+  Bytes backward_extra_bytes = 0;  // while a backward runs: recompute working set and transient
 };
 
 enum EventKind : std::uint32_t { kDone = 0, kArriveForward = 1, kArriveBackward = 2, kWake = 3 };
@@ -97,6 +99,7 @@ struct StageState {
   Count inflight_chunks = 0, peak_chunks = 0;
   Count inflight_mbs = 0, peak_mbs = 0;
   Bytes inflight_bytes = 0, peak_bytes = 0;
+  Bytes peak_backward_bytes = 0;  // live activations plus the backward's extra, at backward starts
   Resource send_next, send_prev, dp, zero3;
 };
 
@@ -254,6 +257,10 @@ struct Run {
         if (++st.inflight_mbs > st.peak_mbs) st.peak_mbs = st.inflight_mbs;
       }
       if (record) memory_sample(s, now);
+    }
+    if (a.op == Op::backward || a.op == Op::backward_input) {
+      st.peak_backward_bytes =
+          std::max(st.peak_backward_bytes, st.inflight_bytes + times[s].backward_extra_bytes);
     }
     // ZeRO-3 prefetch: the next pass's parameters are gathered while this one runs.
     if (gathers && overlap_param_gather && st.pc + 1 < actions.size() &&
@@ -421,6 +428,7 @@ struct Run {
       r.peak_inflight_chunks = st.peak_chunks;
       r.peak_inflight_microbatches = st.peak_mbs;
       r.peak_activation_bytes = st.peak_bytes;
+      r.peak_allocated_bytes = t.static_bytes + std::max(st.peak_bytes, st.peak_backward_bytes);
       // Overlapping steps: each stage starts its next step as soon as its own work is done, so
       // shifting every stage's timeline by its longest span is a feasible period.
       step = std::max(step, overlap_steps ? r.end_seconds - r.first_start_seconds : r.end_seconds);
@@ -455,6 +463,9 @@ std::vector<StageTimes> stage_times(const Scenario& s, const Estimate& e, const 
       t.first_bytes = sm.embedding_activation_bytes;
       t.last_bytes = sm.head_activation_bytes;
       t.chunk_bytes = (sm.activation_bytes_per_microbatch - t.first_bytes - t.last_bytes) / v;
+      t.backward_extra_bytes = sm.working_bytes + sm.transient_bytes;
+      t.static_bytes =
+          sm.allocated_bytes - sm.activations_bytes - sm.transient_bytes;  // states, buffers
     }
     if (opts.costs) {
       const CostOverride& c = *opts.costs;

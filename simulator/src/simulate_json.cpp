@@ -71,6 +71,7 @@ nlohmann::json simulate_to_json(const Scenario& s, const SimResult& r) {
                       {"peak_inflight_microbatches", st.peak_inflight_microbatches},
                       {"peak_inflight_chunks", st.peak_inflight_chunks},
                       {"peak_activation_bytes", st.peak_activation_bytes},
+                      {"peak_allocated_bytes", st.peak_allocated_bytes},
                       {"send_seconds", st.send_seconds},
                       {"dp_communication_seconds", st.dp_communication_seconds},
                       {"optimizer_seconds", st.optimizer_seconds}});

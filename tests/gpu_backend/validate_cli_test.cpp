@@ -128,6 +128,10 @@ TEST(ValidateCli, TwoRankLayoutReportsPredictedAndMeasured) {
       EXPECT_EQ(es[i].at(k).get<double>(), 0.0) << k;
     }
     EXPECT_TRUE(es[i].at("activations_bytes").is_number());
+    // The caching-allocator replay reserves at least the joint peak of the tensors it served.
+    EXPECT_GE(ms[i].at("reserved_bytes").get<long long>(),
+              ms[i].at("total_bytes").get<long long>());
+    EXPECT_TRUE(es[i].at("reserved_bytes").is_number());
   }
   // Point-to-point traffic of both stages equals the planner's, byte for byte.
   for (const json& st : doc.at("relative_error").at("communication").at("stages"))

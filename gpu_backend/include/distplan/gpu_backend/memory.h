@@ -1,13 +1,19 @@
 // Tracking allocator: every tensor the backend allocates is tagged with one of DESIGN.md's memory
 // categories; live and peak bytes are recorded per tag at the size requested, and the joint peak of
-// their sum. Allocator rounding or caching is never counted here (reported apart as reserve).
+// their sum, at the size requested. PyTorch's caching allocator is replayed alongside on the same
+// requests (CachingAllocatorModel), giving the bytes it would reserve (stats().peak_reserved).
 #pragma once
 
 #include <array>
 #include <cstddef>
+#include <map>
 #include <new>
+#include <set>
 #include <string>
 #include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "distplan/planner/units.h"
 
@@ -28,6 +34,10 @@ struct MemoryStats {
   std::array<Bytes, kNumMemoryTags> peak{};
   Bytes live_total = 0;
   Bytes peak_total = 0;
+  // PyTorch's caching allocator replayed on the same requests (CachingAllocatorModel): the bytes
+  // its segments would reserve now and at their peak (it never returns a segment).
+  Bytes reserved = 0;
+  Bytes peak_reserved = 0;
   [[nodiscard]] Bytes peak_of(MemoryTag t) const noexcept { return peak[static_cast<int>(t)]; }
   [[nodiscard]] Bytes live_of(MemoryTag t) const noexcept { return live[static_cast<int>(t)]; }
 };
@@ -41,6 +51,35 @@ class OutOfMemory : public std::bad_alloc {
 
  private:
   std::string what_;
+};
+
+/// PyTorch's CUDA caching allocator, bookkeeping only (c10/cuda/CUDACachingAllocator.cpp, the
+/// rules in distplan/planner/framework.h `allocator::`): a request rounds up to 512 bytes and takes
+/// the smallest cached free block of its pool (small: <= 1 MiB, large: above) that holds it,
+/// splitting off the rest when the split rule allows; without one it reserves a new segment
+/// (2 MiB, 20 MiB, or the request rounded to 2 MiB). A freed block merges with free neighbours of
+/// its segment and stays cached: reserved bytes never fall.
+class CachingAllocatorModel {
+ public:
+  /// Serves `request` bytes for `key` (any unique pointer); returns the block size.
+  Bytes allocate(const void* key, Bytes request);
+  /// Frees the block of `key` (no-op for an unknown key).
+  void free(const void* key) noexcept;
+  [[nodiscard]] Bytes reserved() const noexcept { return reserved_; }
+  [[nodiscard]] Bytes allocated() const noexcept { return allocated_; }
+
+ private:
+  struct Block {
+    Bytes size = 0;
+    bool free = true;
+    bool small = false;
+  };
+  using Where = std::pair<std::size_t, Bytes>;  // segment, offset
+  void make_free(std::size_t seg, Bytes offset, Block b);
+  std::vector<std::map<Bytes, Block>> segments_;  // offset -> block, per segment
+  std::set<std::pair<Bytes, Where>> pool_[2];     // free blocks by size: [0] small, [1] large
+  std::unordered_map<const void*, Where> live_;
+  Bytes reserved_ = 0, allocated_ = 0;
 };
 
 class TrackingAllocator {
@@ -65,6 +104,7 @@ class TrackingAllocator {
   Device device_;
   Bytes capacity_ = 0;
   MemoryStats stats_;
+  CachingAllocatorModel caching_;
 };
 
 }  // namespace distplan::backend

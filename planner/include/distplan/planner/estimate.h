@@ -28,9 +28,16 @@ struct StageMemory {
   Bytes gradients_bytes = 0;
   Bytes optimizer_bytes = 0;
   Bytes activations_bytes = 0;
+  Bytes working_bytes = 0;  // of activations_bytes: the recompute working set of one layer
   Bytes buffers_bytes = 0;
   Bytes runtime_bytes = 0;
+  Bytes transient_bytes = 0;  // inside a layer's backward: activation gradients, framework buckets
   Bytes total_bytes = 0;
+  // What PyTorch's caching allocator has handed out at the peak (max_memory_allocated), and what
+  // the device holds then: the allocator's segments plus the runtime outside it (nvidia-smi).
+  // generic: allocated = total - runtime, reserved = total (docs/memory.md).
+  Bytes allocated_bytes = 0;
+  Bytes reserved_bytes = 0;
   bool operator==(const StageMemory&) const = default;
 };
 
@@ -38,7 +45,9 @@ struct MemoryEstimate {
   Bytes capacity_bytes = 0;
   Bytes peak_bytes = 0;
   int peak_stage = 0;
-  bool fits = false;
+  Bytes peak_allocated_bytes = 0;  // the largest stage allocated_bytes
+  Bytes peak_reserved_bytes = 0;   // the largest stage reserved_bytes
+  bool fits = false;               // peak_reserved_bytes <= capacity_bytes
   std::vector<StageMemory> stages;
   bool operator==(const MemoryEstimate&) const = default;
 };

@@ -89,6 +89,7 @@ struct LayerTable {
 struct LayerActivation {
   Bytes kept = 0;     // saved from the layer's forward to its backward
   Bytes working = 0;  // rebuilt by recomputation while this layer's backward runs (one layer)
+  Count largest_elements = 0;  // elements of the largest non-mask tensor it saves (per GPU)
 };
 /// none: everything saved, no working set. selective: the s x s tensors are dropped and rebuilt
 /// in backward. full: only the input is kept; the rest is rebuilt (docs/layer_ops.md).

@@ -24,6 +24,7 @@ struct MemoryLayout {
   Count num_microbatches = 1;  // per pipeline per step
   int zero_stage = 0;
   Count shard = 1;  // ZeRO shard group size S (fsdp_shard_size, default dp); 1 at ZeRO-0
+  Count dp = 1;     // data-parallel size: the NCCL communicators a rank joins
   bool sequence_parallel = false;
   Recompute recompute = Recompute::none;
   Schedule schedule = Schedule::one_f_one_b;
@@ -113,6 +114,68 @@ struct StageUnitParams {
   return u;
 }
 
+/// NCCL buffer bytes of one rank of `stage`: NCCL_BUFFSIZE per channel and peer connection of
+/// every communicator it joins (ring neighbours: min(n - 1, 2); pipeline neighbours: one each).
+[[nodiscard]] inline Bytes nccl_buffer_bytes(const FrameworkProfile& fw, const MemoryLayout& l,
+                                             bool tied_embeddings, int stage) noexcept {
+  auto ring = [](Count n) -> Count { return n > 1 ? std::min<Count>(n - 1, 2) : 0; };
+  Count peers = ring(l.tp) + ring(l.dp);
+  if (l.pp > 1) {
+    peers += (stage > 0 ? 1 : 0) + (stage < l.pp - 1 ? 1 : 0);
+    // Tied embeddings: the first and last stage all-reduce the word-embedding gradient.
+    if (tied_embeddings && (stage == 0 || stage == l.pp - 1)) peers += 1;
+  }
+  return peers * fw.nccl_channels * fw.nccl_buffer_bytes;
+}
+
+/// The framework's terms of one stage (docs/memory.md, "Framework profiles", "Runtime and
+/// allocator"): the backward's transient, the runtime, and allocated and reserved bytes.
+/// `sm` has its six categories but runtime filled.
+inline void framework_terms(const Scenario& base, const MemoryLayout& l, const StageUnitParams& u,
+                            const LayerActivation& act, int st, StageMemory& sm) noexcept {
+  const FrameworkProfile& fw = base.assumptions.framework_profile;
+  const Bytes cb = bytes_of(base.training.precision);
+  // Inside a layer's backward: the gradients of its largest activation (an op's output and input
+  // gradients together), and the framework's gradient or prefetch buckets, which live while the
+  // backward reduces gradients or gathers parameters.
+  Bytes transient = u.layers > 0 ? fw.backward_gradient_tensors * act.largest_elements * cb : 0;
+  if (l.shard > 1 && (l.zero_stage == 1 || l.zero_stage == 2))
+    transient += fw.reduce_buckets * fw.reduce_bucket_elements * cb;
+  if (l.shard > 1 && l.zero_stage == 3) transient += fw.prefetch_bucket_elements * cb;
+  sm.transient_bytes = transient;
+  const Bytes states = sm.weights_bytes + sm.gradients_bytes + sm.optimizer_bytes;
+  const Bytes churn = sm.activations_bytes + sm.buffers_bytes + sm.transient_bytes;
+  const Bytes reserve = base.cluster.runtime_reserve_bytes;
+  if (!fw.models_allocator) {
+    // generic: the flat reserve covers runtime, workspaces and the allocator.
+    sm.runtime_bytes = std::max<Bytes>(reserve, 0);
+    sm.allocated_bytes = states + churn;
+    sm.total_bytes = sm.allocated_bytes + sm.runtime_bytes;
+    sm.reserved_bytes = sm.total_bytes;
+    return;
+  }
+  // Outside the allocator: the CUDA context and NCCL's buffers, or the user's own reserve.
+  // Inside: the cuBLAS workspace.
+  const bool computed = reserve < 0;
+  const Bytes outside =
+      computed ? fw.cuda_context_bytes +
+                     nccl_buffer_bytes(fw, l, base.model.tied_embeddings && l.pp > 1, st)
+               : reserve;
+  const Bytes workspace = computed ? fw.cublas_workspace_bytes : 0;
+  sm.runtime_bytes = outside + workspace;
+  sm.allocated_bytes = states + churn + workspace;
+  sm.total_bytes = sm.allocated_bytes + outside;
+  // The allocator's segments: each model-state buffer and the workspace in one segment of their
+  // own (rounded to 2 MiB); the bytes freed and reallocated every step with the fragmentation
+  // factor on top, rounded likewise.
+  using allocator::segment_bytes;
+  auto seg = [](Bytes b) { return b > 0 ? segment_bytes(b) : Bytes{0}; };
+  const auto churn_reserved =
+      static_cast<Bytes>(static_cast<double>(churn) * (1.0 + fw.allocator_fragmentation));
+  sm.reserved_bytes = seg(sm.weights_bytes) + seg(sm.gradients_bytes) + seg(sm.optimizer_bytes) +
+                      seg(workspace) + seg(churn_reserved) + outside;
+}
+
 /// Fills everything of `sm` but the layer range (first_layer, end_layer), for one GPU of
 /// `stage`. `act` is layer_activation() for the layout's tp, sequence parallelism and recompute
 /// (and the training's micro-batch size). Filled in place: estimate() writes its stages directly.
@@ -149,8 +212,15 @@ inline void stage_memory(const Scenario& base, const MemoryLayout& l, const Stag
       padded_layer * u.layers + padded_embedding * u.embeddings + padded_head * u.heads;
   const Count sharded =
       layer_shard * u.layers + embedding_shard * u.embeddings + head_shard * u.heads;
-  const Bytes opt_k = optimizer_bytes_per_param(t);
-  sm.weights_bytes = (l.zero_stage >= 3 ? sharded : full) * cb;
+  const FrameworkProfile& fw = base.assumptions.framework_profile;
+  Bytes opt_k = optimizer_bytes_per_param(t);
+  Bytes weight_b = cb;
+  if (fw.sharded_params_are_master && l.zero_stage >= 3 && t.precision != DType::fp32) {
+    // FSDP2: the sharded fp32 parameters are the master weights; no compute-dtype shard.
+    weight_b = 4;
+    opt_k -= 4;
+  }
+  sm.weights_bytes = (l.zero_stage >= 3 ? sharded : full) * weight_b;
   sm.gradients_bytes = (l.zero_stage >= 2 ? sharded : full) * gb;
   sm.optimizer_bytes = (l.zero_stage >= 1 ? sharded : full) * opt_k;
 
@@ -172,15 +242,18 @@ inline void stage_memory(const Scenario& base, const MemoryLayout& l, const Stag
                             sm.embedding_activation_bytes, sm.head_activation_bytes);
   // The layer whose backward runs rebuilds what recomputation dropped: one layer's working set,
   // counted on top of everything else in flight (docs/memory.md).
-  if (u.layers > 0) sm.activations_bytes += act.working;
+  sm.working_bytes = u.layers > 0 ? act.working : 0;
+  sm.activations_bytes += sm.working_bytes;
 
   // Buffers: the logits workspace lives from the last stage's forward to the loss gradient;
   // ZeRO-2/3 unit buffers live while a unit's gradient is reduced or its parameters are gathered.
   // The two are never alive together, so the category's peak is the larger.
   Bytes logits_ws = 0;
   if (st == head_stage(l.schedule, pp)) {
-    // Logits in the compute dtype plus their fp32 softmax for the vocab-parallel loss.
-    const Bytes logits = act_tokens * (vocab / tp) * (cb + 4);
+    // Logits in the compute dtype plus their fp32 copies for the vocab-parallel loss (one, the
+    // softmax, unless the framework's loss keeps more), per loss chunk.
+    const Bytes logits =
+        act_tokens * (vocab / tp) * (cb + 4 * fw.loss_fp32_copies) / fw.loss_chunks;
     const Count live = l.schedule == Schedule::gpipe ? l.num_microbatches : 1;
     logits_ws = logits * live;
   }
@@ -217,9 +290,7 @@ inline void stage_memory(const Scenario& base, const MemoryLayout& l, const Stag
     }
   }
   sm.buffers_bytes = std::max(logits_ws, zero_ws);
-  sm.runtime_bytes = base.cluster.runtime_reserve_bytes;
-  sm.total_bytes = sm.weights_bytes + sm.gradients_bytes + sm.optimizer_bytes +
-                   sm.activations_bytes + sm.buffers_bytes + sm.runtime_bytes;
+  framework_terms(base, l, u, act, st, sm);
 }
 
 }  // namespace distplan

@@ -7,6 +7,7 @@
 #include <string_view>
 #include <vector>
 
+#include "distplan/planner/framework.h"
 #include "distplan/planner/units.h"
 
 namespace distplan {
@@ -146,6 +147,9 @@ struct ClusterSpec {
   Seconds intra_node_latency = 0;
   Seconds inter_node_latency = 0;
   Bytes runtime_reserve_bytes = 0;  // CUDA context, NCCL, allocator reserve per GPU
+  // runtime_reserve_bytes below zero: computed from training.framework's profile (docs/memory.md,
+  // "Runtime and allocator"); the reader sets it when a framework is named and no reserve is given.
+  static constexpr Bytes kRuntimeFromProfile = -1;
   bool operator==(const ClusterSpec&) const = default;
 };
 
@@ -158,6 +162,7 @@ struct TrainingSpec {
   DType grad_accumulation_dtype = DType::bf16;  // defaults to the compute dtype
   Attention attention = Attention::flash;
   double dropout = 0.0;
+  Framework framework = Framework::generic;  // memory conventions (framework.h)
   bool operator==(const TrainingSpec&) const = default;
 };
 
@@ -194,6 +199,8 @@ struct Assumptions {
   bool overlap_grad_reduce = true;               // DP gradient reduction overlaps the last backward
   bool overlap_param_gather = true;              // ZeRO-3 gathers overlap compute (prefetch)
   Count vocab_pad_multiple = 1;                  // vocab padded to a multiple of this × tp
+  // training.framework's memory profile; the reader fills it and applies the JSON's overrides.
+  FrameworkProfile framework_profile;
   bool operator==(const Assumptions&) const = default;
 };
 

@@ -104,6 +104,10 @@ struct StageResult {
   Count peak_inflight_microbatches = 0;  // distinct micro-batches with saved activations
   Count peak_inflight_chunks = 0;        // (micro-batch, chunk) activation sets; = above when v = 1
   Bytes peak_activation_bytes = 0;
+  // The stage's allocated peak over the step: its static bytes (model states, buffers, workspace)
+  // plus the largest of the live activations at any pass and, at each backward pass, the live
+  // activations with that pass's recompute working set and transient (docs/memory.md).
+  Bytes peak_allocated_bytes = 0;
   Seconds send_seconds = 0;              // point-to-point sends issued by this stage
   Seconds dp_communication_seconds = 0;  // gradient reduction and parameter gathers
   Seconds optimizer_seconds = 0;

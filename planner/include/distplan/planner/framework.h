@@ -1,0 +1,113 @@
+// Training frameworks as memory sees them: which copies of the model states exist, the buffers a
+// framework allocates beside them, the loss's fp32 logits, the backward's transient peak, and the
+// runtime and caching-allocator overheads between what tensors need and what the device gives
+// out. One profile per framework, every figure a named, overridable field with its source
+// (docs/memory.md, "Framework profiles", "Runtime and allocator").
+#pragma once
+
+#include <string_view>
+
+#include "distplan/planner/units.h"
+
+namespace distplan {
+
+/// `generic` keeps distplan's own conventions (the six categories and a flat runtime reserve).
+enum class Framework { generic, megatron, deepspeed, fsdp2 };
+[[nodiscard]] std::string_view to_string(Framework v) noexcept;
+
+/// One framework's memory conventions. Defaults are generic's (all framework terms off).
+struct FrameworkProfile {
+  // --- Copies of the model states ------------------------------------------------------------
+  // Gradients in fp32 whatever the compute dtype: the default of grad_accumulation_dtype when the
+  // scenario leaves it out. Megatron-LM forces --accumulate-allreduce-grads-in-fp32 under bf16
+  // (megatron/training/arguments.py) and keeps fp32 main_grad buffers
+  // (core/distributed/param_and_grad_buffer.py); DeepSpeed's BF16_Optimizer keeps fp32 gradient
+  // partitions (runtime/bf16_optimizer.py, fp32_groups_gradients); torchtitan's FSDP2 reduces and
+  // keeps sharded gradients in fp32 (MixedPrecisionPolicy reduce_dtype=float32).
+  bool fp32_gradients_with_bf16 = false;
+  // The sharded parameters are the fp32 master copy (FSDP2: fully_shard keeps sharded fp32
+  // DTensor parameters, MixedPrecisionPolicy(param_dtype=bf16) casts only the all-gathered copy).
+  // Under ZeRO-3 the weights are then 4 bytes per sharded parameter and the optimizer holds no
+  // separate master copy.
+  bool sharded_params_are_master = false;
+
+  // --- Buckets (elements; 0 = none beyond the gradient buffer) --------------------------------
+  // DeepSpeed ZeRO-1/2 `reduce_bucket_size` (default 5e8 elements): the contiguous gradient
+  // bucket (ipg_buffer in runtime/zero/stage_1_and_2.py) in the compute dtype, `reduce_buckets`
+  // of them (2 with overlap_comm). Megatron-LM's buckets are views into the gradient buffer and
+  // cost nothing here.
+  Count reduce_bucket_elements = 0;
+  Count reduce_buckets = 1;
+  // DeepSpeed ZeRO-3 `stage3_prefetch_bucket_size` (default 5e7 elements): parameters fetched
+  // ahead of use in the compute dtype, on top of distplan's gathered-unit window.
+  Count prefetch_bucket_elements = 0;
+
+  // --- Loss -------------------------------------------------------------------------------
+  // fp32 logit-sized tensors alive at the loss's peak, beside the compute-dtype logits. Megatron's
+  // fused vocab-parallel cross-entropy upcasts once and works in place (1); torchtitan and
+  // Hugging Face models upcast (`.float()`) and F.cross_entropy keeps its log-softmax output (2).
+  Count loss_fp32_copies = 1;
+  // Chunked loss: the logits are computed and freed in this many sequence chunks (1 = none).
+  Count loss_chunks = 1;
+
+  // --- Backward transient ------------------------------------------------------------------
+  // Activation-gradient tensors of a layer's largest saved tensor alive together while its
+  // backward runs (autograd holds an op's output gradient and its input gradient at once: 2).
+  // 0: not counted (generic).
+  Count backward_gradient_tensors = 0;
+
+  // --- Runtime outside the caching allocator -------------------------------------------------
+  // CUDA context with PyTorch's kernels (module lazy loading, CUDA >= 11.7): not seen by
+  // torch.cuda.memory_reserved(), seen by nvidia-smi.
+  Bytes cuda_context_bytes = 0;
+  // NCCL: NCCL_BUFFSIZE (4 MiB, NCCL environment-variable docs) per channel and peer connection
+  // of each communicator the rank belongs to.
+  Bytes nccl_buffer_bytes = 0;
+  Count nccl_channels = 0;
+
+  // --- Caching allocator ------------------------------------------------------------------
+  // cuBLAS workspace, allocated through PyTorch's caching allocator (CUBLAS_WORKSPACE_CONFIG
+  // default; one per handle and stream).
+  Bytes cublas_workspace_bytes = 0;
+  // Reserved beyond allocated for the tensors freed and reallocated each step (activations,
+  // buffers, transients): free blocks a new request cannot use (CUDACachingAllocator splits a
+  // cached block only when the remainder exceeds 1 MiB and never merges across segments).
+  double allocator_fragmentation = 0;
+  // false (generic): no runtime or allocator model; cluster.runtime_reserve_bytes is the runtime.
+  bool models_allocator = false;
+
+  bool operator==(const FrameworkProfile&) const = default;
+};
+
+/// The framework's profile (sources beside each value in framework.cpp).
+[[nodiscard]] FrameworkProfile framework_profile(Framework f) noexcept;
+
+/// PyTorch's CUDA caching allocator rules (c10/cuda/CUDACachingAllocator.cpp).
+namespace allocator {
+inline constexpr Bytes kMinBlockSize = 512;        // every request rounds up to 512 bytes
+inline constexpr Bytes kSmallSize = 1 << 20;       // largest "small" request: 1 MiB
+inline constexpr Bytes kSmallBuffer = 2 << 20;     // small requests share 2 MiB segments
+inline constexpr Bytes kLargeBuffer = 20 << 20;    // requests in (1, 10) MiB: 20 MiB segments
+inline constexpr Bytes kMinLargeAlloc = 10 << 20;  // from 10 MiB a request gets its own segment
+inline constexpr Bytes kRoundLarge = 2 << 20;      // ... rounded up to 2 MiB
+
+/// A request's block size (round_size).
+[[nodiscard]] constexpr Bytes block_bytes(Bytes request) noexcept {
+  return request < kMinBlockSize ? kMinBlockSize
+                                 : (request + kMinBlockSize - 1) / kMinBlockSize * kMinBlockSize;
+}
+/// The segment cudaMalloc'd for a request that no cached block serves (get_allocation_size).
+[[nodiscard]] constexpr Bytes segment_bytes(Bytes request) noexcept {
+  if (request <= kSmallSize) return kSmallBuffer;
+  if (request < kMinLargeAlloc) return kLargeBuffer;
+  return (request + kRoundLarge - 1) / kRoundLarge * kRoundLarge;
+}
+/// Whether a cached block of `block` bytes is split to serve `request` bytes (should_split):
+/// small-pool blocks whenever 512 bytes remain, large-pool blocks only above 1 MiB.
+[[nodiscard]] constexpr bool splits(Bytes block, Bytes request) noexcept {
+  const Bytes remaining = block - block_bytes(request);
+  return block_bytes(request) <= kSmallSize ? remaining >= kMinBlockSize : remaining > kSmallSize;
+}
+}  // namespace allocator
+
+}  // namespace distplan

@@ -1,0 +1,133 @@
+// Framework memory profiles (framework.h) and their JSON form (assumptions.framework_profile).
+// Sources: docs/memory.md, "Framework profiles" and "Runtime and allocator".
+#include "distplan/planner/framework.h"
+
+#include <nlohmann/json.hpp>
+
+#include "json_reader.h"
+
+namespace distplan {
+
+std::string_view to_string(Framework v) noexcept {
+  switch (v) {
+    case Framework::generic:
+      return "generic";
+    case Framework::megatron:
+      return "megatron";
+    case Framework::deepspeed:
+      return "deepspeed";
+    case Framework::fsdp2:
+      return "fsdp2";
+  }
+  return "generic";
+}
+
+namespace {
+
+// What every PyTorch framework shares: the CUDA runtime, NCCL and the caching allocator.
+FrameworkProfile pytorch_runtime() noexcept {
+  FrameworkProfile p;
+  p.models_allocator = true;
+  // CUDA context of a PyTorch process with lazy module loading (CUDA >= 11.7, the default since
+  // PyTorch 1.13): about 0.5 GiB on A100/H100 as nvidia-smi shows it beside an empty allocator.
+  p.cuda_context_bytes = Bytes{512} << 20;
+  // NCCL_BUFFSIZE default 4 MiB (NCCL docs, "Environment Variables"); NVLink nodes run 16
+  // channels per communicator in NCCL's topology search on A100/H100 systems (NCCL_MIN_NCHANNELS /
+  // NCCL_MAX_NCHANNELS bound it).
+  p.nccl_buffer_bytes = Bytes{4} << 20;
+  p.nccl_channels = 16;
+  // cuBLAS workspace: PyTorch's default CUBLAS_WORKSPACE_CONFIG on Hopper, ":4096:8" = 32 MiB
+  // (aten/src/ATen/cuda/CublasHandlePool.cpp), allocated through the caching allocator.
+  p.cublas_workspace_bytes = Bytes{32} << 20;
+  // Assumed, not fitted: reserved exceeds allocated by about 5 % of the bytes freed and
+  // reallocated every step. Override with a measured max_memory_reserved / max_memory_allocated.
+  p.allocator_fragmentation = 0.05;
+  // Autograd holds an op's output gradient and its input gradient together.
+  p.backward_gradient_tensors = 2;
+  p.fp32_gradients_with_bf16 = true;
+  return p;
+}
+
+}  // namespace
+
+FrameworkProfile framework_profile(Framework f) noexcept {
+  switch (f) {
+    case Framework::generic:
+      return {};
+    case Framework::megatron: {
+      // Megatron-LM: fp32 main_grad buffer under bf16, buckets are views into it
+      // (core/distributed/param_and_grad_buffer.py); the fused vocab-parallel cross-entropy
+      // (core/tensor_parallel/cross_entropy.py) upcasts once and works in place.
+      FrameworkProfile p = pytorch_runtime();
+      p.loss_fp32_copies = 1;
+      return p;
+    }
+    case Framework::deepspeed: {
+      // DeepSpeed ZeRO config defaults (runtime/zero/config.py): reduce_bucket_size 5e8,
+      // stage3_prefetch_bucket_size 5e7; overlap_comm off for ZeRO-1/2 (one bucket). Models are
+      // Hugging Face's: logits.float() then F.cross_entropy keeps its log-softmax (2 copies).
+      FrameworkProfile p = pytorch_runtime();
+      p.reduce_bucket_elements = 500'000'000;
+      p.reduce_buckets = 1;
+      p.prefetch_bucket_elements = 50'000'000;
+      p.loss_fp32_copies = 2;
+      return p;
+    }
+    case Framework::fsdp2: {
+      // torchtitan on FSDP2: sharded fp32 parameters are the master copy, bf16 only when
+      // all-gathered (MixedPrecisionPolicy param_dtype bf16, reduce_dtype fp32); the loss
+      // upcasts the logits and F.cross_entropy keeps its log-softmax (2 copies).
+      FrameworkProfile p = pytorch_runtime();
+      p.sharded_params_are_master = true;
+      p.loss_fp32_copies = 2;
+      return p;
+    }
+  }
+  return {};
+}
+
+namespace detail {
+
+void read_framework_profile(const nlohmann::json& doc, const std::string& path,
+                            FrameworkProfile& p) {
+  ObjectReader r(doc, path);
+  constexpr Count kMaxBytes = Count{1} << 44;
+  constexpr Count kMaxElements = Count{1} << 40;
+  if (auto v = r.boolean("fp32_gradients_with_bf16")) p.fp32_gradients_with_bf16 = *v;
+  if (auto v = r.boolean("sharded_params_are_master")) p.sharded_params_are_master = *v;
+  if (auto v = r.integer("reduce_bucket_elements", 0, kMaxElements)) p.reduce_bucket_elements = *v;
+  if (auto v = r.integer("reduce_buckets", 1, 16)) p.reduce_buckets = *v;
+  if (auto v = r.integer("prefetch_bucket_elements", 0, kMaxElements))
+    p.prefetch_bucket_elements = *v;
+  if (auto v = r.integer("loss_fp32_copies", 0, 8)) p.loss_fp32_copies = *v;
+  if (auto v = r.integer("loss_chunks", 1, 1 << 20)) p.loss_chunks = *v;
+  if (auto v = r.integer("backward_gradient_tensors", 0, 16)) p.backward_gradient_tensors = *v;
+  if (auto v = r.integer("cuda_context_bytes", 0, kMaxBytes)) p.cuda_context_bytes = *v;
+  if (auto v = r.integer("nccl_buffer_bytes", 0, kMaxBytes)) p.nccl_buffer_bytes = *v;
+  if (auto v = r.integer("nccl_channels", 0, 256)) p.nccl_channels = *v;
+  if (auto v = r.integer("cublas_workspace_bytes", 0, kMaxBytes)) p.cublas_workspace_bytes = *v;
+  if (auto v = r.number("allocator_fragmentation", 0, 4, false)) p.allocator_fragmentation = *v;
+  if (auto v = r.boolean("models_allocator")) p.models_allocator = *v;
+  r.finish();
+}
+
+nlohmann::json framework_profile_json(const FrameworkProfile& p) {
+  return {{"fp32_gradients_with_bf16", p.fp32_gradients_with_bf16},
+          {"sharded_params_are_master", p.sharded_params_are_master},
+          {"reduce_bucket_elements", p.reduce_bucket_elements},
+          {"reduce_buckets", p.reduce_buckets},
+          {"prefetch_bucket_elements", p.prefetch_bucket_elements},
+          {"loss_fp32_copies", p.loss_fp32_copies},
+          {"loss_chunks", p.loss_chunks},
+          {"backward_gradient_tensors", p.backward_gradient_tensors},
+          {"cuda_context_bytes", p.cuda_context_bytes},
+          {"nccl_buffer_bytes", p.nccl_buffer_bytes},
+          {"nccl_channels", p.nccl_channels},
+          {"cublas_workspace_bytes", p.cublas_workspace_bytes},
+          {"allocator_fragmentation", p.allocator_fragmentation},
+          {"models_allocator", p.models_allocator}};
+}
+
+}  // namespace detail
+
+}  // namespace distplan
