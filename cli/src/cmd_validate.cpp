@@ -2,10 +2,14 @@
 // in this run) on one scenario and puts predicted and measured side by side
 // (distplan.validate/v1, docs/gpu_backend.md "distplan validate").
 //
-// A layout with several ranks runs under mpirun, started here: this same executable is launched
-// once per rank with the hidden option --rank-worker-out, rank 0 gathers every rank's measurement
-// and writes it to that file. A rank that crashes or hangs stops the whole job: mpirun's own abort,
-// or --timeout, after which every rank is killed and the command exits 1 with a message.
+// A layout with several ranks runs under mpirun (local, or the hosts of --hostfile) or srun (inside
+// a Slurm allocation), started here (rank_launcher.h): this same executable is launched once per
+// rank in rank-worker mode with the scenario on its command line; rank 0 gathers every rank's
+// measurement through MPI and prints it on its standard output, which the launcher forwards, so no
+// shared file system is needed. A rank that crashes or hangs stops the whole job: the launcher's
+// own abort, or --timeout, after which every rank is killed and the command exits 1 with a
+// message. `--rank-worker` alone is the public form for the user's own launcher: rank 0 then
+// prints the comparison itself.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -25,6 +29,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -35,6 +40,7 @@
 #include <nlohmann/json.hpp>
 
 #include "command.h"
+#include "rank_launcher.h"
 #include "distplan/gpu_backend/comm.h"
 #include "distplan/gpu_backend/measurement_json.h"
 #include "distplan/gpu_backend/run.h"
@@ -56,7 +62,12 @@ struct ValidateOptions {
   Count steps = 3;
   int emulate_rank = -1;
   double timeout_seconds = 600;
-  std::string rank_worker_out;  // hidden: this process is one rank under mpirun
+  bool rank_worker = false;      // --rank-worker: this process is one rank of an MPI job
+  std::string rank_worker_job;  // hidden: started by this command's launcher (prints the measurement)
+  std::string scenario_base64;  // hidden: the scenario, from the launcher's command line
+  std::string launcher = "auto";  // --launcher auto|mpirun|srun
+  std::string hostfile;           // --hostfile (mpirun)
+  std::string launcher_args;      // --launcher-args "..." (whitespace-separated)
   std::string trace_path;       // --trace: the executed timeline as a Chrome / Perfetto trace
   bool force = false;           // --force: run even when the host looks too small
 };
@@ -98,8 +109,26 @@ void maybe_inject_fault(int rank) {
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
 }
 
-// ---- one rank under mpirun ----------------------------------------------------------------------
-void run_rank_worker(const Scenario& s, const ValidateOptions& o) {
+struct BackendResult {
+  bool fits = true;
+  std::string oom_message;
+  backend::Measurement m;
+};
+
+// True when every rank runs on this host: mpirun without a hostfile, outside a Slurm allocation
+// (or with --launcher mpirun).
+bool launches_locally(const ValidateOptions& o) {
+  if (o.rank_worker || !o.hostfile.empty() || o.launcher == "srun") return false;
+  const char* job = std::getenv("SLURM_JOB_ID");
+  return o.launcher == "mpirun" || job == nullptr || *job == '\0';
+}
+
+// ---- one rank of an MPI job (--rank-worker) -----------------------------------------------------
+// Rank 0 returns every rank's measurement, gathered through MPI; the other ranks return nothing.
+// Out of memory on any rank: it prints the marker line for the launcher and stops the job.
+std::optional<BackendResult> run_rank_worker(const Scenario& s, const ValidateOptions& o) {
+  if (!backend::mpi_available())
+    throw std::runtime_error("validate: --rank-worker needs a build with MPI");
   backend::mpi_init_if_needed();
   const int rank = backend::mpi_world_rank();
   maybe_inject_fault(rank);
@@ -108,49 +137,27 @@ void run_rank_worker(const Scenario& s, const ValidateOptions& o) {
   ro.comm = backend::CommBackend::mpi;
   ro.device = device_of(o.device);
   ro.capacity_bytes = tracked_capacity(estimate(s));
-  backend::Measurement m;
+  BackendResult br;
   try {
-    m = backend::run(s, ro);
+    br.m = backend::run(s, ro);
   } catch (const backend::OutOfMemory& e) {
-    // A measured result: leave a marker for the launcher and stop every rank.
-    std::ofstream(o.rank_worker_out + ".oom") << e.what() << '\n';
+    // A measured result: tell the launcher, then stop every rank.
+    std::string msg = e.what();
+    std::replace(msg.begin(), msg.end(), '\n', ' ');
+    std::cout << kOutOfMemoryLine << msg << std::endl;
+    std::cerr << "validate: rank " << rank << " ran out of memory: " << msg << std::endl;
     backend::mpi_abort(3);
   }
-  const auto all = backend::gather_measurements(backend::to_json(m.ranks.front()).dump());
-  if (!all.empty()) {
-    m.ranks.clear();
-    for (const auto& r : all)
-      m.ranks.push_back(backend::rank_measurement_from_json(json::parse(r)));
-    std::ofstream(o.rank_worker_out) << backend::to_json(m).dump() << '\n';
-  }
+  const auto all = backend::gather_measurements(backend::to_json(br.m.ranks.front()).dump());
   backend::mpi_finalize_if_initialised();
+  if (all.empty()) return std::nullopt;
+  br.m.ranks.clear();
+  for (const auto& r : all) br.m.ranks.push_back(backend::rank_measurement_from_json(json::parse(r)));
+  return br;
 }
 
 // ---- launching mpirun
 // -----------------------------------------------------------------------------
-std::string find_mpirun() {
-  if (const char* env = std::getenv("DISTPLAN_MPIRUN"); env && *env) {
-    std::error_code ec;
-    if (!fs::is_regular_file(env, ec) || ::access(env, X_OK) != 0) {
-      throw std::runtime_error(fmt::format(
-          "validate: DISTPLAN_MPIRUN is '{}', which is not an executable file; set it to "
-          "mpirun's path, unset it to search PATH, or use --emulate-rank",
-          env));
-    }
-    return env;
-  }
-  const char* path = std::getenv("PATH");
-  std::stringstream ss(path ? path : "");
-  std::string dir;
-  while (std::getline(ss, dir, ':')) {
-    for (const char* name : {"mpirun", "mpiexec"}) {
-      const fs::path p = fs::path(dir) / name;
-      if (::access(p.c_str(), X_OK) == 0) return p.string();
-    }
-  }
-  return {};
-}
-
 void set_default_env(const char* name, const char* value) {
   if (std::getenv(name) == nullptr) ::setenv(name, value, 0);
 }
@@ -158,7 +165,8 @@ void set_default_env(const char* name, const char* value) {
 struct LaunchResult {
   bool timed_out = false;
   int exit_code = 0;
-  std::string log;
+  std::string out;  // the launcher's standard output (rank 0's measurement line)
+  std::string log;  // its standard error
 };
 
 // A termination signal received while the ranks run: the launcher stops their process group,
@@ -218,11 +226,12 @@ void stop_group(pid_t pid, int& status) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
 }
 
-// Runs argv in its own process group with stdout/stderr to `log_path`; after `timeout` seconds, or
+// Runs argv in its own process group with stdout to `out_path` and stderr to `log_path`; after
+// `timeout` seconds, or
 // on SIGTERM/SIGINT/SIGHUP to this process, the whole group is terminated (SIGTERM, then SIGKILL
 // 3 s later). After a signal, `folder` is removed and this process ends by the same signal.
-LaunchResult launch(const std::vector<std::string>& args, const std::string& log_path,
-                    double timeout, TempFolder& folder) {
+LaunchResult launch(const std::vector<std::string>& args, const std::string& out_path,
+                    const std::string& log_path, double timeout, TempFolder& folder) {
   const StopSignals guard;
   g_stop_signal = 0;
   std::vector<char*> argv;
@@ -232,11 +241,10 @@ LaunchResult launch(const std::vector<std::string>& args, const std::string& log
   if (pid < 0) throw std::runtime_error("validate: fork failed");
   if (pid == 0) {
     ::setpgid(0, 0);
-    const int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd >= 0) {
-      ::dup2(fd, 1);
-      ::dup2(fd, 2);
-    }
+    const int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int err = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (out >= 0) ::dup2(out, 1);
+    if (err >= 0) ::dup2(err, 2);
     ::execv(argv[0], argv.data());
     std::_Exit(127);
   }
@@ -264,10 +272,14 @@ LaunchResult launch(const std::vector<std::string>& args, const std::string& log
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  std::ifstream f(log_path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  r.log = ss.str();
+  auto slurp = [](const std::string& path) {
+    std::ifstream f(path);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+  };
+  r.out = slurp(out_path);
+  r.log = slurp(log_path);
   return r;
 }
 
@@ -314,6 +326,7 @@ class Watchdog {
 void check_host_resources(const Scenario& s, const Estimate& e, const ValidateOptions& o) {
   if (o.force) return;
   const bool one = o.emulate_rank >= 0 || ranks_of(s) == 1;
+  if (!one && !launches_locally(o)) return;  // the ranks run on other hosts
   const Count ranks = one ? 1 : ranks_of(s);
   const Count per_stage = s.parallel.tp * s.parallel.dp;
   double bytes = 0;
@@ -353,12 +366,6 @@ void check_host_resources(const Scenario& s, const Estimate& e, const ValidateOp
   }
 }
 
-struct BackendResult {
-  bool fits = true;
-  std::string oom_message;
-  backend::Measurement m;
-};
-
 BackendResult run_backend(const Scenario& s, const json& doc, const ValidateOptions& o) {
   BackendResult br;
   const Count ranks = ranks_of(s);
@@ -382,71 +389,69 @@ BackendResult run_backend(const Scenario& s, const json& doc, const ValidateOpti
     }
     return br;
   }
-  const std::string mpirun = find_mpirun();
-  if (mpirun.empty())
-    throw std::runtime_error("validate: the layout needs " + std::to_string(ranks) +
-                             " ranks and no mpirun was found (set DISTPLAN_MPIRUN or PATH), or "
-                             "use --emulate-rank");
   TempFolder folder{fs::temp_directory_path() /
                     ("distplan-validate-" + std::to_string(::getpid()))};
   const fs::path dir = folder.path;
   fs::create_directories(dir);
-  const std::string in = (dir / "scenario.json").string();
-  const std::string out = (dir / "measurement.json").string();
-  {
-    std::ofstream f(in);
-    f << doc.dump();
-    f.close();
-    if (!f) throw std::runtime_error("validate: cannot write '" + in + "'");
-  }
+  const std::string self = fs::read_symlink("/proc/self/exe").string();
+  // The scenario travels on the command line, the measurement on rank 0's standard output: the
+  // ranks need no file of this host. The job name (this folder) marks the ranks' command lines.
+  LaunchRequest req;
+  req.launcher = o.launcher;
+  req.hostfile = o.hostfile;
+  req.extra_args = o.launcher_args;
+  req.ranks = ranks;
+  req.program = {self,     "validate",      "--rank-worker", "--rank-worker-job",
+                 dir.string(), "--scenario-base64", base64_encode(doc.dump()), "--device",
+                 o.device, "--steps",       std::to_string(o.steps)};
+  // Linux limits one argument to 32 pages (MAX_ARG_STRLEN); a scenario is a few KiB.
+  if (req.program[6].size() > 100000)
+    throw std::runtime_error(fmt::format(
+        "validate: the scenario is {} bytes of base64, too long for a command line; start the "
+        "ranks with your own launcher (--rank-worker)",
+        req.program[6].size()));
+  const LaunchCommand lc = make_launch_command(req);
   // Open MPI refuses root without these; shared memory between local ranks (TOOLCHAIN.md).
   if (::geteuid() == 0) {
     set_default_env("OMPI_ALLOW_RUN_AS_ROOT", "1");
     set_default_env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
   }
   set_default_env("OMPI_MCA_btl_vader_single_copy_mechanism", "none");
-  set_default_env("OMPI_MCA_rmaps_base_oversubscribe", "1");
-  const std::string self = fs::read_symlink("/proc/self/exe").string();
-  const std::vector<std::string> args = {mpirun,
-                                         "-np",
-                                         std::to_string(ranks),
-                                         "--oversubscribe",
-                                         self,
-                                         "validate",
-                                         in,
-                                         "--device",
-                                         o.device,
-                                         "--steps",
-                                         std::to_string(o.steps),
-                                         "--rank-worker-out",
-                                         out};
-  const LaunchResult lr = launch(args, (dir / "mpirun.log").string(), o.timeout_seconds, folder);
-  if (fs::exists(out + ".oom")) {
-    std::ifstream f(out + ".oom");
-    std::getline(f, br.oom_message);
-    br.fits = false;
-    fs::remove_all(dir);
-    return br;
+  if (lc.local) set_default_env("OMPI_MCA_rmaps_base_oversubscribe", "1");
+  const LaunchResult lr = launch(lc.argv, (dir / "ranks.out").string(),
+                                 (dir / "launcher.log").string(), o.timeout_seconds, folder);
+  // Rank 0's measurement line, or an out-of-memory marker of any rank.
+  std::optional<std::string> measurement;
+  std::string other_output;
+  {
+    std::istringstream lines(lr.out);
+    for (std::string line; std::getline(lines, line);) {
+      if (line.rfind(kOutOfMemoryLine, 0) == 0) {
+        br.fits = false;
+        br.oom_message = line.substr(kOutOfMemoryLine.size());
+      } else if (line.rfind(kMeasurementLine, 0) == 0) {
+        measurement = line.substr(kMeasurementLine.size());
+      } else {
+        other_output += line + '\n';
+      }
+    }
   }
+  if (!br.fits) return br;
+  const std::string output = tail(other_output + lr.log, 2000);
   if (lr.timed_out) {
-    fs::remove_all(dir);
     throw std::runtime_error(fmt::format(
         "validate: the {} ranks did not finish within {} s (a rank hangs); every rank was "
-        "stopped. mpirun output: {}",
-        ranks, o.timeout_seconds, tail(lr.log, 2000)));
+        "stopped. {} output: {}",
+        ranks, o.timeout_seconds, lc.launcher, output));
   }
-  if (lr.exit_code != 0 || !fs::exists(out)) {
-    fs::remove_all(dir);
+  if (lr.exit_code != 0 || !measurement) {
     throw std::runtime_error(
-        fmt::format("validate: a rank failed (mpirun exit code {}); every rank was stopped. "
-                    "mpirun output: {}",
-                    lr.exit_code, tail(lr.log, 2000)));
+        fmt::format("validate: a rank failed ({} exit code {}{}); every rank was stopped. {} "
+                    "output: {}",
+                    lc.launcher, lr.exit_code, measurement ? "" : ", no measurement from rank 0",
+                    lc.launcher, output));
   }
-  std::ifstream f(out);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  br.m = backend::measurement_from_json(json::parse(ss.str()));
-  fs::remove_all(dir);
+  br.m = backend::measurement_from_json(json::parse(*measurement));
   return br;
 }
 
@@ -504,7 +509,8 @@ Report compare(const Scenario& s, const Estimate& e, const BackendResult& br,
   // Ranks time-sharing cores run slower by the sharing, not by the layout.
   const unsigned cores = std::thread::hardware_concurrency();
   const Count processes = o.emulate_rank >= 0 ? 1 : ranks_of(s);
-  if (o.device != "cuda" && cores > 0 && processes > static_cast<Count>(cores)) {
+  if (o.device != "cuda" && cores > 0 && processes > static_cast<Count>(cores) &&
+      (processes == 1 || launches_locally(o))) {
     t << fmt::format(
         "note: {} ranks on {} CPU cores: oversubscribed; measured times include the ranks "
         "waiting for a core\n",
@@ -799,19 +805,51 @@ void install_validate(CLI::App& app) {
   cmd->add_flag("--force", opts->force,
                 "Run even when the local ranks' predicted memory or their number exceeds what "
                 "this host has (docs/trust.md)");
-  cmd->add_option("--rank-worker-out", opts->rank_worker_out)->group("");
+  cmd->add_option("--launcher", opts->launcher,
+                  "How to start the ranks of a multi-rank layout: auto (srun inside a Slurm "
+                  "allocation, else mpirun), mpirun or srun")
+      ->check(CLI::IsMember({"auto", "mpirun", "srun"}));
+  cmd->add_option("--hostfile", opts->hostfile,
+                  "mpirun's hostfile: the ranks run on its hosts (no shared file system needed)")
+      ->check(non_empty_path());
+  cmd->add_option("--launcher-args", opts->launcher_args,
+                  "Extra launcher arguments, whitespace-separated, before the program "
+                  "(write --launcher-args=\"--mca btl tcp,self\")");
+  cmd->add_flag("--rank-worker", opts->rank_worker,
+                "Run as one rank of an MPI job started by your own launcher (one process per "
+                "rank, world size = tp*dp*pp); rank 0 prints the comparison");
+  cmd->add_option("--rank-worker-job", opts->rank_worker_job)->group("");
+  cmd->add_option("--scenario-base64", opts->scenario_base64)->group("");
   cmd->callback([opts] {
-    const json doc = read_document(opts->common);
+    json doc;
+    if (!opts->scenario_base64.empty()) {
+      try {
+        doc = json::parse(base64_decode(opts->scenario_base64));
+      } catch (const json::exception& e) {
+        throw InputError("", std::string("--scenario-base64: not JSON: ") + e.what());
+      }
+    } else {
+      doc = read_document(opts->common);
+    }
     const Scenario s = read_scenario(opts->common, doc);
-    if (!opts->rank_worker_out.empty()) {
-      run_rank_worker(s, *opts);
-      return;
+    if (opts->rank_worker && opts->emulate_rank >= 0)
+      throw InputError("", "--rank-worker runs one rank of an MPI job; --emulate-rank runs one "
+                           "rank alone: use one of them");
+    std::optional<BackendResult> worker;
+    if (opts->rank_worker) {
+      worker = run_rank_worker(s, *opts);
+      if (!worker) return;  // not rank 0
+      if (!opts->rank_worker_job.empty()) {
+        // Started by this command's launcher: hand the measurement over on standard output.
+        std::cout << kMeasurementLine << backend::to_json(worker->m).dump() << std::endl;
+        return;
+      }
     }
     backend::check_supported(s);
     if (opts->emulate_rank >= ranks_of(s))
       throw InputError("", fmt::format("--emulate-rank {} is not a rank of the layout (0..{})",
                                        opts->emulate_rank, ranks_of(s) - 1));
-    if (opts->device == "cuda" && !backend::cuda_available())
+    if (opts->device == "cuda" && !worker && !backend::cuda_available())
       throw std::runtime_error("validate: --device cuda needs a CUDA build and a visible GPU");
     const Estimate e = estimate(s);
     check_host_resources(s, e, *opts);
@@ -823,7 +861,7 @@ void install_validate(CLI::App& app) {
     }
     BackendResult br;
     try {
-      br = run_backend(s, to_json(s), *opts);
+      br = worker ? std::move(*worker) : run_backend(s, to_json(s), *opts);
     } catch (...) {
       if (trace.is_open()) remove_partial_output(trace, opts->trace_path);
       throw;

@@ -1536,11 +1536,10 @@ Measurement run(const Scenario& s, const RunOptions& opts) {
     groups = make_emulated_groups(s.parallel, opts.emulate_rank, opts.device);
   } else if (opts.device == Device::cuda) {
 #ifdef DISTPLAN_HAVE_NCCL
-    // One GPU per local rank (Open MPI's local rank; Slurm's as a fallback).
-    const char* lr = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
-    if (lr == nullptr) lr = std::getenv("SLURM_LOCALID");
+    // One GPU per rank of this host, whichever launcher started the job.
     check_nccl_pipeline(s.parallel);
-    cuda::set_device((lr ? std::atoi(lr) : 0) % std::max(cuda::device_count(), 1));
+    mpi_init_if_needed();
+    cuda::set_device(mpi_local_rank() % std::max(cuda::device_count(), 1));
     groups = make_nccl_groups(s.parallel);
 #else
     throw std::runtime_error("multi-rank CUDA runs need a build with NCCL and MPI");
