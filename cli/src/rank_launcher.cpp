@@ -72,12 +72,14 @@ LaunchCommand make_launch_command(const LaunchRequest& r) {
   const std::vector<std::string> extra = split_words(r.extra_args);
   if (kind == "srun") {
     if (!r.hostfile.empty())
-      throw InputError("", "--hostfile is an mpirun option; srun places the ranks on the "
-                           "allocation's nodes (use --launcher mpirun to use a hostfile)");
+      throw InputError("",
+                       "--hostfile is an mpirun option; srun places the ranks on the "
+                       "allocation's nodes (use --launcher mpirun to use a hostfile)");
     if (srun.empty()) srun = find_program("DISTPLAN_SRUN", {"srun"});
     if (srun.empty())
-      throw std::runtime_error("validate: --launcher srun but no srun was found (set "
-                               "DISTPLAN_SRUN or PATH)");
+      throw std::runtime_error(
+          "validate: --launcher srun but no srun was found (set "
+          "DISTPLAN_SRUN or PATH)");
     c.local = false;
     c.argv = {srun, fmt::format("--ntasks={}", r.ranks), "--kill-on-bad-exit=1"};
   } else {
