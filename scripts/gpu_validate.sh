@@ -1,99 +1,172 @@
 #!/usr/bin/env bash
-# One command for a GPU machine: builds the CUDA path (Release, Ninja), runs the CUDA ops against
-# the CPU oracle, and `distplan validate --device cuda` on the scenarios in data/validation/
-# (single GPU with --emulate-rank on large layouts; all GPUs where the layout fits the machine),
-# times one GPT layer stack forward + backward on device-resident data against the GPU's dense
-# bf16 peak (distplan-cuda-layer-bench; LAYER_HIDDEN, LAYER_HEADS, LAYER_SEQ, LAYER_LAYERS override
-# the hidden 4096 / 32 heads / seq 1024 / 2 layers shape), then writes one results JSON to $OUT
-# (or ./out). Budget: under 8 minutes on one H100/H200.
-#   scripts/gpu_validate.sh [build-dir]
+# The device check, one command for a GPU machine (docs/gpu_backend.md "GPU script"):
+#   1. configures and builds the CUDA path the way a bare CUDA container can (nvcc, CMake, Ninja,
+#      Python with NVIDIA's wheels): dependencies from the bundle of scripts/gpu_bundle.sh when
+#      bundle/ exists, MPI and Qt hidden (emulated ranks), cuBLAS/NCCL from the toolkit or the wheels;
+#   2. runs the CUDA ops against the CPU oracle and the CUDA trainer against the CPU trainer;
+#   3. times one GPT layer stack forward + backward with CUDA events against the GPU's dense bf16
+#      peak, causal attention FLOPs counted (LAYER_HIDDEN, LAYER_HEADS, LAYER_SEQ, LAYER_LAYERS
+#      override hidden 4096 / 32 heads / seq 1024 / 2 layers);
+#   4. runs `distplan validate --device cuda` on every scenario of data/validation/ (one rank in
+#      process; larger layouts as their rank 0 through --emulate-rank);
+#   5. writes every figure into $OUT/gpu_validate.json (default OUT: <build>-out, beside the build).
+# Budget: under 8 minutes on one H100/H200 (each step has a time limit; steps past BUDGET_S,
+# default 450 s, are skipped and say so).
+#   scripts/gpu_validate.sh [--build-only] [build-dir]
+# --build-only: steps 1 and the CPU tests of the build (CI, no GPU needed).
 set -uo pipefail
 
+BUILD_ONLY=0
+if [ "${1:-}" = "--build-only" ]; then BUILD_ONLY=1; shift; fi
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="${1:-$ROOT/build-gpu}"
-OUT_DIR="${OUT:-$ROOT/out}"
+OUT_DIR="${OUT:-${BUILD%/}-out}"
+BUNDLE="${BUNDLE:-$ROOT/bundle}"
+BUDGET_S=${BUDGET_S:-450}
 mkdir -p "$OUT_DIR"
 LOG="$OUT_DIR/gpu_validate.log"
 : > "$LOG"
 START=$(date +%s)
-say() { echo "[gpu_validate $(($(date +%s) - START)) s] $*" | tee -a "$LOG"; }
+elapsed() { echo $(($(date +%s) - START)); }
+say() { echo "[gpu_validate $(elapsed) s] $*" | tee -a "$LOG"; }
+# Seconds left in the budget, at least 1.
+left() { local l=$((BUDGET_S - $(elapsed))); [ "$l" -lt 1 ] && l=1; echo "$l"; }
+# min(limit, time left)
+limit() { local l; l=$(left); [ "$1" -lt "$l" ] && l=$1; echo "$l"; }
+STEPS_JSON="$OUT_DIR/steps.jsonl"
+: > "$STEPS_JSON"
+# record NAME EXIT_CODE SECONDS [RESULT_FILE]: one line per step for the summary.
+record() {
+  printf '{"name": "%s", "exit_code": %s, "seconds": %s, "result": "%s"}\n' "$1" "$2" "$3" "${4:-}" \
+    >> "$STEPS_JSON"
+}
 
-# Open MPI as root on one node (TOOLCHAIN.md).
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export OMPI_MCA_btl_vader_single_copy_mechanism=none
+CONFIG=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DDISTPLAN_ENABLE_CUDA=ON
+  -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON -DCMAKE_DISABLE_FIND_PACKAGE_Qt6=ON
+  -DDISTPLAN_BUILD_PYTHON=OFF -DDISTPLAN_BUILD_BENCH=OFF -DDISTPLAN_SKIP_MODULES=gui\;search)
+if [ -f "$BUNDLE/include/nlohmann/json.hpp" ]; then
+  CONFIG+=(-DDISTPLAN_BUNDLE_DIR="$BUNDLE")
+  say "dependencies from the bundle $BUNDLE"
+else
+  say "no bundle at $BUNDLE (scripts/gpu_bundle.sh): dependencies from the system"
+fi
+[ -n "${NVIDIA_WHEELS:-}" ] && CONFIG+=(-DDISTPLAN_NVIDIA_WHEELS="$NVIDIA_WHEELS")
+TARGETS=(distplan gpu_backend_ops_test gpu_backend_cuda_ops_test gpu_backend_training_test
+  distplan-cuda-layer-bench)
 
-say "configure + build (Release, Ninja, sm_80;sm_90) in $BUILD"
-cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDISTPLAN_BUILD_GUI=OFF \
-  -DDISTPLAN_ENABLE_CUDA=ON >> "$LOG" 2>&1 || { say "configure failed"; exit 1; }
-JOBS=$(nproc 2>/dev/null || echo 4)
-cmake --build "$BUILD" -j "$JOBS" --target distplan gpu_backend_cuda_ops_test gpu_backend_training_test gpu_backend_bench \
-  distplan-cuda-layer-bench \
-  >> "$LOG" 2>&1 || { say "build failed"; exit 1; }
+say "configure + build (Release, Ninja, sm_80;sm_90, no MPI, no Qt) in $BUILD"
+t0=$(date +%s)
+cmake -S "$ROOT" -B "$BUILD" "${CONFIG[@]}" ${CMAKE_ARGS:-} >> "$LOG" 2>&1 || {
+  say "configure failed (see $LOG)"; tail -30 "$LOG"; exit 1; }
+grep -E "distplan: (cuBLAS|CUDA|dependencies)" "$LOG" | sed 's/^/  /'
+JOBS=${JOBS:-$(nproc 2>/dev/null || echo 4)}
+cmake --build "$BUILD" -j "$JOBS" --target "${TARGETS[@]}" >> "$LOG" 2>&1 || {
+  say "build failed (see $LOG)"; tail -40 "$LOG"; exit 1; }
+record build 0 $(($(date +%s) - t0))
+say "built in $(($(date +%s) - t0)) s"
+
+# The bundle must be the only source of the header-only dependencies, and nothing of MPI or Qt
+# may be compiled in: every header the objects used (Ninja's dependency log) is checked.
+if [ -f "$BUNDLE/include/nlohmann/json.hpp" ]; then
+  bad=$(ninja -C "$BUILD" -t deps 2>/dev/null |
+    grep -E '^ +/usr/(local/)?include/(eigen3|nlohmann|CLI|fmt|gtest|gmock)/|mpi\.h$|/openmpi/|/qt6/|/Qt[A-Za-z]+/' |
+    sort -u | head -5)
+  if [ -n "$bad" ]; then
+    say "headers from outside the bundle: $bad"
+    exit 1
+  fi
+  say "every dependency header came from the bundle; no MPI or Qt header"
+fi
+
+if [ "$BUILD_ONLY" -eq 1 ]; then
+  say "CPU tests of this configuration (oracle, dispatch, FLOP count; GPU tests skip)"
+  "$BUILD/tests/gpu_backend/gpu_backend_ops_test" >> "$LOG" 2>&1 || { say "ops test failed"; exit 1; }
+  "$BUILD/tests/gpu_backend/gpu_backend_cuda_ops_test" >> "$LOG" 2>&1 || {
+    say "cuda ops test failed"; exit 1; }
+  "$BUILD/tests/gpu_backend/gpu_backend_training_test" --gtest_filter='CudaTrainer.*' \
+    >> "$LOG" 2>&1 || { say "trainer test failed"; exit 1; }
+  say "build-only check passed"
+  exit 0
+fi
 
 GPUS=$(nvidia-smi -L 2>/dev/null | wc -l)
 say "GPUs visible: $GPUS"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >> "$LOG" 2>&1
 
-say "CUDA ops against the CPU oracle"
-"$BUILD/tests/gpu_backend/gpu_backend_cuda_ops_test" --gtest_output="json:$OUT_DIR/cuda_ops.json" \
-  >> "$LOG" 2>&1
-OPS_RC=$?
-say "CUDA trainer against the CPU trainer"
-"$BUILD/tests/gpu_backend/gpu_backend_training_test" --gtest_filter='CudaTrainer.*' \
-  --gtest_output="json:$OUT_DIR/cuda_trainer.json" >> "$LOG" 2>&1
-TRAINER_RC=$?
-
-say "layer stack forward+backward on the GPU (limit 150 s)"
-timeout 150 "$BUILD/gpu_backend/distplan-cuda-layer-bench" --hidden "${LAYER_HIDDEN:-4096}" \
-  --heads "${LAYER_HEADS:-32}" --seq "${LAYER_SEQ:-1024}" --batch 1 --layers "${LAYER_LAYERS:-2}" \
-  --reps 2 > "$OUT_DIR/layer_stack.json" 2>> "$LOG"
-LAYER_RC=$?
-say "  exit $LAYER_RC"
-LAYER_JSON=null
-if [ "$LAYER_RC" -eq 0 ] && [ -s "$OUT_DIR/layer_stack.json" ]; then
-  LAYER_JSON=$(cat "$OUT_DIR/layer_stack.json")
-  grep -E '"(tflops|fraction_of_peak)"' "$OUT_DIR/layer_stack.json" | tee -a "$LOG"
-fi
-
-# scenario file | extra validate arguments | time limit (s)
-RUNS=(
-  "llama2-7b-1gpu-2layers.json||120"
-  "llama2-70b-tp8-pp4-dp2-stage0.json|--emulate-rank 0|180"
-)
-if [ "$GPUS" -ge 4 ]; then RUNS+=("gpt-small-tp2-pp2.json||120"); fi
-if [ "$GPUS" -lt 4 ]; then RUNS+=("gpt-small-tp2-pp2.json|--emulate-rank 0|60"); fi
-
-RESULTS=()
-for run in "${RUNS[@]}"; do
-  IFS='|' read -r file args limit <<< "$run"
-  name="${file%.json}${args:+_$(echo "$args" | tr -d ' -')}"
-  say "validate --device cuda $file $args (limit ${limit} s)"
-  timeout "$limit" "$BUILD/cli/distplan" validate "$ROOT/data/validation/$file" --device cuda \
-    --steps "${STEPS:-1}" --timeout "$limit" $args > "$OUT_DIR/$name.json" 2>> "$LOG"
-  rc=$?
+# run_step NAME LIMIT_S RESULT_FILE COMMAND...: runs under `timeout`, skipped past the budget.
+run_step() {
+  local name=$1 lim=$2 result=$3
+  shift 3
+  if [ "$(elapsed)" -ge "$BUDGET_S" ]; then
+    say "$name: skipped (budget of $BUDGET_S s spent)"
+    record "$name" '"skipped"' 0 ""
+    return
+  fi
+  lim=$(limit "$lim")
+  say "$name (limit $lim s)"
+  local t=$(date +%s)
+  timeout "$lim" "$@" > "$OUT_DIR/$result" 2>> "$LOG"
+  local rc=$?
+  record "$name" "$rc" $(($(date +%s) - t)) "$result"
   say "  exit $rc"
-  RESULTS+=("{\"scenario\": \"$file\", \"args\": \"$args\", \"exit_code\": $rc, \"result\": \"$name.json\"}")
+}
+
+run_step cuda_ops 90 cuda_ops.txt "$BUILD/tests/gpu_backend/gpu_backend_cuda_ops_test" \
+  --gtest_output="json:$OUT_DIR/cuda_ops.json"
+run_step cuda_trainer 120 cuda_trainer.txt "$BUILD/tests/gpu_backend/gpu_backend_training_test" \
+  --gtest_filter='CudaTrainer.*' --gtest_output="json:$OUT_DIR/cuda_trainer.json"
+run_step layer_stack 120 layer_stack.json "$BUILD/gpu_backend/distplan-cuda-layer-bench" \
+  --hidden "${LAYER_HIDDEN:-4096}" --heads "${LAYER_HEADS:-32}" --seq "${LAYER_SEQ:-1024}" \
+  --batch 1 --layers "${LAYER_LAYERS:-2}" --reps 3
+
+# Every scenario of data/validation/: in process when it has one rank, else its rank 0 emulated.
+for file in "$ROOT"/data/validation/*.json; do
+  base=$(basename "$file" .json)
+  case "$base" in *.result) continue ;; esac
+  ranks=$(python3 -c "import json,sys; p=json.load(open(sys.argv[1])).get('parallel',{}); print(p.get('tp',1)*p.get('pp',1)*p.get('dp',1))" "$file" 2>/dev/null || echo 1)
+  args=()
+  [ "$ranks" -gt 1 ] && args=(--emulate-rank 0)
+  run_step "validate_$base" 150 "validate_$base.json" "$BUILD/cli/distplan" validate "$file" \
+    --device cuda --steps "${STEPS:-2}" --timeout "$(limit 150)" "${args[@]}"
 done
 
-say "benchmark (CPU ops and one CPU training step)"
-timeout 90 "$BUILD/bench/gpu_backend_bench" --benchmark_format=json \
-  --benchmark_out="$OUT_DIR/bench.json" --benchmark_min_time=0.2 >> "$LOG" 2>&1
-
-{
-  echo "{"
-  echo "  \"schema\": \"distplan.gpu_validate/v1\","
-  echo "  \"gpus\": $GPUS,"
-  echo "  \"cuda_ops_exit_code\": $OPS_RC,"
-  echo "  \"cuda_trainer_exit_code\": $TRAINER_RC,"
-  echo "  \"layer_stack_exit_code\": $LAYER_RC,"
-  echo "  \"layer_stack\": $LAYER_JSON,"
-  echo "  \"seconds\": $(($(date +%s) - START)),"
-  echo "  \"runs\": ["
-  for i in "${!RESULTS[@]}"; do
-    sep=","; [ "$i" -eq $((${#RESULTS[@]} - 1)) ] && sep=""
-    echo "    ${RESULTS[$i]}$sep"
-  done
-  echo "  ]"
-  echo "}"
-} > "$OUT_DIR/gpu_validate.json"
-say "results in $OUT_DIR/gpu_validate.json"
+# One document with every figure: the steps, the op errors, the layer stack, the validations.
+python3 - "$OUT_DIR" "$GPUS" "$(elapsed)" <<'PY' || say "summary failed"
+import json, os, sys
+out, gpus, seconds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+def load(name):
+    try:
+        with open(os.path.join(out, name)) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+def gtest(doc):
+    if doc is None: return None
+    tests = []
+    for suite in doc.get("testsuites", []):
+        for t in suite.get("testsuite", []):
+            item = {"name": f'{suite["name"]}.{t["name"]}', "result": t.get("result"),
+                    "status": "failed" if t.get("failures") else
+                              ("skipped" if t.get("result") == "SKIPPED" else "passed"),
+                    "time": t.get("time")}
+            props = {k: float(v) for k, v in t.items() if k.startswith("normalised_error_")}
+            if props: item["normalised_errors"] = props; item["max_normalised_error"] = max(props.values())
+            if t.get("failures"): item["failures"] = [f.get("failure", "")[:2000] for f in t["failures"]]
+            tests.append(item)
+    return {"tests": doc.get("tests"), "failures": doc.get("failures"), "cases": tests}
+steps = [json.loads(l) for l in open(os.path.join(out, "steps.jsonl")) if l.strip()]
+validations = {}
+for s in steps:
+    if s["name"].startswith("validate_"):
+        validations[s["name"][len("validate_"):]] = {"exit_code": s["exit_code"], "seconds": s["seconds"],
+                                                      "document": load(s["result"])}
+doc = {"schema": "distplan.gpu_validate/v2", "gpus": gpus, "seconds": seconds, "steps": steps,
+       "cuda_ops": gtest(load("cuda_ops.json")), "cuda_trainer": gtest(load("cuda_trainer.json")),
+       "layer_stack": load("layer_stack.json"), "validate": validations}
+with open(os.path.join(out, "gpu_validate.json"), "w") as f:
+    json.dump(doc, f, indent=2)
+ls = doc["layer_stack"] or {}
+print("layer stack:", (ls.get("stack") or {}).get("tflops"), "TFLOP/s,",
+      (ls.get("stack") or {}).get("fraction_of_peak"), "of peak")
+PY
+say "results in $OUT_DIR/gpu_validate.json ($(elapsed) s)"

@@ -2,10 +2,14 @@
 // in this run) on one scenario and puts predicted and measured side by side
 // (distplan.validate/v1, docs/gpu_backend.md "distplan validate").
 //
-// A layout with several ranks runs under mpirun, started here: this same executable is launched
-// once per rank with the hidden option --rank-worker-out, rank 0 gathers every rank's measurement
-// and writes it to that file. A rank that crashes or hangs stops the whole job: mpirun's own abort,
-// or --timeout, after which every rank is killed and the command exits 1 with a message.
+// A layout with several ranks runs under mpirun (local, or the hosts of --hostfile) or srun (inside
+// a Slurm allocation), started here (rank_launcher.h): this same executable is launched once per
+// rank in rank-worker mode with the scenario on its command line; rank 0 gathers every rank's
+// measurement through MPI and prints it on its standard output, which the launcher forwards, so no
+// shared file system is needed. A rank that crashes or hangs stops the whole job: the launcher's
+// own abort, or --timeout, after which every rank is killed and the command exits 1 with a
+// message. `--rank-worker` alone is the public form for the user's own launcher: rank 0 then
+// prints the comparison itself.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -25,6 +29,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -38,11 +43,13 @@
 #include "distplan/gpu_backend/comm.h"
 #include "distplan/gpu_backend/measurement_json.h"
 #include "distplan/gpu_backend/run.h"
+#include "distplan/gpu_backend/validation_report.h"
 #include "distplan/planner/error.h"
 #include "distplan/planner/estimate.h"
 #include "distplan/planner/layout.h"
 #include "distplan/planner/scenario_json.h"
 #include "distplan/simulator/simulate.h"
+#include "rank_launcher.h"
 
 namespace distplan::cli {
 namespace {
@@ -56,9 +63,15 @@ struct ValidateOptions {
   Count steps = 3;
   int emulate_rank = -1;
   double timeout_seconds = 600;
-  std::string rank_worker_out;  // hidden: this process is one rank under mpirun
-  std::string trace_path;       // --trace: the executed timeline as a Chrome / Perfetto trace
-  bool force = false;           // --force: run even when the host looks too small
+  bool rank_worker = false;  // --rank-worker: this process is one rank of an MPI job
+  std::string
+      rank_worker_job;  // hidden: started by this command's launcher (prints the measurement)
+  std::string scenario_base64;    // hidden: the scenario, from the launcher's command line
+  std::string launcher = "auto";  // --launcher auto|mpirun|srun
+  std::string hostfile;           // --hostfile (mpirun)
+  std::string launcher_args;      // --launcher-args "..." (whitespace-separated)
+  std::string trace_path;         // --trace: the executed timeline as a Chrome / Perfetto trace
+  bool force = false;             // --force: run even when the host looks too small
 };
 
 // --timeout bound: a week. Beyond it a run is not "hung" but unbounded (docs/trust.md).
@@ -98,8 +111,26 @@ void maybe_inject_fault(int rank) {
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
 }
 
-// ---- one rank under mpirun ----------------------------------------------------------------------
-void run_rank_worker(const Scenario& s, const ValidateOptions& o) {
+struct BackendResult {
+  bool fits = true;
+  std::string oom_message;
+  backend::Measurement m;
+};
+
+// True when every rank runs on this host: mpirun without a hostfile, outside a Slurm allocation
+// (or with --launcher mpirun).
+bool launches_locally(const ValidateOptions& o) {
+  if (o.rank_worker || !o.hostfile.empty() || o.launcher == "srun") return false;
+  const char* job = std::getenv("SLURM_JOB_ID");
+  return o.launcher == "mpirun" || job == nullptr || *job == '\0';
+}
+
+// ---- one rank of an MPI job (--rank-worker) -----------------------------------------------------
+// Rank 0 returns every rank's measurement, gathered through MPI; the other ranks return nothing.
+// Out of memory on any rank: it prints the marker line for the launcher and stops the job.
+std::optional<BackendResult> run_rank_worker(const Scenario& s, const ValidateOptions& o) {
+  if (!backend::mpi_available())
+    throw std::runtime_error("validate: --rank-worker needs a build with MPI");
   backend::mpi_init_if_needed();
   const int rank = backend::mpi_world_rank();
   maybe_inject_fault(rank);
@@ -108,49 +139,28 @@ void run_rank_worker(const Scenario& s, const ValidateOptions& o) {
   ro.comm = backend::CommBackend::mpi;
   ro.device = device_of(o.device);
   ro.capacity_bytes = tracked_capacity(estimate(s));
-  backend::Measurement m;
+  BackendResult br;
   try {
-    m = backend::run(s, ro);
+    br.m = backend::run(s, ro);
   } catch (const backend::OutOfMemory& e) {
-    // A measured result: leave a marker for the launcher and stop every rank.
-    std::ofstream(o.rank_worker_out + ".oom") << e.what() << '\n';
+    // A measured result: tell the launcher, then stop every rank.
+    std::string msg = e.what();
+    std::replace(msg.begin(), msg.end(), '\n', ' ');
+    std::cout << kOutOfMemoryLine << msg << std::endl;
+    std::cerr << "validate: rank " << rank << " ran out of memory: " << msg << std::endl;
     backend::mpi_abort(3);
   }
-  const auto all = backend::gather_measurements(backend::to_json(m.ranks.front()).dump());
-  if (!all.empty()) {
-    m.ranks.clear();
-    for (const auto& r : all)
-      m.ranks.push_back(backend::rank_measurement_from_json(json::parse(r)));
-    std::ofstream(o.rank_worker_out) << backend::to_json(m).dump() << '\n';
-  }
+  const auto all = backend::gather_measurements(backend::to_json(br.m.ranks.front()).dump());
   backend::mpi_finalize_if_initialised();
+  if (all.empty()) return std::nullopt;
+  br.m.ranks.clear();
+  for (const auto& r : all)
+    br.m.ranks.push_back(backend::rank_measurement_from_json(json::parse(r)));
+  return br;
 }
 
 // ---- launching mpirun
 // -----------------------------------------------------------------------------
-std::string find_mpirun() {
-  if (const char* env = std::getenv("DISTPLAN_MPIRUN"); env && *env) {
-    std::error_code ec;
-    if (!fs::is_regular_file(env, ec) || ::access(env, X_OK) != 0) {
-      throw std::runtime_error(fmt::format(
-          "validate: DISTPLAN_MPIRUN is '{}', which is not an executable file; set it to "
-          "mpirun's path, unset it to search PATH, or use --emulate-rank",
-          env));
-    }
-    return env;
-  }
-  const char* path = std::getenv("PATH");
-  std::stringstream ss(path ? path : "");
-  std::string dir;
-  while (std::getline(ss, dir, ':')) {
-    for (const char* name : {"mpirun", "mpiexec"}) {
-      const fs::path p = fs::path(dir) / name;
-      if (::access(p.c_str(), X_OK) == 0) return p.string();
-    }
-  }
-  return {};
-}
-
 void set_default_env(const char* name, const char* value) {
   if (std::getenv(name) == nullptr) ::setenv(name, value, 0);
 }
@@ -158,7 +168,8 @@ void set_default_env(const char* name, const char* value) {
 struct LaunchResult {
   bool timed_out = false;
   int exit_code = 0;
-  std::string log;
+  std::string out;  // the launcher's standard output (rank 0's measurement line)
+  std::string log;  // its standard error
 };
 
 // A termination signal received while the ranks run: the launcher stops their process group,
@@ -218,11 +229,12 @@ void stop_group(pid_t pid, int& status) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
 }
 
-// Runs argv in its own process group with stdout/stderr to `log_path`; after `timeout` seconds, or
+// Runs argv in its own process group with stdout to `out_path` and stderr to `log_path`; after
+// `timeout` seconds, or
 // on SIGTERM/SIGINT/SIGHUP to this process, the whole group is terminated (SIGTERM, then SIGKILL
 // 3 s later). After a signal, `folder` is removed and this process ends by the same signal.
-LaunchResult launch(const std::vector<std::string>& args, const std::string& log_path,
-                    double timeout, TempFolder& folder) {
+LaunchResult launch(const std::vector<std::string>& args, const std::string& out_path,
+                    const std::string& log_path, double timeout, TempFolder& folder) {
   const StopSignals guard;
   g_stop_signal = 0;
   std::vector<char*> argv;
@@ -232,11 +244,10 @@ LaunchResult launch(const std::vector<std::string>& args, const std::string& log
   if (pid < 0) throw std::runtime_error("validate: fork failed");
   if (pid == 0) {
     ::setpgid(0, 0);
-    const int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd >= 0) {
-      ::dup2(fd, 1);
-      ::dup2(fd, 2);
-    }
+    const int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int err = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (out >= 0) ::dup2(out, 1);
+    if (err >= 0) ::dup2(err, 2);
     ::execv(argv[0], argv.data());
     std::_Exit(127);
   }
@@ -264,10 +275,14 @@ LaunchResult launch(const std::vector<std::string>& args, const std::string& log
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  std::ifstream f(log_path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  r.log = ss.str();
+  auto slurp = [](const std::string& path) {
+    std::ifstream f(path);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+  };
+  r.out = slurp(out_path);
+  r.log = slurp(log_path);
   return r;
 }
 
@@ -314,6 +329,7 @@ class Watchdog {
 void check_host_resources(const Scenario& s, const Estimate& e, const ValidateOptions& o) {
   if (o.force) return;
   const bool one = o.emulate_rank >= 0 || ranks_of(s) == 1;
+  if (!one && !launches_locally(o)) return;  // the ranks run on other hosts
   const Count ranks = one ? 1 : ranks_of(s);
   const Count per_stage = s.parallel.tp * s.parallel.dp;
   double bytes = 0;
@@ -353,12 +369,6 @@ void check_host_resources(const Scenario& s, const Estimate& e, const ValidateOp
   }
 }
 
-struct BackendResult {
-  bool fits = true;
-  std::string oom_message;
-  backend::Measurement m;
-};
-
 BackendResult run_backend(const Scenario& s, const json& doc, const ValidateOptions& o) {
   BackendResult br;
   const Count ranks = ranks_of(s);
@@ -382,385 +392,81 @@ BackendResult run_backend(const Scenario& s, const json& doc, const ValidateOpti
     }
     return br;
   }
-  const std::string mpirun = find_mpirun();
-  if (mpirun.empty())
-    throw std::runtime_error("validate: the layout needs " + std::to_string(ranks) +
-                             " ranks and no mpirun was found (set DISTPLAN_MPIRUN or PATH), or "
-                             "use --emulate-rank");
   TempFolder folder{fs::temp_directory_path() /
                     ("distplan-validate-" + std::to_string(::getpid()))};
   const fs::path dir = folder.path;
   fs::create_directories(dir);
-  const std::string in = (dir / "scenario.json").string();
-  const std::string out = (dir / "measurement.json").string();
-  {
-    std::ofstream f(in);
-    f << doc.dump();
-    f.close();
-    if (!f) throw std::runtime_error("validate: cannot write '" + in + "'");
-  }
+  const std::string self = fs::read_symlink("/proc/self/exe").string();
+  // The scenario travels on the command line, the measurement on rank 0's standard output: the
+  // ranks need no file of this host. The job name (this folder) marks the ranks' command lines.
+  LaunchRequest req;
+  req.launcher = o.launcher;
+  req.hostfile = o.hostfile;
+  req.extra_args = o.launcher_args;
+  req.ranks = ranks;
+  req.program = {self,         "validate",          "--rank-worker",           "--rank-worker-job",
+                 dir.string(), "--scenario-base64", base64_encode(doc.dump()), "--device",
+                 o.device,     "--steps",           std::to_string(o.steps)};
+  // Linux limits one argument to 32 pages (MAX_ARG_STRLEN); a scenario is a few KiB.
+  if (req.program[6].size() > 100000)
+    throw std::runtime_error(fmt::format(
+        "validate: the scenario is {} bytes of base64, too long for a command line; start the "
+        "ranks with your own launcher (--rank-worker)",
+        req.program[6].size()));
+  const LaunchCommand lc = make_launch_command(req);
   // Open MPI refuses root without these; shared memory between local ranks (TOOLCHAIN.md).
   if (::geteuid() == 0) {
     set_default_env("OMPI_ALLOW_RUN_AS_ROOT", "1");
     set_default_env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
   }
   set_default_env("OMPI_MCA_btl_vader_single_copy_mechanism", "none");
-  set_default_env("OMPI_MCA_rmaps_base_oversubscribe", "1");
-  const std::string self = fs::read_symlink("/proc/self/exe").string();
-  const std::vector<std::string> args = {mpirun,
-                                         "-np",
-                                         std::to_string(ranks),
-                                         "--oversubscribe",
-                                         self,
-                                         "validate",
-                                         in,
-                                         "--device",
-                                         o.device,
-                                         "--steps",
-                                         std::to_string(o.steps),
-                                         "--rank-worker-out",
-                                         out};
-  const LaunchResult lr = launch(args, (dir / "mpirun.log").string(), o.timeout_seconds, folder);
-  if (fs::exists(out + ".oom")) {
-    std::ifstream f(out + ".oom");
-    std::getline(f, br.oom_message);
-    br.fits = false;
-    fs::remove_all(dir);
-    return br;
+  if (lc.local) set_default_env("OMPI_MCA_rmaps_base_oversubscribe", "1");
+  const LaunchResult lr = launch(lc.argv, (dir / "ranks.out").string(),
+                                 (dir / "launcher.log").string(), o.timeout_seconds, folder);
+  // Rank 0's measurement line, or an out-of-memory marker of any rank.
+  std::optional<std::string> measurement;
+  std::string other_output;
+  {
+    std::istringstream lines(lr.out);
+    for (std::string line; std::getline(lines, line);) {
+      if (line.rfind(kOutOfMemoryLine, 0) == 0) {
+        br.fits = false;
+        br.oom_message = line.substr(kOutOfMemoryLine.size());
+      } else if (line.rfind(kMeasurementLine, 0) == 0) {
+        measurement = line.substr(kMeasurementLine.size());
+      } else {
+        other_output += line + '\n';
+      }
+    }
   }
+  if (!br.fits) return br;
+  const std::string output = tail(other_output + lr.log, 2000);
   if (lr.timed_out) {
-    fs::remove_all(dir);
     throw std::runtime_error(fmt::format(
         "validate: the {} ranks did not finish within {} s (a rank hangs); every rank was "
-        "stopped. mpirun output: {}",
-        ranks, o.timeout_seconds, tail(lr.log, 2000)));
+        "stopped. {} output: {}",
+        ranks, o.timeout_seconds, lc.launcher, output));
   }
-  if (lr.exit_code != 0 || !fs::exists(out)) {
-    fs::remove_all(dir);
+  if (lr.exit_code != 0 || !measurement) {
     throw std::runtime_error(
-        fmt::format("validate: a rank failed (mpirun exit code {}); every rank was stopped. "
-                    "mpirun output: {}",
-                    lr.exit_code, tail(lr.log, 2000)));
+        fmt::format("validate: a rank failed ({} exit code {}{}); every rank was stopped. {} "
+                    "output: {}",
+                    lc.launcher, lr.exit_code, measurement ? "" : ", no measurement from rank 0",
+                    lc.launcher, output));
   }
-  std::ifstream f(out);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  br.m = backend::measurement_from_json(json::parse(ss.str()));
-  fs::remove_all(dir);
+  br.m = backend::measurement_from_json(json::parse(*measurement));
   return br;
 }
 
-// ---- comparison
-// -----------------------------------------------------------------------------------
-std::string pct(double x) {
-  return fmt::format("{:+.2f} %", 100 * x);
-}
-
-json rel(double predicted, double measured) {
-  if (predicted == 0) return measured == 0 ? json(0.0) : json(nullptr);
-  return (measured - predicted) / predicted;
-}
-
-constexpr const char* kCategories[] = {
-    "weights", "gradients", "optimizer", "activations",
-    "buffers", "runtime",   "total",     "reserved"};  // total: tracked; reserved: caching model
-
-// Collectives of one stage, summed per (group, op, what) and per (group, op).
-struct StageComm {
-  std::map<std::tuple<std::string, std::string, std::string>, backend::CommTotals> by_what;
-  std::map<std::string, backend::CommTotals> by_op;  // "group/op"
-  Bytes wire = 0;
-};
-
-json stage_comm_json(int stage, const StageComm& c) {
-  json list = json::array();
-  for (const auto& [k, v] : c.by_what)
-    list.push_back({{"group", std::get<0>(k)},
-                    {"op", std::get<1>(k)},
-                    {"what", std::get<2>(k)},
-                    {"bytes_per_step", v.bytes},
-                    {"calls_per_step", v.calls}});
-  return {{"stage", stage}, {"wire_bytes_per_gpu_per_step", c.wire}, {"collectives", list}};
-}
-
-struct Report {
-  json doc;
-  std::string table;
-};
-
-Report compare(const Scenario& s, const Estimate& e, const BackendResult& br,
-               const ValidateOptions& o) {
-  const json plan = plan_to_json(s, e);
-  json predicted = {{"memory", plan.at("memory")},
-                    {"communication", plan.at("communication")},
-                    {"time", plan.at("time")}};
-  json measured, err;
-  const int pp = static_cast<int>(s.parallel.pp);
-  std::ostringstream t;
-  t << fmt::format("distplan validate: {} on {} ({} rank{}{}), {} step{}\n",
-                   s.model.name.empty() ? std::string("model") : s.model.name, o.device,
-                   ranks_of(s), ranks_of(s) == 1 ? "" : "s",
-                   o.emulate_rank >= 0 ? fmt::format(", emulating rank {}", o.emulate_rank) : "",
-                   o.steps, o.steps == 1 ? "" : "s");
-  // Ranks time-sharing cores run slower by the sharing, not by the layout.
-  const unsigned cores = std::thread::hardware_concurrency();
-  const Count processes = o.emulate_rank >= 0 ? 1 : ranks_of(s);
-  if (o.device != "cuda" && cores > 0 && processes > static_cast<Count>(cores)) {
-    t << fmt::format(
-        "note: {} ranks on {} CPU cores: oversubscribed; measured times include the ranks "
-        "waiting for a core\n",
-        processes, cores);
-  }
-  if (!br.fits) {
-    measured = {{"memory", {{"fits", false}, {"message", br.oom_message}}}};
-    t << "measured: does not fit (" << br.oom_message << ")\n";
-    t << fmt::format("predicted: peak {:.3f} GiB, {}\n",
-                     static_cast<double>(e.memory.peak_bytes) / (1ull << 30),
-                     e.memory.fits ? "fits" : "does not fit");
-    return {{{"schema", "distplan.validate/v1"},
-             {"scenario", to_json(s)},
-             {"device", o.device},
-             {"steps", o.steps},
-             {"predicted", predicted},
-             {"measured", measured},
-             {"relative_error", {{"memory", {{"fits", e.memory.fits ? 1.0 : 0.0}}}}},
-             {"losses", json::array()}},
-            t.str()};
-  }
-  const backend::Measurement& m = br.m;
-
-  // Memory per stage: the largest figure of the stage's ranks in each category.
-  json mstages = json::array(), estages = json::array();
-  Bytes peak = 0;
-  // People read GiB for real models and MiB (2^20 bytes) for the small ones a CPU runs.
-  const bool in_gib = e.memory.peak_bytes - s.cluster.runtime_reserve_bytes >= (Bytes{1} << 30);
-  const double unit = in_gib ? static_cast<double>(Bytes{1} << 30) : static_cast<double>(1 << 20);
-  t << fmt::format("\nMemory per GPU ({})      predicted   measured   rel. error\n",
-                   in_gib ? "GiB" : "MiB");
-  for (int st = 0; st < pp; ++st) {
-    json ms = {{"stage", st}};
-    bool present = false;
-    std::map<std::string, Bytes> cat;
-    for (const backend::RankMeasurement& r : m.ranks) {
-      if (r.coords.pp != st) continue;
-      present = true;
-      auto take = [&](const char* k, Bytes v) { cat[k] = std::max(cat[k], v); };
-      take("weights", r.memory.peak_of(backend::MemoryTag::weights));
-      take("gradients", r.memory.peak_of(backend::MemoryTag::gradients));
-      take("optimizer", r.memory.peak_of(backend::MemoryTag::optimizer));
-      take("activations", r.memory.peak_of(backend::MemoryTag::activations));
-      take("buffers", r.memory.peak_of(backend::MemoryTag::buffers));
-      take("temporaries", r.memory.peak_of(backend::MemoryTag::temporaries));
-      take("total", r.memory.peak_total);
-      take("reserved", r.memory.peak_reserved);
-    }
-    if (!present) continue;
-    for (const auto& [k, v] : cat) ms[k + "_bytes"] = v;
-    peak = std::max(peak, cat["total"]);
-    mstages.push_back(ms);
-    const json& ps = predicted["memory"]["stages"][static_cast<std::size_t>(st)];
-    json es = {{"stage", st}};
-    t << fmt::format("stage {}\n", st);
-    for (const char* c : kCategories) {
-      const std::string key = std::string(c) + "_bytes";
-      double pv = ps.value(key, 0.0);
-      const double mv = ms.value(key, 0.0);
-      // Host memory has no device runtime: the measured total is the tracked joint peak,
-      // compared with the predicted total less the runtime reserve.
-      if (key == "runtime_bytes") {
-        es[key] = nullptr;
-        t << fmt::format("  {:<22}{:>10.3f} {:>10}   n/a\n", c, pv / unit, "-");
-        continue;
-      }
-      if (key == "total_bytes" || key == "reserved_bytes") pv -= ps.value("runtime_bytes", 0.0);
-      es[key] = rel(pv, mv);
-      const json& r = es[key];
-      t << fmt::format("  {:<22}{:>10.3f} {:>10.3f}   {}\n", c, pv / unit, mv / unit,
-                       r.is_null() ? std::string("n/a") : pct(r.get<double>()));
-    }
-    // Temporaries (activation gradients, collective staging inside one op) are measured and
-    // counted in the measured total; the planner has no such category (docs/gpu_backend.md).
-    t << fmt::format("  {:<22}{:>10} {:>10.3f}   n/a\n", "temporaries", "-",
-                     ms.value("temporaries_bytes", 0.0) / unit);
-    estages.push_back(es);
-  }
-  t << "  (temporaries: activation gradients and collective staging that live inside one op;\n"
-       "   the planner has no such category, the measured total includes them)\n";
-  measured["memory"] = {{"capacity_bytes", e.memory.capacity_bytes},
-                        {"peak_bytes", peak},
-                        {"fits", true},
-                        {"stages", mstages}};
-  const Bytes runtime = e.memory.stages.empty() ? 0 : e.memory.stages.front().runtime_bytes;
-  err["memory"] = {{"peak_bytes", rel(static_cast<double>(e.memory.peak_bytes - runtime),
-                                      static_cast<double>(peak))},
-                   {"stages", estages}};
-
-  // Communication per stage (the first rank of each stage), against
-  // stage_communication().
-  json pcs = json::array(), mcs = json::array(), ecs = json::array();
-  Bytes busiest_wire = 0;
-  t << "\nCollectives per GPU per step (bytes handed)    predicted       measured   rel. error\n";
-  for (int st = 0; st < pp; ++st) {
-    StageComm pc, mc;
-    for (const Collective& c : stage_communication(s, st)) {
-      auto& a = pc.by_what[{std::string(to_string(c.group)), std::string(to_string(c.op)),
-                            std::string(c.what)}];
-      a.bytes += c.bytes_per_call * c.calls_per_step;
-      a.calls += c.calls_per_step;
-      auto& b = pc.by_op[std::string(to_string(c.group)) + "/" + std::string(to_string(c.op))];
-      b.bytes += c.bytes_per_call * c.calls_per_step;
-      b.calls += c.calls_per_step;
-      pc.wire += c.wire_bytes_per_gpu_per_step;
-    }
-    // The stage's first measured rank (tp = 0, dp = 0 unless one emulated rank stands for it).
-    const backend::RankMeasurement* first = nullptr;
-    for (const backend::RankMeasurement& r : m.ranks)
-      if (r.coords.pp == st && (first == nullptr || r.rank < first->rank)) first = &r;
-    for (const backend::RankMeasurement& r : m.ranks) {
-      if (&r != first) continue;
-      for (const auto& [k, v] : r.communication) {
-        const auto [g, op, what] = k;
-        auto& a = mc.by_what[{std::string(to_string(g)), std::string(to_string(op)), what}];
-        a.bytes += v.bytes;
-        a.calls += v.calls;
-        auto& b = mc.by_op[std::string(to_string(g)) + "/" + std::string(to_string(op))];
-        b.bytes += v.bytes;
-        b.calls += v.calls;
-        if (v.calls > 0)
-          mc.wire += ring_wire_bytes(op, v.bytes / v.calls, group_size(s, g)) * v.calls;
-      }
-    }
-    // An emulated run measures one rank: only its stage is compared.
-    const bool have = std::any_of(m.ranks.begin(), m.ranks.end(),
-                                  [&](const auto& r) { return r.coords.pp == st; });
-    if (!have) continue;
-    busiest_wire = std::max(busiest_wire, mc.wire);
-    pcs.push_back(stage_comm_json(st, pc));
-    mcs.push_back(stage_comm_json(st, mc));
-    json eo = json::object();
-    std::map<std::string, bool> keys;
-    for (const auto& [k, v] : pc.by_op) keys[k] = true;
-    for (const auto& [k, v] : mc.by_op) keys[k] = true;
-    t << fmt::format("stage {}\n", st);
-    for (const auto& [k, unused] : keys) {
-      const double pv = static_cast<double>(pc.by_op[k].bytes);
-      const double mv = static_cast<double>(mc.by_op[k].bytes);
-      eo[k] = rel(pv, mv);
-      t << fmt::format("  {:<40}{:>12} {:>14}   {}\n", k, static_cast<Bytes>(pv),
-                       static_cast<Bytes>(mv),
-                       eo[k].is_null() ? std::string("n/a") : pct(eo[k].get<double>()));
-    }
-    ecs.push_back({{"stage", st},
-                   {"wire_bytes_per_gpu_per_step",
-                    rel(static_cast<double>(pc.wire), static_cast<double>(mc.wire))},
-                   {"collectives", eo}});
-  }
-  predicted["communication"]["stages"] = pcs;
-  measured["communication"] = {{"wire_bytes_per_gpu_per_step", busiest_wire}, {"stages", mcs}};
-  err["communication"] = {{"stages", ecs}};
-
-  // Time: per-stage forward/backward times from the executed actions (a chunk action counts v
-  // times for a whole stage), the simulator run with those costs, against the measured step.
-  const Count v = s.parallel.virtual_stages;
-  double fwd = 0, bwd = 0, bwd_w = 0;
-  Count nf = 0, nb = 0, nw = 0;
-  Seconds step = 0, busy_sum = 0;
-  std::map<int, Seconds> busy;
-  for (const backend::RankMeasurement& r : m.ranks) {
-    step = std::max(step, r.step_seconds);
-    Seconds b = 0;
-    for (const backend::ExecutedAction& a : r.actions) {
-      b += a.seconds;
-      switch (a.action.op) {
-        case sim::Op::forward:
-          fwd += a.seconds;
-          ++nf;
-          break;
-        case sim::Op::backward_weight:
-          bwd_w += a.seconds;
-          ++nw;
-          break;
-        default:
-          bwd += a.seconds;
-          ++nb;
-      }
-    }
-    busy[r.coords.pp] = std::max(busy[r.coords.pp], b);
-  }
-  for (const auto& [st, b] : busy) busy_sum += b;
-  sim::CostOverride costs;
-  costs.forward_seconds = nf ? fwd / static_cast<double>(nf) * static_cast<double>(v) : 0;
-  costs.backward_seconds = nb ? bwd / static_cast<double>(nb) * static_cast<double>(v) : 0;
-  if (nw) costs.backward_weight_seconds = bwd_w / static_cast<double>(nw) * static_cast<double>(v);
-  sim::SimOptions so;
-  so.costs = costs;
-  so.exposed_communication = false;
-  const sim::SimResult sr = sim::simulate(s, e, so);
-  const bool whole = static_cast<Count>(busy.size()) == s.parallel.pp;
-  const double measured_bubble =
-      whole && step > 0 ? 1.0 - busy_sum / (static_cast<double>(pp) * step) : 0.0;
-  predicted["time"]["simulated_step_seconds"] = sr.step_seconds;
-  predicted["time"]["simulated_bubble_fraction"] = sr.bubble_fraction;
-  predicted["time"]["costs"] = {
-      {"forward_seconds", costs.forward_seconds},
-      {"backward_seconds", costs.backward_seconds},
-      {"backward_weight_seconds",
-       costs.backward_weight_seconds ? json(*costs.backward_weight_seconds) : json(nullptr)}};
-  Seconds opt = 0;
-  for (const auto& r : m.ranks) opt = std::max(opt, r.optimizer_seconds);
-  measured["time"] = {
-      {"step_seconds", step},
-      {"compute_seconds",
-       busy.empty() ? 0.0
-                    : std::max_element(busy.begin(), busy.end(),
-                                       [](auto& a, auto& b) { return a.second < b.second; })
-                          ->second},
-      {"bubble_fraction", measured_bubble},
-      {"optimizer_seconds", opt}};
-  // The simulator's step excludes the optimizer and DP communication (a cost override replaces
-  // the whole cost model): compare it with the measured step less the optimizer.
-  err["time"] = {{"simulated_step_seconds", rel(sr.step_seconds, step - opt)}};
-  if (whole) err["time"]["bubble_fraction"] = rel(sr.bubble_fraction, measured_bubble);
-  // The planner's analytic time is for the scenario's GPU: compared only on that device.
-  if (o.device == "cuda") {
-    err["time"]["step_seconds"] = rel(e.time.step_seconds, step);
-  }
-  t << fmt::format("\nTime (ms)                 predicted   measured   rel. error\n");
-  const json& st_err = err["time"]["simulated_step_seconds"];
-  t << fmt::format("  simulated step, with measured costs {:>10.3f} {:>10.3f}   {}\n",
-                   sr.step_seconds * 1e3, (step - opt) * 1e3,
-                   st_err.is_null() ? std::string("n/a") : pct(st_err.get<double>()));
-  t << "    (the simulator run with the forward/backward times measured here, without the\n"
-       "     optimizer step; compared with the measured step less the optimizer)\n";
-  if (o.device == "cuda") {
-    t << fmt::format("  planner step ({})  {:>10.3f} {:>10.3f}\n", s.cluster.gpu.name,
-                     e.time.step_seconds * 1e3, step * 1e3);
-  } else {
-    t << fmt::format("  planner step ({}, analytic) {:>10.3f} {:>10.3f}   not comparable\n",
-                     s.cluster.gpu.name, e.time.step_seconds * 1e3, step * 1e3);
-    t << fmt::format(
-        "    (the planner's time is for a {}; the measured time is this CPU's: no error is "
-        "computed)\n",
-        s.cluster.gpu.name);
-  }
-  t << (o.emulate_rank >= 0 && ranks_of(s) > 1
-            ? "\nLoss per step (emulated collectives move no data: not the model's loss):"
-            : "\nLoss per step:");
-  for (double l : m.losses) t << fmt::format(" {:.6f}", l);
-  t << "\n";
-
-  json doc = {{"schema", "distplan.validate/v1"},
-              {"scenario", to_json(s)},
-              {"device", o.device},
-              {"steps", o.steps},
-              {"ranks", ranks_of(s)},
-              {"emulate_rank", o.emulate_rank >= 0 ? json(o.emulate_rank) : json(nullptr)},
-              {"predicted", predicted},
-              {"measured", measured},
-              {"relative_error", err},
-              {"losses", m.losses},
-              {"skipped_steps", m.skipped}};
-  return {doc, t.str()};
+// How the run was made, for the comparison (validation_report.h).
+backend::ValidationSettings settings_of(const ValidateOptions& o) {
+  backend::ValidationSettings v;
+  v.device = o.device;
+  v.steps = o.steps;
+  v.emulate_rank = o.emulate_rank;
+  v.local_ranks = launches_locally(o);
+  v.host_cores = std::thread::hardware_concurrency();
+  return v;
 }
 
 void install_validate(CLI::App& app) {
@@ -801,23 +507,52 @@ void install_validate(CLI::App& app) {
   cmd->add_flag("--force", opts->force,
                 "Run even when the local ranks' predicted memory or their number exceeds what "
                 "this host has (docs/trust.md)");
-  cmd->add_option("--rank-worker-out", opts->rank_worker_out)->group("");
+  cmd->add_option("--launcher", opts->launcher,
+                  "How to start the ranks of a multi-rank layout: auto (srun inside a Slurm "
+                  "allocation, else mpirun), mpirun or srun")
+      ->check(CLI::IsMember({"auto", "mpirun", "srun"}));
+  cmd->add_option("--hostfile", opts->hostfile,
+                  "mpirun's hostfile: the ranks run on its hosts (no shared file system needed)")
+      ->check(non_empty_path());
+  cmd->add_option("--launcher-args", opts->launcher_args,
+                  "Extra launcher arguments, whitespace-separated, before the program "
+                  "(write --launcher-args=\"--mca btl tcp,self\")");
+  cmd->add_flag("--rank-worker", opts->rank_worker,
+                "Run as one rank of an MPI job started by your own launcher (one process per "
+                "rank, world size = tp*dp*pp); rank 0 prints the comparison");
+  cmd->add_option("--rank-worker-job", opts->rank_worker_job)->group("");
+  cmd->add_option("--scenario-base64", opts->scenario_base64)->group("");
   cmd->callback([opts] {
-    const json doc = read_document(opts->common);
+    json doc;
+    if (!opts->scenario_base64.empty()) {
+      try {
+        doc = json::parse(base64_decode(opts->scenario_base64));
+      } catch (const json::exception& e) {
+        throw InputError("", std::string("--scenario-base64: not JSON: ") + e.what());
+      }
+    } else {
+      doc = read_document(opts->common);
+    }
     const Scenario s = read_scenario(opts->common, doc);
-    if (!opts->rank_worker_out.empty()) {
-      run_rank_worker(s, *opts);
-      return;
+    if (opts->rank_worker && opts->emulate_rank >= 0)
+      throw InputError("",
+                       "--rank-worker runs one rank of an MPI job; --emulate-rank runs one "
+                       "rank alone: use one of them");
+    std::optional<BackendResult> worker;
+    if (opts->rank_worker) {
+      worker = run_rank_worker(s, *opts);
+      if (!worker) return;  // not rank 0
+      if (!opts->rank_worker_job.empty()) {
+        // Started by this command's launcher: hand the measurement over on standard output.
+        std::cout << kMeasurementLine << backend::to_json(worker->m).dump() << std::endl;
+        return;
+      }
     }
     backend::check_supported(s);
-    // The backend's layers have heads of hidden / heads and no q/k norms (docs/moe.md).
-    if (s.model.explicit_head_dim > 0)
-      throw InputError("/model/head_dim", "the backend trains heads of hidden_size / heads only");
-    if (s.model.qk_norm) throw InputError("/model/qk_norm", "the backend has no q/k norms");
     if (opts->emulate_rank >= ranks_of(s))
       throw InputError("", fmt::format("--emulate-rank {} is not a rank of the layout (0..{})",
                                        opts->emulate_rank, ranks_of(s) - 1));
-    if (opts->device == "cuda" && !backend::cuda_available())
+    if (opts->device == "cuda" && !worker && !backend::cuda_available())
       throw std::runtime_error("validate: --device cuda needs a CUDA build and a visible GPU");
     const Estimate e = estimate(s);
     check_host_resources(s, e, *opts);
@@ -829,12 +564,13 @@ void install_validate(CLI::App& app) {
     }
     BackendResult br;
     try {
-      br = run_backend(s, to_json(s), *opts);
+      br = worker ? std::move(*worker) : run_backend(s, to_json(s), *opts);
     } catch (...) {
       if (trace.is_open()) remove_partial_output(trace, opts->trace_path);
       throw;
     }
-    const Report r = compare(s, e, br, *opts);
+    const backend::ValidationReport r =
+        backend::compare(s, e, br.fits ? &br.m : nullptr, br.oom_message, settings_of(*opts));
     if (trace.is_open()) {
       if (br.fits) {
         trace << backend::timeline_trace_json(br.m);
@@ -848,9 +584,9 @@ void install_validate(CLI::App& app) {
       }
     }
     if (opts->common.format == Format::table) {
-      std::cout << r.table;
+      std::cout << backend::to_table(r);
     } else {
-      write_json(r.doc);
+      write_json(backend::to_json(r));
     }
   });
 }

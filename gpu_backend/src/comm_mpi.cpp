@@ -233,6 +233,19 @@ int mpi_world_rank() noexcept {
   return rank;
 }
 
+int mpi_local_rank() noexcept {
+  int init = 0, rank = 0;
+  MPI_Initialized(&init);
+  if (!init) return 0;
+  MPI_Comm node = MPI_COMM_NULL;
+  if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) !=
+      MPI_SUCCESS)
+    return 0;
+  MPI_Comm_rank(node, &rank);
+  MPI_Comm_free(&node);
+  return rank;
+}
+
 void mpi_abort(int code) noexcept {
   int init = 0;
   MPI_Initialized(&init);
@@ -304,6 +317,9 @@ int mpi_init_if_needed() {
 }
 void mpi_finalize_if_initialised() {}
 int mpi_world_rank() noexcept {
+  return 0;
+}
+int mpi_local_rank() noexcept {
   return 0;
 }
 void mpi_abort(int code) noexcept {

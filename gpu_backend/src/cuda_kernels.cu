@@ -1,5 +1,7 @@
-// Thin CUDA kernels of the layer op table, fp32 (formulas as cpu_ops.cpp, the oracle). Simple
-// mappings: one thread per row for norms and attention rows, grid-stride loops elsewhere.
+// Thin CUDA kernels of the layer op table, fp32 (formulas as cpu_ops.cpp, the oracle). Norms and
+// the cross-entropy reductions run a block per row (block reductions with fp64 partial sums);
+// parameter and bias gradients are tiled column sums; attention is still one thread per query
+// row; elementwise ops are grid-stride loops. Zero sizes launch nothing.
 // No fmt, Eigen or JSON here (TOOLCHAIN.md).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -49,94 +51,148 @@ __global__ void k_cast(Type from, const void* in, Type to, void* out, std::size_
 __global__ void k_add_bias(Type t, void* y, const float* bias, std::size_t N, std::size_t O) {
   GRID_STRIDE(i, N * O) store(t, y, i, load(t, y, i) + bias[i % O]);
 }
-__global__ void k_bias_grad(const float* dy, float* dbias, int N, int O) {
-  const int o = blockIdx.x * blockDim.x + threadIdx.x;
-  if (o >= O) return;
-  float acc = 0;
-  for (int n = 0; n < N; ++n) acc += dy[static_cast<std::size_t>(n) * O + o];
-  dbias[o] += acc;
+// Sum (or maximum) over the block; every thread gets the result. blockDim.x is a multiple of 32
+// (kThreads); every thread of the block must call it. The leading barrier protects `part` from a
+// previous call's readers.
+template <class T, class Op>
+__device__ T block_reduce(T v, Op op, T identity) {
+  __shared__ T part[32];
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  __syncthreads();
+  if (lane == 0) part[w] = v;
+  __syncthreads();
+  v = lane < static_cast<int>((blockDim.x + 31) >> 5) ? part[lane] : identity;
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+struct Sum {
+  __device__ double operator()(double a, double b) const { return a + b; }
+};
+struct Max {
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+__device__ double block_sum(double v) {
+  return block_reduce(v, Sum{}, 0.0);
+}
+__device__ float block_max(float v) {
+  return block_reduce(v, Max{}, -INFINITY);
+}
+// Rows handled by a block-per-row kernel: blockIdx.x, blockIdx.x + gridDim.x, ...
+#define BLOCK_ROWS(n, N) for (int n = blockIdx.x; n < (N); n += gridDim.x)
+int row_blocks(int N) {
+  return N < 65535 ? N : 65535;
 }
 
+// Column sums over the rows of a (N, C) array, per column c: mode 0 sum dy (bias gradient);
+// 1 LayerNorm: out1 += sum dy * (x - mean) * rstd, out2 += sum dy; 2 RMSNorm: out1 += sum
+// dy * x * rstd. Blocks of 32 columns x 8 row lanes, row groups spread over grid.y, one atomic add
+// per column and block.
+constexpr int kColTile = 32, kRowLanes = 8;
+__global__ void k_col_sums(int mode, const float* dy, const float* x, const float* mean,
+                           const float* rstd, float* out1, float* out2, int N, int C) {
+  const int c = blockIdx.x * kColTile + threadIdx.x;
+  double a1 = 0, a2 = 0;
+  if (c < C) {
+    for (int n = blockIdx.y * kRowLanes + threadIdx.y; n < N; n += gridDim.y * kRowLanes) {
+      const std::size_t o = static_cast<std::size_t>(n) * C + c;
+      const double g = dy[o];
+      if (mode == 0) {
+        a1 += g;
+      } else if (mode == 1) {
+        a1 += g * ((x[o] - mean[n]) * rstd[n]);
+        a2 += g;
+      } else {
+        a1 += g * x[o] * rstd[n];
+      }
+    }
+  }
+  __shared__ double s1[kRowLanes][kColTile + 1], s2[kRowLanes][kColTile + 1];
+  s1[threadIdx.y][threadIdx.x] = a1;
+  s2[threadIdx.y][threadIdx.x] = a2;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    double t1 = 0, t2 = 0;
+    for (int r = 0; r < kRowLanes; ++r) t1 += s1[r][threadIdx.x], t2 += s2[r][threadIdx.x];
+    atomicAdd(out1 + c, static_cast<float>(t1));
+    if (out2 != nullptr) atomicAdd(out2 + c, static_cast<float>(t2));
+  }
+}
+void col_sums(int mode, const float* dy, const float* x, const float* mean, const float* rstd,
+              float* out1, float* out2, int N, int C) {
+  if (N <= 0 || C <= 0) return;
+  const int row_groups = (N + kRowLanes - 1) / kRowLanes;
+  const dim3 grid(static_cast<unsigned>((C + kColTile - 1) / kColTile),
+                  static_cast<unsigned>(row_groups < 256 ? row_groups : 256));
+  k_col_sums<<<grid, dim3(kColTile, kRowLanes)>>>(mode, dy, x, mean, rstd, out1, out2, N, C);
+  DISTPLAN_CUDA_CHECK_LAUNCH();
+}
+
+// Block per row: the row's statistics by block reductions (fp64 partial sums, as the oracle's
+// accuracy), then the elementwise pass.
 __global__ void k_layernorm_fwd(const float* x, const float* g, const float* b, float* y,
                                 float* mean, float* rstd, int N, int C, float eps) {
-  const int n = blockIdx.x * blockDim.x + threadIdx.x;
-  if (n >= N) return;
-  const float* xr = x + static_cast<std::size_t>(n) * C;
-  double mu = 0, var = 0;
-  for (int c = 0; c < C; ++c) mu += xr[c];
-  mu /= C;
-  for (int c = 0; c < C; ++c) var += (xr[c] - mu) * (xr[c] - mu);
-  var /= C;
-  const double rs = 1.0 / sqrt(var + eps);
-  mean[n] = static_cast<float>(mu);
-  rstd[n] = static_cast<float>(rs);
-  for (int c = 0; c < C; ++c)
-    y[static_cast<std::size_t>(n) * C + c] =
-        static_cast<float>((xr[c] - mu) * rs) * g[c] + (b ? b[c] : 0.0f);
+  BLOCK_ROWS(n, N) {
+    const float* xr = x + static_cast<std::size_t>(n) * C;
+    double s = 0;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) s += xr[c];
+    const double mu = block_sum(s) / C;
+    double q = 0;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) q += (xr[c] - mu) * (xr[c] - mu);
+    const double rs = 1.0 / sqrt(block_sum(q) / C + eps);
+    if (threadIdx.x == 0) {
+      mean[n] = static_cast<float>(mu);
+      rstd[n] = static_cast<float>(rs);
+    }
+    for (int c = threadIdx.x; c < C; c += blockDim.x)
+      y[static_cast<std::size_t>(n) * C + c] =
+          static_cast<float>((xr[c] - mu) * rs) * g[c] + (b ? b[c] : 0.0f);
+  }
 }
 __global__ void k_layernorm_bwd_dx(const float* dy, const float* x, const float* g,
                                    const float* mean, const float* rstd, float* dx, int N, int C) {
-  const int n = blockIdx.x * blockDim.x + threadIdx.x;
-  if (n >= N) return;
-  const std::size_t o = static_cast<std::size_t>(n) * C;
-  double s1 = 0, s2 = 0;
-  for (int c = 0; c < C; ++c) {
-    const double xh = (x[o + c] - mean[n]) * rstd[n];
-    const double dxh = dy[o + c] * g[c];
-    s1 += dxh;
-    s2 += dxh * xh;
+  BLOCK_ROWS(n, N) {
+    const std::size_t o = static_cast<std::size_t>(n) * C;
+    const double mu = mean[n], rs = rstd[n];
+    double a1 = 0, a2 = 0;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+      const double xh = (x[o + c] - mu) * rs;
+      const double dxh = static_cast<double>(dy[o + c]) * g[c];
+      a1 += dxh;
+      a2 += dxh * xh;
+    }
+    const double s1 = block_sum(a1), s2 = block_sum(a2);
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+      const double xh = (x[o + c] - mu) * rs;
+      const double dxh = static_cast<double>(dy[o + c]) * g[c];
+      dx[o + c] = static_cast<float>(rs * (dxh - s1 / C - xh * s2 / C));
+    }
   }
-  for (int c = 0; c < C; ++c) {
-    const double xh = (x[o + c] - mean[n]) * rstd[n];
-    const double dxh = dy[o + c] * g[c];
-    dx[o + c] = static_cast<float>(rstd[n] * (dxh - s1 / C - xh * s2 / C));
-  }
-}
-__global__ void k_layernorm_bwd_params(const float* dy, const float* x, const float* mean,
-                                       const float* rstd, float* dg, float* db, int N, int C) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= C) return;
-  double ag = 0, ab = 0;
-  for (int n = 0; n < N; ++n) {
-    const std::size_t o = static_cast<std::size_t>(n) * C + c;
-    ag += dy[o] * (x[o] - mean[n]) * rstd[n];
-    ab += dy[o];
-  }
-  dg[c] += static_cast<float>(ag);
-  if (db) db[c] += static_cast<float>(ab);
 }
 __global__ void k_rmsnorm_fwd(const float* x, const float* g, float* y, float* rstd, int N, int C,
                               float eps) {
-  const int n = blockIdx.x * blockDim.x + threadIdx.x;
-  if (n >= N) return;
-  const std::size_t o = static_cast<std::size_t>(n) * C;
-  double ms = 0;
-  for (int c = 0; c < C; ++c) ms += static_cast<double>(x[o + c]) * x[o + c];
-  const double rs = 1.0 / sqrt(ms / C + eps);
-  rstd[n] = static_cast<float>(rs);
-  for (int c = 0; c < C; ++c) y[o + c] = static_cast<float>(x[o + c] * rs) * g[c];
+  BLOCK_ROWS(n, N) {
+    const std::size_t o = static_cast<std::size_t>(n) * C;
+    double ms = 0;
+    for (int c = threadIdx.x; c < C; c += blockDim.x)
+      ms += static_cast<double>(x[o + c]) * x[o + c];
+    const double rs = 1.0 / sqrt(block_sum(ms) / C + eps);
+    if (threadIdx.x == 0) rstd[n] = static_cast<float>(rs);
+    for (int c = threadIdx.x; c < C; c += blockDim.x)
+      y[o + c] = static_cast<float>(x[o + c] * rs) * g[c];
+  }
 }
 __global__ void k_rmsnorm_bwd_dx(const float* dy, const float* x, const float* g, const float* rstd,
                                  float* dx, int N, int C) {
-  const int n = blockIdx.x * blockDim.x + threadIdx.x;
-  if (n >= N) return;
-  const std::size_t o = static_cast<std::size_t>(n) * C;
-  double s = 0;
-  for (int c = 0; c < C; ++c) s += static_cast<double>(dy[o + c]) * g[c] * x[o + c];
-  const double r = rstd[n];
-  for (int c = 0; c < C; ++c)
-    dx[o + c] = static_cast<float>(r * dy[o + c] * g[c] - r * r * r * x[o + c] * s / C);
-}
-__global__ void k_rmsnorm_bwd_params(const float* dy, const float* x, const float* rstd, float* dg,
-                                     int N, int C) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= C) return;
-  double a = 0;
-  for (int n = 0; n < N; ++n) {
-    const std::size_t o = static_cast<std::size_t>(n) * C + c;
-    a += static_cast<double>(dy[o]) * x[o] * rstd[n];
+  BLOCK_ROWS(n, N) {
+    const std::size_t o = static_cast<std::size_t>(n) * C;
+    double a = 0;
+    for (int c = threadIdx.x; c < C; c += blockDim.x)
+      a += static_cast<double>(dy[o + c]) * g[c] * x[o + c];
+    const double s = block_sum(a), r = rstd[n];
+    for (int c = threadIdx.x; c < C; c += blockDim.x)
+      dx[o + c] = static_cast<float>(r * dy[o + c] * g[c] - r * r * r * x[o + c] * s / C);
   }
-  dg[c] += static_cast<float>(a);
 }
 
 constexpr double kGeluC = 0.7978845608028654;  // sqrt(2/pi), GPT-2's tanh form
@@ -258,20 +314,25 @@ __global__ void k_embedding_bwd(const std::int32_t* ids, const float* dout, floa
     if (row >= 0 && row < V) atomicAdd(dtable + static_cast<std::size_t>(row) * C + c, dout[i]);
   }
 }
+// Block per row, the vocabulary shard strided over the block's threads.
 __global__ void k_ce_max(const float* logits, float* mx, int N, int V) {
-  const int n = blockIdx.x * blockDim.x + threadIdx.x;
-  if (n >= N) return;
-  float m = -INFINITY;
-  for (int j = 0; j < V; ++j) m = fmaxf(m, logits[static_cast<std::size_t>(n) * V + j]);
-  mx[n] = m;
+  BLOCK_ROWS(n, N) {
+    const float* l = logits + static_cast<std::size_t>(n) * V;
+    float m = -INFINITY;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) m = fmaxf(m, l[j]);
+    m = block_max(m);
+    if (threadIdx.x == 0) mx[n] = m;
+  }
 }
 __global__ void k_ce_sumexp(const float* logits, const float* mx, float* se, int N, int V) {
-  const int n = blockIdx.x * blockDim.x + threadIdx.x;
-  if (n >= N) return;
-  double s = 0;
-  for (int j = 0; j < V; ++j)
-    s += exp(static_cast<double>(logits[static_cast<std::size_t>(n) * V + j]) - mx[n]);
-  se[n] = static_cast<float>(s);
+  BLOCK_ROWS(n, N) {
+    const float* l = logits + static_cast<std::size_t>(n) * V;
+    const double m = mx[n];
+    double s = 0;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) s += exp(static_cast<double>(l[j]) - m);
+    s = block_sum(s);
+    if (threadIdx.x == 0) se[n] = static_cast<float>(s);
+  }
 }
 __global__ void k_ce_target(const float* logits, const std::int32_t* t, float* tl, int N, int V,
                             int start) {
@@ -327,32 +388,33 @@ void add_bias(Type t, void* y, const float* bias, int N, int O) {
   DISTPLAN_CUDA_CHECK_LAUNCH();
 }
 void bias_grad(const float* dy, float* dbias, int N, int O) {
-  k_bias_grad<<<rows(O), kThreads>>>(dy, dbias, N, O);
-  DISTPLAN_CUDA_CHECK_LAUNCH();
+  col_sums(0, dy, nullptr, nullptr, nullptr, dbias, nullptr, N, O);
 }
 void layernorm_forward(const float* x, const float* gamma, const float* beta, float* y, float* mean,
                        float* rstd, int N, int C, float eps) {
-  k_layernorm_fwd<<<rows(N), kThreads>>>(x, gamma, beta, y, mean, rstd, N, C, eps);
+  if (N <= 0 || C <= 0) return;
+  k_layernorm_fwd<<<row_blocks(N), kThreads>>>(x, gamma, beta, y, mean, rstd, N, C, eps);
   DISTPLAN_CUDA_CHECK_LAUNCH();
 }
 void layernorm_backward(const float* dy, const float* x, const float* gamma, const float* mean,
                         const float* rstd, float* dx, float* dgamma, float* dbeta, int N, int C) {
-  k_layernorm_bwd_dx<<<rows(N), kThreads>>>(dy, x, gamma, mean, rstd, dx, N, C);
+  if (N <= 0 || C <= 0) return;
+  k_layernorm_bwd_dx<<<row_blocks(N), kThreads>>>(dy, x, gamma, mean, rstd, dx, N, C);
   DISTPLAN_CUDA_CHECK_LAUNCH();
-  k_layernorm_bwd_params<<<rows(C), kThreads>>>(dy, x, mean, rstd, dgamma, dbeta, N, C);
-  DISTPLAN_CUDA_CHECK_LAUNCH();
+  col_sums(1, dy, x, mean, rstd, dgamma, dbeta, N, C);
 }
 void rmsnorm_forward(const float* x, const float* gamma, float* y, float* rstd, int N, int C,
                      float eps) {
-  k_rmsnorm_fwd<<<rows(N), kThreads>>>(x, gamma, y, rstd, N, C, eps);
+  if (N <= 0 || C <= 0) return;
+  k_rmsnorm_fwd<<<row_blocks(N), kThreads>>>(x, gamma, y, rstd, N, C, eps);
   DISTPLAN_CUDA_CHECK_LAUNCH();
 }
 void rmsnorm_backward(const float* dy, const float* x, const float* gamma, const float* rstd,
                       float* dx, float* dgamma, int N, int C) {
-  k_rmsnorm_bwd_dx<<<rows(N), kThreads>>>(dy, x, gamma, rstd, dx, N, C);
+  if (N <= 0 || C <= 0) return;
+  k_rmsnorm_bwd_dx<<<row_blocks(N), kThreads>>>(dy, x, gamma, rstd, dx, N, C);
   DISTPLAN_CUDA_CHECK_LAUNCH();
-  k_rmsnorm_bwd_params<<<rows(C), kThreads>>>(dy, x, rstd, dgamma, N, C);
-  DISTPLAN_CUDA_CHECK_LAUNCH();
+  col_sums(2, dy, x, nullptr, rstd, dgamma, nullptr, N, C);
 }
 void gelu_forward(const float* x, float* y, std::size_t n) {
   k_gelu_fwd<<<blocks_for(n), kThreads>>>(x, y, n);
@@ -373,12 +435,14 @@ void swiglu_backward(const float* dy, const float* gate, const float* up, float*
 }
 void attention_forward(const float* q, const float* k, const float* v, float* out, float* probs,
                        int s, int b, int a, int g, int d) {
+  if (s <= 0 || b <= 0 || a <= 0) return;
   k_attention_fwd<<<rows(b * a * s), kThreads>>>(q, k, v, out, probs, s, b, a, g, d);
   DISTPLAN_CUDA_CHECK_LAUNCH();
 }
 void attention_backward(const float* dout, const float* q, const float* k, const float* v,
                         const float* probs, float* dq, float* dk, float* dv, int s, int b, int a,
                         int g, int d) {
+  if (s <= 0 || b <= 0 || a <= 0) return;
   k_attention_bwd<<<rows(b * a * s), kThreads>>>(dout, q, k, v, probs, dq, dk, dv, s, b, a, g, d);
   DISTPLAN_CUDA_CHECK_LAUNCH();
 }
@@ -395,15 +459,18 @@ void embedding_backward(const std::int32_t* ids, const float* dout, float* dtabl
   DISTPLAN_CUDA_CHECK_LAUNCH();
 }
 void ce_local_max(const float* logits, float* row_max, int N, int V) {
-  k_ce_max<<<rows(N), kThreads>>>(logits, row_max, N, V);
+  if (N <= 0) return;
+  k_ce_max<<<row_blocks(N), kThreads>>>(logits, row_max, N, V);
   DISTPLAN_CUDA_CHECK_LAUNCH();
 }
 void ce_local_sumexp(const float* logits, const float* row_max, float* sumexp, int N, int V) {
-  k_ce_sumexp<<<rows(N), kThreads>>>(logits, row_max, sumexp, N, V);
+  if (N <= 0) return;
+  k_ce_sumexp<<<row_blocks(N), kThreads>>>(logits, row_max, sumexp, N, V);
   DISTPLAN_CUDA_CHECK_LAUNCH();
 }
 void ce_local_target(const float* logits, const std::int32_t* targets, float* target_logit, int N,
                      int V, int vocab_start) {
+  if (N <= 0) return;
   k_ce_target<<<rows(N), kThreads>>>(logits, targets, target_logit, N, V, vocab_start);
   DISTPLAN_CUDA_CHECK_LAUNCH();
 }

@@ -2,7 +2,6 @@
 // the measurement behind "CUDA layer stack >= 50% of bf16 peak" (docs/gpu_backend.md). Plain C++
 // over the checked device interface; compiled only with CUDA.
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <vector>
 
@@ -242,14 +241,15 @@ LayerStackTiming time_layer_stack(const LayerStackConfig& c) {
   };
   step();  // warm-up: cuBLAS heuristics, module load
   synchronize();
-  const auto t0 = std::chrono::steady_clock::now();
+  EventTimer timer;
+  timer.start();
   for (int r = 0; r < c.reps; ++r) step();
-  synchronize();
-  out.seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / c.reps;
-  const double L = c.layers, Nd = N, hd = h, fd = f, sd = s, bd = b;
-  out.gemm_flops = L * 6.0 * Nd * hd * (4.0 * hd + 2.0 * fd);
-  out.model_flops = out.gemm_flops + L * 12.0 * bd * sd * sd * hd;
+  timer.stop();
+  out.seconds = timer.seconds() / c.reps;
+  const LayerStackFlops fl = layer_stack_flops(c);
+  out.gemm_flops = fl.gemm;
+  out.model_flops = fl.gemm + fl.attention_causal;
+  out.noncausal_model_flops = fl.gemm + fl.attention_full;
   return out;
 }
 

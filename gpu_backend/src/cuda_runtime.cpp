@@ -88,6 +88,31 @@ void synchronize() {
   DISTPLAN_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
+EventTimer::EventTimer() {
+  cudaEvent_t a = nullptr, b = nullptr;
+  DISTPLAN_CUDA_CHECK(cudaEventCreate(&a));
+  DISTPLAN_CUDA_CHECK(cudaEventCreate(&b));
+  start_ = a;
+  stop_ = b;
+}
+EventTimer::~EventTimer() {
+  (void)cudaEventDestroy(static_cast<cudaEvent_t>(start_));
+  (void)cudaEventDestroy(static_cast<cudaEvent_t>(stop_));
+}
+void EventTimer::start() {
+  DISTPLAN_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(start_)));
+}
+void EventTimer::stop() {
+  DISTPLAN_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(stop_)));
+}
+double EventTimer::seconds() {
+  DISTPLAN_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(stop_)));
+  float ms = 0;
+  DISTPLAN_CUDA_CHECK(
+      cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start_), static_cast<cudaEvent_t>(stop_)));
+  return ms * 1e-3;
+}
+
 void read_as_float(const void* data, int dtype, long long offset, long long n, float* out) {
   const auto t = static_cast<Type>(dtype);
   const std::size_t es = t == Type::fp32 ? 4 : 2;

@@ -1,6 +1,9 @@
 #include "distplan/gpu_backend/device_ops.h"
 
+#include <algorithm>
 #include <cstddef>
+#include <cstring>
+#include <vector>
 
 #include "distplan/gpu_backend/cpu_ops.h"
 #include "distplan/planner/check.h"
@@ -282,6 +285,108 @@ void ce_local_target([[maybe_unused]] Device d, const float* logits, const std::
   }
 #endif
   cpu::ce_local_target(logits, targets, target_logit, N, V, vocab_start);
+}
+
+namespace {
+#ifdef DISTPLAN_HAVE_CUDA
+// A raw fp32 device buffer outside the tracking allocator (a cast's scratch), freed with the scope.
+class DeviceF32 {
+ public:
+  DeviceF32() = default;
+  DeviceF32(const DeviceF32&) = delete;
+  DeviceF32& operator=(const DeviceF32&) = delete;
+  ~DeviceF32() {
+    if (p_ != nullptr) cuda::device_free(p_);
+  }
+  float* allocate(Count n) {
+    DISTPLAN_CHECK(p_ == nullptr && n >= 0, "scratch buffer allocated twice");
+    p_ = static_cast<float*>(
+        cuda::device_alloc_zeroed(static_cast<std::size_t>(std::max<Count>(n, 1)) * 4));
+    return p_;
+  }
+
+ private:
+  float* p_ = nullptr;
+};
+cuda::Type cuda_type(DType d) {
+  return static_cast<cuda::Type>(static_cast<int>(d));
+}
+// Elements [off, off + n) of a device tensor as fp32 on the device: the tensor itself when it is
+// fp32, else a cast into `scratch`.
+const float* fp32_view(const Tensor& t, Count off, Count n, DeviceF32& scratch) {
+  DISTPLAN_CHECK(off >= 0 && off + n <= t.numel(), "device view out of range");
+  if (t.dtype() == DType::fp32) return t.f32() + off;
+  float* out = scratch.allocate(n);
+  const char* src = static_cast<const char*>(t.data()) + off * bytes_of(t.dtype());
+  cuda::cast(cuda_type(t.dtype()), src, cuda::Type::fp32, out, static_cast<std::size_t>(n));
+  return out;
+}
+#endif
+}  // namespace
+
+void linear_forward([[maybe_unused]] Device d, const float* x, const float* w, const float* bias,
+                    float* y, Count N, Count I, Count O) {
+#ifdef DISTPLAN_HAVE_CUDA
+  if (on_cuda(d)) return cuda::linear_forward_host(x, w, bias, y, ii(N), ii(I), ii(O));
+#endif
+  cpu::linear_forward(x, w, bias, y, N, I, O);
+}
+
+void linear_backward_input([[maybe_unused]] Device d, const float* dy, const float* w, float* dx,
+                           Count N, Count I, Count O) {
+#ifdef DISTPLAN_HAVE_CUDA
+  if (on_cuda(d)) return cuda::linear_backward_input_host(dy, w, dx, ii(N), ii(I), ii(O));
+#endif
+  cpu::linear_backward_input(dy, w, dx, N, I, O);
+}
+
+void linear_backward_weight([[maybe_unused]] Device d, const float* dy, const float* x, float* dw,
+                            float* dbias, Count N, Count I, Count O) {
+#ifdef DISTPLAN_HAVE_CUDA
+  if (on_cuda(d)) return cuda::linear_backward_weight_host(dy, x, dw, dbias, ii(N), ii(I), ii(O));
+#endif
+  cpu::linear_backward_weight(dy, x, dw, dbias, N, I, O);
+}
+
+bool has_overflow([[maybe_unused]] Device d, const Tensor& t, Count off, Count n) {
+#ifdef DISTPLAN_HAVE_CUDA
+  if (on_cuda(d)) {
+    DeviceF32 tmp;
+    return cuda::has_overflow(fp32_view(t, off, n, tmp), zz(n));
+  }
+#endif
+  std::vector<float> h(static_cast<std::size_t>(n));
+  t.read(h.data(), n, off);
+  return cpu::has_overflow(h.data(), n);
+}
+
+void copy_bytes([[maybe_unused]] Device d, void* dst, const void* src, std::size_t bytes) {
+#ifdef DISTPLAN_HAVE_CUDA
+  if (on_cuda(d)) return cuda::copy_on_device(dst, src, bytes);
+#endif
+  if (bytes > 0) std::memcpy(dst, src, bytes);
+}
+
+void adam_step_on_device([[maybe_unused]] Device d, [[maybe_unused]] const AdamOnDevice& a) {
+#ifdef DISTPLAN_HAVE_CUDA
+  if (on_cuda(d)) {
+    DISTPLAN_CHECK(a.m->numel() == a.n && a.v->numel() == a.n, "optimizer state size");
+    DISTPLAN_CHECK(a.master->dtype() == DType::fp32, "master weights must be fp32");
+    DeviceF32 scratch;
+    const float* g = fp32_view(*a.grads, a.grad_off, a.n, scratch);
+    float* w = a.master->f32() + a.master_off;
+    const cpu::AdamConfig& c = a.config;
+    cuda::adam_step(w, g, a.m->f32(), a.v->f32(), zz(a.n), c.lr, c.beta1, c.beta2, c.eps,
+                    c.weight_decay, c.decoupled, a.step, a.grad_scale);
+    if (a.weights != nullptr) {
+      char* dst =
+          static_cast<char*>(a.weights->data()) + a.weights_off * bytes_of(a.weights->dtype());
+      cuda::cast(cuda::Type::fp32, w, cuda_type(a.weights->dtype()), dst, zz(a.n));
+    }
+    return;
+  }
+#endif
+  DISTPLAN_CHECK(false, "adam_step_on_device needs the CUDA device");
 }
 
 }  // namespace distplan::backend::dev

@@ -64,7 +64,7 @@ std::vector<GradientRecord> read_gradient_dump(const std::string& path) {
   return out;
 }
 
-// Ids as the trainer assigns them (gpu_backend/src/trainer.cpp, Trainer::uid): layer * 64 + slot,
+// Ids as the trainer assigns them (gpu_backend/src/trainer_params.cpp, Trainer::uid): layer * 64 + slot,
 // the embedding as layer 100000 and the LM head unit as layer 100001; slots in the layer op
 // table's order.
 std::string parameter_name(std::uint64_t param) {

@@ -84,6 +84,10 @@ int main(int argc, char** argv) {
                   {"model_flops", full.model_flops},
                   {"tflops", tflops(full.model_flops, full.seconds)},
                   {"fraction_of_peak", peak > 0 ? full.model_flops / full.seconds / peak : 0.0},
+                  {"flops_counted", "causal attention: s(s+1)/2 query-key pairs"},
+                  {"noncausal_model_flops", full.noncausal_model_flops},
+                  {"noncausal_tflops", tflops(full.noncausal_model_flops, full.seconds)},
+                  {"timer", "CUDA events on the kernels' stream"},
                   {"device_bytes", full.device_bytes}};
     j["gemms_only"] = {
         {"seconds", gemm.seconds},

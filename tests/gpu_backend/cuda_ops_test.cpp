@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "distplan/gpu_backend/cpu_ops.h"
@@ -61,7 +62,17 @@ double nerr(const Vec& got, const Vec& want) {
     num += (static_cast<double>(got[i]) - want[i]) * (static_cast<double>(got[i]) - want[i]);
     den += static_cast<double>(want[i]) * want[i];
   }
-  return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
+  const double e = std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
+  // Every error into the test's record (gtest --gtest_output=json; scripts/gpu_validate.sh).
+  static std::string test;
+  static int k = 0;
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  if (info != nullptr) {
+    const std::string name = std::string(info->test_suite_name()) + "." + info->name();
+    if (name != test) test = name, k = 0;
+    ::testing::Test::RecordProperty("normalised_error_" + std::to_string(k++), std::to_string(e));
+  }
+  return e;
 }
 
 constexpr int N = 48, I = 64, O = 96;

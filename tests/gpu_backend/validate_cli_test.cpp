@@ -98,7 +98,7 @@ int processes_mentioning(const std::string& marker) {
     for (char& c : cmdline)
       if (c == '\0') c = ' ';
     if (cmdline.find(marker) != std::string::npos &&
-        cmdline.find("rank-worker-out") != std::string::npos)
+        cmdline.find("rank-worker-job") != std::string::npos)
       ++n;
   }
   closedir(d);
@@ -291,7 +291,7 @@ TEST(ValidateCli, TerminationSignalStopsEveryRankAndRemovesTheFolder) {
     const std::string script =
         "DISTPLAN_TEST_FAULT=hang TMPDIR=" + tmp + " " + DISTPLAN_CLI + " validate " + scenario +
         " --steps 2 --timeout 300 > " + tmp + "/stdout 2> " + tmp + "/stderr & pid=$!; i=0; " +
-        "while [ $(pgrep -f -c \"" + tmp + "/distplan-validate-.*rank-worker-ou[t]\") -lt 2 ] && " +
+        "while [ $(pgrep -f -c \"rank-worker-jo[b] " + tmp + "/distplan-validate-\") -lt 2 ] && " +
         "[ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done; sleep 0.5; kill -" + sig +
         " $pid; wait $pid; echo $? > " + tmp + "/rc";
     const auto t0 = std::chrono::steady_clock::now();
@@ -312,6 +312,114 @@ TEST(ValidateCli, TerminationSignalStopsEveryRankAndRemovesTheFolder) {
     }
     EXPECT_EQ(folders, 0);
   }
+}
+
+// ---- beyond one machine ------------------------------------------------------------------------
+
+// Weights, gradients and optimizer bytes of both stages equal the plan's; the losses.
+std::vector<double> check_two_stage_document(const json& doc) {
+  EXPECT_EQ(doc.at("schema"), "distplan.validate/v1");
+  const json& ps = doc.at("predicted").at("memory").at("stages");
+  const json& ms = doc.at("measured").at("memory").at("stages");
+  EXPECT_EQ(ms.size(), 2u);
+  for (std::size_t i = 0; i < ms.size() && i < ps.size(); ++i)
+    for (const char* k : {"weights_bytes", "gradients_bytes", "optimizer_bytes"})
+      EXPECT_EQ(ms[i].at(k).get<long long>(), ps[i].at(k).get<long long>()) << k;
+  std::vector<double> losses;
+  for (const json& l : doc.at("losses")) losses.push_back(l.get<double>());
+  return losses;
+}
+
+// A two-"node" hostfile on this machine: mpirun starts its daemon on node-a and node-b through a
+// stand-in for ssh (tests/gpu_backend/local_ssh.sh, which runs the command here from / and logs
+// the host), shared memory is off (btl self,tcp: every message crosses the network stack as
+// between hosts), and the ranks read no file of the launcher: the scenario travels on the command
+// line, the measurement comes back on rank 0's standard output. The result is the local run's.
+TEST(ValidateCli, TwoNodeHostfileRunsLikeTheLocalLaunch) {
+  const std::string dir = ::testing::TempDir() + "/validate_hostfile";
+  const std::string scenario = two_rank_scenario(dir);
+  const std::string hosts = dir + "/hosts";
+  std::ofstream(hosts) << "node-a slots=1\nnode-b slots=1\n";
+  const std::string ssh_log = dir + "/ssh.log";
+  std::remove(ssh_log.c_str());
+  const std::string agent = std::string(DISTPLAN_SOURCE_DIR) + "/tests/gpu_backend/local_ssh.sh";
+  const CliResult r = run_cli("validate " + scenario + " --steps 2 --timeout 90 --hostfile " +
+                                  hosts + " --launcher-args=\"--mca plm_rsh_agent " + agent + "\"",
+                              "OMPI_MCA_btl=self,tcp DISTPLAN_TEST_SSH_LOG=" + ssh_log, dir + "/tmp");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::vector<double> remote = check_two_stage_document(json::parse(r.out));
+  const std::string log = read_file(ssh_log);
+  EXPECT_NE(log.find("node-a"), std::string::npos) << log;
+  EXPECT_NE(log.find("node-b"), std::string::npos) << log;
+
+  const CliResult l = run_cli("validate " + scenario + " --steps 2 --timeout 90", "", dir + "/tmp2");
+  ASSERT_EQ(l.exit_code, 0) << l.err;
+  const std::vector<double> local = check_two_stage_document(json::parse(l.out));
+  ASSERT_EQ(remote.size(), 2u);
+  ASSERT_EQ(local.size(), 2u);
+  for (std::size_t i = 0; i < 2; ++i) EXPECT_NEAR(remote[i], local[i], 1e-6 * local[i]) << i;
+}
+
+// A rank that runs out of memory tells the launcher on its standard output (no shared file):
+// the document says the layout does not fit, exit 0. Capacity 600 000 bytes, no runtime reserve:
+// each stage holds 557 056 bytes before its next weight tensor.
+TEST(ValidateCli, OutOfMemoryOnARankIsAResult) {
+  const std::string dir = ::testing::TempDir() + "/validate_oom";
+  const std::string path = two_rank_scenario(dir);
+  json doc = json::parse(read_file(path));
+  json gpu = json::parse(read_file(std::string(DISTPLAN_SOURCE_DIR) +
+                                   "/data/gpus/h100-sxm-80gb.json"))
+                 .at("gpu");
+  gpu["memory_bytes"] = 600000;
+  doc["cluster"]["gpu"] = gpu;
+  doc["cluster"]["runtime_reserve_bytes"] = 0;
+  std::ofstream(path) << doc.dump();
+  const CliResult r = run_cli("validate " + path + " --steps 1 --timeout 60", "", dir + "/tmp");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json m = json::parse(r.out).at("measured").at("memory");
+  EXPECT_FALSE(m.at("fits").get<bool>());
+  EXPECT_NE(m.at("message").get<std::string>().find("out of memory"), std::string::npos);
+}
+
+// Inside a Slurm allocation (SLURM_JOB_ID set) the ranks start with srun: here a stand-in srun
+// (tests/gpu_backend/fake_srun.sh) that logs its arguments and runs mpirun with the task count.
+TEST(ValidateCli, InsideSlurmAllocationLaunchesWithSrun) {
+  const std::string dir = ::testing::TempDir() + "/validate_srun";
+  const std::string scenario = two_rank_scenario(dir);
+  const std::string srun_log = dir + "/srun.log";
+  std::remove(srun_log.c_str());
+  const std::string srun = std::string(DISTPLAN_SOURCE_DIR) + "/tests/gpu_backend/fake_srun.sh";
+  const CliResult r = run_cli(
+      "validate " + scenario + " --steps 1 --timeout 90 --launcher-args=--cpu-bind=none",
+      "SLURM_JOB_ID=4242 DISTPLAN_SRUN=" + srun + " DISTPLAN_TEST_SRUN_LOG=" + srun_log,
+      dir + "/tmp");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  check_two_stage_document(json::parse(r.out));
+  const std::string log = read_file(srun_log);
+  EXPECT_NE(log.find("--ntasks=2 --kill-on-bad-exit=1 --cpu-bind=none "), std::string::npos) << log;
+  EXPECT_NE(log.find(" validate --rank-worker "), std::string::npos) << log;
+
+  // --hostfile is mpirun's: refused with srun, before anything starts.
+  const CliResult bad = run_cli("validate " + scenario + " --launcher srun --hostfile " + scenario,
+                                "DISTPLAN_SRUN=" + srun, dir + "/tmp2");
+  EXPECT_EQ(bad.exit_code, 2) << bad.err;
+  EXPECT_NE(bad.err.find("--hostfile"), std::string::npos) << bad.err;
+}
+
+// The public rank-worker mode under the user's own launcher: `mpirun -np 2 distplan validate
+// FILE --rank-worker` prints rank 0's comparison, the same document the CLI's own launch gives.
+TEST(ValidateCli, RankWorkerUnderTheUsersLauncherPrintsTheComparison) {
+  const std::string dir = ::testing::TempDir() + "/validate_rank_worker";
+  const std::string scenario = two_rank_scenario(dir);
+  const std::string tmp = dir + "/tmp";
+  std::system(("mkdir -p " + tmp).c_str());
+  const std::string cmd = "timeout 120 mpirun -np 2 --oversubscribe " + std::string(DISTPLAN_CLI) +
+                          " validate " + scenario + " --steps 2 --rank-worker > " + tmp +
+                          "/stdout 2> " + tmp + "/stderr";
+  const int rc = std::system(cmd.c_str());
+  ASSERT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 0) << read_file(tmp + "/stderr");
+  const std::vector<double> losses = check_two_stage_document(json::parse(read_file(tmp + "/stdout")));
+  EXPECT_EQ(losses.size(), 2u);
 }
 
 }  // namespace

@@ -166,6 +166,9 @@ int mpi_init_if_needed();
 void mpi_finalize_if_initialised();
 /// This process's rank in MPI_COMM_WORLD (0 without MPI or before MPI_Init).
 [[nodiscard]] int mpi_world_rank() noexcept;
+/// This process's rank among the ranks on its host (MPI_Comm_split_type shared memory, whatever
+/// started the job: mpirun, srun, a user's launcher); 0 without MPI or before MPI_Init.
+[[nodiscard]] int mpi_local_rank() noexcept;
 /// Stops every rank of the job with `code` (MPI_Abort); std::_Exit without MPI.
 [[noreturn]] void mpi_abort(int code) noexcept;
 /// Rank 0 of MPI_COMM_WORLD receives every rank's string in rank order; others get an empty vector.

@@ -116,11 +116,51 @@ struct LayerStackConfig {
   bool gemm_only = false;  // run only the GEMMs (the cuBLAS share of the same step)
 };
 struct LayerStackTiming {
-  double seconds = 0;       // mean over reps of forward + backward of the whole stack
-  double model_flops = 0;   // Narayanan et al. 2021: per layer 72 B s h^2 (1 + s / 6h) for f = 4h
+  double seconds = 0;       // mean over reps of forward + backward, device time (CUDA events)
+  double model_flops = 0;   // gemm_flops + causal attention (layer_stack_flops)
   double gemm_flops = 0;    // the GEMM part: per layer 6 N h (4h + 2f)
-  double device_bytes = 0;  // device memory the stack allocated
+  double noncausal_model_flops = 0;  // Narayanan et al. 2021: 72 B s h^2 (1 + s / 6h), f = 4h
+  double device_bytes = 0;           // device memory the stack allocated
 };
 [[nodiscard]] LayerStackTiming time_layer_stack(const LayerStackConfig& c);
+
+/// FLOPs of one forward + backward of the layer stack (backward = 2 x forward; no recompute, no
+/// LM head). GEMMs: per layer 2 N h (3h + h + 2f) forward, N = b s (Narayanan et al. 2021, "Efficient
+/// Large-Scale Language Model Training on GPU Clusters Using Megatron-LM", eq. for F without
+/// recomputation). Attention: Q K^T and P V are 2 d FLOPs per (query, key) pair and head each;
+/// a causal mask leaves s (s + 1) / 2 pairs per sequence, the full count (Narayanan's s / 6h
+/// term) has s^2. Header-only: the count is tested without a GPU.
+struct LayerStackFlops {
+  double gemm = 0, attention_causal = 0, attention_full = 0;
+};
+[[nodiscard]] inline LayerStackFlops layer_stack_flops(const LayerStackConfig& c) {
+  const double L = c.layers, b = c.batch, s = c.seq, h = c.hidden;
+  const double f = c.ffn > 0 ? c.ffn : 4.0 * c.hidden, N = b * s;
+  LayerStackFlops out;
+  out.gemm = 3 * L * 2 * N * h * (4 * h + 2 * f);
+  // Per head 4 d FLOPs per pair; summed over heads 4 h.
+  out.attention_causal = 3 * L * b * 4 * h * (s * (s + 1) / 2);
+  out.attention_full = 3 * L * b * 4 * h * s * s;
+  return out;
+}
+
+/// Device time between two points of the stream the kernels run on (cudaEventRecord /
+/// cudaEventElapsedTime): what the GPU spent, without the host's launch overhead or a
+/// device-wide synchronisation inside the timed region.
+class EventTimer {
+ public:
+  EventTimer();
+  ~EventTimer();
+  EventTimer(const EventTimer&) = delete;
+  EventTimer& operator=(const EventTimer&) = delete;
+  void start();
+  void stop();
+  /// Seconds from start() to stop(); waits for the stop event.
+  [[nodiscard]] double seconds();
+
+ private:
+  void* start_ = nullptr;
+  void* stop_ = nullptr;
+};
 
 }  // namespace distplan::backend::cuda

@@ -6,9 +6,12 @@
 // the CPU op.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
+#include "distplan/gpu_backend/cpu_ops.h"
 #include "distplan/gpu_backend/memory.h"
+#include "distplan/gpu_backend/tensor.h"
 #include "distplan/planner/units.h"
 
 namespace distplan::backend::dev {
@@ -43,5 +46,44 @@ void ce_local_sumexp(Device d, const float* logits, const float* row_max, float*
                      Count V);
 void ce_local_target(Device d, const float* logits, const std::int32_t* targets,
                      float* target_logit, Count N, Count V, Count vocab_start);
+
+// ---- GEMMs on host arrays (cuBLAS on CUDA, operands staged), row-major as cpu_ops.h ------------
+/// y (N,O) = x (N,I) W^T (+ bias)
+void linear_forward(Device d, const float* x, const float* w, const float* bias, float* y, Count N,
+                    Count I, Count O);
+/// dx (N,I) = dy (N,O) W
+void linear_backward_input(Device d, const float* dy, const float* w, float* dx, Count N, Count I,
+                           Count O);
+/// dW (O,I) += dy^T x; dbias (O) += column sums of dy (may be null)
+void linear_backward_weight(Device d, const float* dy, const float* x, float* dw, float* dbias,
+                            Count N, Count I, Count O);
+
+// ---- ops on tensors where they live (the tensor's allocator device)
+// ------------------------------
+/// True when any element of [off, off + n) of `t` is inf or NaN.
+[[nodiscard]] bool has_overflow(Device d, const Tensor& t, Count off, Count n);
+/// Copies `bytes` bytes between two buffers of device `d` (host memory on the CPU).
+void copy_bytes(Device d, void* dst, const void* src, std::size_t bytes);
+
+/// One Adam/AdamW step on state that stays on the device: fp32 master weights (`master`, from
+/// `master_off`), both moments (fp32, n elements), gradients in any storage type (from
+/// `grad_off`, cast to fp32 on the device when 16-bit), and, when `weights` is not null, its
+/// compute-dtype copy refreshed from the master (round to nearest even) from `weights_off`.
+/// Device::cuda only (the CPU trainer updates host copies with cpu::adam_step).
+struct AdamOnDevice {
+  const Tensor* grads = nullptr;
+  Count grad_off = 0;
+  Tensor* master = nullptr;
+  Count master_off = 0;
+  Tensor* m = nullptr;
+  Tensor* v = nullptr;
+  Tensor* weights = nullptr;
+  Count weights_off = 0;
+  Count n = 0;
+  cpu::AdamConfig config;
+  long long step = 1;
+  float grad_scale = 1.0f;
+};
+void adam_step_on_device(Device d, const AdamOnDevice& a);
 
 }  // namespace distplan::backend::dev

@@ -1,0 +1,368 @@
+// The trainer: the sharded model and its training step (docs/gpu_backend.md), one class whose
+// members are defined by concern: trainer.cpp (construction, the run), trainer_params.cpp
+// (parameters, sharding, ZeRO gathers and gradient reduction), trainer_layers.cpp (the layer ops
+// and one transformer layer), trainer_pipeline.cpp (data, chunks, pipeline messages and the step's
+// schedule executor) and trainer_optimizer.cpp (overflow check, optimizer, shard gathers). Private
+// to the library.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include "distplan/gpu_backend/cpu_ops.h"
+#include "distplan/gpu_backend/device_ops.h"
+#include "distplan/gpu_backend/gradient_dump.h"
+#include "distplan/gpu_backend/run.h"
+#include "distplan/gpu_backend/tensor.h"
+#include "distplan/planner/check.h"
+#include "distplan/planner/error.h"
+#include "distplan/planner/layer_ops.h"
+#include "distplan/planner/layout.h"
+
+namespace distplan::backend::trainer_detail {
+
+using Vec = std::vector<float>;
+using Clock = std::chrono::steady_clock;
+
+inline Seconds since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+inline sim::SliceKind slice_kind(sim::Op op) {
+  switch (op) {
+    case sim::Op::forward:
+      return sim::SliceKind::forward;
+    case sim::Op::backward:
+      return sim::SliceKind::backward;
+    case sim::Op::backward_input:
+      return sim::SliceKind::backward_input;
+    case sim::Op::backward_weight:
+      return sim::SliceKind::backward_weight;
+  }
+  return sim::SliceKind::forward;
+}
+
+// Counter-based hash (splitmix64): any element of any parameter can be generated on its own, so
+// every shard of every layout initialises to the same full model.
+inline std::uint64_t mix(std::uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+inline float uniform_pm1(std::uint64_t h) {
+  return static_cast<float>(static_cast<double>(h >> 11) * 0x1.0p-53 * 2.0 - 1.0);
+}
+
+enum class Init { normal, one, zero };
+
+// One parameter of a unit, as held by this TP rank: `rows` x `cols` at `offset` in the unit's flat
+// buffer. `global_index(local)` maps a local element to its index in the unsharded tensor.
+struct Param {
+  std::uint64_t uid = 0;
+  Count offset = 0, rows = 0, cols = 1;
+  Init init = Init::normal;
+  bool sp_partial = false;  // gradient is a partial sum over TP ranks under sequence parallelism
+  std::function<Count(Count)> global_index;
+  [[nodiscard]] Count numel() const { return rows * cols; }
+};
+
+inline const char* unit_label(int kind) {
+  static const char* kNames[] = {"layers", "embedding", "lm head"};
+  return kNames[kind];
+}
+
+struct Unit {
+  int kind = 0;   // 0 layer, 1 embedding, 2 head
+  int chunk = 0;  // the model chunk holding it
+  std::vector<Param> params;
+  Count numel = 0;      // per TP rank
+  Count padded = 0;     // rounded up to a multiple of the ZeRO shard size (planner: padded())
+  Count shard = 0;      // padded / S
+  Tensor weights;       // compute dtype: full padded, or this rank's shard under ZeRO-3
+  Tensor grads;         // grad dtype: full padded (ZeRO 0/1) or shard (2/3)
+  Tensor master, m, v;  // fp32 optimizer state over the optimizer's range
+  Tensor gathered;      // ZeRO-3: the full unit while in use (buffers)
+  Tensor unit_grad;     // ZeRO-2/3: the unit's full gradient before its reduce-scatter (buffers)
+  Param& add(Count rows, Count cols, Init init, std::uint64_t uid, std::function<Count(Count)> g,
+             bool sp_partial = false) {
+    Param p;
+    p.uid = uid;
+    p.offset = numel;
+    p.rows = rows;
+    p.cols = cols;
+    p.init = init;
+    p.sp_partial = sp_partial;
+    p.global_index = std::move(g);
+    numel += p.numel();
+    params.push_back(std::move(p));
+    return params.back();
+  }
+};
+
+// Indices of a layer's parameters inside its unit.
+struct LayerParams {
+  int norm1_g = -1, norm1_b = -1, qkv_w = -1, qkv_b = -1, out_w = -1, out_b = -1;
+  int norm2_g = -1, norm2_b = -1, in_w = -1, in_b = -1, mlp_out_w = -1, mlp_out_b = -1;
+};
+
+// Tensors one layer keeps from forward to backward: exactly the layer op table's saved entries.
+struct LayerSaved {
+  Tensor x;        // input_norm.input           (sp)
+  Tensor ln1;      // qkv.input                  (sp)
+  Tensor q, k, v;  // attention.q/k/v            (tp)
+  Tensor probs;    // attention.probs (standard) (tp), dropped by selective recompute
+  Tensor lse;      // attention.logsumexp (flash, fp32)
+  Tensor attn;     // attention_out.input        (tp)
+  Tensor x2;       // post_attention_norm.input  (sp)
+  Tensor ln2;      // mlp_in.input               (sp)
+  Tensor fc1;      // activation.input           (tp)
+  Tensor act;      // mlp_out.input              (tp)
+};
+
+struct HeadSaved {
+  Tensor x;        // final norm input (sp)
+  Tensor ln;       // LM head input (sp)
+  Tensor logits;   // compute dtype (buffers)
+  Tensor softmax;  // fp32 (buffers)
+  std::vector<std::int32_t> targets;
+};
+
+struct ChunkState {
+  std::vector<LayerSaved> layers;
+  std::optional<HeadSaved> head;
+  std::vector<std::int32_t> ids;
+  std::vector<std::function<void()>> weight_jobs;  // deferred to backward_weight (ZB)
+  std::vector<int> weight_job_units;               // unit finished after each job (-1: none)
+};
+
+class Trainer {
+ public:
+  Trainer(const Scenario& s, const RunOptions& o, ProcessGroups& g);
+
+  Measurement train();
+
+ private:
+  // ---- parameters ---------------------------------------------------------------------------
+  std::uint64_t uid(Count layer, int slot) const;
+
+  // Column-parallel weight of `parts` stacked blocks (qkv: q, k, v; SwiGLU mlp_in: gate, up),
+  // each split t ways by rows.
+  std::function<Count(Count)> column_rows(std::vector<Count> parts, Count cols) const;
+  // Row-parallel weight (rows x full_cols) split t ways by columns.
+  std::function<Count(Count)> row_cols(Count full_cols) const;
+  static std::function<Count(Count)> identity();
+
+  Unit make_layer_unit(Count layer, LayerParams& lp);
+
+  void build_units();
+
+  // The optimizer's range of a unit: all of it (ZeRO 0) or this rank's shard.
+  // The shard index is this rank's place in its shard group (S consecutive dp ranks).
+  Count opt_begin(const Unit& u) const;
+  Count opt_count(const Unit& u) const;
+
+  // ---- timeline -------------------------------------------------------------------------------
+  void mark(sim::Track track, sim::SliceKind kind, Count mb, Count chunk, Clock::time_point t0);
+
+  // ---- tensors and communication helpers ------------------------------------------------------
+  Vec rd(const Tensor& t) const;
+  void rnd(Vec& x, DType d) const;
+  Tensor save(const Vec& x, DType d = DType::fp32, MemoryTag tag = MemoryTag::activations);
+  Tensor save_act(const Vec& x);
+
+  // Packs fp32 values into a tracked temporary of dtype `d` for a collective and back.
+  Tensor pack(const Vec& x, DType d);
+
+  void tp_all_reduce(Vec& x, const char* what, DType d);
+  void tp_all_reduce_max(Vec& x, const char* what);
+  // (N,h) -> (N/t,h) summed over the TP group (sequence-parallel reduce-scatter along s).
+  Vec tp_reduce_scatter(const Vec& x, const char* what);
+  // (N/t,h) -> (N,h) gathered along s.
+  Vec tp_all_gather(const Vec& x, const char* what);
+  // Row-parallel output: all-reduce, or reduce-scatter into the sequence-parallel region.
+  Vec reduce_out(Vec x, const char* what);
+  // Column-parallel input: the sequence-parallel shard gathered (identity without SP).
+  Vec gather_in(const Vec& x, const char* what);
+
+  // ---- weights of a unit as fp32 ------------------------------------------------------------
+  const Tensor& unit_weights(Unit& u);
+  Vec param(Unit& u, int i);
+  // Accumulates a parameter gradient into the unit's gradient (full buffer, or the unit gradient
+  // buffer before its reduce-scatter under ZeRO-2/3).
+  void add_grad(Unit& u, int i, const Vec& g);
+
+  // ZeRO-3 gathers (one pass keeps at most 1 + prefetch units gathered) and the ZeRO-2/3 unit
+  // gradient buffer.
+  void acquire(int ui);
+  void release(int ui);
+  void begin_unit_grad(int ui);
+  // ZeRO-2/3: reduce-scatter the unit's gradient of this micro-batch into the gradient shard.
+  void end_unit_grad(int ui);
+  // Sequence parallel: norm weights, row-parallel biases and the position embedding see only
+  // this rank's tokens; their gradients are summed over the TP group (Megatron-LM's
+  // allreduce of sequence-parallel gradients), one call per unit on the concatenated gradients.
+  void sp_reduce_partials(Unit& u, Tensor& grad);
+
+  // ---- ops ----------------------------------------------------------------------------------
+  struct NormOut {
+    Vec y;
+  };
+  Vec norm_fwd(Unit& u, int gi, int bi, const Vec& x, Count n);
+  // The norm saves only its input; mean and rstd are recomputed here (layer op table).
+  Vec norm_bwd_input(Unit& u, int gi, const Vec& dy, const Vec& x, Count n);
+  // The weight half reads no parameter: d gamma = sum(dy * x_hat) and d beta = sum(dy) do not
+  // depend on gamma, and the dx the kernel also writes is discarded. So a zero-bubble W pass
+  // needs no ZeRO-3 gather (its unit's parameters were released after the B pass).
+  void norm_bwd_weight(Unit& u, int gi, int bi, const Vec& dy, const Vec& x, Count n);
+  Vec linear_fwd(Unit& u, int wi, int bi, const Vec& x, Count n, Count in, Count out);
+  Vec linear_bwd_input(Unit& u, int wi, const Vec& dy, Count n, Count in, Count out);
+  void linear_bwd_weight(Unit& u, int wi, int bi, const Vec& dy, const Vec& x, Count n, Count in,
+                         Count out);
+  void attention_fwd(const Vec& q, const Vec& k, const Vec& v, Vec& out, Vec* probs, Vec* lse);
+
+  // ---- one transformer layer ------------------------------------------------------------------
+  bool flash() const;
+  bool rotary() const;
+
+  // Forward of one layer from its saved input sv.x; fills `sv` and returns the output (Nl,h).
+  Vec layer_forward(int ui, const LayerParams& lp, LayerSaved& sv);
+
+  // SwiGLU's fused mlp_in output (N, 2f/t) holds [gate | up] per token.
+  void split_halves(const Vec& fc1, Vec& gate, Vec& up) const;
+
+  // Backward of one layer: returns dx (Nl,h). Weight-gradient work goes to `jobs` (run at once
+  // unless the schedule splits B and W).
+  Vec layer_backward(int ui, const LayerParams& lp, LayerSaved& sv, const Vec& dy,
+                     std::vector<std::function<void()>>& jobs);
+
+  Vec col_sum(const Vec& x, Count n) const;
+
+  // ---- data -----------------------------------------------------------------------------------
+  // Token j of global sample `sample` of step `step` (s + 1 tokens: inputs and shifted targets).
+  std::int32_t token(Count step, Count sample, Count j) const;
+  // Ids or targets of micro-batch `mb` (sequence-major: token n = s_i*b + b_i).
+  std::vector<std::int32_t> batch_tokens(Count step, Count mb, Count shift) const;
+
+  // ---- chunks: forward and backward of one (micro-batch, chunk) --------------------------------
+  struct Chunk {
+    Count first_layer = 0, num_layers = 0;
+    bool first = false, last = false;
+    int embedding = -1, head = -1;
+    std::vector<int> layer_units;
+    std::vector<LayerParams> layer_params;
+  };
+
+  // What virtual stage `vs` receives for micro-batch `mb`.
+  static P2PTag tag(bool grad, Count mb, Count vs);
+
+  // ---- pipeline messages ----------------------------------------------------------------------
+  // A chunk's output (its activation, or its input gradient) waits in the outbox until the next
+  // action of the program starts, and goes out in one exchange with that action's receive: 1F1B's
+  // "send activation, receive gradient" and "send gradient, receive activation" pairs, as
+  // Megatron-LM's send_forward_recv_backward / send_backward_recv_forward
+  // (megatron/core/pipeline_parallel/p2p_communication.py). Issued one by one, the two stages of
+  // p = 2 would each wait in a send for a receive the other posts only after its own send.
+  struct OutMessage {
+    // Shared with the communicator until the send completes; the step's closing barrier
+    // completes every send, so none outlives the step (nor this trainer's allocator).
+    std::shared_ptr<Tensor> buf;
+    int peer = 0;
+    P2PTag tag;
+    const char* what = "";
+    sim::Track track = sim::Track::send_next;
+    sim::SliceKind kind = sim::SliceKind::send_activation;
+    Count mb = 0, chunk = 0;
+  };
+  void post_send(const Vec& x, int peer, P2PTag t, const char* what, sim::Track track,
+                 sim::SliceKind kind, Count mb, Count c);
+  // Issues the waiting send (if any) and the receive into `in` (if given) as one exchange.
+  void exchange(Tensor* in, int peer, P2PTag t);
+  void flush_sends();
+  // Whether action `a` starts by receiving from a neighbouring stage.
+  bool receives_first(const sim::Action& a) const;
+  Count vstage(Count c) const;
+  int prev_stage() const;
+  int next_stage() const;
+
+  // Units of a chunk in forward order.
+  std::vector<int> chunk_units(const Chunk& ch) const;
+  // ZeRO-3 with prefetch: gathers the unit at position i of a pass and the next one.
+  void acquire_in_pass(const std::vector<int>& pass, std::size_t i);
+
+  void forward(Count step, Count mb, Count c);
+
+  void add_positions(Unit& u, Vec& e, bool fwd_dir);
+
+  void head_forward(ChunkState& st, const Vec& x, Count step, Count mb);
+
+  // d loss / d logits of the LM head. Reads no parameter, so it runs before the head's ZeRO-3
+  // gather and frees the logits workspace first: the two are never alive together
+  // (docs/memory.md, buffers).
+  Vec head_loss_grad(ChunkState& st);
+
+  // Backward of the LM head from d loss / d logits: returns the gradient of the final norm's
+  // input (Nl,h).
+  Vec head_backward(ChunkState& st, const Vec& dlogits, std::vector<std::function<void()>>& jobs);
+
+  void embedding_backward(ChunkState& st, const Vec& dx, std::vector<std::function<void()>>& jobs);
+
+  // Backward (or its input half) of one (micro-batch, chunk).
+  void backward(Count mb, Count c, bool split);
+
+  void backward_weight(Count mb, Count c);
+
+  // ---- the step -------------------------------------------------------------------------------
+  std::pair<double, bool> train_step(Count step);
+
+  // The reduced gradient this rank holds (the optimizer's range of every unit, as
+  // optimizer_step reads it), element by element with its parameter and index in the unsharded
+  // tensor; ZeRO padding is left out (RunOptions::dump_gradients).
+  void dump_gradients() const;
+
+  // Adam/AdamW on the device: gradients, fp32 master weights and both moments never leave it; the
+  // compute-dtype weights are a cast of the master weights (round to nearest even, as
+  // Tensor::write on the CPU).
+  void adam_step_on_device(Unit& u);
+
+  void optimizer_step(Unit& u);
+
+  // ZeRO-1/2: every rank gathers the updated shards into its full weights.
+  void gather_updated_shards(Unit& u);
+
+  const Scenario& s_;
+  const ModelSpec& m_;
+  const TrainingSpec& t_;
+  const ParallelSpec& p_;
+  const RunOptions& o_;
+  ProcessGroups& g_;
+  TrackingAllocator alloc_;
+  DType cb_ = DType::bf16, gb_ = DType::bf16;
+  Count tp_ = 1, S_ = 1, pp_ = 1, v_ = 1, nmb_ = 1, N_ = 0, Nl_ = 0, h_ = 0, vocab_ = 0, vl_ = 0;
+  Count a_l_ = 0, g_l_ = 0, d_ = 0, f_l_ = 0, mi_l_ = 0;
+  int stage_ = 0;
+  bool sp_ = false;
+  sim::SchedulePrograms program_;
+  std::vector<Unit> units_;
+  std::vector<Chunk> chunks_;
+  std::map<std::pair<Count, Count>, ChunkState> states_;
+  std::optional<OutMessage> outbox_;
+  std::vector<ExecutedAction> executed_;
+  std::vector<sim::TraceEvent> timeline_;
+  Clock::time_point step_t0_ = Clock::now();
+  Count cur_mb_ = -1;
+  int head_w_unit_ = -1, head_w_param_ = -1;  // the LM head weight: (unit, parameter)
+  double loss_sum_ = 0;
+  float loss_scale_ = 1.0f;
+  Count opt_steps_ = 0, good_steps_ = 0;
+  Seconds optimizer_seconds_ = 0;
+};
+
+}  // namespace distplan::backend::trainer_detail

@@ -1,0 +1,332 @@
+// Trainer: parameters and their sharding (units, TP splits, ZeRO shards), the tensor and
+// communication helpers, ZeRO-3 gathers and the per-unit gradient reduction (trainer_impl.h).
+#include "trainer_impl.h"
+
+namespace distplan::backend::trainer_detail {
+
+std::uint64_t Trainer::uid(Count layer, int slot) const {
+  return static_cast<std::uint64_t>(layer) * 64 + static_cast<std::uint64_t>(slot);
+}
+
+std::function<Count(Count)> Trainer::column_rows(std::vector<Count> parts, Count cols) const {
+  const Count r = g_.coords.tp, t = tp_;
+  return [parts, cols, r, t](Count i) {
+    Count row = i / cols, col = i % cols, base = 0;
+    for (Count p : parts) {
+      const Count local = p / t;
+      if (row < local) return (base + r * local + row) * cols + col;
+      row -= local;
+      base += p;
+    }
+    return Count{-1};
+  };
+}
+
+std::function<Count(Count)> Trainer::row_cols(Count full_cols) const {
+  const Count r = g_.coords.tp, lc = full_cols / tp_;
+  return [r, lc, full_cols](Count i) { return (i / lc) * full_cols + r * lc + i % lc; };
+}
+
+std::function<Count(Count)> Trainer::identity() {
+  return [](Count i) { return i; };
+}
+
+Unit Trainer::make_layer_unit(Count layer, LayerParams& lp) {
+  Unit u;
+  u.kind = 0;
+  const bool ln = m_.norm == Norm::layernorm;
+  const Count kvh = m_.kv_hidden();
+  const Count f = m_.ffn_hidden_size;
+  auto idx = [&](Param&) { return static_cast<int>(u.params.size()) - 1; };
+  // Order of the layer op table: input_norm, qkv, attention_out, post_attention_norm, mlp_in,
+  // mlp_out (weight then bias).
+  idx(u.add(1, h_, Init::one, uid(layer, 0), identity(), sp_)), lp.norm1_g = idx(u.params.back());
+  if (ln)
+    u.add(1, h_, Init::zero, uid(layer, 1), identity(), sp_), lp.norm1_b = idx(u.params.back());
+  u.add((h_ + 2 * kvh) / tp_, h_, Init::normal, uid(layer, 2), column_rows({h_, kvh, kvh}, h_));
+  lp.qkv_w = idx(u.params.back());
+  if (m_.bias || m_.qkv_bias) {  // Qwen2: biases on q, k and v only
+    u.add((h_ + 2 * kvh) / tp_, 1, Init::zero, uid(layer, 3), column_rows({h_, kvh, kvh}, 1));
+    lp.qkv_b = idx(u.params.back());
+  }
+  u.add(h_, h_ / tp_, Init::normal, uid(layer, 4), row_cols(h_)), lp.out_w = idx(u.params.back());
+  if (m_.bias)
+    u.add(1, h_, Init::zero, uid(layer, 5), identity(), sp_), lp.out_b = idx(u.params.back());
+  u.add(1, h_, Init::one, uid(layer, 6), identity(), sp_), lp.norm2_g = idx(u.params.back());
+  if (ln)
+    u.add(1, h_, Init::zero, uid(layer, 7), identity(), sp_), lp.norm2_b = idx(u.params.back());
+  const std::vector<Count> in_parts =
+      m_.mlp == Mlp::swiglu ? std::vector<Count>{f, f} : std::vector<Count>{f};
+  u.add(mi_l_, h_, Init::normal, uid(layer, 8), column_rows(in_parts, h_));
+  lp.in_w = idx(u.params.back());
+  if (m_.bias)
+    u.add(mi_l_, 1, Init::zero, uid(layer, 9), column_rows(in_parts, 1)),
+        lp.in_b = idx(u.params.back());
+  u.add(h_, f_l_, Init::normal, uid(layer, 10), row_cols(f)), lp.mlp_out_w = idx(u.params.back());
+  if (m_.bias)
+    u.add(1, h_, Init::zero, uid(layer, 11), identity(), sp_), lp.mlp_out_b = idx(u.params.back());
+  return u;
+}
+
+void Trainer::build_units() {
+  const std::vector<Count> counts = stage_layer_counts(s_);
+  const Count per_chunk = counts[static_cast<std::size_t>(stage_)] / v_;
+  const Count rank_row0 = g_.coords.tp * vl_;
+  for (Count c = 0; c < v_; ++c) {
+    Chunk ch;
+    const Count vs = c * pp_ + stage_;
+    if (v_ == 1) {
+      Count first = 0;
+      for (int st = 0; st < stage_; ++st) first += counts[static_cast<std::size_t>(st)];
+      ch.first_layer = first;
+    } else {
+      ch.first_layer = vs * per_chunk;
+    }
+    ch.num_layers = per_chunk;
+    ch.first = vs == 0;
+    ch.last = vs == pp_ * v_ - 1;
+    if (ch.first) {
+      Unit u;
+      u.kind = 1;
+      u.add(vl_, h_, Init::normal, uid(100000, 0),
+            [=, this](Count i) { return rank_row0 * h_ + i; });
+      if (m_.position_embedding == PositionEmbedding::learned) {
+        u.add(m_.max_position_embeddings, h_, Init::normal, uid(100000, 1), identity(), sp_);
+      }
+      u.chunk = static_cast<int>(c);
+      ch.embedding = static_cast<int>(units_.size());
+      units_.push_back(std::move(u));
+    }
+    for (Count l = 0; l < per_chunk; ++l) {
+      LayerParams lp;
+      units_.push_back(make_layer_unit(ch.first_layer + l, lp));
+      units_.back().chunk = static_cast<int>(c);
+      ch.layer_units.push_back(static_cast<int>(units_.size()) - 1);
+      ch.layer_params.push_back(lp);
+    }
+    if (ch.last) {
+      Unit u;
+      u.kind = 2;
+      u.add(1, h_, Init::one, uid(100001, 0), identity(), sp_);
+      if (m_.norm == Norm::layernorm) u.add(1, h_, Init::zero, uid(100001, 1), identity(), sp_);
+      // Tied embeddings: with pp > 1 the last stage holds a copy of the word embedding (same
+      // parameter id, so the same initial values); with pp = 1 the LM head is the embedding.
+      if (!m_.tied_embeddings) {
+        u.add(vl_, h_, Init::normal, uid(100001, 2),
+              [=, this](Count i) { return rank_row0 * h_ + i; });
+      } else if (pp_ > 1) {
+        u.add(vl_, h_, Init::normal, uid(100000, 0),
+              [=, this](Count i) { return rank_row0 * h_ + i; });
+      }
+      u.chunk = static_cast<int>(c);
+      ch.head = static_cast<int>(units_.size());
+      const bool own = !m_.tied_embeddings || pp_ > 1;
+      head_w_unit_ = own ? ch.head : chunks_.empty() ? ch.embedding : chunks_.front().embedding;
+      head_w_param_ = own ? static_cast<int>(u.params.size()) - 1 : 0;
+      units_.push_back(std::move(u));
+    }
+    chunks_.push_back(std::move(ch));
+  }
+  // Storage and initial values.
+  for (Unit& u : units_) {
+    u.padded = p_.zero_stage == 0 ? u.numel : (u.numel + S_ - 1) / S_ * S_;
+    u.shard = u.padded / S_;
+    Vec init(static_cast<std::size_t>(u.padded), 0.0f);
+    for (const Param& p : u.params) {
+      for (Count i = 0; i < p.numel(); ++i) {
+        float x = 0.0f;
+        if (p.init == Init::one) x = 1.0f;
+        if (p.init == Init::normal) {
+          // Uniform with the standard deviation 0.02 of GPT-2's init: half-width 0.02*sqrt(3).
+          x = 0.0346410f * uniform_pm1(mix(o_.seed ^ mix(p.uid) ^
+                                           static_cast<std::uint64_t>(p.global_index(i))));
+        }
+        init[static_cast<std::size_t>(p.offset + i)] = x;
+      }
+    }
+    const bool z3 = p_.zero_stage >= 3;
+    const Count lo = opt_begin(u), n_opt = opt_count(u);
+    u.weights = Tensor(alloc_, {z3 ? u.shard : u.padded}, cb_, MemoryTag::weights);
+    u.weights.write(init.data() + (z3 ? lo : 0), z3 ? u.shard : u.padded);
+    u.grads = Tensor(alloc_, {p_.zero_stage >= 2 ? u.shard : u.padded}, gb_, MemoryTag::gradients);
+    if (cb_ != DType::fp32) {
+      u.master = Tensor(alloc_, {n_opt}, DType::fp32, MemoryTag::optimizer);
+      u.master.write(init.data() + lo, n_opt);
+    }
+    u.m = Tensor(alloc_, {n_opt}, DType::fp32, MemoryTag::optimizer);
+    if (t_.optimizer != Optimizer::sgd)
+      u.v = Tensor(alloc_, {n_opt}, DType::fp32, MemoryTag::optimizer);
+  }
+}
+
+Count Trainer::opt_begin(const Unit& u) const {
+  return p_.zero_stage == 0 ? 0 : static_cast<Count>(g_.dp->rank()) * u.shard;
+}
+
+Count Trainer::opt_count(const Unit& u) const {
+  return p_.zero_stage == 0 ? u.padded : u.shard;
+}
+
+void Trainer::mark(sim::Track track, sim::SliceKind kind, Count mb, Count chunk,
+                   Clock::time_point t0) {
+  sim::TraceEvent e;
+  e.stage = static_cast<std::int32_t>(stage_);
+  e.track = track;
+  e.kind = kind;
+  e.microbatch = static_cast<std::int32_t>(mb);
+  e.chunk = static_cast<std::int32_t>(chunk);
+  e.start = std::chrono::duration<double>(t0 - step_t0_).count();
+  e.duration = since(t0);
+  timeline_.push_back(e);
+}
+
+Vec Trainer::rd(const Tensor& t) const {
+  return t.to_vector();
+}
+
+void Trainer::rnd(Vec& x, DType d) const {
+  if (d == DType::fp32) return;
+  for (float& e : x) e = round_to(d, e);
+}
+
+Tensor Trainer::save(const Vec& x, DType d, MemoryTag tag) {
+  Tensor t(alloc_, {static_cast<Count>(x.size())}, d, tag);
+  t.write(x.data(), static_cast<Count>(x.size()));
+  return t;
+}
+
+Tensor Trainer::save_act(const Vec& x) {
+  return save(x, cb_);
+}
+
+Tensor Trainer::pack(const Vec& x, DType d) {
+  return save(x, d, MemoryTag::temporaries);
+}
+
+void Trainer::tp_all_reduce(Vec& x, const char* what, DType d) {
+  if (tp_ == 1) return;
+  Tensor t = pack(x, d);
+  g_.tp->all_reduce(t.data(), t.numel(), d, ReduceOp::sum, what);
+  t.read(x.data(), t.numel());
+}
+
+void Trainer::tp_all_reduce_max(Vec& x, const char* what) {
+  Tensor t = pack(x, DType::fp32);
+  g_.tp->all_reduce(t.data(), t.numel(), DType::fp32, ReduceOp::max, what);
+  t.read(x.data(), t.numel());
+}
+
+Vec Trainer::tp_reduce_scatter(const Vec& x, const char* what) {
+  Tensor in = pack(x, cb_);
+  Tensor out(alloc_, {in.numel() / tp_}, cb_, MemoryTag::temporaries);
+  g_.tp->reduce_scatter(in.data(), out.data(), out.numel(), cb_, what);
+  return rd(out);
+}
+
+Vec Trainer::tp_all_gather(const Vec& x, const char* what) {
+  Tensor in = pack(x, cb_);
+  Tensor out(alloc_, {in.numel() * tp_}, cb_, MemoryTag::temporaries);
+  g_.tp->all_gather(in.data(), out.data(), in.numel(), cb_, what);
+  return rd(out);
+}
+
+Vec Trainer::reduce_out(Vec x, const char* what) {
+  if (tp_ == 1) return x;
+  if (sp_) return tp_reduce_scatter(x, what);
+  tp_all_reduce(x, what, cb_);
+  return x;
+}
+
+Vec Trainer::gather_in(const Vec& x, const char* what) {
+  return sp_ ? tp_all_gather(x, what) : x;
+}
+
+const Tensor& Trainer::unit_weights(Unit& u) {
+  return p_.zero_stage >= 3 ? u.gathered : u.weights;
+}
+
+Vec Trainer::param(Unit& u, int i) {
+  const Param& p = u.params[static_cast<std::size_t>(i)];
+  Vec w(static_cast<std::size_t>(p.numel()));
+  unit_weights(u).read(w.data(), p.numel(), p.offset);
+  return w;
+}
+
+void Trainer::add_grad(Unit& u, int i, const Vec& g) {
+  if (i < 0) return;
+  const Param& p = u.params[static_cast<std::size_t>(i)];
+  Tensor& dst = p_.zero_stage >= 2 ? u.unit_grad : u.grads;
+  Vec cur(static_cast<std::size_t>(p.numel()));
+  dst.read(cur.data(), p.numel(), p.offset);
+  for (std::size_t k = 0; k < cur.size(); ++k) cur[k] += g[k];
+  dst.write(cur.data(), p.numel(), p.offset);
+}
+
+void Trainer::acquire(int ui) {
+  if (p_.zero_stage < 3) return;
+  Unit& u = units_[static_cast<std::size_t>(ui)];
+  if (!u.gathered.empty()) return;
+  u.gathered = Tensor(alloc_, {u.padded}, cb_, MemoryTag::buffers);
+  if (S_ > 1) {
+    const auto t0 = Clock::now();
+    g_.dp->all_gather(u.weights.data(), u.gathered.data(), u.shard, cb_,
+                      std::string("parameters (") + unit_label(u.kind) + ", forward+backward)");
+    mark(sim::Track::zero3, sim::SliceKind::zero3_gather, cur_mb_, u.chunk, t0);
+  } else {
+    u.gathered.fill_from(u.weights.to_vector());
+  }
+}
+
+void Trainer::release(int ui) {
+  if (p_.zero_stage >= 3) units_[static_cast<std::size_t>(ui)].gathered.release();
+}
+
+void Trainer::begin_unit_grad(int ui) {
+  Unit& u = units_[static_cast<std::size_t>(ui)];
+  if (p_.zero_stage >= 2 && u.unit_grad.empty()) {
+    u.unit_grad = Tensor(alloc_, {u.padded}, gb_, MemoryTag::buffers);
+  }
+}
+
+void Trainer::end_unit_grad(int ui) {
+  if (p_.zero_stage < 2) return;
+  Unit& u = units_[static_cast<std::size_t>(ui)];
+  sp_reduce_partials(u, u.unit_grad);
+  Tensor part(alloc_, {u.shard}, gb_, MemoryTag::temporaries);
+  if (S_ > 1) {
+    const auto t0 = Clock::now();
+    g_.dp->reduce_scatter(u.unit_grad.data(), part.data(), u.shard, gb_,
+                          std::string("gradients (") + unit_label(u.kind) + ")");
+    mark(sim::Track::dp, sim::SliceKind::grad_reduce, cur_mb_, u.chunk, t0);
+  } else {
+    part.fill_from(u.unit_grad.to_vector());
+  }
+  Vec acc = rd(u.grads), add = rd(part);
+  for (std::size_t k = 0; k < acc.size(); ++k) acc[k] += add[k];
+  u.grads.fill_from(acc);
+  u.unit_grad.release();
+}
+
+void Trainer::sp_reduce_partials(Unit& u, Tensor& grad) {
+  if (!sp_) return;
+  Count total = 0;
+  for (const Param& p : u.params)
+    if (p.sp_partial) total += p.numel();
+  if (total == 0) return;
+  Vec flat(static_cast<std::size_t>(total));
+  Count at = 0;
+  for (const Param& p : u.params) {
+    if (!p.sp_partial) continue;
+    grad.read(flat.data() + at, p.numel(), p.offset);
+    at += p.numel();
+  }
+  tp_all_reduce(flat, "sequence-parallel gradients", gb_);
+  at = 0;
+  for (const Param& p : u.params) {
+    if (!p.sp_partial) continue;
+    grad.write(flat.data() + at, p.numel(), p.offset);
+    at += p.numel();
+  }
+}
+
+}  // namespace distplan::backend::trainer_detail

@@ -1,0 +1,454 @@
+// Trainer: the pipeline executor: data, chunks, point-to-point messages and the step that
+// runs the stage's schedule program action by action (trainer_impl.h).
+#include "trainer_impl.h"
+
+namespace distplan::backend::trainer_detail {
+
+std::int32_t Trainer::token(Count step, Count sample, Count j) const {
+  if (o_.repeat_batch) step = 1;
+  const std::uint64_t hsh = mix(o_.seed * 7919 + mix(static_cast<std::uint64_t>(step) << 40 ^
+                                                     static_cast<std::uint64_t>(sample) << 16 ^
+                                                     static_cast<std::uint64_t>(j)));
+  return static_cast<std::int32_t>(hsh % static_cast<std::uint64_t>(m_.vocab_size));
+}
+
+std::vector<std::int32_t> Trainer::batch_tokens(Count step, Count mb, Count shift) const {
+  const Count b = t_.micro_batch_size, s = t_.seq_length;
+  std::vector<std::int32_t> out(static_cast<std::size_t>(N_));
+  for (Count si = 0; si < s; ++si)
+    for (Count bi = 0; bi < b; ++bi) {
+      const Count sample = (g_.coords.dp * nmb_ + mb) * b + bi;
+      out[static_cast<std::size_t>(si * b + bi)] = token(step, sample, si + shift);
+    }
+  return out;
+}
+
+P2PTag Trainer::tag(bool grad, Count mb, Count vs) {
+  P2PTag t;
+  t.kind = grad ? P2PTag::Kind::gradient : P2PTag::Kind::activation;
+  t.microbatch = mb;
+  t.virtual_stage = vs;
+  return t;
+}
+
+void Trainer::post_send(const Vec& x, int peer, P2PTag t, const char* what, sim::Track track,
+                        sim::SliceKind kind, Count mb, Count c) {
+  DISTPLAN_CHECK(!outbox_, "a pipeline send is already waiting");
+  outbox_ = OutMessage{std::make_shared<Tensor>(pack(x, cb_)), peer, t, what, track, kind, mb, c};
+}
+
+void Trainer::exchange(Tensor* in, int peer, P2PTag t) {
+  std::optional<OutMessage> out;
+  out.swap(outbox_);
+  std::vector<P2POp> batch;
+  if (out) {
+    P2POp op;
+    op.dir = P2POp::Dir::send;
+    op.peer = out->peer;
+    op.data = out->buf->data();
+    op.n = out->buf->numel();
+    op.dtype = cb_;
+    op.tag = out->tag;
+    op.what = out->what;
+    op.keep_alive = out->buf;
+    batch.push_back(std::move(op));
+  }
+  if (in != nullptr) {
+    P2POp op;
+    op.dir = P2POp::Dir::recv;
+    op.peer = peer;
+    op.data = in->data();
+    op.n = in->numel();
+    op.dtype = cb_;
+    op.tag = t;
+    batch.push_back(std::move(op));
+  }
+  if (batch.empty()) return;
+  const auto t0 = Clock::now();
+  g_.pp->send_recv(std::move(batch));
+  if (out) mark(out->track, out->kind, out->mb, out->chunk, t0);
+}
+
+void Trainer::flush_sends() {
+  exchange(nullptr, 0, P2PTag{});
+}
+
+bool Trainer::receives_first(const sim::Action& a) const {
+  const Chunk& ch = chunks_[static_cast<std::size_t>(a.chunk)];
+  if (a.op == sim::Op::forward) return !ch.first;
+  if (a.op == sim::Op::backward || a.op == sim::Op::backward_input) return !ch.last;
+  return false;
+}
+
+Count Trainer::vstage(Count c) const {
+  return c * pp_ + stage_;
+}
+
+int Trainer::prev_stage() const {
+  return static_cast<int>((stage_ + pp_ - 1) % pp_);
+}
+
+int Trainer::next_stage() const {
+  return static_cast<int>((stage_ + 1) % pp_);
+}
+
+std::vector<int> Trainer::chunk_units(const Chunk& ch) const {
+  std::vector<int> us;
+  if (ch.embedding >= 0) us.push_back(ch.embedding);
+  us.insert(us.end(), ch.layer_units.begin(), ch.layer_units.end());
+  if (ch.head >= 0) us.push_back(ch.head);
+  return us;
+}
+
+void Trainer::acquire_in_pass(const std::vector<int>& pass, std::size_t i) {
+  acquire(pass[i]);
+  for (Count k = 1; k <= s_.assumptions.zero3_prefetch_layers && i + k < pass.size(); ++k)
+    acquire(pass[i + static_cast<std::size_t>(k)]);
+}
+
+void Trainer::forward(Count step, Count mb, Count c) {
+  const Chunk& ch = chunks_[static_cast<std::size_t>(c)];
+  ChunkState& st = states_[{mb, c}];
+  const std::vector<int> pass = chunk_units(ch);
+  std::size_t pi = 0;
+  Vec x;
+  if (ch.first) {
+    acquire_in_pass(pass, pi);
+    Unit& u = units_[static_cast<std::size_t>(ch.embedding)];
+    st.ids = batch_tokens(step, mb, 0);
+    Vec table = param(u, 0);
+    Vec e(static_cast<std::size_t>(N_ * h_));
+    dev::embedding_forward(o_.device, st.ids.data(), table.data(), e.data(), N_, h_,
+                           g_.coords.tp * vl_, vl_);
+    rnd(e, cb_);
+    if (tp_ > 1) {
+      if (sp_) {
+        e = tp_reduce_scatter(e, "embedding output");
+      } else {
+        tp_all_reduce(e, "embedding output", cb_);
+      }
+    }
+    if (m_.position_embedding == PositionEmbedding::learned) add_positions(u, e, true);
+    rnd(e, cb_);
+    x = std::move(e);
+    release(pass[pi++]);
+  } else {
+    x.assign(static_cast<std::size_t>(Nl_ * h_), 0.0f);
+    Tensor in(alloc_, {Nl_ * h_}, cb_, MemoryTag::temporaries);
+    exchange(&in, prev_stage(), tag(false, mb, vstage(c)));
+    x = rd(in);
+  }
+  st.layers.resize(static_cast<std::size_t>(ch.num_layers));
+  for (Count l = 0; l < ch.num_layers; ++l, ++pi) {
+    acquire_in_pass(pass, pi);
+    LayerSaved& sv = st.layers[static_cast<std::size_t>(l)];
+    sv.x = save_act(x);
+    x = layer_forward(ch.layer_units[static_cast<std::size_t>(l)],
+                      ch.layer_params[static_cast<std::size_t>(l)], sv);
+    if (p_.recompute == Recompute::full) {
+      Tensor keep = std::move(sv.x);
+      sv = LayerSaved{};
+      sv.x = std::move(keep);
+    }
+    release(pass[pi]);
+  }
+  if (ch.last) {
+    acquire_in_pass(pass, pi);
+    head_forward(st, x, step, mb);
+    release(pass[pi]);
+  } else {
+    post_send(x, next_stage(), tag(false, mb, vstage(c) + 1), "activations (forward)",
+              sim::Track::send_next, sim::SliceKind::send_activation, mb, c);
+  }
+}
+
+void Trainer::add_positions(Unit& u, Vec& e, bool fwd_dir) {
+  // Under SP this rank holds sequence positions [r*s/t, (r+1)*s/t).
+  const Count s0 = sp_ ? g_.coords.tp * (t_.seq_length / tp_) : 0;
+  const Count sl = sp_ ? t_.seq_length / tp_ : t_.seq_length;
+  (void)fwd_dir;
+  const Param& p = u.params[1];
+  Vec pos(static_cast<std::size_t>(sl * h_));
+  unit_weights(u).read(pos.data(), sl * h_, p.offset + s0 * h_);
+  cpu::add_position_forward(pos.data(), e.data(), sl, t_.micro_batch_size, h_);
+}
+
+void Trainer::head_forward(ChunkState& st, const Vec& x, Count step, Count mb) {
+  const Chunk& ch = chunks_.back();
+  Unit& u = units_[static_cast<std::size_t>(ch.head)];
+  const bool ln = m_.norm == Norm::layernorm;
+  HeadSaved hs;
+  hs.x = save_act(x);
+  const Vec y = norm_fwd(u, 0, ln ? 1 : -1, x, Nl_);
+  hs.ln = save_act(y);
+  const Vec yf = gather_in(y, "lm head input");
+  Vec logits = linear_fwd(units_[static_cast<std::size_t>(head_w_unit_)], head_w_param_, -1, yf, N_,
+                          h_, vl_);
+  hs.logits = save(logits, cb_, MemoryTag::buffers);
+  hs.targets = batch_tokens(step, mb, 1);
+  // Vocab-parallel cross-entropy: max, target logit and sum of exponentials over the TP group.
+  Vec mx(N_), tl(N_), se(N_), loss(N_);
+  dev::ce_local_max(o_.device, logits.data(), mx.data(), N_, vl_);
+  if (tp_ > 1) tp_all_reduce_max(mx, "cross-entropy statistics");
+  dev::ce_local_target(o_.device, logits.data(), hs.targets.data(), tl.data(), N_, vl_,
+                       g_.coords.tp * vl_);
+  if (tp_ > 1) tp_all_reduce(tl, "cross-entropy statistics", DType::fp32);
+  dev::ce_local_sumexp(o_.device, logits.data(), mx.data(), se.data(), N_, vl_);
+  if (tp_ > 1) tp_all_reduce(se, "cross-entropy statistics", DType::fp32);
+  cpu::ce_loss(mx.data(), se.data(), tl.data(), loss.data(), N_);
+  // The fp32 softmax, kept to the backward; its gradient is softmax - onehot.
+  Vec sm(logits.size());
+  for (Count n = 0; n < N_; ++n)
+    for (Count j = 0; j < vl_; ++j)
+      sm[n * vl_ + j] =
+          static_cast<float>(std::exp(static_cast<double>(logits[n * vl_ + j]) - mx[n]) / se[n]);
+  hs.softmax = save(sm, DType::fp32, MemoryTag::buffers);
+  if (g_.coords.tp == 0) {
+    for (float l : loss) loss_sum_ += l;
+  }
+  st.head = std::move(hs);
+}
+
+Vec Trainer::head_loss_grad(ChunkState& st) {
+  HeadSaved& hs = *st.head;
+  // d loss / d logit = (softmax - onehot) * scale / tokens in the global batch.
+  const float dl = loss_scale_ / static_cast<float>(t_.global_batch_size * t_.seq_length);
+  Vec dlogits = rd(hs.softmax);
+  const Count v0 = g_.coords.tp * vl_;
+  for (Count n = 0; n < N_; ++n) {
+    const Count tj = hs.targets[static_cast<std::size_t>(n)] - v0;
+    if (tj >= 0 && tj < vl_) dlogits[n * vl_ + tj] -= 1.0f;
+    for (Count j = 0; j < vl_; ++j) dlogits[n * vl_ + j] *= dl;
+  }
+  rnd(dlogits, cb_);
+  hs.logits.release();
+  hs.softmax.release();
+  return dlogits;
+}
+
+Vec Trainer::head_backward(ChunkState& st, const Vec& dlogits,
+                           std::vector<std::function<void()>>& jobs) {
+  const Chunk& ch = chunks_.back();
+  const int ui = ch.head;
+  Unit& u = units_[static_cast<std::size_t>(ui)];
+  const bool ln = m_.norm == Norm::layernorm;
+  HeadSaved& hs = *st.head;
+  const int wu = head_w_unit_, wi = head_w_param_;
+  Vec dyf = linear_bwd_input(units_[static_cast<std::size_t>(wu)], wi, dlogits, N_, h_, vl_);
+  Vec dy;
+  if (tp_ > 1 && sp_) {
+    dy = tp_reduce_scatter(dyf, "lm head input gradient");
+  } else {
+    if (tp_ > 1) tp_all_reduce(dyf, "lm head input gradient", cb_);
+    dy = dyf;
+  }
+  HeadSaved* H = &hs;
+  jobs.push_back([this, wu, wi, dlogits, H] {
+    linear_bwd_weight(units_[static_cast<std::size_t>(wu)], wi, -1, dlogits,
+                      gather_in(rd(H->ln), "lm head input"), N_, h_, vl_);
+  });
+  const Vec x = rd(hs.x);
+  Vec dx = norm_bwd_input(u, 0, dy, x, Nl_);
+  jobs.push_back([this, ui, ln, dy, H] {
+    norm_bwd_weight(units_[static_cast<std::size_t>(ui)], 0, ln ? 1 : -1, dy, rd(H->x), Nl_);
+  });
+  rnd(dx, cb_);
+  return dx;
+}
+
+void Trainer::embedding_backward(ChunkState& st, const Vec& dx,
+                                 std::vector<std::function<void()>>& jobs) {
+  const int ui = chunks_.front().embedding;
+  auto ids = st.ids;
+  jobs.push_back([this, ui, dx, ids] {
+    Unit& u = units_[static_cast<std::size_t>(ui)];
+    if (m_.position_embedding == PositionEmbedding::learned) {
+      const Count s0 = sp_ ? g_.coords.tp * (t_.seq_length / tp_) : 0;
+      const Count sl = sp_ ? t_.seq_length / tp_ : t_.seq_length;
+      Vec dpos(static_cast<std::size_t>(u.params[1].numel()), 0.0f);
+      cpu::add_position_backward(dx.data(), dpos.data() + s0 * h_, sl, t_.micro_batch_size, h_);
+      add_grad(u, 1, dpos);
+    }
+    // Backward of the reduce-scatter into the sequence-parallel region: an all-gather.
+    const Vec dxf = gather_in(dx, "embedding output gradient");
+    Vec dt(static_cast<std::size_t>(vl_ * h_), 0.0f);
+    dev::embedding_backward(o_.device, ids.data(), dxf.data(), dt.data(), N_, h_,
+                            g_.coords.tp * vl_, vl_);
+    add_grad(u, 0, dt);
+  });
+}
+
+void Trainer::backward(Count mb, Count c, bool split) {
+  const Chunk& ch = chunks_[static_cast<std::size_t>(c)];
+  ChunkState& st = states_.at({mb, c});
+  std::vector<int> pass = chunk_units(ch);
+  std::reverse(pass.begin(), pass.end());
+  std::size_t pi = 0;
+  Vec dy;
+  // Each unit's weight jobs are run at once (non-split) or queued with the unit they complete.
+  auto flush = [&](std::vector<std::function<void()>>& jobs, int ui) {
+    if (!split) {
+      begin_unit_grad(ui);
+      for (auto& j : jobs) j();
+      end_unit_grad(ui);
+    } else {
+      for (auto& j : jobs) {
+        st.weight_jobs.push_back(std::move(j));
+        st.weight_job_units.push_back(-1);
+      }
+      if (!st.weight_job_units.empty()) st.weight_job_units.back() = ui;
+    }
+    jobs.clear();
+  };
+  std::vector<std::function<void()>> jobs;
+  if (ch.last) {
+    const Vec dlogits = head_loss_grad(st);
+    acquire_in_pass(pass, pi);
+    dy = head_backward(st, dlogits, jobs);
+    flush(jobs, pass[pi]);
+    release(pass[pi++]);
+  } else {
+    Tensor in(alloc_, {Nl_ * h_}, cb_, MemoryTag::temporaries);
+    exchange(&in, next_stage(), tag(true, mb, vstage(c)));
+    dy = rd(in);
+  }
+  for (Count l = ch.num_layers - 1; l >= 0; --l, ++pi) {
+    acquire_in_pass(pass, pi);
+    LayerSaved& sv = st.layers[static_cast<std::size_t>(l)];
+    const int ui = ch.layer_units[static_cast<std::size_t>(l)];
+    const LayerParams& lp = ch.layer_params[static_cast<std::size_t>(l)];
+    if (p_.recompute == Recompute::full) (void)layer_forward(ui, lp, sv);  // rebuild the layer
+    dy = layer_backward(ui, lp, sv, dy, jobs);
+    flush(jobs, ui);
+    if (!split) sv = LayerSaved{};
+    release(pass[pi]);
+  }
+  if (ch.first) {
+    acquire_in_pass(pass, pi);
+    embedding_backward(st, dy, jobs);
+    flush(jobs, pass[pi]);
+    release(pass[pi]);
+  } else {
+    post_send(dy, prev_stage(), tag(true, mb, vstage(c) - 1), "gradients (backward)",
+              sim::Track::send_prev, sim::SliceKind::send_gradient, mb, c);
+  }
+  if (!split) states_.erase({mb, c});
+}
+
+void Trainer::backward_weight(Count mb, Count c) {
+  ChunkState& st = states_.at({mb, c});
+  int open = -1;
+  for (std::size_t i = 0; i < st.weight_jobs.size(); ++i) {
+    if (open < 0) {
+      // The unit this run of jobs completes.
+      for (std::size_t k = i; k < st.weight_jobs.size(); ++k)
+        if (st.weight_job_units[k] >= 0) {
+          open = st.weight_job_units[k];
+          break;
+        }
+      begin_unit_grad(open);
+    }
+    st.weight_jobs[i]();
+    if (st.weight_job_units[i] >= 0) {
+      end_unit_grad(st.weight_job_units[i]);
+      open = -1;
+    }
+  }
+  states_.erase({mb, c});
+}
+
+std::pair<double, bool> Trainer::train_step(Count step) {
+  loss_sum_ = 0;
+  for (Unit& u : units_) u.grads.zero();
+  for (const sim::Action& a : program_.programs[static_cast<std::size_t>(stage_)]) {
+    const auto t0 = Clock::now();
+    cur_mb_ = a.microbatch;
+    if (!receives_first(a)) flush_sends();
+    switch (a.op) {
+      case sim::Op::forward:
+        forward(step, a.microbatch, a.chunk);
+        break;
+      case sim::Op::backward:
+        backward(a.microbatch, a.chunk, false);
+        break;
+      case sim::Op::backward_input:
+        backward(a.microbatch, a.chunk, true);
+        break;
+      case sim::Op::backward_weight:
+        backward_weight(a.microbatch, a.chunk);
+        break;
+    }
+    executed_.push_back({a, since(t0)});
+    mark(sim::Track::compute, slice_kind(a.op), a.microbatch, a.chunk, t0);
+  }
+  cur_mb_ = -1;
+  flush_sends();
+  g_.pp->barrier();
+  const auto t0 = Clock::now();
+  // Tied embeddings (pp > 1): the first stage's word embedding and the last stage's copy sum
+  // their gradients over the embedding group, once per step (Megatron-LM's
+  // _allreduce_word_embedding_grads), before the data-parallel reduction.
+  if (m_.tied_embeddings && pp_ > 1 && (stage_ == 0 || stage_ == pp_ - 1)) {
+    const auto te = Clock::now();
+    Unit& u = units_[static_cast<std::size_t>(stage_ == 0 ? chunks_.front().embedding
+                                                          : chunks_.back().head)];
+    const Param& w = stage_ == 0 ? u.params.front() : u.params.back();
+    char* base = static_cast<char*>(u.grads.data());
+    g_.embedding->all_reduce(base + w.offset * bytes_of(gb_), w.numel(), gb_, ReduceOp::sum,
+                             "tied embedding gradients");
+    mark(sim::Track::dp, sim::SliceKind::grad_reduce, -1, stage_ == 0 ? 0 : v_ - 1, te);
+  }
+  // Data-parallel reduction (ZeRO 0/1: once per step, unit by unit).
+  for (Unit& u : units_) {
+    const auto tu = Clock::now();
+    const bool replicas = p_.zero_stage > 0 && g_.dp_replicate->size() > 1;
+    const bool reduces =
+        (p_.zero_stage <= 1 && sp_) || S_ > 1 || (p_.zero_stage == 0 && p_.dp > 1) || replicas;
+    if (p_.zero_stage <= 1) sp_reduce_partials(u, u.grads);
+    if (S_ > 1 || (p_.zero_stage == 0 && p_.dp > 1)) {
+      const std::string what = std::string("gradients (") + unit_label(u.kind) + ")";
+      if (p_.zero_stage == 0) {
+        g_.dp->all_reduce(u.grads.data(), u.grads.numel(), gb_, ReduceOp::sum, what);
+      } else if (p_.zero_stage == 1) {
+        Tensor part(alloc_, {u.shard}, gb_, MemoryTag::temporaries);
+        g_.dp->reduce_scatter(u.grads.data(), part.data(), u.shard, gb_, what);
+        Vec pv = rd(part);
+        u.grads.write(pv.data(), u.shard, opt_begin(u));
+      }
+    }
+    // Hybrid sharding: each shard is summed over the dp/S replicas holding it, once per step.
+    if (replicas) {
+      char* base = static_cast<char*>(u.grads.data());
+      const Count off = p_.zero_stage >= 2 ? 0 : opt_begin(u);
+      g_.dp_replicate->all_reduce(base + off * bytes_of(gb_), u.shard, gb_, ReduceOp::sum,
+                                  std::string("gradients (") + unit_label(u.kind) + ")");
+    }
+    if (reduces) mark(sim::Track::dp, sim::SliceKind::grad_reduce, -1, u.chunk, tu);
+  }
+  if (step == 1 && !o_.dump_gradients.empty()) dump_gradients();
+  const auto t_opt = Clock::now();
+  // fp16: skip the step when any gradient overflowed (all ranks agree).
+  double overflow = 0;
+  if (t_.precision == DType::fp16) {
+    for (Unit& u : units_) {
+      const Count off = p_.zero_stage >= 2 ? 0 : opt_begin(u);
+      if (dev::has_overflow(o_.device, u.grads, off, opt_count(u))) overflow = 1;
+    }
+    g_.world_reduce(&overflow, 1, ReduceOp::max);
+  }
+  if (overflow == 0) {
+    ++opt_steps_;
+    for (Unit& u : units_) optimizer_step(u);
+    if (t_.precision == DType::fp16 && ++good_steps_ % 1000 == 0) loss_scale_ *= 2.0f;
+  } else {
+    loss_scale_ /= 2.0f;
+    good_steps_ = 0;
+  }
+  optimizer_seconds_ = since(t0);
+  mark(sim::Track::compute, sim::SliceKind::optimizer, -1, -1, t_opt);
+  double loss = loss_sum_;
+  g_.world_reduce(&loss, 1, ReduceOp::sum);
+  return {loss / static_cast<double>(t_.global_batch_size * t_.seq_length), overflow != 0};
+}
+
+}  // namespace distplan::backend::trainer_detail

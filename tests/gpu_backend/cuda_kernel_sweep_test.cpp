@@ -1,0 +1,282 @@
+// The CUDA kernels against the CPU oracle (cpu_ops.h) over shape sweeps that exercise what one
+// block never does: several blocks, more rows than one grid launches (block-per-row loops past
+// 65 535 rows), odd sizes that leave threads and tiles partly empty, zero sizes (nothing
+// launched, nothing written), and arrays of more than 2^24 elements (grid-stride loops, 64-bit
+// offsets). Normalised error ||cuda - cpu||_2 / ||cpu||_2 below 1e-5 (fp32 kernels). Skips itself
+// where no GPU is visible.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "distplan/gpu_backend/cpu_ops.h"
+#include "distplan/gpu_backend/cuda.h"
+#include "distplan/gpu_backend/run.h"
+#include "distplan/gpu_backend/tensor.h"
+
+namespace distplan::backend {
+namespace {
+
+using Vec = std::vector<float>;
+
+#define REQUIRE_GPU() \
+  if (!cuda_available()) GTEST_SKIP() << "no GPU visible"
+
+// A device array (at least one element, so zero sizes still have a valid pointer) filled from the
+// host, or with `fill`.
+template <class T>
+class Dev {
+ public:
+  explicit Dev(const std::vector<T>& h) : n_(h.size()) {
+    p_ = static_cast<T*>(cuda::device_alloc_zeroed(std::max<std::size_t>(n_, 1) * sizeof(T)));
+    if (n_ > 0) cuda::copy_to_device(p_, h.data(), n_ * sizeof(T));
+  }
+  Dev(std::size_t n, T fill) : Dev(std::vector<T>(n, fill)) {}
+  ~Dev() { cuda::device_free(p_); }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+  T* get() { return p_; }
+  std::vector<T> host() const {
+    std::vector<T> h(n_);
+    if (n_ > 0) cuda::copy_to_host(h.data(), p_, n_ * sizeof(T));
+    return h;
+  }
+
+ private:
+  std::size_t n_;
+  T* p_ = nullptr;
+};
+
+Vec random(std::size_t n, unsigned seed, float scale = 1.0f, float shift = 0.0f) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> d(shift, scale);
+  Vec v(n);
+  for (float& x : v) x = d(g);
+  return v;
+}
+
+double nerr(const Vec& got, const Vec& want) {
+  EXPECT_EQ(got.size(), want.size());
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < want.size() && i < got.size(); ++i) {
+    const double e = static_cast<double>(got[i]) - want[i];
+    num += e * e;
+    den += static_cast<double>(want[i]) * want[i];
+  }
+  if (want.empty()) return 0;
+  return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
+}
+
+constexpr double kTol = 1e-5;
+// More elements than 2^24 (16 777 216): one past a float's exact integers and far past any
+// single launch without grid-stride loops.
+constexpr std::size_t kLarge = (std::size_t{1} << 24) + 77;
+
+struct Shape {
+  int N, C;
+};
+std::string name(Shape s) {
+  return std::to_string(s.N) + "x" + std::to_string(s.C);
+}
+
+// Rows x columns: empty, single element, odd, one row per block, rows past one grid (65 535
+// blocks), and 4097 x 4097 > 2^24 elements.
+const Shape kNormShapes[] = {{0, 64},  {1, 1},      {3, 7},     {2, 256},
+                             {5, 257}, {257, 1000}, {70000, 3}, {4097, 4097}};
+
+TEST(CudaSweep, NormsMatchTheOracleOnEveryShape) {
+  REQUIRE_GPU();
+  unsigned seed = 1;
+  for (const Shape sh : kNormShapes) {
+    SCOPED_TRACE(name(sh));
+    const std::size_t N = sh.N, C = sh.C, NC = N * C;
+    const Vec x = random(NC, seed++, 2.0f, 0.5f), g = random(C, seed++), b = random(C, seed++);
+    const Vec dy = random(NC, seed++);
+    // LayerNorm
+    Vec y(NC), mean(N), rstd(N), dx(NC), dg(C, 0.0f), db(C, 0.0f);
+    cpu::layernorm_forward(x.data(), g.data(), b.data(), y.data(), mean.data(), rstd.data(), sh.N,
+                           sh.C, 1e-5);
+    cpu::layernorm_backward(dy.data(), x.data(), g.data(), mean.data(), rstd.data(), dx.data(),
+                            dg.data(), db.data(), sh.N, sh.C);
+    Dev<float> xd(x), gd(g), bd(b), dyd(dy), yd(NC, 7.0f), md(N, 7.0f), rd(N, 7.0f), dxd(NC, 7.0f),
+        dgd(C, 0.0f), dbd(C, 0.0f);
+    cuda::layernorm_forward(xd.get(), gd.get(), bd.get(), yd.get(), md.get(), rd.get(), sh.N, sh.C,
+                            1e-5f);
+    cuda::layernorm_backward(dyd.get(), xd.get(), gd.get(), md.get(), rd.get(), dxd.get(),
+                             dgd.get(), dbd.get(), sh.N, sh.C);
+    cuda::synchronize();
+    EXPECT_LT(nerr(yd.host(), y), kTol);
+    EXPECT_LT(nerr(md.host(), mean), kTol);
+    EXPECT_LT(nerr(rd.host(), rstd), kTol);
+    EXPECT_LT(nerr(dxd.host(), dx), kTol);
+    EXPECT_LT(nerr(dgd.host(), dg), kTol);
+    EXPECT_LT(nerr(dbd.host(), db), kTol);
+    // RMSNorm
+    Vec ry(NC), rr(N), rdx(NC), rdg(C, 0.0f);
+    cpu::rmsnorm_forward(x.data(), g.data(), ry.data(), rr.data(), sh.N, sh.C, 1e-5);
+    cpu::rmsnorm_backward(dy.data(), x.data(), g.data(), rr.data(), rdx.data(), rdg.data(), sh.N,
+                          sh.C);
+    Dev<float> ryd(NC, 7.0f), rrd(N, 7.0f), rdxd(NC, 7.0f), rdgd(C, 0.0f);
+    cuda::rmsnorm_forward(xd.get(), gd.get(), ryd.get(), rrd.get(), sh.N, sh.C, 1e-5f);
+    cuda::rmsnorm_backward(dyd.get(), xd.get(), gd.get(), rrd.get(), rdxd.get(), rdgd.get(), sh.N,
+                           sh.C);
+    cuda::synchronize();
+    EXPECT_LT(nerr(ryd.host(), ry), kTol);
+    EXPECT_LT(nerr(rrd.host(), rr), kTol);
+    EXPECT_LT(nerr(rdxd.host(), rdx), kTol);
+    EXPECT_LT(nerr(rdgd.host(), rdg), kTol);
+  }
+}
+
+// Vocabulary shards: one logit, odd, GPT-2's 50 257, rows past one grid, > 2^24 logits. Targets
+// fall inside and outside the shard [start, start + V).
+const Shape kVocabShapes[] = {{0, 5}, {1, 1}, {3, 7}, {5, 50257}, {70000, 3}, {4100, 4099}};
+
+TEST(CudaSweep, CrossEntropyPiecesMatchTheOracleOnEveryShape) {
+  REQUIRE_GPU();
+  unsigned seed = 100;
+  for (const Shape sh : kVocabShapes) {
+    SCOPED_TRACE(name(sh));
+    const std::size_t N = sh.N, V = sh.C, NV = N * V;
+    const int start = 3;
+    const Vec logits = random(NV, seed++, 3.0f), dloss = random(N, seed++);
+    std::vector<std::int32_t> t(N);
+    std::mt19937 gen(seed++);
+    for (auto& e : t) e = static_cast<std::int32_t>(gen() % (V + 6));  // some below/above
+    Vec mx(N), se(N), tl(N), dl(NV);
+    cpu::ce_local_max(logits.data(), mx.data(), sh.N, sh.C);
+    cpu::ce_local_sumexp(logits.data(), mx.data(), se.data(), sh.N, sh.C);
+    cpu::ce_local_target(logits.data(), t.data(), tl.data(), sh.N, sh.C, start);
+    cpu::ce_backward(logits.data(), mx.data(), se.data(), t.data(), dloss.data(), dl.data(), sh.N,
+                     sh.C, start);
+    Dev<float> ld(logits), dld(dloss), mxd(N, 7.0f), sed(N, 7.0f), tld(N, 7.0f), dd(NV, 7.0f);
+    Dev<std::int32_t> td(t);
+    cuda::ce_local_max(ld.get(), mxd.get(), sh.N, sh.C);
+    cuda::ce_local_sumexp(ld.get(), mxd.get(), sed.get(), sh.N, sh.C);
+    cuda::ce_local_target(ld.get(), td.get(), tld.get(), sh.N, sh.C, start);
+    cuda::ce_backward(ld.get(), mxd.get(), sed.get(), td.get(), dld.get(), dd.get(), sh.N, sh.C,
+                      start);
+    cuda::synchronize();
+    EXPECT_EQ(mxd.host(), mx);  // a maximum is exact
+    EXPECT_LT(nerr(sed.host(), se), kTol);
+    EXPECT_EQ(tld.host(), tl);  // a copy is exact
+    EXPECT_LT(nerr(dd.host(), dl), kTol);
+  }
+}
+
+// Column sums of the bias gradient: one row, odd widths, rows past the 256 row groups of one
+// launch (so several partial sums meet in one column).
+TEST(CudaSweep, BiasGradientSumsEveryRow) {
+  REQUIRE_GPU();
+  const Shape shapes[] = {{0, 3}, {1, 1}, {1000, 33}, {70001, 5}, {3, 4099}};
+  unsigned seed = 200;
+  for (const Shape sh : shapes) {
+    SCOPED_TRACE(name(sh));
+    const Vec dy = random(static_cast<std::size_t>(sh.N) * sh.C, seed++);
+    const Vec start = random(sh.C, seed++);  // accumulates into what is there
+    Vec want = start;
+    for (int n = 0; n < sh.N; ++n) {
+      for (int c = 0; c < sh.C; ++c) want[c] += dy[static_cast<std::size_t>(n) * sh.C + c];
+    }
+    Dev<float> dyd(dy), dbd(start);
+    cuda::bias_grad(dyd.get(), dbd.get(), sh.N, sh.C);
+    cuda::synchronize();
+    EXPECT_LT(nerr(dbd.host(), want), kTol);
+  }
+}
+
+// Embedding rows > 2^24 elements in all (4099 tokens x 4097 features) from a 17-row shard that
+// starts at id 5; ids outside the shard give zero rows and no gradient.
+TEST(CudaSweep, EmbeddingPastTwoToThe24) {
+  REQUIRE_GPU();
+  const int N = 4099, C = 4097, V = 17, start = 5;
+  const Vec table = random(static_cast<std::size_t>(V) * C, 300);
+  const Vec dout = random(static_cast<std::size_t>(N) * C, 301);
+  std::vector<std::int32_t> ids(N);
+  for (int n = 0; n < N; ++n) ids[n] = (n * 7) % (V + 9);
+  Vec out(static_cast<std::size_t>(N) * C), dt(static_cast<std::size_t>(V) * C, 0.0f);
+  cpu::embedding_forward(ids.data(), table.data(), out.data(), N, C, start, V);
+  cpu::embedding_backward(ids.data(), dout.data(), dt.data(), N, C, start, V);
+  Dev<float> td(table), od(out.size(), 7.0f), dod(dout), dtd(dt.size(), 0.0f);
+  Dev<std::int32_t> idd(ids);
+  cuda::embedding_forward(idd.get(), td.get(), od.get(), N, C, start, V);
+  cuda::embedding_backward(idd.get(), dod.get(), dtd.get(), N, C, start, V);
+  cuda::synchronize();
+  EXPECT_EQ(od.host(), out);  // gathers are exact
+  EXPECT_LT(nerr(dtd.host(), dt), kTol);
+}
+
+// Elementwise kernels past 2^24 elements and at zero: activations, residual add, casts with round
+// to nearest even (the CPU's float_to_bf16), Adam, and the overflow check with its only non-finite
+// value in the last element.
+TEST(CudaSweep, ElementwiseKernelsPastTwoToThe24AndAtZero) {
+  REQUIRE_GPU();
+  for (const std::size_t n : {std::size_t{0}, std::size_t{1}, kLarge}) {
+    SCOPED_TRACE(n);
+    const Count cn = static_cast<Count>(n);
+    const Vec x = random(n, 1), u = random(n, 2), dy = random(n, 3);
+    Vec y(n), dx(n), sy(n), dg(n), du(n), sum(n);
+    cpu::gelu_forward(x.data(), y.data(), cn);
+    cpu::gelu_backward(dy.data(), x.data(), dx.data(), cn);
+    cpu::swiglu_forward(x.data(), u.data(), sy.data(), cn);
+    cpu::swiglu_backward(dy.data(), x.data(), u.data(), dg.data(), du.data(), cn);
+    for (std::size_t i = 0; i < n; ++i) sum[i] = x[i] + u[i];
+    Dev<float> xd(x), ud(u), dyd(dy), yd(n, 7.0f), dxd(n, 7.0f), syd(n, 7.0f), dgd(n, 7.0f),
+        dud(n, 7.0f), sd(n, 7.0f);
+    cuda::gelu_forward(xd.get(), yd.get(), n);
+    cuda::gelu_backward(dyd.get(), xd.get(), dxd.get(), n);
+    cuda::swiglu_forward(xd.get(), ud.get(), syd.get(), n);
+    cuda::swiglu_backward(dyd.get(), xd.get(), ud.get(), dgd.get(), dud.get(), n);
+    cuda::add(xd.get(), ud.get(), sd.get(), n);
+    cuda::synchronize();
+    EXPECT_LT(nerr(yd.host(), y), kTol);
+    EXPECT_LT(nerr(dxd.host(), dx), kTol);
+    EXPECT_LT(nerr(syd.host(), sy), kTol);
+    EXPECT_LT(nerr(dgd.host(), dg), kTol);
+    EXPECT_LT(nerr(dud.host(), du), kTol);
+    EXPECT_EQ(sd.host(), sum);
+
+    // fp32 -> bf16 -> fp32 on the device equals the CPU's rounding bit for bit.
+    Dev<std::uint16_t> bf(n, std::uint16_t{0});
+    Dev<float> back(n, 7.0f);
+    cuda::cast(cuda::Type::fp32, xd.get(), cuda::Type::bf16, bf.get(), n);
+    cuda::cast(cuda::Type::bf16, bf.get(), cuda::Type::fp32, back.get(), n);
+    cuda::synchronize();
+    const std::vector<std::uint16_t> bits = bf.host();
+    std::size_t mismatches = 0;
+    for (std::size_t i = 0; i < n; ++i) mismatches += bits[i] != float_to_bf16(x[i]);
+    EXPECT_EQ(mismatches, 0u);
+    Vec rounded(n);
+    for (std::size_t i = 0; i < n; ++i) rounded[i] = bf16_to_float(float_to_bf16(x[i]));
+    EXPECT_EQ(back.host(), rounded);
+
+    // Adam (step 3, AdamW decay, gradient scale 1/8).
+    Vec w = random(n, 4), m = random(n, 5, 0.01f), v(n, 1e-4f);
+    const Vec g = random(n, 6);
+    Dev<float> wd(w), md(m), vd(v), gd(g);
+    cpu::AdamConfig c;
+    c.weight_decay = 0.1f;
+    cpu::adam_step(w.data(), g.data(), m.data(), v.data(), cn, c, 3, 0.125f);
+    cuda::adam_step(wd.get(), gd.get(), md.get(), vd.get(), n, c.lr, c.beta1, c.beta2, c.eps,
+                    c.weight_decay, c.decoupled, 3, 0.125f);
+    cuda::synchronize();
+    EXPECT_LT(nerr(wd.host(), w), kTol);
+    EXPECT_LT(nerr(md.host(), m), kTol);
+    EXPECT_LT(nerr(vd.host(), v), kTol);
+
+    // Overflow: none, then one infinity in the last element.
+    EXPECT_FALSE(cuda::has_overflow(xd.get(), n));
+    if (n > 0) {
+      const float inf = std::numeric_limits<float>::infinity();
+      cuda::copy_to_device(xd.get() + (n - 1), &inf, sizeof(float));
+      EXPECT_TRUE(cuda::has_overflow(xd.get(), n));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace distplan::backend
