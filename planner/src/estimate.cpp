@@ -10,9 +10,9 @@
 #include "distplan/planner/check.h"
 #include "distplan/planner/layer_ops.h"
 #include "distplan/planner/layout.h"
-#include "distplan/planner/overlap.h"
 #include "distplan/planner/memory_terms.h"
 #include "distplan/planner/op_costs.h"
+#include "distplan/planner/overlap.h"
 
 namespace distplan {
 
