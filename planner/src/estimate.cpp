@@ -12,6 +12,7 @@
 #include "distplan/planner/layout.h"
 #include "distplan/planner/memory_terms.h"
 #include "distplan/planner/op_costs.h"
+#include "distplan/planner/overlap.h"
 
 namespace distplan {
 
@@ -664,6 +665,19 @@ class Estimator {
         break;
       case Schedule::zb_v:
       case Schedule::v_half:
+      case Schedule::dualpipe_v: {
+        // DualPipeV (deepseek-ai/DualPipe dualpipev.py; make_dualpipe_v): per chunk F/2, B/2,
+        // W/2 and the overlapped pair F&B (overlap.h, the simulator's pair). The last stage runs
+        // the most pairs, 2(m - p) - 1, each saving F + B + W - F&B of a chunk; every stage's
+        // idle time is the README's bubble (p - 1)(F&B + B_full - 3W) of chunks when F = B, and
+        // (p - 1)(F&B + F - 2W) when F > B (simulated, docs/simulator.md), an upper bound
+        // when F < B.
+        const double fb = overlapped_pair_seconds((F + B + W) / 2, ks.tp_communication / 2,
+                                                  s_.assumptions.overlap_compute_slowdown);
+        const double saving = std::max(0.0, (F + B + W) / 2 - fb);
+        pipe = m * t_max - (2 * (m - p) - 1) * saving + (p - 1) * (fb + std::max(F, B) / 2 - W);
+        break;
+      }
       case Schedule::v_min:
         // t_max is both chunks of the stage. ZB-V: zero bubble when F = B = W (Qi et al. 2023,
         // Sec. 6); otherwise, and for V-Half / V-Min, m t_max is a lower bound (the simulation
@@ -683,7 +697,7 @@ class Estimator {
     // compute it overlaps runs slower while NCCL's kernels share the SMs.
     const double slowdown = A.overlap_compute_slowdown;
     auto hidden = [slowdown](double comm, double window) {
-      return std::max(0.0, comm - window) + slowdown * std::min(comm, window);
+      return exposed_after_overlap(comm, window, slowdown);
     };
     for (const StageCosts& k : e.stage_costs) {
       double x = 0;

@@ -47,6 +47,11 @@ Count inflight_chunks(Schedule schedule, Count pp, Count v, Count stage, Count m
       // The authors' V-Half building block (make_v_half): 2 floor(p/2) + 2 chunks on every stage
       // once m >= 2p, about half of 1F1B's 2p (Qi et al. 2024; sail-sg README table "1/2x").
       return 2 * (pp / 2) + 2;
+    case Schedule::dualpipe_v:
+      // DualPipeV (make_dualpipe_v): 2p chunks alive after the warm-up on every stage, one more
+      // while an F&B pair runs: the README's "PP + 1" activations per device (PP = 2p stages of
+      // one chunk each; deepseek-ai/DualPipe README.md). Needs m >= 2p (validate).
+      return 2 * pp + 1;
     case Schedule::v_min: {
       // V-Min's block (make_v_min): 2 floor((p + 1)/3) + 2 chunks, about a third of 1F1B's
       // (README table "1/3x"); when p mod 3 = 2 every third stage, from stage 0, holds two fewer.

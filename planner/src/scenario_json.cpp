@@ -631,7 +631,8 @@ Scenario scenario_from_json(const json& doc, std::initializer_list<std::string_v
       if (auto v = r.boolean("sequence_parallel")) p.sequence_parallel = *v;
       read_enum(r, "recompute", p.recompute, {"none", "selective", "full"});
       read_enum(r, "schedule", p.schedule,
-                {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_h2", "zb_v", "v_half", "v_min"});
+                {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_h2", "zb_v", "v_half", "v_min",
+                 "dualpipe_v"});
       if (auto v = r.integer("virtual_stages", 1, 1024)) {
         p.virtual_stages = *v;
         if (v_shape(p.schedule) && *v != 2) {

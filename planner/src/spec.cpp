@@ -67,6 +67,8 @@ std::string_view to_string(Schedule v) noexcept {
       return "v_half";
     case Schedule::v_min:
       return "v_min";
+    case Schedule::dualpipe_v:
+      return "dualpipe_v";
   }
   return "?";
 }

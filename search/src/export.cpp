@@ -384,6 +384,11 @@ Exported torchtitan(const Scenario& s, Exported out) {
       // (get_schedule_class name "ZBVZeroBubble", pytorch/pytorch schedules.py).
       schedule = "ZBVZeroBubble";
       break;
+    case Schedule::dualpipe_v:
+      // torch.distributed.pipelining's ScheduleDualPipeV (get_schedule_class name "DualPipeV",
+      // pytorch/pytorch torch/distributed/pipelining/schedules.py).
+      schedule = "DualPipeV";
+      break;
     case Schedule::v_half:
     case Schedule::v_min:
       schedule = "ZBVZeroBubble";

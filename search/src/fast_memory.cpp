@@ -120,6 +120,7 @@ Seconds FastMemory::step_lower_bound(const Layout& l) const noexcept {
     case Schedule::zb_v:
     case Schedule::v_half:
     case Schedule::v_min:
+    case Schedule::dualpipe_v:
       break;
   }
   return pipe;

@@ -44,8 +44,10 @@ std::string action_to_string(const Action& a) {
       letter = "W";
       break;
   }
-  if (a.chunk == 0) return fmt::format("{}{}", letter, a.microbatch);
-  return fmt::format("{}{}.{}", letter, a.microbatch, a.chunk);
+  // "&" marks a forward overlapped with the next action (an F&B pair).
+  const std::string_view pair = a.overlap_next ? "&" : "";
+  if (a.chunk == 0) return fmt::format("{}{}{}", letter, a.microbatch, pair);
+  return fmt::format("{}{}.{}{}", letter, a.microbatch, a.chunk, pair);
 }
 
 Count SchedulePrograms::virtual_stage(Count stage, Count chunk) const noexcept {
@@ -277,12 +279,71 @@ SchedulePrograms make_v_min(Count p, Count m) {
   return v_from_block(p, m, first);
 }
 
+SchedulePrograms make_dualpipe_v(Count p, Count m) {
+  if (m < 2 * p) {
+    throw InputError("/parallel/schedule",
+                     fmt::format("dualpipe_v needs at least 2*pp = {} micro-batches per step, as "
+                                 "DualPipeV asserts (num_chunks >= num_ranks * 2); the step has {}",
+                                 2 * p, m));
+  }
+  SchedulePrograms out = empty_programs(p, m, 2);
+  out.v_shape = true;
+  for (Count r = 0; r < p; ++r) {
+    auto& prog = out.programs[static_cast<std::size_t>(r)];
+    prog.reserve(static_cast<std::size_t>(6 * m));
+    Count f[2] = {0, 0}, b[2] = {0, 0};
+    std::deque<Action> weights;  // deferred W, first in first out (WeightGradStore)
+    auto fwd = [&](Count c) { prog.push_back(act(Op::forward, f[c]++, c)); };
+    auto bwd = [&](Count c, bool split) {
+      if (split) weights.push_back(act(Op::backward_weight, b[c], c));
+      prog.push_back(act(split ? Op::backward_input : Op::backward, b[c]++, c));
+    };
+    auto wgt = [&] {
+      prog.push_back(weights.front());
+      weights.pop_front();
+    };
+    // The forward of an F&B pair, overlapped with the backward pushed right after it.
+    auto pair = [&](Count fc, Count bc) {
+      fwd(fc);
+      prog.back().overlap_next = true;
+      bwd(bc, false);
+    };
+    for (Count i = 0; i < 2 * (p - r - 1); ++i) fwd(0);
+    for (Count i = 0; i < r + 1; ++i) fwd(0), fwd(1);
+    for (Count i = 0; i < p - r - 1; ++i) bwd(1, true), wgt(), fwd(1);
+    for (Count i = 0; i < m - 2 * p + r + 1; ++i) {
+      if (i == 0 && r == p - 1) {
+        // The last rank does not overlap its first F0 and B1 "to further reduce bubble size".
+        fwd(0), bwd(1, false);
+      } else {
+        pair(0, 1);
+      }
+      pair(1, 0);
+    }
+    for (Count i = 0; i < p - r - 1; ++i) bwd(1, false), pair(1, 0);
+    bool split = false;
+    for (Count i = 0; i < r + 1; ++i) {
+      if (i == (r + 1) / 2 && r % 2 == 1) split = true;
+      bwd(1, split);
+      if (i == (r + 1) / 2 && r % 2 == 0) split = true;
+      bwd(0, split);
+    }
+    for (Count i = 0; i < p - r - 1; ++i) wgt(), bwd(0, true);
+    while (!weights.empty()) wgt();
+    DISTPLAN_CHECK(f[0] == m && f[1] == m && b[0] == m && b[1] == m,
+                   "DualPipeV runs every pass of every micro-batch once");
+  }
+  return out;
+}
+
 bool steps_overlap(Schedule kind) noexcept {
   // Both need the optimizer's post-validation (Qi et al. 2023, Sec. 4) to reach their published
   // bubbles: without it the step-wide synchronization breaks the parallelogram.
   // The V-Half / V-Min authors measure the same way: the longest stage span (zbv_greedy.py,
   // eager_execution_time).
-  return kind == Schedule::zb_h2 || v_shape(kind);
+  // DualPipeV steps its optimizer after a synchronized step (DeepSeek-AI's code waits for all
+  // its sends before returning), so its step ends when the last stage does.
+  return kind == Schedule::zb_h2 || (v_shape(kind) && kind != Schedule::dualpipe_v);
 }
 
 SchedulePrograms make_schedule(Schedule kind, Count p, Count m, Count v) {
@@ -313,6 +374,8 @@ SchedulePrograms make_schedule(Schedule kind, Count p, Count m, Count v) {
       return make_v_half(p, m);
     case Schedule::v_min:
       return make_v_min(p, m);
+    case Schedule::dualpipe_v:
+      return make_dualpipe_v(p, m);
   }
   throw InputError("/parallel/schedule",
                    fmt::format("schedule {} has no program generator", to_string(kind)));
@@ -366,6 +429,16 @@ void check_program(const SchedulePrograms& prog) {
       auto fail = [&](const std::string& what) {
         throw InputError(where(s, i), fmt::format("stage {} action {} ({}): {}", s, i, name, what));
       };
+      if (a.overlap_next) {
+        // An F&B pair: a forward and the backward right after it, of another chunk or micro-batch.
+        if (a.op != Op::forward) fail("only a forward can be overlapped with the next action");
+        if (i + 1 >= actions.size() ||
+            (actions[i + 1].op != Op::backward && actions[i + 1].op != Op::backward_input)) {
+          fail("an overlapped forward must be followed by a backward (an F&B pair)");
+        }
+        if (actions[i + 1].microbatch == a.microbatch && actions[i + 1].chunk == a.chunk)
+          fail("an F&B pair cannot overlap a micro-batch's forward with its own backward");
+      }
       switch (a.op) {
         case Op::forward:
           if (st & kF) fail("duplicated forward of this micro-batch");
@@ -447,8 +520,7 @@ void check_program(const SchedulePrograms& prog) {
     work.pop_front();
     queued[s] = 0;
     const auto& actions = prog.programs[s];
-    while (pc[s] < actions.size() && runnable(s, actions[pc[s]])) {
-      const Action& a = actions[pc[s]++];
+    auto complete = [&](const Action& a) {
       const std::size_t k = s * pairs + slot(a);
       const Count vs = prog.virtual_stage(static_cast<Count>(s), a.chunk);
       if (a.op == Op::forward) {
@@ -458,6 +530,14 @@ void check_program(const SchedulePrograms& prog) {
         bwd_done[k] = 1;
         if (vs > 0) wake(static_cast<std::size_t>(at(vs - 1).stage));
       }
+    };
+    while (pc[s] < actions.size() && runnable(s, actions[pc[s]])) {
+      const Action& a = actions[pc[s]];
+      // An F&B pair starts when both of its inputs are there (validated above: a next exists).
+      if (a.overlap_next && !runnable(s, actions[pc[s] + 1])) break;
+      ++pc[s];
+      complete(a);
+      if (a.overlap_next) complete(actions[pc[s]++]);
     }
   }
   // The message names the first few stuck stages and counts the rest: bounded at any p.
@@ -469,7 +549,9 @@ void check_program(const SchedulePrograms& prog) {
     if (first_stuck == P) first_stuck = s;
     if (++n_stuck > kListed) continue;
     if (!stuck.empty()) stuck += "; ";
-    const Action& a = prog.programs[s][pc[s]];
+    const Action& here = prog.programs[s][pc[s]];
+    // A pair whose forward could run waits for its backward's gradient.
+    const Action& a = here.overlap_next && runnable(s, here) ? prog.programs[s][pc[s] + 1] : here;
     const Count vs = prog.virtual_stage(static_cast<Count>(s), a.chunk);
     const Count from = a.op == Op::forward ? (vs > 0 ? at(vs - 1).stage : 0)
                                            : (vs < last_virtual ? at(vs + 1).stage : 0);

@@ -27,9 +27,12 @@ std::int32_t parse_index(std::string_view digits, std::string_view token, const 
   std::int32_t value = -1;
   const auto [ptr, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), value);
   if (digits.empty() || ec != std::errc() || ptr != digits.data() + digits.size() || value < 0) {
-    throw InputError(path, fmt::format("'{}' is not an action: expected F<mb>, B<mb>, BI<mb> or "
-                                       "W<mb>, optionally .<chunk> (e.g. F3, BI3.1)",
-                                       token));
+    throw InputError(
+        path,
+        fmt::format("'{}' is not an action: expected F<mb>, B<mb>, BI<mb> or "
+                    "W<mb>, optionally .<chunk> (e.g. F3, BI3.1) and, on a forward overlapped "
+                    "with the next action, a trailing & (F3&)",
+                    token));
   }
   return value;
 }
@@ -77,6 +80,11 @@ Action parse_action(std::string_view token, const std::string& path) {
     token.remove_prefix(1);
   } else {
     parse_index({}, whole, path);  // throws the format message
+  }
+  // A trailing '&' overlaps a forward with the next action (an F&B pair; check_program).
+  if (!token.empty() && token.back() == '&') {
+    a.overlap_next = true;
+    token.remove_suffix(1);
   }
   const std::size_t dot = token.find('.');
   a.microbatch = parse_index(token.substr(0, dot), whole, path);
@@ -132,6 +140,9 @@ SchedulePrograms schedule_from_json(const nlohmann::json& doc) {
                 have_mb = true;
               } else if (k == "chunk") {
                 a.chunk = json_index(x, apath + "/chunk");
+              } else if (k == "overlap_next") {
+                if (!x.is_boolean()) throw InputError(apath + "/overlap_next", "must be a boolean");
+                a.overlap_next = x.get<bool>();
               } else {
                 throw InputError(apath + "/" + k, fmt::format("unknown field '{}'", k));
               }

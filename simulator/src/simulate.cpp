@@ -12,6 +12,7 @@
 #include "distplan/planner/check.h"
 #include "distplan/planner/error.h"
 #include "distplan/planner/layout.h"
+#include "distplan/planner/overlap.h"
 #include "distplan/simulator/engine.h"
 
 namespace distplan::sim {
@@ -70,10 +71,11 @@ namespace {
 /// Seconds of each kind of task on one stage (per action; chunk shares already applied).
 struct StageTimes {
   Seconds forward = 0, backward = 0, backward_input = 0, backward_weight = 0;
-  Seconds p2p = 0;           // one send
-  Seconds zero3_gather = 0;  // before each forward / backward(-input) pass
-  Seconds grad_reduce = 0;   // per chunk and step (ZeRO-2/3: spread over the m micro-batches)
-  Count grad_buckets = 1;    // per chunk
+  Seconds forward_backward = 0;  // an overlapped F&B pair with a whole backward (DualPipe)
+  Seconds p2p = 0;               // one send
+  Seconds zero3_gather = 0;      // before each forward / backward(-input) pass
+  Seconds grad_reduce = 0;       // per chunk and step (ZeRO-2/3: spread over the m micro-batches)
+  Count grad_buckets = 1;        // per chunk
   Seconds param_gather = 0;
   Seconds optimizer = 0;
   Bytes chunk_bytes = 0;   // one (micro-batch, chunk) through one chunk's layers
@@ -89,6 +91,7 @@ struct StageState {
   std::size_t pc = 0;
   bool busy = false;
   Action current{};
+  bool current_pair = false;  // `current` and the next action run as one F&B pair
   EventTime current_start = 0;
   EventTime wake_at = -1;
   std::size_t gather_pc = std::numeric_limits<std::size_t>::max();
@@ -173,6 +176,14 @@ struct Run {
     return 0;
   }
 
+  // An F&B pair: the forward with the next action, a whole backward or an input-gradient pass
+  // (which leaves the weight pass, and its time, out of the pair).
+  Seconds pair_duration(std::size_t s, Op backward) const noexcept {
+    const StageTimes& t = times[s];
+    return backward == Op::backward ? t.forward_backward
+                                    : std::max(0.0, t.forward_backward - t.backward_weight);
+  }
+
   void trace(std::size_t s, Track track, SliceKind kind, const Action* a, EventTime start,
              Seconds dur) {
     const TraceEvent e{static_cast<std::int32_t>(s),
@@ -207,11 +218,22 @@ struct Run {
 
   void issue_gather(std::size_t s, std::size_t pos, EventTime now) {
     StageState& st = ws.stages[s];
-    const Seconds g = times[s].zero3_gather;
+    // An F&B pair gathers the parameters of both of its passes.
+    const Seconds g = times[s].zero3_gather * (prog.programs[s][pos].overlap_next ? 2.0 : 1.0);
     const EventTime start = st.zero3.submit(now, g);
     st.gather_pc = pos;
     st.gather_end = start + g;
     if (record) trace(s, Track::zero3, SliceKind::zero3_gather, &prog.programs[s][pos], start, g);
+  }
+
+  // Has the input of action `a` on stage s arrived (the activation of a forward, the gradient of
+  // a backward; the first virtual stage and the loss need none)?
+  bool input_ready(std::size_t s, const Action& a) const noexcept {
+    const std::size_t k = s * pairs + static_cast<std::size_t>(a.chunk * m + a.microbatch);
+    const Count vs = prog.virtual_stage(static_cast<Count>(s), a.chunk);
+    if (a.op == Op::forward) return vs == 0 || ws.fwd_ready[k] != 0;
+    if (a.op != Op::backward_weight) return vs == last_virtual || ws.bwd_ready[k] != 0;
+    return true;
   }
 
   void try_start(std::size_t s, EventTime now) {
@@ -220,12 +242,10 @@ struct Run {
     if (st.busy || st.pc == actions.size()) return;
     const Action a = actions[st.pc];
     const std::size_t k = s * pairs + static_cast<std::size_t>(a.chunk * m + a.microbatch);
-    const Count vs = prog.virtual_stage(static_cast<Count>(s), a.chunk);
-    if (a.op == Op::forward) {
-      if (vs != 0 && !ws.fwd_ready[k]) return;
-    } else if (a.op != Op::backward_weight) {
-      if (vs != last_virtual && !ws.bwd_ready[k]) return;
-    }
+    if (!input_ready(s, a)) return;
+    // An F&B pair starts when the backward's gradient is there too (check_program: it exists).
+    const bool pair = a.overlap_next;
+    if (pair && !input_ready(s, actions[st.pc + 1])) return;
     const bool gathers = times[s].zero3_gather > 0;
     if (gathers && needs_gather(a.op)) {
       if (st.gather_pc != st.pc) issue_gather(s, st.pc, now);
@@ -237,15 +257,25 @@ struct Run {
         return;
       }
     }
-    const Seconds d = duration(s, a.op);
+    const Seconds d = pair ? pair_duration(s, actions[st.pc + 1].op) : duration(s, a.op);
     st.busy = true;
     st.current = a;
+    st.current_pair = pair;
     st.current_start = now;
     st.busy_seconds += d;
     if (st.first_start < 0) st.first_start = now;
     ws.queue.push(now + d, kDone, static_cast<std::uint32_t>(s), 0);
     if (record) {
-      trace(s, Track::compute, static_cast<SliceKind>(a.op), &a, now, d);
+      if (pair) {
+        // Drawn as two slices sharing the pair's time in proportion to the passes alone.
+        const Action& b = actions[st.pc + 1];
+        const Seconds fa = duration(s, a.op), fb = duration(s, b.op);
+        const Seconds df = fa + fb > 0 ? d * fa / (fa + fb) : 0.0;
+        trace(s, Track::compute, SliceKind::forward, &a, now, df);
+        trace(s, Track::compute, static_cast<SliceKind>(b.op), &b, now + df, d - df);
+      } else {
+        trace(s, Track::compute, static_cast<SliceKind>(a.op), &a, now, d);
+      }
     }
     if (a.op == Op::forward && !ws.alive[k]) {
       ws.alive[k] = 1;
@@ -263,9 +293,10 @@ struct Run {
           std::max(st.peak_backward_bytes, st.inflight_bytes + times[s].backward_extra_bytes);
     }
     // ZeRO-3 prefetch: the next pass's parameters are gathered while this one runs.
-    if (gathers && overlap_param_gather && st.pc + 1 < actions.size() &&
-        needs_gather(actions[st.pc + 1].op)) {
-      issue_gather(s, st.pc + 1, now);
+    const std::size_t next = st.pc + (pair ? 2 : 1);
+    if (gathers && overlap_param_gather && next < actions.size() &&
+        needs_gather(actions[next].op)) {
+      issue_gather(s, next, now);
     }
   }
 
@@ -336,11 +367,20 @@ struct Run {
 
   void on_done(std::size_t s, EventTime now) {
     StageState& st = ws.stages[s];
-    const Action a = st.current;
-    const std::size_t pos = st.pc;
-    st.busy = false;
     st.last_end = now;
-    ++st.pc;
+    // An F&B pair completes both passes (forward first: its activation is sent first). The stage
+    // stays busy until both are done, so a send to itself (the V's turn) cannot start the pair's
+    // own backward; the try_start below starts whatever is next.
+    const bool pair = st.current_pair;
+    complete(s, st.current, st.pc++, now);
+    if (pair) complete(s, prog.programs[s][st.pc], st.pc, now), ++st.pc;
+    st.current_pair = false;
+    st.busy = false;
+    try_start(s, now);
+  }
+
+  void complete(std::size_t s, const Action a, std::size_t pos, EventTime now) {
+    StageState& st = ws.stages[s];
     const Count vs = prog.virtual_stage(static_cast<Count>(s), a.chunk);
     switch (a.op) {
       case Op::forward:
@@ -366,7 +406,6 @@ struct Run {
         reduce_gradients(s, a, st.current_start, now, times[s].grad_reduce);
       }
     }
-    try_start(s, now);
   }
 
   void run() {
@@ -478,6 +517,10 @@ std::vector<StageTimes> stage_times(const Scenario& s, const Estimate& e, const 
       t.backward_input = c.backward_seconds / vd;
       t.backward_weight = w / vd;
       t.backward = (c.backward_seconds + w) / vd;
+      const Seconds fb =
+          c.forward_backward_seconds.value_or(c.forward_seconds + c.backward_seconds + w);
+      require_finite(fb, "forward_backward_seconds");
+      t.forward_backward = fb / vd;
       t.p2p = c.p2p_seconds;
       continue;
     }
@@ -488,6 +531,10 @@ std::vector<StageTimes> stage_times(const Scenario& s, const Estimate& e, const 
     t.backward_input = c.backward_input / vd;
     t.backward_weight = c.backward_weight / vd;
     t.backward = (c.backward_input + c.backward_weight) / vd;
+    // An F&B pair hides the passes' in-pass communication (TP collectives) behind each other's
+    // computation (overlap.h).
+    t.forward_backward = overlapped_pair_seconds(t.forward + t.backward, c.tp_communication / vd,
+                                                 s.assumptions.overlap_compute_slowdown);
     t.p2p = c.p2p;
     // zero3_gather covers the forward and the backward gathers of one micro-batch: half each.
     t.zero3_gather = s.parallel.zero_stage == 3 ? c.zero3_gather / (2.0 * vd) : 0.0;

@@ -44,9 +44,12 @@ CostOverride cost_override_from_json(const nlohmann::json& j, std::string_view p
       c.backward_weight_seconds = cost_field(value, p);
     else if (key == "p2p_seconds")
       c.p2p_seconds = cost_field(value, p);
+    else if (key == "forward_backward_seconds")
+      c.forward_backward_seconds = cost_field(value, p);
     else
       throw InputError(p, fmt::format("unknown field '{}' (costs takes forward_seconds, "
-                                      "backward_seconds, backward_weight_seconds, p2p_seconds)",
+                                      "backward_seconds, backward_weight_seconds, p2p_seconds, "
+                                      "forward_backward_seconds)",
                                       key));
   }
   // Costs replace the whole cost model: without a forward or backward time (`{}`) the step would

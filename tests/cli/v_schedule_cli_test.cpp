@@ -26,7 +26,7 @@ json tiny_v() {
 }
 
 TEST(VScheduleCli, PlanAndSimulateAcceptTheVSchedules) {
-  for (const char* sched : {"zb_v", "v_half", "v_min"}) {
+  for (const char* sched : {"zb_v", "v_half", "v_min", "dualpipe_v"}) {
     json doc = tiny_v();
     doc["parallel"]["schedule"] = sched;
     const TempDir dir;

@@ -21,10 +21,12 @@ struct Drawn {
 
 Drawn draw(std::mt19937_64& rng) {
   auto pick = [&rng](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
-  static const char* kSchedules[] = {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1",
-                                     "zb_h2", "zb_v", "v_half",           "v_min"};
-  const std::string sched = kSchedules[pick(0, 7)];
-  const bool vee = sched == "zb_v" || sched == "v_half" || sched == "v_min";
+  static const char* kSchedules[] = {"gpipe",  "1f1b",  "interleaved_1f1b",
+                                     "zb_h1",  "zb_h2", "zb_v",
+                                     "v_half", "v_min", "dualpipe_v"};
+  const std::string sched = kSchedules[pick(0, 8)];
+  const bool vee =
+      sched == "zb_v" || sched == "v_half" || sched == "v_min" || sched == "dualpipe_v";
   const int pp = pick(1, 6);
   const int v = sched == "interleaved_1f1b" ? pick(1, 4) : vee ? 2 : 1;
   const int layers = pp * v * pick(1, 3);
@@ -123,7 +125,7 @@ TEST(PlanEqualsSimulation, InterleavedStageZeroHoldsTwoPDropoutMasks) {
 // The V schedules on every p up to 8 (V-Min's stage pattern repeats with p mod 3), with the
 // embedding-dropout and LM-head bytes both on stage 0.
 TEST(PlanEqualsSimulation, VScheduleStagesWithEmbeddingAndHeadOnStageZero) {
-  for (const char* sched : {"zb_v", "v_half", "v_min"}) {
+  for (const char* sched : {"zb_v", "v_half", "v_min", "dualpipe_v"}) {
     for (int p = 1; p <= 8; ++p) {
       for (int m : {2 * p, 2 * p + 5}) {
         const nlohmann::json j = {{"model", {{"preset", "llama2-7b"}, {"num_layers", 2 * p}}},

@@ -38,7 +38,7 @@ inline Estimate uniform_estimate(Count p, Bytes act = 0, StageCosts costs = {}) 
 inline SimOptions with_costs(Seconds f, Seconds b, std::optional<Seconds> w = std::nullopt,
                              Seconds p2p = 0) {
   SimOptions o;
-  o.costs = CostOverride{f, b, w, p2p};
+  o.costs = CostOverride{f, b, w, p2p, std::nullopt};
   return o;
 }
 

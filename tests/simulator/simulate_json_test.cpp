@@ -32,7 +32,7 @@ TEST(CostsJson, ParsesAllFields) {
   const CostOverride c = cost_override_from_json(nlohmann::json::parse(
       R"({"forward_seconds": 1.0, "backward_seconds": 2, "backward_weight_seconds": 0.5,
           "p2p_seconds": 0.125})"));
-  EXPECT_EQ(c, (CostOverride{1.0, 2.0, 0.5, 0.125}));
+  EXPECT_EQ(c, (CostOverride{1.0, 2.0, 0.5, 0.125, std::nullopt}));
   EXPECT_FALSE(cost_override_from_json(nlohmann::json::parse(R"({"forward_seconds": 1})"))
                    .backward_weight_seconds.has_value());
 }

@@ -20,12 +20,23 @@ enum class Optimizer { adamw, adam, sgd };
 enum class Attention { flash, standard };
 enum class Recompute { none, selective, full };
 enum class Router { softmax, sigmoid };
-enum class Schedule { gpipe, one_f_one_b, interleaved_1f1b, zb_h1, zb_h2, zb_v, v_half, v_min };
+enum class Schedule {
+  gpipe,
+  one_f_one_b,
+  interleaved_1f1b,
+  zb_h1,
+  zb_h2,
+  zb_v,
+  v_half,
+  v_min,
+  dualpipe_v
+};
 /// V-shape schedules (Qi et al. 2024, "Pipeline Parallelism with Controllable Memory"): two
 /// chunks per stage, virtual stages s and 2p - 1 - s on stage s (down, then up). They imply
-/// virtual_stages = 2.
+/// virtual_stages = 2. DualPipeV (DeepSeek-AI, deepseek-ai/DualPipe dualpipev.py) is one of them.
 [[nodiscard]] constexpr bool v_shape(Schedule s) noexcept {
-  return s == Schedule::zb_v || s == Schedule::v_half || s == Schedule::v_min;
+  return s == Schedule::zb_v || s == Schedule::v_half || s == Schedule::v_min ||
+         s == Schedule::dualpipe_v;
 }
 
 [[nodiscard]] std::string_view to_string(Mlp v) noexcept;

@@ -27,6 +27,11 @@ struct Action {
   Op op = Op::forward;
   std::int32_t microbatch = 0;
   std::int32_t chunk = 0;
+  /// A forward that runs overlapped with the next action of its stage, a backward of another
+  /// chunk, as one F&B pair (DualPipe, DeepSeek-AI 2024, Sec. 3.2.1): the pair starts when both
+  /// inputs have arrived and takes the F&B time, the two passes' computation hiding each other's
+  /// in-pass communication (docs/simulator.md, "DualPipe").
+  bool overlap_next = false;
   bool operator==(const Action&) const = default;
 };
 
@@ -93,6 +98,17 @@ struct SchedulePrograms {
 /// inputs and its stage allow, which squeezes the timeline in the same order.
 [[nodiscard]] SchedulePrograms make_v_half(Count p, Count m);
 [[nodiscard]] SchedulePrograms make_v_min(Count p, Count m);
+
+/// DualPipeV (DeepSeek-AI, deepseek-ai/DualPipe dualpipe/dualpipev.py, commit 3da1bbe, the
+/// "cut-in-half" of DualPipe by Sea AI Lab): the V placement, stage s (rank r of p) runs
+///   1. 2(p - r - 1) F chunk 0;  2. r + 1 (F chunk 0, F chunk 1);
+///   3. p - r - 1 (B chunk 1 split, its W, F chunk 1);
+///   4. m - 2p + r + 1 (F0 & B1, F1 & B0) overlapped pairs (the last rank's first F0, B1 not
+///      overlapped); 5. p - r - 1 (B chunk 1, F1 & B0);
+///   6. r + 1 (B chunk 1, B chunk 0), split from the middle one on (its W deferred);
+///   7. p - r - 1 (W, B chunk 0 split);  8. the r + 1 remaining W, first in first out.
+/// Backward passes outside steps 3, 6 and 7 are whole (B and W together). Needs m >= 2p.
+[[nodiscard]] SchedulePrograms make_dualpipe_v(Count p, Count m);
 
 /// Whether consecutive steps overlap. ZB-H2 is run as Qi et al. 2023 run it: with the optimizer's
 /// post-validation (Sec. 4) no step-wide synchronization holds the first stages until the last

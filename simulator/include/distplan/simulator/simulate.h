@@ -25,6 +25,10 @@ struct CostOverride {
   Seconds backward_seconds = 0;
   std::optional<Seconds> backward_weight_seconds;
   Seconds p2p_seconds = 0;
+  /// F&B: a forward and a whole backward (B and W) of another micro-batch or chunk run as one
+  /// overlapped pair (DualPipe), for the whole stage. Without it, forward + backward (+ weight):
+  /// nothing to hide. A pair with an input-gradient pass takes this less the weight time.
+  std::optional<Seconds> forward_backward_seconds;
   bool operator==(const CostOverride&) const = default;
 };
 
