@@ -11,6 +11,7 @@
 #include "distplan/planner/layer_ops.h"
 #include "distplan/planner/layout.h"
 #include "distplan/planner/memory_terms.h"
+#include "distplan/planner/offload.h"
 #include "distplan/planner/op_costs.h"
 #include "distplan/planner/overlap.h"
 
@@ -183,6 +184,22 @@ class Estimator {
     }
     // What the device must hold: the allocator's segments and the runtime (docs/memory.md).
     mem.fits = mem.peak_reserved_bytes <= mem.capacity_bytes;
+    // Offload: a node's processes each pin their own partition (docs/memory.md, "Offload"); the
+    // stage with the most stands for every GPU of the node.
+    Bytes host = 0, nvme = 0;
+    for (const StageMemory& sm : mem.stages) {
+      host = std::max(host, sm.host_bytes);
+      nvme = std::max(nvme, sm.nvme_bytes);
+    }
+    const Count node_gpus = gpus_in_node();
+    mem.host_bytes_per_node = host * node_gpus;
+    mem.nvme_bytes_per_node = nvme * node_gpus;
+    mem.host_capacity_bytes = s_.cluster.host_memory_bytes;
+    mem.host_fits =
+        mem.host_capacity_bytes == 0 || mem.host_bytes_per_node <= mem.host_capacity_bytes;
+  }
+  [[nodiscard]] Count gpus_in_node() const noexcept {
+    return std::min(s_.cluster.num_gpus, s_.cluster.gpus_per_node);
   }
 
   // FLOPs -------------------------------------------------------------------------------------
@@ -616,6 +633,7 @@ class Estimator {
           grads_read + 2.0 * static_cast<double>(sm.optimizer_bytes) +
           static_cast<double>(p_.zero_stage == 3 ? sm.weights_bytes : sm.weights_bytes / shard());
       k.optimizer = memory_seconds(rates, touched, 1);
+      if (p_.offload_optimizer != Offload::none) offload_costs(u, k, e.offload);
     }
     // The busiest GPU's collectives, listed once.
     if (best >= 0) {
@@ -623,6 +641,61 @@ class Estimator {
       e.communication.collectives.reserve(24);
       auto keep = [&e](const Collective& c) { e.communication.collectives.push_back(c); };
       stage_collectives(busiest, keep);
+    }
+  }
+
+  // Offload (docs/time.md, "Offload"): DeepSpeed's ZeRO-Offload step (Ren et al. 2021, sec. 4.1,
+  // Fig. 5): each gradient partition is copied to the host as ZeRO reduces it, overlapping the
+  // backward like the reduction itself; CPU Adam steps the partition after the backward; the
+  // updated compute-dtype partition is copied back, exposed. ZeRO-Infinity (Rajbhandari et al.
+  // 2021) adds NVMe: the optimizer partition is read before and written after CPU Adam
+  // (DeepSpeed's default pipeline_read = pipeline_write = false: not overlapped), and an offloaded
+  // parameter partition is fetched from the host (and NVMe) before each ZeRO-3 gather, prefetched
+  // behind compute like the gather. The times fold into the stage costs the simulator schedules.
+  void offload_costs(const StageUnits& u, StageCosts& k, OffloadEstimate& out) const {
+    const Count S = shard();
+    double shard_params = 0;
+    for (const Unit* x : {&u.layer, &u.embedding, &u.head}) {
+      shard_params += static_cast<double>(ceil_div(x->params, S) * x->count);
+    }
+    const double m = static_cast<double>(nmb_);
+    const double node_gpus = static_cast<double>(gpus_in_node());
+    const double pcie = s_.cluster.gpu.pcie_bandwidth * s_.assumptions.pcie_efficiency;
+    const double nvme = s_.cluster.nvme_bandwidth / node_gpus;  // this GPU's share of the node's
+    const double host_bw = s_.assumptions.cpu_optimizer_bandwidth / node_gpus;
+    const double cbv = static_cast<double>(cb());
+    // Gradients go down each time ZeRO reduces them: once per step at ZeRO-1, once per
+    // micro-batch at ZeRO-2/3 (the reduce-scatter's calls in stage_collectives).
+    const double grad_down =
+        shard_params * static_cast<double>(gb()) * (p_.zero_stage >= 2 ? m : 1.0);
+    const bool params_off = p_.offload_params != Offload::none;
+    const double param_up = params_off ? 0.0 : shard_params * cbv;
+    // Every forward and backward gather of a unit fetches its partition first.
+    const double fetch_per_mb = params_off ? 2.0 * shard_params * cbv : 0.0;
+    double nvme_step = 0, nvme_fetch_per_mb = 0;
+    if (p_.offload_optimizer == Offload::nvme) {
+      nvme_step +=
+          2.0 * shard_params * static_cast<double>(nvme_optimizer_bytes_per_param(t_.optimizer));
+    }
+    if (p_.offload_params == Offload::nvme) {
+      nvme_fetch_per_mb = fetch_per_mb;
+      nvme_step += shard_params * cbv;  // the updated partition written back once
+    }
+    const double cpu_opt =
+        shard_params * static_cast<double>(cpu_optimizer_bytes_per_param(t_)) / host_bw;
+    const double fetch_seconds =
+        fetch_per_mb / pcie + (nvme_fetch_per_mb > 0 ? nvme_fetch_per_mb / nvme : 0.0);
+    k.grad_reduce += grad_down / pcie;
+    k.zero3_gather += fetch_seconds;
+    k.optimizer = cpu_opt + (nvme_step > 0 ? nvme_step / nvme : 0.0) + param_up / pcie;
+    const double pcie_bytes = grad_down + param_up + m * fetch_per_mb;
+    const double nvme_bytes = nvme_step + m * nvme_fetch_per_mb;
+    if (static_cast<Bytes>(pcie_bytes) >= out.pcie_bytes_per_gpu_per_step) {
+      out.pcie_bytes_per_gpu_per_step = static_cast<Bytes>(pcie_bytes);
+      out.nvme_bytes_per_node_per_step = static_cast<Bytes>(nvme_bytes * node_gpus);
+      out.pcie_seconds = pcie_bytes / pcie;
+      out.nvme_seconds = nvme_bytes > 0 ? nvme_bytes / nvme : 0.0;
+      out.cpu_optimizer_seconds = cpu_opt;
     }
   }
 

@@ -18,6 +18,8 @@ MemoryLayout memory_layout(const Scenario& s) noexcept {
   l.sequence_parallel = p.sequence_parallel;
   l.recompute = p.recompute;
   l.schedule = p.schedule;
+  l.offload_optimizer = p.offload_optimizer;
+  l.offload_params = p.offload_params;
   return l;
 }
 

@@ -40,6 +40,10 @@ std::string layout_line(const ParallelSpec& p) {
   if (p.sequence_parallel) out += ", sequence parallel";
   out += fmt::format(", recompute {}, {}", to_string(p.recompute), to_string(p.schedule));
   if (p.virtual_stages > 1) out += fmt::format(" v={}", p.virtual_stages);
+  if (p.offload_optimizer != Offload::none)
+    out += fmt::format(", optimizer offloaded to {}", to_string(p.offload_optimizer));
+  if (p.offload_params != Offload::none)
+    out += fmt::format(", parameters offloaded to {}", to_string(p.offload_params));
   return out;
 }
 
@@ -54,6 +58,7 @@ void try_change(std::vector<FitSuggestion>& out, const Estimate& base, Count bas
   const Estimate e = estimate(s);
   // In reserved bytes: what fits compares (= total under the generic profile).
   if (e.memory.peak_reserved_bytes >= base.memory.peak_reserved_bytes) return;
+  if (!e.memory.host_fits) return;
   FitSuggestion f;
   f.change = std::move(change);
   f.peak_bytes = e.memory.peak_reserved_bytes;
@@ -132,6 +137,22 @@ std::vector<FitSuggestion> single_changes(const Scenario& s, const Estimate& e,
     Scenario x = s;
     x.parallel.schedule = Schedule::one_f_one_b;
     try_change(out, e, s.cluster.num_gpus, "1F1B schedule", x);
+  }
+  // ZeRO-Offload: the optimizer partition (and at ZeRO-3 the parameters) to host memory; a
+  // change that overflows the host memory given for the node is not offered.
+  if (p.zero_stage >= 1 && p.offload_optimizer == Offload::none) {
+    Scenario x = s;
+    x.parallel.offload_optimizer = Offload::cpu;
+    try_change(out, e, s.cluster.num_gpus, "offload optimizer to CPU", x);
+  }
+  if (p.zero_stage == 3 && p.offload_params == Offload::none) {
+    Scenario x = s;
+    x.parallel.offload_params = Offload::cpu;
+    if (x.parallel.offload_optimizer == Offload::none) x.parallel.offload_optimizer = Offload::cpu;
+    try_change(out, e, s.cluster.num_gpus,
+               p.offload_optimizer == Offload::none ? "offload optimizer and parameters to CPU"
+                                                    : "offload parameters to CPU",
+               x);
   }
   if (more_gpus) {
     // More GPUs: twice the data-parallel ranks with ZeRO-3 sharding everything, or a pipeline
@@ -280,6 +301,28 @@ std::string format_plan_table(const Scenario& s, const Estimate& e) {
                          f.fits ? "(fits)" : ""));
       }
     }
+  }
+  if (s.parallel.offload_optimizer != Offload::none) {
+    // Offload (docs/memory.md and docs/time.md, "Offload").
+    std::string host =
+        fmt::format("  Host memory per node: {} GiB", gib(e.memory.host_bytes_per_node));
+    if (e.memory.host_capacity_bytes > 0) {
+      host += fmt::format(" of {} GiB{}", gib(e.memory.host_capacity_bytes),
+                          e.memory.host_fits ? "" : ": DOES NOT FIT");
+    }
+    if (e.memory.nvme_bytes_per_node > 0)
+      host += fmt::format("; NVMe per node: {} GiB", gib(e.memory.nvme_bytes_per_node));
+    line(host + ".");
+    std::string traffic = fmt::format(
+        "  Offload per step: PCIe {} per GPU ({:.1f} ms before overlap), CPU optimizer {:.1f} ms",
+        human_bytes(e.offload.pcie_bytes_per_gpu_per_step), e.offload.pcie_seconds * 1e3,
+        e.offload.cpu_optimizer_seconds * 1e3);
+    if (e.offload.nvme_bytes_per_node_per_step > 0) {
+      traffic += fmt::format(", NVMe {} per node ({:.1f} ms)",
+                             human_bytes(e.offload.nvme_bytes_per_node_per_step),
+                             e.offload.nvme_seconds * 1e3);
+    }
+    line(traffic);
   }
   line("");
   line(fmt::format("Communication per GPU per step (busiest stage): {} on the wire",

@@ -173,6 +173,7 @@ GpuSpec detail::read_gpu(const json& doc, const std::string& path) {
     g.flash_forward_efficiency = *v;
   if (auto v = r.number("flash_backward_efficiency", kMinEfficiency, 1, false))
     g.flash_backward_efficiency = *v;
+  if (auto v = r.number("pcie_bandwidth", 0, kMaxBw, false)) g.pcie_bandwidth = *v;
   if (auto n = r.string("name"); n && !r.has("preset")) g.name = n->substr(0, 128);
   r.finish();
   if (r.has("preset") && !(g == before)) g.name += " (modified)";
@@ -593,9 +594,9 @@ Scenario scenario_from_json(const json& doc, std::initializer_list<std::string_v
     ClusterSpec& c = s.cluster;
     const json* gpu = r.take("gpu");
     if (!gpu) {
-      for (std::string_view k :
-           {"num_gpus", "gpus_per_node", "intra_node_bandwidth", "inter_node_bandwidth",
-            "intra_node_latency", "inter_node_latency", "runtime_reserve_bytes"}) {
+      for (std::string_view k : {"num_gpus", "gpus_per_node", "intra_node_bandwidth",
+                                 "inter_node_bandwidth", "intra_node_latency", "inter_node_latency",
+                                 "runtime_reserve_bytes", "host_memory_bytes", "nvme_bandwidth"}) {
         r.take(k);
       }
       r.missing("gpu", "gpu is required (a preset name or an object)");
@@ -614,6 +615,8 @@ Scenario scenario_from_json(const json& doc, std::initializer_list<std::string_v
                                   .value_or(s.training.framework == Framework::generic
                                                 ? Count{2} << 30
                                                 : ClusterSpec::kRuntimeFromProfile);
+    if (auto v = r.integer("host_memory_bytes", 0, Count{1} << 56)) c.host_memory_bytes = *v;
+    if (auto v = r.number("nvme_bandwidth", 0, kMaxBw, false)) c.nvme_bandwidth = *v;
     r.finish();
   }
 
@@ -644,6 +647,8 @@ Scenario scenario_from_json(const json& doc, std::initializer_list<std::string_v
       } else if (v_shape(p.schedule)) {
         p.virtual_stages = 2;  // implied by the V: chunks s and 2p - 1 - s on stage s
       }
+      read_enum(r, "offload_optimizer", p.offload_optimizer, {"none", "cpu", "nvme"});
+      read_enum(r, "offload_params", p.offload_params, {"none", "cpu", "nvme"});
       if (const json* l = r.take("layers_per_stage")) {
         p.layers_per_stage = read_count_list(*l, "/parallel/layers_per_stage");
         // An empty list would read as "absent" (an even split): say so instead of guessing.
@@ -703,6 +708,16 @@ Scenario scenario_from_json(const json& doc, std::initializer_list<std::string_v
     if (auto v = r.integer("vocab_pad_multiple", 1, 1 << 16)) x.vocab_pad_multiple = *v;
     if (const json* fp = r.take("framework_profile"))
       detail::read_framework_profile(*fp, r.child("framework_profile"), x.framework_profile);
+    if (auto v = r.number("pcie_efficiency", kMinEfficiency, 1, false)) x.pcie_efficiency = *v;
+    if (auto v = r.number("cpu_optimizer_bandwidth", kMinBandwidth, 1e15, false))
+      x.cpu_optimizer_bandwidth = *v;
+    if (auto v = r.integer("nvme_optimizer_buffer_count", 1, 1024))
+      x.nvme_optimizer_buffer_count = *v;
+    if (auto v = r.integer("nvme_sub_group_params", 1, Count{1} << 40))
+      x.nvme_sub_group_params = *v;
+    if (auto v = r.integer("nvme_param_buffer_count", 1, 1024)) x.nvme_param_buffer_count = *v;
+    if (auto v = r.integer("nvme_param_buffer_params", 1, Count{1} << 40))
+      x.nvme_param_buffer_params = *v;
     r.finish();
   }
   if (top.has("search") &&
@@ -765,7 +780,8 @@ json to_json(const GpuSpec& g) {
           {"gemm_k_overhead", g.gemm_k_overhead},
           {"memory_efficiency", g.memory_efficiency},
           {"flash_forward_efficiency", g.flash_forward_efficiency},
-          {"flash_backward_efficiency", g.flash_backward_efficiency}};
+          {"flash_backward_efficiency", g.flash_backward_efficiency},
+          {"pcie_bandwidth", g.pcie_bandwidth}};
 }
 
 json to_json(const ParallelSpec& p) {
@@ -777,7 +793,9 @@ json to_json(const ParallelSpec& p) {
             {"sequence_parallel", p.sequence_parallel},
             {"recompute", to_string(p.recompute)},
             {"schedule", to_string(p.schedule)},
-            {"virtual_stages", p.virtual_stages}};
+            {"virtual_stages", p.virtual_stages},
+            {"offload_optimizer", to_string(p.offload_optimizer)},
+            {"offload_params", to_string(p.offload_params)}};
   if (!p.layers_per_stage.empty()) j["layers_per_stage"] = p.layers_per_stage;
   return j;
 }
@@ -796,7 +814,9 @@ json to_json(const Scenario& s) {
         {"inter_node_bandwidth", c.inter_node_bandwidth},
         {"intra_node_latency", c.intra_node_latency},
         {"inter_node_latency", c.inter_node_latency},
-        {"runtime_reserve_bytes", c.runtime_reserve_bytes}}},
+        {"runtime_reserve_bytes", c.runtime_reserve_bytes},
+        {"host_memory_bytes", c.host_memory_bytes},
+        {"nvme_bandwidth", c.nvme_bandwidth}}},
       {"training",
        {{"seq_length", t.seq_length},
         {"global_batch_size", t.global_batch_size},
@@ -822,7 +842,13 @@ json to_json(const Scenario& s) {
         {"zero3_prefetch_layers", a.zero3_prefetch_layers},
         {"overlap_grad_reduce", a.overlap_grad_reduce},
         {"overlap_param_gather", a.overlap_param_gather},
-        {"vocab_pad_multiple", a.vocab_pad_multiple}}},
+        {"vocab_pad_multiple", a.vocab_pad_multiple},
+        {"pcie_efficiency", a.pcie_efficiency},
+        {"cpu_optimizer_bandwidth", a.cpu_optimizer_bandwidth},
+        {"nvme_optimizer_buffer_count", a.nvme_optimizer_buffer_count},
+        {"nvme_sub_group_params", a.nvme_sub_group_params},
+        {"nvme_param_buffer_count", a.nvme_param_buffer_count},
+        {"nvme_param_buffer_params", a.nvme_param_buffer_params}}},
   };
   // A reserve computed from the framework's profile is not echoed (it depends on the layout);
   // the framework and its profile are, when they are not generic's.
@@ -861,6 +887,8 @@ json stage_memory_json(const StageMemory& m) {
   put(o, "allocated_bytes", m.allocated_bytes);
   put(o, "reserved_bytes", m.reserved_bytes);
   put(o, "total_bytes", m.total_bytes);
+  put(o, "host_bytes", m.host_bytes);
+  put(o, "nvme_bytes", m.nvme_bytes);
   return j;
 }
 
@@ -943,6 +971,10 @@ json plan_to_json(const Scenario& s, const Estimate& e, unsigned parts) {
     put(o, "peak_reserved_bytes", e.memory.peak_reserved_bytes);
     put(o, "peak_stage", e.memory.peak_stage);
     put(o, "fits", e.memory.fits);
+    put(o, "host_bytes_per_node", e.memory.host_bytes_per_node);
+    put(o, "host_capacity_bytes", e.memory.host_capacity_bytes);
+    put(o, "host_fits", e.memory.host_fits);
+    put(o, "nvme_bytes_per_node", e.memory.nvme_bytes_per_node);
     put(o, "stages", std::move(stages));
     put(top, "memory", std::move(j));
   }
@@ -984,6 +1016,12 @@ json plan_to_json(const Scenario& s, const Estimate& e, unsigned parts) {
     put(o, "bubble_seconds", e.time.bubble_seconds);
     put(o, "exposed_communication_seconds", e.time.exposed_communication_seconds);
     put(o, "optimizer_seconds", e.time.optimizer_seconds);
+    put(o, "offload",
+        json{{"pcie_bytes_per_gpu_per_step", e.offload.pcie_bytes_per_gpu_per_step},
+             {"nvme_bytes_per_node_per_step", e.offload.nvme_bytes_per_node_per_step},
+             {"pcie_seconds", e.offload.pcie_seconds},
+             {"nvme_seconds", e.offload.nvme_seconds},
+             {"cpu_optimizer_seconds", e.offload.cpu_optimizer_seconds}});
     put(top, "time", std::move(j));
   }
   return doc;

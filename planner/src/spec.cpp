@@ -49,6 +49,17 @@ std::string_view to_string(Recompute v) noexcept {
   }
   return "?";
 }
+std::string_view to_string(Offload v) noexcept {
+  switch (v) {
+    case Offload::none:
+      return "none";
+    case Offload::cpu:
+      return "cpu";
+    case Offload::nvme:
+      return "nvme";
+  }
+  return "?";
+}
 std::string_view to_string(Schedule v) noexcept {
   switch (v) {
     case Schedule::gpipe:

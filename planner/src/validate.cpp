@@ -189,6 +189,43 @@ void validate_scenario(const Scenario& s) {
          "hybrid sharding (fsdp_shard_size < dp) needs zero_stage >= 1");
   }
 
+  // Offload: what DeepSpeed runs (docs/memory.md, "Offload"); everything else is refused.
+  if (p.offload_optimizer != Offload::none) {
+    if (p.zero_stage == 0) {
+      fail("/parallel/offload_optimizer",
+           "optimizer offload moves the ZeRO optimizer partition (ZeRO-Offload); it needs "
+           "zero_stage >= 1");
+    }
+    if (p.offload_optimizer == Offload::nvme && p.zero_stage != 3) {
+      fail("/parallel/offload_optimizer",
+           fmt::format("offload to nvme is ZeRO-Infinity, which DeepSpeed runs with ZeRO-3 only; "
+                       "zero_stage is {}",
+                       p.zero_stage));
+    }
+    if (!(c.gpu.pcie_bandwidth > 0)) {
+      fail("/cluster/gpu/pcie_bandwidth",
+           "offload copies over the GPU's host link: the GPU needs a pcie_bandwidth");
+    }
+  }
+  if (p.offload_params != Offload::none) {
+    if (p.zero_stage != 3) {
+      fail("/parallel/offload_params",
+           fmt::format("parameter offload moves the ZeRO-3 parameter partition; it needs "
+                       "zero_stage 3, not {}",
+                       p.zero_stage));
+    }
+    if (p.offload_optimizer == Offload::none) {
+      fail("/parallel/offload_params",
+           "parameter offload with the optimizer on the GPU is not modelled (the GPU optimizer "
+           "would step parameters that live on the host); offload the optimizer too");
+    }
+  }
+  if ((p.offload_optimizer == Offload::nvme || p.offload_params == Offload::nvme) &&
+      !(c.nvme_bandwidth > 0)) {
+    fail("/cluster/nvme_bandwidth",
+         "offload to nvme needs the node's NVMe bandwidth (bytes/s, one direction)");
+  }
+
   // Magnitudes: keep every byte count far inside int64 (docs/limits.md).
   const double b = static_cast<double>(t.micro_batch_size);
   const double sq = static_cast<double>(t.seq_length);

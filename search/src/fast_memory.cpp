@@ -56,6 +56,8 @@ Bytes FastMemory::stage_total(const Layout& l, Count st, Count layer_count) cons
   ml.sequence_parallel = l.sequence_parallel;
   ml.recompute = l.recompute;
   ml.schedule = l.schedule;
+  ml.offload_optimizer = base_.parallel.offload_optimizer;  // the search keeps the base's offload
+  ml.offload_params = base_.parallel.offload_params;
   const int stage = static_cast<int>(st);
   const StageUnitParams units = stage_unit_params(base_.model, l.tp, l.pp, l.schedule, stage,
                                                   layer_count, vocab_, layer_params_);

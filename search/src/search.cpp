@@ -269,26 +269,40 @@ void add_suggestions(const Space& space, const Options& opt, Result& r) {
     const Scenario s = make_scenario(space.base, c.layout);
     const Estimate e = estimate(s);
     if (!fits(c.analytic, opt.memory_margin)) {
-      // Optimizer states moved to host memory (ZeRO-Offload, Ren et al. 2021): the peak of each
-      // stage drops by its optimizer bytes. The planner does not model offload's time cost.
-      Bytes offload_peak = 0;
-      for (const StageMemory& st : e.memory.stages) {
-        offload_peak = std::max(offload_peak, st.total_bytes - st.optimizer_bytes);
+      // Optimizer states moved to host memory (ZeRO-Offload, Ren et al. 2021): the planner's
+      // offload model (docs/memory.md, "Offload") gives the closest layout's peak and the step
+      // time it costs; offload needs ZeRO, so a ZeRO-0 layout takes ZeRO-1 with it.
+      Scenario x = s;
+      x.parallel.offload_optimizer = Offload::cpu;
+      x.parallel.zero_stage = std::max(1, x.parallel.zero_stage);
+      bool valid = true;
+      try {
+        validate_scenario(x);
+      } catch (const InputError&) {
+        valid = false;
       }
-      Suggestion off;
-      off.change = "optimizer_offload";
-      off.value = static_cast<double>(offload_peak);
-      off.fits = static_cast<double>(offload_peak) <=
-                 static_cast<double>(c.analytic.capacity_bytes) * limit_factor;
-      char buf[256];
-      std::snprintf(buf, sizeof buf,
-                    "offloading the optimizer states of the closest layout to CPU memory would "
-                    "lower its peak from %.1f GiB to %.1f GiB (capacity %.1f GiB)",
-                    to_gib(c.analytic.peak_bytes), to_gib(offload_peak),
-                    to_gib(c.analytic.capacity_bytes));
-      off.detail = buf;
-      r.suggestions.push_back(off);
+      if (valid) {
+        const Estimate eo = estimate(x);
+        Suggestion off;
+        off.change = "optimizer_offload";
+        off.value = static_cast<double>(eo.memory.peak_bytes);
+        off.fits = eo.memory.host_fits &&
+                   static_cast<double>(eo.memory.peak_bytes) <=
+                       static_cast<double>(c.analytic.capacity_bytes) * limit_factor;
+        char buf[320];
+        std::snprintf(buf, sizeof buf,
+                      "offloading the optimizer states of the closest layout to CPU memory%s "
+                      "would lower its peak from %.1f GiB to %.1f GiB (capacity %.1f GiB), "
+                      "%+.2f s per step, %.1f GiB of host memory per node",
+                      s.parallel.zero_stage == 0 ? " (with ZeRO-1)" : "",
+                      to_gib(c.analytic.peak_bytes), to_gib(eo.memory.peak_bytes),
+                      to_gib(c.analytic.capacity_bytes), eo.time.step_seconds - e.time.step_seconds,
+                      to_gib(eo.memory.host_bytes_per_node));
+        off.detail = buf;
+        r.suggestions.push_back(off);
+      }
 
+      char buf[256];
       Suggestion gpu;
       gpu.change = "larger_gpu";
       gpu.value = std::ceil(static_cast<double>(c.analytic.peak_bytes) / limit_factor);

@@ -293,6 +293,14 @@ void inner_lists(const Space& space, const Outer& o, RejectCounts& rejected, Inn
       bump(rejected, Reject::zero_needs_dp);
       continue;
     }
+    // The base's offload stays; it needs ZeRO (ZeRO-3 for parameters or NVMe, validate.cpp).
+    const ParallelSpec& bp = b.parallel;
+    const bool needs_zero3 =
+        bp.offload_params != Offload::none || bp.offload_optimizer == Offload::nvme;
+    if ((bp.offload_optimizer != Offload::none && z == 0) || (needs_zero3 && z != 3)) {
+      bump(rejected, Reject::invalid_scenario);
+      continue;
+    }
     out.zero_stages.push_back(z);
   }
 

@@ -32,12 +32,14 @@ struct StageMemory {
   Bytes buffers_bytes = 0;
   Bytes runtime_bytes = 0;
   Bytes transient_bytes = 0;  // inside a layer's backward: activation gradients, framework buckets
-  Bytes total_bytes = 0;
+  Bytes total_bytes = 0;  // GPU memory: the categories above
   // What PyTorch's caching allocator has handed out at the peak (max_memory_allocated), and what
   // the device holds then: the allocator's segments plus the runtime outside it (nvidia-smi).
   // generic: allocated = total - runtime, reserved = total (docs/memory.md).
   Bytes allocated_bytes = 0;
   Bytes reserved_bytes = 0;
+  Bytes host_bytes = 0;   // offloaded model states and pinned swap buffers in host memory
+  Bytes nvme_bytes = 0;   // model states swapped to NVMe
   bool operator==(const StageMemory&) const = default;
 };
 
@@ -49,6 +51,12 @@ struct MemoryEstimate {
   Bytes peak_reserved_bytes = 0;   // the largest stage reserved_bytes
   bool fits = false;               // peak_reserved_bytes <= capacity_bytes
   std::vector<StageMemory> stages;
+  // Offload: per node, the node's GPUs (min(num_gpus, gpus_per_node)) times the stage with the
+  // most; host_fits is false only when cluster.host_memory_bytes is given and exceeded.
+  Bytes host_bytes_per_node = 0;
+  Bytes host_capacity_bytes = 0;
+  bool host_fits = true;
+  Bytes nvme_bytes_per_node = 0;
   bool operator==(const MemoryEstimate&) const = default;
 };
 
@@ -108,6 +116,18 @@ struct StageCosts {
   bool operator==(const StageCosts&) const = default;
 };
 
+/// Offload traffic and host work per step, for the stage with the most (docs/time.md, "Offload").
+/// Its times are inside the stage costs: gradient copies in grad_reduce, parameter fetches in
+/// zero3_gather, CPU optimizer, NVMe swaps and the parameter upload in optimizer.
+struct OffloadEstimate {
+  Bytes pcie_bytes_per_gpu_per_step = 0;   // host <-> GPU, both directions
+  Bytes nvme_bytes_per_node_per_step = 0;  // reads and writes
+  Seconds pcie_seconds = 0;                // per step, before overlap
+  Seconds nvme_seconds = 0;
+  Seconds cpu_optimizer_seconds = 0;
+  bool operator==(const OffloadEstimate&) const = default;
+};
+
 struct TimeEstimate {
   Seconds step_seconds = 0;
   double tokens_per_second = 0;
@@ -128,6 +148,7 @@ struct Estimate {
   CommunicationEstimate communication;
   ComputeEstimate compute;
   std::vector<StageCosts> stage_costs;
+  OffloadEstimate offload;
   TimeEstimate time;
   bool operator==(const Estimate&) const = default;
 };

@@ -10,6 +10,7 @@
 #include "distplan/planner/estimate.h"
 #include "distplan/planner/layer_ops.h"
 #include "distplan/planner/layout.h"
+#include "distplan/planner/offload.h"
 #include "distplan/planner/spec.h"
 #include "distplan/planner/units.h"
 
@@ -28,6 +29,8 @@ struct MemoryLayout {
   bool sequence_parallel = false;
   Recompute recompute = Recompute::none;
   Schedule schedule = Schedule::one_f_one_b;
+  Offload offload_optimizer = Offload::none;
+  Offload offload_params = Offload::none;
 };
 [[nodiscard]] MemoryLayout memory_layout(const Scenario& s) noexcept;
 
@@ -223,6 +226,20 @@ inline void stage_memory(const Scenario& base, const MemoryLayout& l, const Stag
   sm.weights_bytes = (l.zero_stage >= 3 ? sharded : full) * weight_b;
   sm.gradients_bytes = (l.zero_stage >= 2 ? sharded : full) * gb;
   sm.optimizer_bytes = (l.zero_stage >= 1 ? sharded : full) * opt_k;
+  // Offload (ZeRO-Offload, Ren et al. 2021, sec. 4; ZeRO-Infinity, Rajbhandari et al. 2021):
+  // the optimizer's partition leaves the GPU, and with it the ZeRO-2/3 gradient partition, which
+  // is copied to host memory as each unit is reduced (ZeRO-1 keeps its full gradients); ZeRO-3
+  // can also move its parameter partition. Validation admits offload only with ZeRO
+  // (docs/memory.md).
+  if (l.offload_optimizer != Offload::none) {
+    sm.optimizer_bytes = 0;
+    if (l.zero_stage >= 2) sm.gradients_bytes = 0;
+  }
+  if (l.offload_params != Offload::none) sm.weights_bytes = 0;
+  const OffloadBytes off =
+      offload_bytes(l.offload_optimizer, l.offload_params, t, base.assumptions, sharded);
+  sm.host_bytes = off.host;
+  sm.nvme_bytes = off.nvme;
 
   // Activations: per micro-batch through this GPU's layers, times what is in flight.
   const Bytes token_h = act_tokens * h;

@@ -20,6 +20,9 @@ enum class Optimizer { adamw, adam, sgd };
 enum class Attention { flash, standard };
 enum class Recompute { none, selective, full };
 enum class Router { softmax, sigmoid };
+/// Where ZeRO keeps a model state: on the GPU, in host memory, or on the node's NVMe (ZeRO-Offload,
+/// Ren et al. 2021; ZeRO-Infinity, Rajbhandari et al. 2021; docs/memory.md, "Offload").
+enum class Offload { none, cpu, nvme };
 enum class Schedule {
   gpipe,
   one_f_one_b,
@@ -48,6 +51,7 @@ enum class Schedule {
 [[nodiscard]] std::string_view to_string(Recompute v) noexcept;
 [[nodiscard]] std::string_view to_string(Schedule v) noexcept;
 [[nodiscard]] std::string_view to_string(Router v) noexcept;
+[[nodiscard]] std::string_view to_string(Offload v) noexcept;
 [[nodiscard]] constexpr Bytes bytes_of(DType d) noexcept {
   return d == DType::fp32 ? 4 : 2;
 }
@@ -146,6 +150,7 @@ struct GpuSpec {
   double memory_efficiency = 0.7;  // achieved / nominal HBM bandwidth of elementwise kernels
   double flash_forward_efficiency = 0.62;   // flash attention forward, achieved / dense peak
   double flash_backward_efficiency = 0.52;  // flash attention backward, achieved / dense peak
+  BytesPerSecond pcie_bandwidth = 0;  // host link per GPU, one direction (0: offload refused)
   bool operator==(const GpuSpec&) const = default;
 };
 
@@ -161,6 +166,8 @@ struct ClusterSpec {
   // runtime_reserve_bytes below zero: computed from training.framework's profile (docs/memory.md,
   // "Runtime and allocator"); the reader sets it when a framework is named and no reserve is given.
   static constexpr Bytes kRuntimeFromProfile = -1;
+  Bytes host_memory_bytes = 0;       // host memory per node (0: not given, not checked)
+  BytesPerSecond nvme_bandwidth = 0;  // the node's NVMe, one direction (0: nvme offload refused)
   bool operator==(const ClusterSpec&) const = default;
 };
 
@@ -188,6 +195,8 @@ struct ParallelSpec {
   Schedule schedule = Schedule::one_f_one_b;
   Count virtual_stages = 1;
   std::vector<Count> layers_per_stage;  // explicit split, one entry per stage; empty = even
+  Offload offload_optimizer = Offload::none;  // fp32 master weights, moments, fp32 gradients
+  Offload offload_params = Offload::none;     // the compute-dtype parameter shard (ZeRO-3)
   bool operator==(const ParallelSpec&) const = default;
 };
 
@@ -212,6 +221,13 @@ struct Assumptions {
   Count vocab_pad_multiple = 1;                  // vocab padded to a multiple of this × tp
   // training.framework's memory profile; the reader fills it and applies the JSON's overrides.
   FrameworkProfile framework_profile;
+  // Offload (docs/assumptions.md): host and NVMe figures DeepSpeed's offload depends on.
+  double pcie_efficiency = 0.8;  // achieved / nominal PCIe bandwidth of pinned copies
+  BytesPerSecond cpu_optimizer_bandwidth = 200e9;  // host memory bandwidth CPU Adam achieves, node
+  Count nvme_optimizer_buffer_count = 4;           // DeepSpeed offload_optimizer.buffer_count
+  Count nvme_sub_group_params = 1000000000;        // DeepSpeed zero_optimization.sub_group_size
+  Count nvme_param_buffer_count = 5;               // DeepSpeed offload_param.buffer_count
+  Count nvme_param_buffer_params = 100000000;      // DeepSpeed offload_param.buffer_size
   bool operator==(const Assumptions&) const = default;
 };
 
