@@ -41,6 +41,8 @@ constexpr std::array kPositions = {PositionEmbedding::learned, PositionEmbedding
 constexpr std::array kDTypes = {DType::fp32, DType::fp16, DType::bf16};
 constexpr std::array kOptimizers = {Optimizer::adamw, Optimizer::adam, Optimizer::sgd};
 constexpr std::array kAttentions = {Attention::flash, Attention::standard};
+constexpr std::array kFrameworks = {Framework::generic, Framework::megatron, Framework::deepspeed,
+                                    Framework::fsdp2};
 constexpr std::array kRecomputes = {Recompute::none, Recompute::selective, Recompute::full};
 constexpr std::array kSchedules = {Schedule::gpipe, Schedule::one_f_one_b,
                                    Schedule::interleaved_1f1b, Schedule::zb_h1, Schedule::zb_h2};
@@ -328,6 +330,8 @@ void ScenarioEditor::buildTrainingGroup(QFormLayout* form) {
   for (const QString& n : enumNames(kDTypes)) grad->addItem(n, n);
   addChoice(form, tr("Attention"), QStringLiteral("/training/attention"), enumNames(kAttentions));
   addValue(form, tr("Dropout"), QStringLiteral("/training/dropout"), FieldUnit::plain);
+  // The memory profile (docs/memory.md): allocated and reserved bytes as the framework measures.
+  addChoice(form, tr("Framework"), QStringLiteral("/training/framework"), enumNames(kFrameworks));
 }
 
 void ScenarioEditor::buildParallelGroup(QFormLayout* form) {

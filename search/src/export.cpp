@@ -477,7 +477,7 @@ Exported export_scenario(const Scenario& s, ExportFormat format) {
   const MemoryEstimate mem = estimate(s).memory;
   Exported seed;
   seed.fits = mem.fits;
-  seed.peak_bytes = mem.peak_bytes;
+  seed.peak_bytes = mem.peak_reserved_bytes;  // what fits compares
   seed.capacity_bytes = mem.capacity_bytes;
   switch (format) {
     case ExportFormat::megatron:

@@ -100,13 +100,15 @@ std::string format_simulate_table(const Scenario& s, const SimResult& r) {
   out += fmt::format("bubble fraction      {:12.2f} %\n", r.bubble_fraction * 100.0);
   out +=
       fmt::format("exposed comm         {:12.3f} ms\n", r.exposed_communication_seconds * kMillis);
-  out += fmt::format("\n{:>5}  {:>12}  {:>12}  {:>12}  {:>9}  {:>14}\n", "stage", "busy (ms)",
-                     "idle (ms)", "end (ms)", "in-flight", "act. (GiB)");
+  out +=
+      fmt::format("\n{:>5}  {:>12}  {:>12}  {:>12}  {:>9}  {:>14}  {:>14}\n", "stage", "busy (ms)",
+                  "idle (ms)", "end (ms)", "in-flight", "act. (GiB)", "alloc. (GiB)");
   for (const StageResult& st : r.stages) {
-    out += fmt::format("{:>5}  {:>12.3f}  {:>12.3f}  {:>12.3f}  {:>9}  {:>14.3f}\n", st.stage,
-                       st.busy_seconds * kMillis, (r.step_seconds - st.busy_seconds) * kMillis,
-                       st.end_seconds * kMillis, st.peak_inflight_microbatches,
-                       to_gib(st.peak_activation_bytes));
+    out += fmt::format("{:>5}  {:>12.3f}  {:>12.3f}  {:>12.3f}  {:>9}  {:>14.3f}  {:>14.3f}\n",
+                       st.stage, st.busy_seconds * kMillis,
+                       (r.step_seconds - st.busy_seconds) * kMillis, st.end_seconds * kMillis,
+                       st.peak_inflight_microbatches, to_gib(st.peak_activation_bytes),
+                       to_gib(st.peak_allocated_bytes));
   }
   return out;
 }

@@ -133,7 +133,8 @@ struct StageUnitParams {
 
 /// The framework's terms of one stage (docs/memory.md, "Framework profiles", "Runtime and
 /// allocator"): the backward's transient, the runtime, and allocated and reserved bytes.
-/// `sm` has its six categories but runtime filled.
+/// `sm` holds every category but the runtime; this fills the runtime, the transient and the
+/// totals.
 inline void framework_terms(const Scenario& base, const MemoryLayout& l, const StageUnitParams& u,
                             const LayerActivation& act, int st, StageMemory& sm) noexcept {
   const FrameworkProfile& fw = base.assumptions.framework_profile;
