@@ -17,6 +17,7 @@ MemoryLayout memory_layout(const Scenario& s) noexcept {
   l.sequence_parallel = p.sequence_parallel;
   l.recompute = p.recompute;
   l.schedule = p.schedule;
+  l.zb_memory_limit = p.zb_memory_limit();
   return l;
 }
 

@@ -54,6 +54,8 @@ Bytes FastMemory::stage_total(const Layout& l, Count st, Count layer_count) cons
   ml.shard = l.zero_stage == 0 ? 1 : (l.fsdp_shard_size > 0 ? l.fsdp_shard_size : l.dp);
   ml.sequence_parallel = l.sequence_parallel;
   ml.recompute = l.recompute;
+  // zb_auto with the default limit: an upper bound of estimate()'s (search.cpp estimates it).
+  ml.zb_memory_limit = l.pp;
   ml.schedule = l.schedule;
   const int stage = static_cast<int>(st);
   const StageUnitParams units = stage_unit_params(base_.model, l.tp, l.pp, l.schedule, stage,
@@ -120,6 +122,7 @@ Seconds FastMemory::step_lower_bound(const Layout& l) const noexcept {
     case Schedule::v_half:
     case Schedule::v_min:
     case Schedule::dualpipe_v:
+    case Schedule::zb_auto:
       break;
   }
   return pipe;
