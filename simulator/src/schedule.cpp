@@ -68,7 +68,7 @@ SchedulePrograms empty_programs(Count p, Count m, Count v) {
 }
 
 Action act(Op op, Count mb, Count chunk = 0) {
-  return Action{op, static_cast<std::int32_t>(mb), static_cast<std::int32_t>(chunk)};
+  return Action{op, static_cast<std::int32_t>(mb), static_cast<std::int32_t>(chunk), false};
 }
 
 // Stage s of a split-backward 1F1B family schedule: `warmup` forwards, then (F, B) pairs (B and
