@@ -271,6 +271,10 @@ void TimelineWidget::paintEvent(QPaintEvent*) {
     if (blockCount(k) > 0) legend(kindColor(k), kindName(k));
   }
   legend(QBrush(QColor(0xa0, 0xa0, 0xa0), Qt::BDiagPattern), tr("idle (bubble)"));
+  if (data_->v_shape) {
+    legend(kindColor(BlockKind::forward).lighter(135),
+           tr("lighter, \u2191: chunk 1, back up the V to stage 0"));
+  }
 }
 
 const TimelineBlock* TimelineWidget::blockAt(QPointF pos) const {
