@@ -102,6 +102,13 @@ void check_supported(const Scenario& s) {
                          " (chunks s and 2p - 1 - s on stage s); simulate it, or train with "
                          "zb_h1, zb_h2 or interleaved_1f1b");
   }
+  if (s.parallel.schedule == Schedule::zb_auto) {
+    // Its order comes from the heuristic on the planner's stage times, which the trainer's ranks
+    // would each have to rebuild identically; not done.
+    throw InputError("/parallel/schedule",
+                     "the backend does not run zb_auto (its order depends on the stage times); "
+                     "simulate it, or train with zb_h1 or zb_h2");
+  }
   if (s.training.dropout > 0)
     throw InputError("/training/dropout", "the backend trains without dropout");
   if (s.model.tied_embeddings && s.parallel.zero_stage >= 2) {

@@ -20,6 +20,9 @@ struct TimelineBlock {
   double start_seconds = 0;
   double end_seconds = 0;
   std::uint16_t label = 0;  // index into TimelineData::labels: what the tooltip names
+  /// The pass belongs to a chunk whose activations flow from the last stage back towards stage 0
+  /// (a V schedule's second chunk, virtual stage 2p - 1 - s); false: from stage 0 onwards.
+  bool upward = false;
   bool operator==(const TimelineBlock&) const = default;
 };
 
@@ -35,6 +38,7 @@ struct TimelineLane {
 struct TimelineData {
   int num_stages = 0;
   double step_seconds = 0;
+  bool v_shape = false;  // chunks placed in a V: each pass shows its chunk's direction
   std::vector<TimelineBlock> blocks;
   std::vector<QString> labels;  // shared by the blocks (a few kinds), not one string per block
   // Filled by indexTimeline (on the simulation's worker, not the UI thread).

@@ -203,7 +203,9 @@ void TimelineWidget::paintEvent(QPaintEvent*) {
     while (i < n && lane.starts[i] <= t1) {
       const TimelineBlock& b = data_->blocks[lane.order[i]];
       const QRectF r = blockRect(b);
-      const QColor c = kindColor(b.kind);
+      // A V's returning chunk is drawn lighter and its label carries an up arrow, so both
+      // directions of the V stay apart even where the labels do not fit.
+      const QColor c = b.upward ? kindColor(b.kind).lighter(135) : kindColor(b.kind);
       if (xOf(b.end_seconds) - xOf(b.start_seconds) >= 1.0) {
         p.fillRect(r, c);
         if (r.width() >= 3 && r.height() >= 3) {
@@ -211,7 +213,10 @@ void TimelineWidget::paintEvent(QPaintEvent*) {
           p.drawRect(r);
         }
         if (b.microbatch >= 0 && b.kind != BlockKind::communication) {
-          const QString text = QString::number(b.microbatch);
+          const QString text =
+              QString::number(b.microbatch) +
+              (data_->v_shape ? (b.upward ? QStringLiteral("\u2191") : QStringLiteral("\u2193"))
+                              : QString());
           if (fm.horizontalAdvance(text) + 4 < r.width() && fm.height() < r.height()) {
             p.setPen(Qt::white);
             p.drawText(r, Qt::AlignCenter, text);
@@ -266,6 +271,10 @@ void TimelineWidget::paintEvent(QPaintEvent*) {
     if (blockCount(k) > 0) legend(kindColor(k), kindName(k));
   }
   legend(QBrush(QColor(0xa0, 0xa0, 0xa0), Qt::BDiagPattern), tr("idle (bubble)"));
+  if (data_->v_shape) {
+    legend(kindColor(BlockKind::forward).lighter(135),
+           tr("lighter, \u2191: chunk 1, back up the V to stage 0"));
+  }
 }
 
 const TimelineBlock* TimelineWidget::blockAt(QPointF pos) const {
@@ -294,7 +303,12 @@ bool TimelineWidget::event(QEvent* event) {
     if (const TimelineBlock* b = blockAt(help->pos())) {
       QString what = b->label < data_->labels.size() ? data_->labels[b->label] : kindName(b->kind);
       if (b->microbatch >= 0) what += tr(", micro-batch %1").arg(b->microbatch);
-      if (b->chunk > 0) what += tr(", chunk %1").arg(b->chunk);
+      if (data_->v_shape && b->kind != BlockKind::communication && b->microbatch >= 0) {
+        what += b->upward ? tr(", chunk %1, from the last stage back to stage 0").arg(b->chunk)
+                          : tr(", chunk %1, from stage 0 to the last stage").arg(b->chunk);
+      } else if (b->chunk > 0) {
+        what += tr(", chunk %1").arg(b->chunk);
+      }
       QToolTip::showText(help->globalPos(),
                          tr("Stage %1: %2\n%3 – %4 ms (%5 ms)")
                              .arg(b->stage)

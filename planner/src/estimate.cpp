@@ -14,6 +14,7 @@
 #include "distplan/planner/offload.h"
 #include "distplan/planner/op_costs.h"
 #include "distplan/planner/overlap.h"
+#include "distplan/planner/zb_auto.h"
 
 namespace distplan {
 
@@ -121,6 +122,12 @@ class Estimator {
     compute(e);
     communication_and_costs(e);
     time(e);
+    if (!zb_peak_.empty()) {
+      // zb_auto: the heuristic (run by time() on the stage costs) may leave a stage below its
+      // limit; its saved activations are what the order holds.
+      e.memory = MemoryEstimate{};
+      memory(e);
+    }
     return e;
   }
 
@@ -152,7 +159,7 @@ class Estimator {
     // The terms are memory_terms.cpp's (docs/memory.md), shared with the search's lean path.
     const Count pp = p_.pp;
     const Count v = p_.virtual_stages;
-    const MemoryLayout ml = memory_layout(s_);
+    MemoryLayout ml = memory_layout(s_);
     const LayerActivation act =
         layer_activation(table_, m_, t_, p_.tp, p_.sequence_parallel, p_.recompute);
     MemoryEstimate& mem = e.memory;
@@ -162,6 +169,7 @@ class Estimator {
     for (int st = 0; st < pp; ++st) {
       const Count layers = layers_[static_cast<std::size_t>(st)];
       StageMemory& sm = mem.stages[static_cast<std::size_t>(st)];
+      if (!zb_peak_.empty()) ml.zb_memory_limit = zb_peak_[static_cast<std::size_t>(st)];
       stage_memory(
           s_, ml,
           stage_unit_params(m_, p_.tp, pp, p_.schedule, st, layers, vocab_, layer_params_rank_),
@@ -736,8 +744,30 @@ class Estimator {
         // Qi et al. 2023, Table 2: bubble (p - 1)(F + B - 2W), zero when W is large enough.
         pipe = m * t_max + (p - 1) * std::max(0.0, F + B - 2 * W);
         break;
-      case Schedule::zb_v:
-      case Schedule::v_half:
+      case Schedule::zb_auto: {
+        // The paper's heuristic on these stage times (zb_auto.h), activations held from F to W:
+        // its longest stage span, p2p included (steps overlap, as the simulator counts them).
+        std::vector<ZbAutoStage> stages(static_cast<std::size_t>(pp));
+        double c = 0;
+        for (int st = 0; st < pp; ++st) {
+          const StageCosts& k = e.stage_costs[static_cast<std::size_t>(st)];
+          stages[static_cast<std::size_t>(st)] =
+              ZbAutoStage{k.forward,
+                          k.backward_input,
+                          k.backward_weight,
+                          1,
+                          0,
+                          -1,
+                          static_cast<double>(p_.zb_memory_limit())};
+          c = std::max(c, k.p2p);
+        }
+        const ZbAutoSchedule z =
+            zb_auto_schedule(nmb_, stages, c, "/parallel/zb_memory_limit_microbatches");
+        pipe = z.longest_span - 2.0 * (p - 1) * ks.p2p;  // the span has the p2p path already
+        zb_peak_.clear();
+        for (double peak : z.peak_memory) zb_peak_.push_back(static_cast<Count>(peak + 0.5));
+        break;
+      }
       case Schedule::dualpipe_v: {
         // DualPipeV (deepseek-ai/DualPipe dualpipev.py; make_dualpipe_v): per chunk F/2, B/2,
         // W/2 and the overlapped pair F&B (overlap.h, the simulator's pair). The last stage runs
@@ -751,6 +781,8 @@ class Estimator {
         pipe = m * t_max - (2 * (m - p) - 1) * saving + (p - 1) * (fb + std::max(F, B) / 2 - W);
         break;
       }
+      case Schedule::zb_v:
+      case Schedule::v_half:
       case Schedule::v_min:
         // t_max is both chunks of the stage. ZB-V: zero bubble when F = B = W (Qi et al. 2023,
         // Sec. 6); otherwise, and for V-Half / V-Min, m t_max is a lower bound (the simulation
@@ -830,6 +862,7 @@ class Estimator {
   std::array<GroupInfo, 5> groups_{};
   Count vocab_ = 0;
   Count nmb_ = 0;
+  std::vector<Count> zb_peak_;  // zb_auto: saved micro-batches per stage of the heuristic's order
   LayerFlops lf_;
   double head_fwd_ = 0;
 };

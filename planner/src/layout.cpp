@@ -21,7 +21,8 @@ std::vector<Count> stage_layer_counts(const Scenario& s) {
   return layers;
 }
 
-Count inflight_chunks(Schedule schedule, Count pp, Count v, Count stage, Count m) noexcept {
+Count inflight_chunks(Schedule schedule, Count pp, Count v, Count stage, Count m,
+                      Count memory_limit) noexcept {
   switch (schedule) {
     case Schedule::gpipe:
       return m;  // every forward runs before the first backward
@@ -47,16 +48,20 @@ Count inflight_chunks(Schedule schedule, Count pp, Count v, Count stage, Count m
       // The authors' V-Half building block (make_v_half): 2 floor(p/2) + 2 chunks on every stage
       // once m >= 2p, about half of 1F1B's 2p (Qi et al. 2024; sail-sg README table "1/2x").
       return 2 * (pp / 2) + 2;
+    case Schedule::zb_auto:
+      // The heuristic fills the memory limit it is given (the planner passes
+      // ParallelSpec::zb_memory_limit() as `memory_limit`); at most m micro-batches exist.
+      return std::min(memory_limit, m);
     case Schedule::dualpipe_v:
       // DualPipeV (make_dualpipe_v): 2p chunks alive after the warm-up on every stage, one more
       // while an F&B pair runs: the README's "PP + 1" activations per device (PP = 2p stages of
       // one chunk each; deepseek-ai/DualPipe README.md). Needs m >= 2p (validate).
       return 2 * pp + 1;
     case Schedule::v_min: {
-      // V-Min's block (make_v_min): 2 floor((p + 1)/3) + 2 chunks, about a third of 1F1B's
-      // (README table "1/3x"); when p mod 3 = 2 every third stage, from stage 0, holds two fewer.
+      // V-Min's block after the authors' reordering (make_v_min): 2 floor((p + 1)/3) + 2 chunks,
+      // about a third of 1F1B's (README table "1/3x"); when p mod 3 = 2 stage 0 holds one fewer.
       const Count k = 2 * ((pp + 1) / 3) + 2;
-      return pp % 3 == 2 && stage % 3 == 0 ? k - 2 : k;
+      return pp % 3 == 2 && stage == 0 ? k - 1 : k;
     }
     case Schedule::interleaved_1f1b: {
       // Megatron-LM get_pp_rank_microbatches (NVIDIA/Megatron-LM
@@ -85,12 +90,13 @@ Count forward_chunk_count(Count c, Count k, Count pp, Count v) noexcept {
 }  // namespace
 
 Bytes activation_peak_bytes(Schedule schedule, Count pp, Count v, Count stage, Count m,
-                            Bytes chunk_bytes, Bytes first_bytes, Bytes last_bytes) noexcept {
+                            Bytes chunk_bytes, Bytes first_bytes, Bytes last_bytes,
+                            Count memory_limit) noexcept {
   // The first virtual stage is chunk 0 of stage 0 and the last is chunk v - 1 of stage pp - 1
   // (Megatron-LM's placement, virtual stage c * pp + s).
   const Bytes first = stage == 0 ? first_bytes : 0;
   const Bytes last = stage == head_stage(schedule, pp) ? last_bytes : 0;
-  const Count chunks = inflight_chunks(schedule, pp, v, stage, m);
+  const Count chunks = inflight_chunks(schedule, pp, v, stage, m, memory_limit);
   if (v_shape(schedule)) {
     // Stage 0 holds both ends of the V. At its peak it holds one chunk-1 pass and the rest of
     // chunk 0 (every V order, m >= 2p); ZB-V's first stable forward also reaches the peak with

@@ -20,6 +20,7 @@ MemoryLayout memory_layout(const Scenario& s) noexcept {
   l.schedule = p.schedule;
   l.offload_optimizer = p.offload_optimizer;
   l.offload_params = p.offload_params;
+  l.zb_memory_limit = p.zb_memory_limit();
   return l;
 }
 

@@ -635,7 +635,7 @@ Scenario scenario_from_json(const json& doc, std::initializer_list<std::string_v
       read_enum(r, "recompute", p.recompute, {"none", "selective", "full"});
       read_enum(r, "schedule", p.schedule,
                 {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_h2", "zb_v", "v_half", "v_min",
-                 "dualpipe_v"});
+                 "dualpipe_v", "zb_auto"});
       if (auto v = r.integer("virtual_stages", 1, 1024)) {
         p.virtual_stages = *v;
         if (v_shape(p.schedule) && *v != 2) {
@@ -657,6 +657,8 @@ Scenario scenario_from_json(const json& doc, std::initializer_list<std::string_v
                            "must list one layer count per pipeline stage; omit the field for an "
                            "even split");
       }
+      if (auto v = r.integer("zb_memory_limit_microbatches", 1, Count{1} << 24))
+        p.zb_memory_limit_microbatches = *v;
       r.finish();
     }
     Count& n = s.cluster.num_gpus;
@@ -797,6 +799,8 @@ json to_json(const ParallelSpec& p) {
             {"offload_optimizer", to_string(p.offload_optimizer)},
             {"offload_params", to_string(p.offload_params)}};
   if (!p.layers_per_stage.empty()) j["layers_per_stage"] = p.layers_per_stage;
+  if (p.zb_memory_limit_microbatches > 0)
+    j["zb_memory_limit_microbatches"] = p.zb_memory_limit_microbatches;
   return j;
 }
 

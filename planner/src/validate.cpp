@@ -162,6 +162,11 @@ void validate_scenario(const Scenario& s) {
                      "planner's activation peak assume it); the step has {}",
                      to_string(p.schedule), 2 * p.pp, m_mb));
   }
+  if (p.zb_memory_limit_microbatches > 0 && p.schedule != Schedule::zb_auto) {
+    fail("/parallel/zb_memory_limit_microbatches",
+         fmt::format("only schedule zb_auto takes a memory limit (schedule is {})",
+                     to_string(p.schedule)));
+  }
   if (p.schedule == Schedule::interleaved_1f1b) {
     if (m.num_layers % (p.pp * p.virtual_stages) != 0) {
       fail("/parallel/virtual_stages",

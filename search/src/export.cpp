@@ -377,6 +377,7 @@ Exported torchtitan(const Scenario& s, Exported out) {
       break;
     case Schedule::zb_h1:
     case Schedule::zb_h2:
+    case Schedule::zb_auto:
       schedule = "InterleavedZeroBubble";
       break;
     case Schedule::zb_v:
@@ -398,7 +399,9 @@ Exported torchtitan(const Scenario& s, Exported out) {
           to_string(p.schedule), p.schedule == Schedule::v_half ? 2 : 3));
       break;
   }
-  if ((p.schedule == Schedule::zb_h1 || p.schedule == Schedule::zb_h2) && p.pp > 1) {
+  if ((p.schedule == Schedule::zb_h1 || p.schedule == Schedule::zb_h2 ||
+       p.schedule == Schedule::zb_auto) &&
+      p.pp > 1) {
     out.notes.push_back(fmt::format(
         "schedule {} maps to torch.distributed.pipelining's InterleavedZeroBubble (a looped "
         "schedule with one stage per rank here)",

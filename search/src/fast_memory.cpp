@@ -55,6 +55,8 @@ Bytes FastMemory::stage_total(const Layout& l, Count st, Count layer_count) cons
   ml.dp = l.dp;
   ml.sequence_parallel = l.sequence_parallel;
   ml.recompute = l.recompute;
+  // zb_auto with the default limit: an upper bound of estimate()'s (search.cpp estimates it).
+  ml.zb_memory_limit = l.pp;
   ml.schedule = l.schedule;
   ml.offload_optimizer = base_.parallel.offload_optimizer;  // the search keeps the base's offload
   ml.offload_params = base_.parallel.offload_params;
@@ -123,6 +125,7 @@ Seconds FastMemory::step_lower_bound(const Layout& l) const noexcept {
     case Schedule::v_half:
     case Schedule::v_min:
     case Schedule::dualpipe_v:
+    case Schedule::zb_auto:
       break;
   }
   return pipe;

@@ -178,12 +178,15 @@ void search_worker(const Space& space, const Options& opt, const std::vector<Out
     if (opt.fast_memory) fast.set_outer(outers[i]);
     for_each_inner(space, outers[i], part.rejected, [&](const Layout& l) {
       Figures f;
-      if (opt.fast_memory) {
+      // zb_auto's activations come from its heuristic on the stage costs, which the lean path
+      // does not have (it would give the limit's peak, an upper bound): estimate it in full.
+      const bool lean = opt.fast_memory && l.schedule != Schedule::zb_auto;
+      if (lean) {
         // Peak memory first, exactly as estimate() has it; only what fits is estimated in full.
         f.peak_bytes = fast.peak_bytes(l);
         f.capacity_bytes = fast.capacity_bytes();
       }
-      if (opt.fast_memory && fits(f, opt.memory_margin) && part.top.full()) {
+      if (lean && fits(f, opt.memory_margin) && part.top.full()) {
         // Bound pruning: a layout that fits but cannot enter this thread's kept best cannot
         // enter the global best either (docs/search.md, "Pruning"). It is feasible; its full
         // estimate is not needed.
@@ -206,7 +209,7 @@ void search_worker(const Space& space, const Options& opt, const std::vector<Out
           return;
         }
       }
-      if (!opt.fast_memory || fits(f, opt.memory_margin)) {
+      if (!lean || fits(f, opt.memory_margin)) {
         apply_layout(s, l);
         f = evaluate(s);
       }

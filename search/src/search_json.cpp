@@ -136,7 +136,7 @@ Candidates read_parallel(const json& p) {
         return read_enum(x, q,
                          {Schedule::gpipe, Schedule::one_f_one_b, Schedule::interleaved_1f1b,
                           Schedule::zb_h1, Schedule::zb_h2, Schedule::zb_v, Schedule::v_half,
-                          Schedule::v_min, Schedule::dualpipe_v});
+                          Schedule::v_min, Schedule::dualpipe_v, Schedule::zb_auto});
       });
     } else if (key == "layers_per_stage") {
       throw InputError(path, "the search uses equal pipeline stages; omit layers_per_stage");

@@ -11,6 +11,7 @@
 #include "distplan/planner/check.h"
 #include "distplan/planner/error.h"
 #include "distplan/planner/layout.h"
+#include "v_reorder.h"
 
 namespace distplan::sim {
 
@@ -67,7 +68,7 @@ SchedulePrograms empty_programs(Count p, Count m, Count v) {
 }
 
 Action act(Op op, Count mb, Count chunk = 0) {
-  return Action{op, static_cast<std::int32_t>(mb), static_cast<std::int32_t>(chunk)};
+  return Action{op, static_cast<std::int32_t>(mb), static_cast<std::int32_t>(chunk), false};
 }
 
 // Stage s of a split-backward 1F1B family schedule: `warmup` forwards, then (F, B) pairs (B and
@@ -222,23 +223,35 @@ namespace {
 
 // Slot order of a V building block (make_v_half / make_v_min). `first[s]` holds the slots of
 // micro-batch 0's F chunk 0, F chunk 1, B chunk 1, B chunk 0 on stage s; micro-batch k adds 6k.
+// The authors' reordering (v_reorder.h) then moves the warm-up and cool-down passes earlier.
 SchedulePrograms v_from_block(Count p, Count m, const std::vector<std::array<Count, 4>>& first) {
   SchedulePrograms out = empty_programs(p, m, 2);
   out.v_shape = true;
   static constexpr Op kOp[4] = {Op::forward, Op::forward, Op::backward_input, Op::backward_input};
   static constexpr Count kChunk[4] = {0, 1, 1, 0};
+  std::vector<detail::StageSlots> slots(static_cast<std::size_t>(p));
   for (Count s = 0; s < p; ++s) {
-    const auto& base = first[static_cast<std::size_t>(s)];
+    auto& st = slots[static_cast<std::size_t>(s)];
+    st.resize(4);
+    for (std::size_t t = 0; t < 4; ++t)
+      for (Count k = 0; k < m; ++k) st[t].push_back(first[static_cast<std::size_t>(s)][t] + 6 * k);
+  }
+  slots = detail::squeeze_v_block(std::move(slots));
+  for (Count s = 0; s < p; ++s) {
+    const auto& base = slots[static_cast<std::size_t>(s)];
     auto& prog = out.programs[static_cast<std::size_t>(s)];
     prog.reserve(static_cast<std::size_t>(6 * m));
     Count next[4] = {0, 0, 0, 0};  // next micro-batch of each kind
     Count pending[2] = {0, 0};     // W owed for chunk 1, chunk 0 (in B order)
     Count done_w[2] = {0, 0};
-    const Count last_slot = *std::max_element(base.begin(), base.end()) + 6 * (m - 1);
+    Count last_slot = 0;
+    for (const auto& kind : base) last_slot = std::max(last_slot, kind.back());
     for (Count slot = 0; slot <= last_slot; ++slot) {
       int kind = -1;
       for (int t = 0; t < 4; ++t) {
-        if (next[t] < m && base[static_cast<std::size_t>(t)] + 6 * next[t] == slot) kind = t;
+        if (next[t] < m &&
+            base[static_cast<std::size_t>(t)][static_cast<std::size_t>(next[t])] == slot)
+          kind = t;
       }
       if (kind >= 0) {
         prog.push_back(act(kOp[kind], next[kind]++, kChunk[kind]));
@@ -336,6 +349,23 @@ SchedulePrograms make_dualpipe_v(Count p, Count m) {
   return out;
 }
 
+SchedulePrograms make_zb_auto(Count m, const std::vector<ZbAutoStage>& stages, Seconds p2p) {
+  const ZbAutoSchedule z =
+      zb_auto_schedule(m, stages, p2p, "/parallel/zb_memory_limit_microbatches");
+  SchedulePrograms out = empty_programs(static_cast<Count>(stages.size()), m, 1);
+  for (std::size_t s = 0; s < stages.size(); ++s) {
+    auto& prog = out.programs[s];
+    prog.reserve(z.order[s].size());
+    for (const ZbAutoPass& x : z.order[s]) {
+      const Op op = x.pass == ZbPass::forward          ? Op::forward
+                    : x.pass == ZbPass::backward_input ? Op::backward_input
+                                                       : Op::backward_weight;
+      prog.push_back(act(op, x.microbatch));
+    }
+  }
+  return out;
+}
+
 bool steps_overlap(Schedule kind) noexcept {
   // Both need the optimizer's post-validation (Qi et al. 2023, Sec. 4) to reach their published
   // bubbles: without it the step-wide synchronization breaks the parallelogram.
@@ -343,7 +373,10 @@ bool steps_overlap(Schedule kind) noexcept {
   // eager_execution_time).
   // DualPipeV steps its optimizer after a synchronized step (DeepSeek-AI's code waits for all
   // its sends before returning), so its step ends when the last stage does.
-  return kind == Schedule::zb_h2 || (v_shape(kind) && kind != Schedule::dualpipe_v);
+  // zb_auto as the paper runs its automatic schedules (post-validation, Sec. 4; Table 5 counts
+  // their longest stage span).
+  return kind == Schedule::zb_h2 || kind == Schedule::zb_auto ||
+         (v_shape(kind) && kind != Schedule::dualpipe_v);
 }
 
 SchedulePrograms make_schedule(Schedule kind, Count p, Count m, Count v) {
@@ -376,9 +409,14 @@ SchedulePrograms make_schedule(Schedule kind, Count p, Count m, Count v) {
       return make_v_min(p, m);
     case Schedule::dualpipe_v:
       return make_dualpipe_v(p, m);
+    case Schedule::zb_auto:
+      break;  // needs the stage times: make_zb_auto
   }
   throw InputError("/parallel/schedule",
-                   fmt::format("schedule {} has no program generator", to_string(kind)));
+                   kind == Schedule::zb_auto
+                       ? std::string("zb_auto's order depends on the stage times; it is built "
+                                     "with them (simulate, make_zb_auto)")
+                       : fmt::format("schedule {} has no program generator", to_string(kind)));
 }
 
 // ---- checker ---------------------------------------------------------------------------------

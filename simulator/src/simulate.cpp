@@ -581,11 +581,30 @@ SimResult simulate(const Scenario& s, const Estimate& e, const SimOptions& opts)
                                  prog->stages, prog->virtual_stages, prog->microbatches, p, v, m));
     }
     check_program(*prog);
-  } else {
+  }
+  const std::vector<StageTimes> times = stage_times(s, e, opts);
+  if (!prog && s.parallel.schedule == Schedule::zb_auto) {
+    // The heuristic orders the passes for these times, with the activations of one micro-batch
+    // held from its forward to its weight pass (docs/simulator.md, "Memory").
+    std::vector<ZbAutoStage> stages(static_cast<std::size_t>(p));
+    Seconds p2p = 0;
+    for (std::size_t i = 0; i < stages.size(); ++i) {
+      const StageTimes& t = times[i];
+      stages[i] = ZbAutoStage{t.forward,
+                              t.backward_input,
+                              t.backward_weight,
+                              1,
+                              0,
+                              -1,
+                              static_cast<double>(s.parallel.zb_memory_limit())};
+      p2p = std::max(p2p, t.p2p);
+    }
+    generated = make_zb_auto(m, stages, p2p);
+    prog = &generated;
+  } else if (!prog) {
     generated = make_schedule(s.parallel.schedule, p, m, v);
     prog = &generated;
   }
-  const std::vector<StageTimes> times = stage_times(s, e, opts);
 
   SimResult out;
   Workspace& ws = workspace();

@@ -49,6 +49,20 @@ TEST(VScheduleCli, ValidateRefusesZbVAtTheSchedule) {
   EXPECT_NE(e["error"].value("message", "").find("V-shape"), std::string::npos) << r.err;
 }
 
+TEST(VScheduleCli, ValidateRefusesZbAutoAtTheSchedule) {
+  json doc = tiny_v();
+  doc["parallel"]["schedule"] = "zb_auto";
+  const TempDir dir;
+  const auto in = dir.write("s.json", doc.dump());
+  const CliResult r = run_cli({"validate", in.string()});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  const json e = json::parse(r.err, nullptr, false);
+  ASSERT_TRUE(e.is_object() && e.contains("error")) << r.err;
+  EXPECT_EQ(e["error"].value("path", ""), "/parallel/schedule");
+  // plan and simulate take it.
+  for (const char* cmd : {"plan", "simulate"}) EXPECT_EQ(run_cli({cmd, in.string()}).exit_code, 0);
+}
+
 TEST(VScheduleCli, TooFewMicrobatchesForTheVAreRefused) {
   json doc = tiny_v();
   doc["training"]["global_batch_size"] = 6;  // m = 3 < 2 pp

@@ -32,6 +32,9 @@ void expect_agreement(Space sp) {
   for (const Outer& o : enumerate_outer(sp, rejected)) {
     fast.set_outer(o);
     for_each_inner(sp, o, rejected, [&](const Layout& l) {
+      // zb_auto: the lean path has the limit's peak, an upper bound; the search estimates it in
+      // full (search.cpp), and estimate() keeps its heuristic's per-stage count.
+      if (l.schedule == Schedule::zb_auto) return;
       const Estimate e = estimate(make_scenario(sp.base, l));
       ASSERT_EQ(fast.peak_bytes(l), e.memory.peak_reserved_bytes)  // what fits compares
           << "tp=" << l.tp << " pp=" << l.pp << " dp=" << l.dp << " mb=" << l.micro_batch_size

@@ -54,8 +54,10 @@ TEST(DualPipeV, ProgramsPassTheCheckerAndCountAsTheSource) {
         EXPECT_EQ(overlapped, pairs) << "p " << p << " m " << m << " r " << r;
         // Warm-up: 2(p - r - 1) chunk-0 forwards, then alternating chunk 0 and chunk 1.
         for (Count i = 0; i < 2 * (p - r - 1); ++i)
-          EXPECT_EQ(a[static_cast<std::size_t>(i)], (Action{Op::forward, static_cast<int>(i), 0}));
-        EXPECT_EQ(a[static_cast<std::size_t>(2 * (p - r - 1) + 1)], (Action{Op::forward, 0, 1}));
+          EXPECT_EQ(a[static_cast<std::size_t>(i)],
+                    (Action{Op::forward, static_cast<int>(i), 0, false}));
+        EXPECT_EQ(a[static_cast<std::size_t>(2 * (p - r - 1) + 1)],
+                  (Action{Op::forward, 0, 1, false}));
       }
     }
   }
@@ -212,6 +214,22 @@ TEST(DualPipeV, PlannedStepMatchesTheSimulation) {
   for (std::size_t k = 0; k < r.stages.size(); ++k) {
     EXPECT_EQ(e.memory.stages[k].inflight_chunks, r.stages[k].peak_inflight_chunks) << k;
     EXPECT_EQ(e.memory.stages[k].activations_bytes, r.stages[k].peak_activation_bytes) << k;
+  }
+}
+
+TEST(VScheduleTime, PlannerIsALowerBoundForZbVVHalfAndVMin) {
+  // The planner's m t_max for the other V schedules (docs/simulator.md): not their bubble, a
+  // lower bound of the simulated step on the same layout as above.
+  for (const char* sched : {"zb_v", "v_half", "v_min"}) {
+    nlohmann::json j = nlohmann::json::parse(R"({
+        "model": "llama2-7b",
+        "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16},
+        "training": {"seq_length": 4096, "global_batch_size": 64},
+        "parallel": {"tp": 2, "pp": 4, "zero_stage": 1, "sequence_parallel": true}})");
+    j["parallel"]["schedule"] = sched;
+    const Scenario s = scenario_from_json(j);
+    const Estimate e = estimate(s);
+    EXPECT_LE(e.time.step_seconds, simulate(s, e).step_seconds) << sched;
   }
 }
 

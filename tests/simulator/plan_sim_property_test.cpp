@@ -21,10 +21,10 @@ struct Drawn {
 
 Drawn draw(std::mt19937_64& rng) {
   auto pick = [&rng](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
-  static const char* kSchedules[] = {"gpipe",  "1f1b",  "interleaved_1f1b",
-                                     "zb_h1",  "zb_h2", "zb_v",
-                                     "v_half", "v_min", "dualpipe_v"};
-  const std::string sched = kSchedules[pick(0, 8)];
+  static const char* kSchedules[] = {"gpipe",      "1f1b",   "interleaved_1f1b", "zb_h1",
+                                     "zb_h2",      "zb_v",   "v_half",           "v_min",
+                                     "dualpipe_v", "zb_auto"};
+  const std::string sched = kSchedules[pick(0, 9)];
   const bool vee =
       sched == "zb_v" || sched == "v_half" || sched == "v_min" || sched == "dualpipe_v";
   const int pp = pick(1, 6);

@@ -22,10 +22,10 @@ std::string error_path(const std::function<void()>& f) {
 }
 
 TEST(ScheduleText, ParsesEveryActionForm) {
-  EXPECT_EQ(parse_action("F3", ""), (Action{Op::forward, 3, 0}));
-  EXPECT_EQ(parse_action(" B12 ", ""), (Action{Op::backward, 12, 0}));
-  EXPECT_EQ(parse_action("BI2.1", ""), (Action{Op::backward_input, 2, 1}));
-  EXPECT_EQ(parse_action("W0.3", ""), (Action{Op::backward_weight, 0, 3}));
+  EXPECT_EQ(parse_action("F3", ""), (Action{Op::forward, 3, 0, false}));
+  EXPECT_EQ(parse_action(" B12 ", ""), (Action{Op::backward, 12, 0, false}));
+  EXPECT_EQ(parse_action("BI2.1", ""), (Action{Op::backward_input, 2, 1, false}));
+  EXPECT_EQ(parse_action("W0.3", ""), (Action{Op::backward_weight, 0, 3, false}));
 }
 
 TEST(ScheduleText, RejectsMalformedActions) {
@@ -50,7 +50,7 @@ TEST(ScheduleJson, AcceptsObjectActions) {
   EXPECT_EQ(p.stages, 1);
   EXPECT_EQ(p.microbatches, 1);
   ASSERT_EQ(p.programs[0].size(), 3u);
-  EXPECT_EQ(p.programs[0][1], (Action{Op::backward_input, 0, 0}));
+  EXPECT_EQ(p.programs[0][1], (Action{Op::backward_input, 0, 0, false}));
 }
 
 TEST(ScheduleJson, RejectsUnknownFieldsWithTheirPath) {

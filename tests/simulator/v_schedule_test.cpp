@@ -175,10 +175,11 @@ TEST(VShape, VHalfAndVMinActivationPeaksAreAHalfAndAThirdOfOneFOneBs) {
 
 TEST(VShape, VHalfAndVMinTradeBubbleForMemory) {
   // README table with T_F = T_B = T_W: 1F1B's bubble B = (p - 1)/(m + p - 1); ZB-V 0; V-Half B/2
-  // and V-Min 2B/3 + O(n) after the authors' reordering pass. distplan runs the building block's
-  // order as is (no reordering): V-Min lands within 0.025 of 2B/3 here (the README's O(n)
-  // overhead, unquantified), V-Half about 0.65 B instead of B/2 (docs/simulator.md). Asserted:
-  // V-Half strictly between ZB-V's 0 and 1F1B's B, V-Min within 0.025 of 2B/3.
+  // and V-Min 2B/3 + O(n) after the authors' reordering pass, which distplan runs (v_reorder.h):
+  // V-Half lands at 0.30-0.55 B here (0.55 B at p = 16, m = 2p; below B/2 wherever m >= 8p or
+  // p <= 8; without the reordering it was about 0.65 B), V-Min within 0.025 of 2B/3 (the README's
+  // O(n) overhead, unquantified). Asserted: V-Half above ZB-V's 0 and at most 0.56 B, V-Min within
+  // 0.025 of 2B/3.
   for (Count p : {4, 8, 16}) {
     for (Count m : {2 * p, 4 * p, 8 * p}) {
       const double B = static_cast<double>(p - 1) / static_cast<double>(m + p - 1);
@@ -188,7 +189,8 @@ TEST(VShape, VHalfAndVMinTradeBubbleForMemory) {
       };
       const double half = bubble(Schedule::v_half), third = bubble(Schedule::v_min);
       EXPECT_GT(half, 0.0);
-      EXPECT_LT(half, B) << "p " << p << " m " << m;
+      EXPECT_LE(half, 0.56 * B) << "p " << p << " m " << m;
+      if (p <= 8 || m >= 8 * p) EXPECT_LE(half, B / 2) << "p " << p << " m " << m;
       EXPECT_NEAR(third, 2.0 * B / 3.0, 0.025) << "p " << p << " m " << m;
     }
   }

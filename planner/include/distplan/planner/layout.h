@@ -44,10 +44,11 @@ struct StageChunk {
 /// GPipe m; 1F1B min(p - stage, m); ZB-H1 min(p, m); ZB-H2 min(2p - 1, m) (activations live
 /// until the weight pass);
 /// interleaved 1F1B min(2(p - stage - 1) + (v - 1)p + 1, m*v) (Megatron-LM's warm-up count + 1);
-/// the V schedules (m >= 2p) ZB-V 2p, V-Half 2 floor(p/2) + 2, V-Min 2 floor((p + 1)/3) + 2 (two
-/// fewer on stages s = 0 mod 3 when p = 2 mod 3).
+/// the V schedules (m >= 2p) ZB-V 2p, V-Half 2 floor(p/2) + 2, V-Min 2 floor((p + 1)/3) + 2 (one
+/// fewer on stage 0 when p = 2 mod 3), DualPipeV 2p + 1;
+/// zb_auto: min(memory_limit, m), its per-stage limit (ParallelSpec::zb_memory_limit()).
 [[nodiscard]] Count inflight_chunks(Schedule schedule, Count pp, Count virtual_stages, Count stage,
-                                    Count num_microbatches) noexcept;
+                                    Count num_microbatches, Count memory_limit = 0) noexcept;
 
 /// Peak bytes of saved activations on `stage`: every in-flight (micro-batch, chunk) pair holds
 /// `chunk_bytes` (its layers), pairs of the first virtual stage also `first_bytes` (embedding
@@ -55,7 +56,8 @@ struct StageChunk {
 /// Equals the simulator's peak for the schedule's program (docs/simulator.md, "Memory").
 [[nodiscard]] Bytes activation_peak_bytes(Schedule schedule, Count pp, Count virtual_stages,
                                           Count stage, Count num_microbatches, Bytes chunk_bytes,
-                                          Bytes first_bytes, Bytes last_bytes) noexcept;
+                                          Bytes first_bytes, Bytes last_bytes,
+                                          Count memory_limit = 0) noexcept;
 
 /// Ranks spanned by a group and the link its collectives cross.
 [[nodiscard]] Count group_size(const Scenario& s, Group g) noexcept;

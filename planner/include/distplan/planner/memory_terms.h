@@ -31,6 +31,7 @@ struct MemoryLayout {
   Schedule schedule = Schedule::one_f_one_b;
   Offload offload_optimizer = Offload::none;
   Offload offload_params = Offload::none;
+  Count zb_memory_limit = 0;  // zb_auto's per-stage limit in micro-batches (ParallelSpec)
 };
 [[nodiscard]] MemoryLayout memory_layout(const Scenario& s) noexcept;
 
@@ -251,13 +252,14 @@ inline void stage_memory(const Scenario& base, const MemoryLayout& l, const Stag
                                  : 0;  // final norm, LM head
   sm.activation_bytes_per_microbatch =
       u.layers * act.kept + sm.embedding_activation_bytes + sm.head_activation_bytes;
-  sm.inflight_chunks = inflight_chunks(l.schedule, pp, v, st, l.num_microbatches);
+  sm.inflight_chunks =
+      inflight_chunks(l.schedule, pp, v, st, l.num_microbatches, l.zb_memory_limit);
   sm.inflight_microbatches = static_cast<double>(sm.inflight_chunks) / static_cast<double>(v);
   // The embedding's and LM head's tensors belong to the first and last virtual stage only; the
   // schedule's order decides how many of those chunks are in flight at the peak.
-  sm.activations_bytes =
-      activation_peak_bytes(l.schedule, pp, v, st, l.num_microbatches, (u.layers / v) * act.kept,
-                            sm.embedding_activation_bytes, sm.head_activation_bytes);
+  sm.activations_bytes = activation_peak_bytes(
+      l.schedule, pp, v, st, l.num_microbatches, (u.layers / v) * act.kept,
+      sm.embedding_activation_bytes, sm.head_activation_bytes, l.zb_memory_limit);
   // The layer whose backward runs rebuilds what recomputation dropped: one layer's working set,
   // counted on top of everything else in flight (docs/memory.md).
   sm.working_bytes = u.layers > 0 ? act.working : 0;

@@ -32,7 +32,8 @@ enum class Schedule {
   zb_v,
   v_half,
   v_min,
-  dualpipe_v
+  dualpipe_v,
+  zb_auto
 };
 /// V-shape schedules (Qi et al. 2024, "Pipeline Parallelism with Controllable Memory"): two
 /// chunks per stage, virtual stages s and 2p - 1 - s on stage s (down, then up). They imply
@@ -197,6 +198,12 @@ struct ParallelSpec {
   std::vector<Count> layers_per_stage;  // explicit split, one entry per stage; empty = even
   Offload offload_optimizer = Offload::none;  // fp32 master weights, moments, fp32 gradients
   Offload offload_params = Offload::none;     // the compute-dtype parameter shard (ZeRO-3)
+  /// zb_auto: saved activations each stage may hold, in micro-batches of that stage (the Zero
+  /// Bubble paper's memory limit, Qi et al. 2023 Sec. 3.1: pp for ZB-1p, 2 pp for ZB-2p); 0 = pp.
+  Count zb_memory_limit_microbatches = 0;
+  [[nodiscard]] Count zb_memory_limit() const noexcept {
+    return zb_memory_limit_microbatches > 0 ? zb_memory_limit_microbatches : pp;
+  }
   bool operator==(const ParallelSpec&) const = default;
 };
 

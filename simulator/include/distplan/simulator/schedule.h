@@ -14,6 +14,7 @@
 
 #include "distplan/planner/spec.h"
 #include "distplan/planner/units.h"
+#include "distplan/planner/zb_auto.h"
 
 namespace distplan::sim {
 
@@ -90,12 +91,12 @@ struct SchedulePrograms {
 /// runs, for micro-batch k, F of chunk 0, F of chunk 1, B of chunk 1 and B of chunk 0 at slots
 ///   V-Half: 2s, 3p - s - 2, 3p + d + 2s - 1, 6p + d - s - 2   (d = 3 if p is even, else 0)
 ///   V-Min:  s, 2p - s - 1, 2p + d + s, 4p + d - s - 1          (d = 2 if 3 divides p, else 0)
-/// plus 6k, and fills each empty slot with the oldest pending W (chunk 1's first); the program is
-/// that slot order (sail-sg/zero-bubble-pipeline-parallelism, megatron/core/pipeline_parallel/
-/// zerobubble/scheduler/zbv_greedy.py, stable_pattern_v_half / stable_pattern_v_min / put_w,
-/// commit 064369d6a5c670cc20480a201363e3c0a4ec0246). The authors' later "squeeze" only moves
-/// passes earlier without raising memory; the event simulation starts every pass as soon as its
-/// inputs and its stage allow, which squeezes the timeline in the same order.
+/// plus 6k; the authors' reordering ("squeeze", v_reorder.h) moves the warm-up and cool-down
+/// passes earlier without raising the largest stage's activation peak; each empty slot then takes
+/// the oldest pending W (chunk 1's first) and the program is that slot order
+/// (sail-sg/zero-bubble-pipeline-parallelism, megatron/core/pipeline_parallel/zerobubble/
+/// scheduler/zbv_greedy.py, stable_pattern_v_half / stable_pattern_v_min / put_w / reorder,
+/// commit 064369d6a5c670cc20480a201363e3c0a4ec0246).
 [[nodiscard]] SchedulePrograms make_v_half(Count p, Count m);
 [[nodiscard]] SchedulePrograms make_v_min(Count p, Count m);
 
@@ -110,6 +111,11 @@ struct SchedulePrograms {
 /// Backward passes outside steps 3, 6 and 7 are whole (B and W together). Needs m >= 2p.
 [[nodiscard]] SchedulePrograms make_dualpipe_v(Count p, Count m);
 
+/// zb_auto (Qi et al. 2023, Sec. 3.1): the order of the paper's heuristic (zb_auto_schedule in
+/// distplan/planner/zb_auto.h) for these per-stage times and memory limits; its steps overlap.
+[[nodiscard]] SchedulePrograms make_zb_auto(Count m, const std::vector<ZbAutoStage>& stages,
+                                            Seconds p2p);
+
 /// Whether consecutive steps overlap. ZB-H2 is run as Qi et al. 2023 run it: with the optimizer's
 /// post-validation (Sec. 4) no step-wide synchronization holds the first stages until the last
 /// one finishes, so a stage starts its next step as soon as its own work is done and its
@@ -119,7 +125,8 @@ struct SchedulePrograms {
 [[nodiscard]] bool steps_overlap(Schedule kind) noexcept;
 
 /// The generator for a scenario's schedule kind. Throws InputError (path "/parallel/schedule" or
-/// "/parallel/virtual_stages") when the kind cannot be built for (p, m, v).
+/// "/parallel/virtual_stages") when the kind cannot be built for (p, m, v); zb_auto, which needs
+/// the stage times, from make_zb_auto.
 [[nodiscard]] SchedulePrograms make_schedule(Schedule kind, Count p, Count m, Count v);
 
 /// Validates a program and throws InputError with a JSON pointer into the schedule document
