@@ -278,5 +278,69 @@ TEST(CudaSweep, ElementwiseKernelsPastTwoToThe24AndAtZero) {
   }
 }
 
+// Tiled causal flash attention against the oracle: one row, odd lengths, GQA groups of 1, 2 and
+// 4, sequences that cross the 64-row blocks and the key tiles (32 rows for d <= 128, 16 above),
+// head dims 8 to 256, and an empty sequence.
+TEST(CudaSweep, FlashAttentionMatchesTheOracleOnEveryShape) {
+  REQUIRE_GPU();
+  struct A {
+    int s, b, a, g, d;
+  };
+  const A shapes[] = {{0, 1, 2, 1, 8},    {1, 1, 1, 1, 8},    {5, 2, 4, 2, 8},   {33, 1, 3, 1, 16},
+                      {130, 2, 4, 4, 64}, {70, 1, 2, 1, 128}, {65, 1, 4, 1, 256}};
+  unsigned seed = 400;
+  for (const A& x : shapes) {
+    SCOPED_TRACE(std::to_string(x.s) + "," + std::to_string(x.b) + "," + std::to_string(x.a) + "," +
+                 std::to_string(x.g) + "," + std::to_string(x.d));
+    const std::size_t nq = static_cast<std::size_t>(x.s) * x.b * x.a * x.d;
+    const std::size_t nk = static_cast<std::size_t>(x.s) * x.b * x.g * x.d;
+    const std::size_t nl = static_cast<std::size_t>(x.b) * x.a * x.s;
+    const Vec q = random(nq, seed++), k = random(nk, seed++), v = random(nk, seed++);
+    const Vec dout = random(nq, seed++);
+    Vec out(nq), lse(nl), dq(nq), dk(nk), dv(nk);
+    cpu::flash_attention_forward(q.data(), k.data(), v.data(), out.data(), lse.data(), x.s, x.b,
+                                 x.a, x.g, x.d);
+    cpu::flash_attention_backward(dout.data(), q.data(), k.data(), v.data(), out.data(), lse.data(),
+                                  dq.data(), dk.data(), dv.data(), x.s, x.b, x.a, x.g, x.d);
+    Dev<float> qd(q), kd(k), vd(v), dod(dout), od(nq, 7.0f), ld(nl, 7.0f), dqd(nq, 7.0f),
+        dkd(nk, 7.0f), dvd(nk, 7.0f);
+    cuda::flash_attention_forward(qd.get(), kd.get(), vd.get(), od.get(), ld.get(), x.s, x.b, x.a,
+                                  x.g, x.d);
+    cuda::flash_attention_backward(dod.get(), qd.get(), kd.get(), vd.get(), od.get(), ld.get(),
+                                   dqd.get(), dkd.get(), dvd.get(), x.s, x.b, x.a, x.g, x.d);
+    cuda::synchronize();
+    EXPECT_LT(nerr(od.host(), out), kTol);
+    EXPECT_LT(nerr(ld.host(), lse), kTol);
+    EXPECT_LT(nerr(dqd.host(), dq), kTol);
+    EXPECT_LT(nerr(dkd.host(), dk), kTol);
+    EXPECT_LT(nerr(dvd.host(), dv), kTol);
+  }
+}
+
+// Rotary embedding forward and its inverse: a single pair, odd heads, and > 2^24 elements
+// (2049 x 8 x 8 x 128).
+TEST(CudaSweep, RotaryMatchesTheOracleOnEveryShape) {
+  REQUIRE_GPU();
+  struct R {
+    int s, b, h, d;
+  };
+  const R shapes[] = {{0, 1, 1, 8}, {1, 1, 1, 2}, {7, 3, 5, 64}, {2049, 8, 8, 128}};
+  unsigned seed = 500;
+  for (const R& r : shapes) {
+    SCOPED_TRACE(std::to_string(r.s) + "," + std::to_string(r.b) + "," + std::to_string(r.h) + "," +
+                 std::to_string(r.d));
+    const std::size_t n = static_cast<std::size_t>(r.s) * r.b * r.h * r.d;
+    Vec x = random(n, seed++), dx = random(n, seed++);
+    Dev<float> xd(x), dxd(dx);
+    cpu::rotary_forward(x.data(), r.s, r.b, r.h, r.d, 10000.0);
+    cpu::rotary_backward(dx.data(), r.s, r.b, r.h, r.d, 10000.0);
+    cuda::rotary_forward(xd.get(), r.s, r.b, r.h, r.d, 10000.0);
+    cuda::rotary_backward(dxd.get(), r.s, r.b, r.h, r.d, 10000.0);
+    cuda::synchronize();
+    EXPECT_LT(nerr(xd.host(), x), kTol);
+    EXPECT_LT(nerr(dxd.host(), dx), kTol);
+  }
+}
+
 }  // namespace
 }  // namespace distplan::backend

@@ -86,6 +86,16 @@ void attention_forward(const float* q, const float* k, const float* v, float* ou
 void attention_backward(const float* dout, const float* q, const float* k, const float* v,
                         const float* probs, float* dq, float* dk, float* dv, int s, int b, int a,
                         int g, int d);
+/// Flash-style causal attention (cpu::flash_attention_*): tiled, saves lse (b,a,s) only; the
+/// backward overwrites dq, dk and dv. Head dims up to 256.
+void flash_attention_forward(const float* q, const float* k, const float* v, float* out, float* lse,
+                             int s, int b, int a, int g, int d);
+void flash_attention_backward(const float* dout, const float* q, const float* k, const float* v,
+                              const float* out, const float* lse, float* dq, float* dk, float* dv,
+                              int s, int b, int a, int g, int d);
+/// Rotary position embedding in place on x (s,b,heads,d) (cpu::rotary_*).
+void rotary_forward(float* x, int s, int b, int heads, int d, double theta);
+void rotary_backward(float* dx, int s, int b, int heads, int d, double theta);
 void embedding_forward(const std::int32_t* ids, const float* table, float* out, int N, int C,
                        int vocab_start, int V);
 void embedding_backward(const std::int32_t* ids, const float* dout, float* dtable, int N, int C,
@@ -116,19 +126,19 @@ struct LayerStackConfig {
   bool gemm_only = false;  // run only the GEMMs (the cuBLAS share of the same step)
 };
 struct LayerStackTiming {
-  double seconds = 0;       // mean over reps of forward + backward, device time (CUDA events)
-  double model_flops = 0;   // gemm_flops + causal attention (layer_stack_flops)
-  double gemm_flops = 0;    // the GEMM part: per layer 6 N h (4h + 2f)
+  double seconds = 0;      // mean over reps of forward + backward, device time (CUDA events)
+  double model_flops = 0;  // gemm_flops + causal attention (layer_stack_flops)
+  double gemm_flops = 0;   // the GEMM part: per layer 6 N h (4h + 2f)
   double noncausal_model_flops = 0;  // Narayanan et al. 2021: 72 B s h^2 (1 + s / 6h), f = 4h
   double device_bytes = 0;           // device memory the stack allocated
 };
 [[nodiscard]] LayerStackTiming time_layer_stack(const LayerStackConfig& c);
 
 /// FLOPs of one forward + backward of the layer stack (backward = 2 x forward; no recompute, no
-/// LM head). GEMMs: per layer 2 N h (3h + h + 2f) forward, N = b s (Narayanan et al. 2021, "Efficient
-/// Large-Scale Language Model Training on GPU Clusters Using Megatron-LM", eq. for F without
-/// recomputation). Attention: Q K^T and P V are 2 d FLOPs per (query, key) pair and head each;
-/// a causal mask leaves s (s + 1) / 2 pairs per sequence, the full count (Narayanan's s / 6h
+/// LM head). GEMMs: per layer 2 N h (3h + h + 2f) forward, N = b s (Narayanan et al. 2021,
+/// "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM", eq. for F
+/// without recomputation). Attention: Q K^T and P V are 2 d FLOPs per (query, key) pair and head
+/// each; a causal mask leaves s (s + 1) / 2 pairs per sequence, the full count (Narayanan's s / 6h
 /// term) has s^2. Header-only: the count is tested without a GPU.
 struct LayerStackFlops {
   double gemm = 0, attention_causal = 0, attention_full = 0;
