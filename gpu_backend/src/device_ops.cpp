@@ -324,6 +324,12 @@ const float* fp32_view(const Tensor& t, Count off, Count n, DeviceF32& scratch) 
 #endif
 }  // namespace
 
+void set_fp32_gemm_tf32([[maybe_unused]] bool on) {
+#ifdef DISTPLAN_HAVE_CUDA
+  cuda::set_fp32_gemm_tf32(on);
+#endif
+}
+
 void flash_attention_forward([[maybe_unused]] Device d, const float* q, const float* k,
                              const float* v, float* out, float* lse, Count s, Count b, Count a,
                              Count g, Count hd) {

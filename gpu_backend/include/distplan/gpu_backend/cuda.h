@@ -1,7 +1,7 @@
 // The CUDA device: memory, copies and the kernels of the layer op table on device pointers.
 // Declarations only (no CUDA headers), available when built with CUDA (DISTPLAN_HAVE_CUDA).
 // Storage is fp32 for every op but the GEMMs, which take fp32, bf16 or fp16 inputs and accumulate
-// in fp32 (cublasGemmEx, CUBLAS_COMPUTE_32F); casts move between the storage types. The CPU ops
+// in fp32 (cuBLASLt, CUBLAS_COMPUTE_32F); casts move between the storage types. The CPU ops
 // (cpu_ops.h) are the oracle these kernels are tested against
 // (tests/gpu_backend/cuda_ops_test.cpp).
 #pragma once
@@ -44,6 +44,10 @@ void read_as_float(const void* data, int dtype, long long offset, long long n, f
 void write_from_float(void* data, int dtype, long long offset, long long n, const float* in);
 
 // --- GEMMs (cuBLAS), row-major as cpu_ops.h: y (N,O) = x (N,I) W^T (+ bias), W (O,I) ---------
+/// GEMMs run through cuBLASLt with fp32 accumulation: bf16/fp16 inputs on tensor cores; fp32
+/// inputs in full fp32, or on TF32 tensor cores (10-bit mantissa inputs) after
+/// set_fp32_gemm_tf32(true) (this thread's GEMMs). Zero sizes are allowed (an empty sum is 0).
+void set_fp32_gemm_tf32(bool on);
 /// `t` is the storage type of x, w and y; bias (fp32, may be null) is added by a kernel.
 void linear_forward(Type t, const void* x, const void* w, const float* bias, void* y, int N, int I,
                     int O);

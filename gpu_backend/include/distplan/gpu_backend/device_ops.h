@@ -58,6 +58,9 @@ void rotary_forward(Device d, float* x, Count s, Count b, Count heads, Count hd,
 void rotary_backward(Device d, float* dx, Count s, Count b, Count heads, Count hd, double theta);
 
 // ---- GEMMs on host arrays (cuBLAS on CUDA, operands staged), row-major as cpu_ops.h ------------
+/// CUDA: this thread's fp32 GEMMs on TF32 tensor cores (cuda::set_fp32_gemm_tf32); no effect on
+/// the CPU.
+void set_fp32_gemm_tf32(bool on);
 /// y (N,O) = x (N,I) W^T (+ bias)
 void linear_forward(Device d, const float* x, const float* w, const float* bias, float* y, Count N,
                     Count I, Count O);
