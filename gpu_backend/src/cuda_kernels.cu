@@ -549,6 +549,48 @@ __global__ void k_adam(float* w, const float* gr, float* m, float* v, std::size_
     w[i] = static_cast<float>(w[i] - lr * upd);
   }
 }
+// Adam/AdamW over up to kMaxAdamTensors tensors in one launch: blockIdx.y picks the tensor, the
+// grid's x dimension strides over its elements (the same update as k_adam).
+__global__ void k_adam_multi(AdamTensors ts, float lr, float b1, float b2, float eps, float wd,
+                             bool decoupled, double bc1, double bc2, float gs) {
+  const AdamTensor& t = ts.t[blockIdx.y];
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < t.n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    float g = t.grad[i] * gs;
+    if (!decoupled) g += wd * t.master[i];
+    t.m[i] = b1 * t.m[i] + (1 - b1) * g;
+    t.v[i] = b2 * t.v[i] + (1 - b2) * g * g;
+    const double mh = t.m[i] / bc1, vh = t.v[i] / bc2;
+    double upd = mh / (sqrt(vh) + eps);
+    if (decoupled) upd += wd * t.master[i];
+    t.master[i] = static_cast<float>(t.master[i] - lr * upd);
+  }
+}
+// y = act(x + bias) with the pre-activation saved for the backward: mode 0 GeLU (tanh form), the
+// formulas of k_gelu_fwd; rows of O columns.
+__global__ void k_bias_gelu_fwd(const float* x, const float* bias, float* pre, float* y,
+                                std::size_t N, std::size_t O) {
+  GRID_STRIDE(i, N * O) {
+    const float p = x[i] + bias[i % O];
+    pre[i] = p;
+    const double v = p;
+    y[i] = static_cast<float>(0.5 * v * (1 + tanh(kGeluC * (v + 0.044715 * v * v * v))));
+  }
+}
+// SwiGLU on the packed (N, 2F) output of the gate|up projection with its bias: y (N,F).
+__global__ void k_bias_swiglu_fwd(const float* x, const float* bias, float* pre, float* y,
+                                  std::size_t N, std::size_t F) {
+  GRID_STRIDE(i, N * F) {
+    const std::size_t n = i / F, f = i % F;
+    const float gv = x[n * 2 * F + f] + bias[f];
+    const float uv = x[n * 2 * F + F + f] + bias[F + f];
+    pre[n * 2 * F + f] = gv;
+    pre[n * 2 * F + F + f] = uv;
+    const double sg = 1.0 / (1.0 + exp(-static_cast<double>(gv)));
+    y[i] = static_cast<float>(gv * sg * uv);
+  }
+}
+
 __global__ void k_overflow(const float* x, std::size_t n, int* flag) {
   GRID_STRIDE(i, n) if (!isfinite(x[i]))* flag = 1;
 }
@@ -734,6 +776,32 @@ void flash_attention_backward(const float* dout, const float* q, const float* k,
   k_flash_bwd_dkdv<<<dim3(row_blocks_s, static_cast<unsigned>(b * g)), kFlashRows,
                      two_tiles + 2 * static_cast<std::size_t>(tile) * sizeof(float)>>>(
       dout, q, k, v, out, lse, dk, dv, s, b, a, g, d, tile);
+  DISTPLAN_CUDA_CHECK_LAUNCH();
+}
+void adam_step_multi(const AdamTensors& ts, int count, float lr, float beta1, float beta2,
+                     float eps, float weight_decay, bool decoupled, long long step,
+                     float grad_scale) {
+  DISTPLAN_CHECK(count >= 0 && count <= kMaxAdamTensors, "adam_step_multi: too many tensors");
+  std::size_t largest = 0;
+  for (int i = 0; i < count; ++i) largest = ts.t[i].n > largest ? ts.t[i].n : largest;
+  if (count == 0 || largest == 0) return;
+  const double bc1 = 1 - pow(static_cast<double>(beta1), static_cast<double>(step));
+  const double bc2 = 1 - pow(static_cast<double>(beta2), static_cast<double>(step));
+  const dim3 grid(static_cast<unsigned>(blocks_for(largest)), static_cast<unsigned>(count));
+  k_adam_multi<<<grid, kThreads>>>(ts, lr, beta1, beta2, eps, weight_decay, decoupled, bc1, bc2,
+                                   grad_scale);
+  DISTPLAN_CUDA_CHECK_LAUNCH();
+}
+void bias_gelu_forward(const float* x, const float* bias, float* pre, float* y, int N, int O) {
+  if (N <= 0 || O <= 0) return;
+  const std::size_t n = static_cast<std::size_t>(N) * O;
+  k_bias_gelu_fwd<<<blocks_for(n), kThreads>>>(x, bias, pre, y, N, O);
+  DISTPLAN_CUDA_CHECK_LAUNCH();
+}
+void bias_swiglu_forward(const float* x, const float* bias, float* pre, float* y, int N, int F) {
+  if (N <= 0 || F <= 0) return;
+  const std::size_t n = static_cast<std::size_t>(N) * F;
+  k_bias_swiglu_fwd<<<blocks_for(n), kThreads>>>(x, bias, pre, y, N, F);
   DISTPLAN_CUDA_CHECK_LAUNCH();
 }
 }  // namespace distplan::backend::cuda

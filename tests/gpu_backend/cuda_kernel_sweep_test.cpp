@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -345,6 +346,84 @@ TEST(CudaSweep, GemmsMatchTheOracleOnEveryShapeAndType) {
     }
   }
   cuda::set_fp32_gemm_tf32(false);
+}
+
+// Multi-tensor Adam: five tensors of 0, 1, 1000, 70 001 and 2^24 + 77 elements in one launch,
+// each against cpu::adam_step (Adam without decoupled decay, step 2, gradient scale 1/4).
+TEST(CudaSweep, MultiTensorAdamUpdatesEveryTensorLikeTheOracle) {
+  REQUIRE_GPU();
+  const std::size_t sizes[] = {0, 1, 1000, 70001, kLarge};
+  cpu::AdamConfig c;
+  c.decoupled = false;
+  c.weight_decay = 0.05f;
+  std::vector<Vec> w, g, m, v;
+  std::vector<std::unique_ptr<Dev<float>>> wd, gd, md, vd;
+  cuda::AdamTensors ts;
+  int k = 0;
+  for (const std::size_t n : sizes) {
+    w.push_back(random(n, 700 + k));
+    g.push_back(random(n, 710 + k));
+    m.push_back(random(n, 720 + k, 0.01f));
+    v.push_back(Vec(n, 2e-4f));
+    wd.push_back(std::make_unique<Dev<float>>(w.back()));
+    gd.push_back(std::make_unique<Dev<float>>(g.back()));
+    md.push_back(std::make_unique<Dev<float>>(m.back()));
+    vd.push_back(std::make_unique<Dev<float>>(v.back()));
+    ts.t[k] = {wd.back()->get(), gd.back()->get(), md.back()->get(), vd.back()->get(), n};
+    cpu::adam_step(w.back().data(), g.back().data(), m.back().data(), v.back().data(),
+                   static_cast<Count>(n), c, 2, 0.25f);
+    ++k;
+  }
+  cuda::adam_step_multi(ts, k, c.lr, c.beta1, c.beta2, c.eps, c.weight_decay, c.decoupled, 2,
+                        0.25f);
+  cuda::synchronize();
+  for (int i = 0; i < k; ++i) {
+    SCOPED_TRACE(sizes[i]);
+    EXPECT_LT(nerr(wd[i]->host(), w[i]), kTol);
+    EXPECT_LT(nerr(md[i]->host(), m[i]), kTol);
+    EXPECT_LT(nerr(vd[i]->host(), v[i]), kTol);
+  }
+}
+
+// Fused bias + GeLU and bias + SwiGLU against the bias added on the host and the oracle's
+// activation; the saved pre-activation is the biased input exactly.
+TEST(CudaSweep, FusedBiasActivationsMatchTheOracle) {
+  REQUIRE_GPU();
+  const Shape shapes[] = {{0, 4}, {1, 1}, {3, 7}, {4099, 4097}};
+  unsigned seed = 800;
+  for (const Shape sh : shapes) {
+    SCOPED_TRACE(name(sh));
+    const std::size_t N = sh.N, O = sh.C;
+    const Vec x = random(N * O, seed++), bias = random(O, seed++);
+    Vec pre(N * O), y(N * O);
+    for (std::size_t i = 0; i < N * O; ++i) pre[i] = x[i] + bias[i % O];
+    cpu::gelu_forward(pre.data(), y.data(), static_cast<Count>(N * O));
+    Dev<float> xd(x), bd(bias), pd(N * O, 7.0f), yd(N * O, 7.0f);
+    cuda::bias_gelu_forward(xd.get(), bd.get(), pd.get(), yd.get(), sh.N, sh.C);
+    cuda::synchronize();
+    EXPECT_EQ(pd.host(), pre);
+    EXPECT_LT(nerr(yd.host(), y), kTol);
+    // SwiGLU: the same x read as (N, 2F) with F = O / 2 (odd O drops nothing: F = floor).
+    const std::size_t F = O / 2;
+    if (F == 0) continue;
+    const Vec xs(x.begin(), x.begin() + static_cast<std::ptrdiff_t>(N * 2 * F));
+    const Vec bs = random(2 * F, seed++);
+    Vec gate(N * F), up(N * F), ys(N * F), pres(N * 2 * F);
+    for (std::size_t n = 0; n < N; ++n)
+      for (std::size_t f = 0; f < F; ++f) {
+        gate[n * F + f] = xs[n * 2 * F + f] + bs[f];
+        up[n * F + f] = xs[n * 2 * F + F + f] + bs[F + f];
+        pres[n * 2 * F + f] = gate[n * F + f];
+        pres[n * 2 * F + F + f] = up[n * F + f];
+      }
+    cpu::swiglu_forward(gate.data(), up.data(), ys.data(), static_cast<Count>(N * F));
+    Dev<float> xsd(xs), bsd(bs), psd(N * 2 * F, 7.0f), ysd(N * F, 7.0f);
+    cuda::bias_swiglu_forward(xsd.get(), bsd.get(), psd.get(), ysd.get(), sh.N,
+                              static_cast<int>(F));
+    cuda::synchronize();
+    EXPECT_EQ(psd.host(), pres);
+    EXPECT_LT(nerr(ysd.host(), ys), kTol);
+  }
 }
 
 // Tiled causal flash attention against the oracle: one row, odd lengths, GQA groups of 1, 2 and

@@ -115,6 +115,27 @@ void ce_backward(const float* logits, const float* row_max, const float* sumexp,
 void adam_step(float* master, const float* grad, float* m, float* v, std::size_t n, float lr,
                float beta1, float beta2, float eps, float weight_decay, bool decoupled,
                long long step, float grad_scale);
+/// Adam/AdamW over several fp32 tensors in one launch (the descriptors travel as the kernel's
+/// argument, so no device copy or allocation): each tensor as adam_step.
+struct AdamTensor {
+  float* master = nullptr;
+  const float* grad = nullptr;
+  float* m = nullptr;
+  float* v = nullptr;
+  std::size_t n = 0;
+};
+inline constexpr int kMaxAdamTensors = 32;
+struct AdamTensors {
+  AdamTensor t[kMaxAdamTensors];
+};
+void adam_step_multi(const AdamTensors& ts, int count, float lr, float beta1, float beta2,
+                     float eps, float weight_decay, bool decoupled, long long step,
+                     float grad_scale);
+/// Fused bias + activation of a column-parallel projection's output x (N,O), saving the biased
+/// pre-activation for the backward (gelu_backward / swiglu_backward on `pre`): GeLU y (N,O);
+/// SwiGLU on the packed gate|up (N,2F) with bias (2F), y (N,F).
+void bias_gelu_forward(const float* x, const float* bias, float* pre, float* y, int N, int O);
+void bias_swiglu_forward(const float* x, const float* bias, float* pre, float* y, int N, int F);
 /// True when any element is inf or NaN.
 [[nodiscard]] bool has_overflow(const float* x, std::size_t n);
 /// y = a + b elementwise (residual connections); y may alias a or b.
