@@ -9,6 +9,18 @@
 set(DISTPLAN_NVIDIA_WHEELS "" CACHE PATH
     "site-packages/nvidia of NVIDIA's wheels: cuBLAS and NCCL from there (else the toolkit, else python3's wheels)")
 
+# Found paths are cached; forget them when the wheel folder changes or a cached file is gone (a
+# temporary wheel folder of an earlier configure).
+set(_distplan_found_vars DISTPLAN_CUBLAS_LIBRARY DISTPLAN_CUBLAS_INCLUDE_DIR
+    DISTPLAN_CUBLASLT_LIBRARY DISTPLAN_CUBLASLT_INCLUDE_DIR NCCL_LIBRARY NCCL_INCLUDE_DIR)
+foreach(v ${_distplan_found_vars})
+  if(NOT "${DISTPLAN_NVIDIA_WHEELS}" STREQUAL "${_DISTPLAN_NVIDIA_WHEELS_LAST}"
+     OR (${v} AND NOT EXISTS "${${v}}"))
+    unset(${v} CACHE)
+  endif()
+endforeach()
+set(_DISTPLAN_NVIDIA_WHEELS_LAST "${DISTPLAN_NVIDIA_WHEELS}" CACHE INTERNAL "")
+
 function(_distplan_python_wheel_roots out)
   set(py "${Python_EXECUTABLE}")
   if(NOT py)

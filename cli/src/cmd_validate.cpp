@@ -72,6 +72,7 @@ struct ValidateOptions {
   std::string launcher_args;      // --launcher-args "..." (whitespace-separated)
   std::string trace_path;         // --trace: the executed timeline as a Chrome / Perfetto trace
   bool force = false;             // --force: run even when the host looks too small
+  bool tf32 = false;              // --tf32: fp32 GEMMs on TF32 tensor cores (CUDA)
 };
 
 // --timeout bound: a week. Beyond it a run is not "hung" but unbounded (docs/trust.md).
@@ -139,6 +140,7 @@ std::optional<BackendResult> run_rank_worker(const Scenario& s, const ValidateOp
   ro.comm = backend::CommBackend::mpi;
   ro.device = device_of(o.device);
   ro.capacity_bytes = tracked_capacity(estimate(s));
+  ro.tf32 = o.tf32;
   BackendResult br;
   try {
     br.m = backend::run(s, ro);
@@ -379,6 +381,7 @@ BackendResult run_backend(const Scenario& s, const json& doc, const ValidateOpti
     ro.emulate_rank = std::max(o.emulate_rank, 0);
     ro.device = device_of(o.device);
     ro.capacity_bytes = tracked_capacity(estimate(s));
+    ro.tf32 = o.tf32;
     const Watchdog watchdog(o.timeout_seconds,
                             fmt::format("validate: the run did not finish within {} s (--timeout); "
                                         "it was stopped",
@@ -407,6 +410,7 @@ BackendResult run_backend(const Scenario& s, const json& doc, const ValidateOpti
   req.program = {self,         "validate",          "--rank-worker",           "--rank-worker-job",
                  dir.string(), "--scenario-base64", base64_encode(doc.dump()), "--device",
                  o.device,     "--steps",           std::to_string(o.steps)};
+  if (o.tf32) req.program.push_back("--tf32");
   // Linux limits one argument to 32 pages (MAX_ARG_STRLEN); a scenario is a few KiB.
   if (req.program[6].size() > 100000)
     throw std::runtime_error(fmt::format(
@@ -517,6 +521,9 @@ void install_validate(CLI::App& app) {
   cmd->add_option("--launcher-args", opts->launcher_args,
                   "Extra launcher arguments, whitespace-separated, before the program "
                   "(write --launcher-args=\"--mca btl tcp,self\")");
+  cmd->add_flag("--tf32", opts->tf32,
+                "CUDA: fp32 GEMMs on TF32 tensor cores (inputs rounded to 10 mantissa bits, fp32 "
+                "accumulation)");
   cmd->add_flag("--rank-worker", opts->rank_worker,
                 "Run as one rank of an MPI job started by your own launcher (one process per "
                 "rank, world size = tp*dp*pp); rank 0 prints the comparison");

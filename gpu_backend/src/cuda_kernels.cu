@@ -10,6 +10,7 @@
 
 #include "cuda_api.h"
 #include "cuda_check.h"
+#include "distplan/planner/check.h"
 
 namespace distplan::backend::cuda {
 namespace {
@@ -298,6 +299,189 @@ __global__ void k_attention_bwd(const float* dout, const float* q, const float* 
   }
 }
 
+// ---- rotary (GPT-NeoX / Llama pairs (i, i + d/2)), in place; sign -1 is the inverse rotation ----
+__global__ void k_rotary(float* x, int s, int b, int heads, int d, double theta, double sign) {
+  const int half = d / 2;
+  GRID_STRIDE(t, static_cast<std::size_t>(s) * b * heads * half) {
+    const int i = static_cast<int>(t % half);
+    const std::size_t row = t / half;  // (si, bi, h) flattened
+    const int si = static_cast<int>(row / (static_cast<std::size_t>(b) * heads));
+    const double ang = static_cast<double>(si) * pow(theta, -2.0 * i / static_cast<double>(d));
+    const double c = cos(ang), sn = sign * sin(ang);
+    float* p = x + row * d;
+    const double x1 = p[i], x2 = p[i + half];
+    p[i] = static_cast<float>(x1 * c - x2 * sn);
+    p[i + half] = static_cast<float>(x1 * sn + x2 * c);
+  }
+}
+
+// ---- tiled causal flash attention (Dao et al. 2022), fp32 -------------------------------------
+// q, out, dq (s,b,a,d); k, v, dk, dv (s,b,g,d); lse (b,a,s). One thread per query row (forward,
+// dq) or key row (dk, dv); the block's threads load the other side's rows tile by tile into
+// shared memory; tiles wholly above the diagonal are skipped. The forward keeps a running max
+// and sum (online softmax) and saves lse = max + log(sum); the backward recomputes
+// p = exp(scale q.k - lse) and uses D = rowsum(dout * out).
+constexpr int kFlashRows = 64;     // query (or key) rows per block, one per thread
+constexpr int kFlashMaxDim = 256;  // head dims up to this (per-thread accumulators)
+int flash_tile(int d) {
+  return d <= 128 ? 32 : 16;  // shared: two tiles of tile x d floats, at most 32 KiB
+}
+__device__ std::size_t row_off(int i, int bi, int h, int b, int heads, int d) {
+  return ((static_cast<std::size_t>(i) * b + bi) * heads + h) * d;
+}
+
+__global__ void k_flash_fwd(const float* q, const float* k, const float* v, float* out, float* lse,
+                            int s, int b, int a, int g, int d, int tile) {
+  extern __shared__ float smem[];
+  float* Ks = smem;
+  float* Vs = smem + static_cast<std::size_t>(tile) * d;
+  const int bh = blockIdx.y, bi = bh / a, h = bh % a, hk = h / (a / g);
+  const int i0 = blockIdx.x * kFlashRows, i = i0 + threadIdx.x;
+  const bool live = i < s;
+  const float scale = 1.0f / sqrtf(static_cast<float>(d));
+  float qv[kFlashMaxDim], acc[kFlashMaxDim];
+  if (live) {
+    const float* qi = q + row_off(i, bi, h, b, a, d);
+    for (int e = 0; e < d; ++e) qv[e] = qi[e], acc[e] = 0.0f;
+  }
+  float m = -INFINITY, l = 0.0f;
+  const int last = min(s, i0 + kFlashRows);  // keys [0, last) reach some row of this block
+  for (int j0 = 0; j0 < last; j0 += tile) {
+    const int nj = min(tile, s - j0);
+    __syncthreads();
+    for (int t = threadIdx.x; t < nj * d; t += blockDim.x) {
+      const int j = t / d, e = t % d;
+      Ks[t] = k[row_off(j0 + j, bi, hk, b, g, d) + e];
+      Vs[t] = v[row_off(j0 + j, bi, hk, b, g, d) + e];
+    }
+    __syncthreads();
+    if (!live) continue;
+    for (int j = 0; j < nj && j0 + j <= i; ++j) {
+      float dot = 0.0f;
+      for (int e = 0; e < d; ++e) dot += qv[e] * Ks[j * d + e];
+      const float sc = dot * scale;
+      const float mn = fmaxf(m, sc);
+      const float corr = expf(m - mn), w = expf(sc - mn);
+      l = l * corr + w;
+      for (int e = 0; e < d; ++e) acc[e] = acc[e] * corr + w * Vs[j * d + e];
+      m = mn;
+    }
+  }
+  if (live) {
+    float* o = out + row_off(i, bi, h, b, a, d);
+    for (int e = 0; e < d; ++e) o[e] = acc[e] / l;
+    lse[(static_cast<std::size_t>(bi) * a + h) * s + i] = m + logf(l);
+  }
+}
+
+// dq: one thread per query row.
+__global__ void k_flash_bwd_dq(const float* dout, const float* q, const float* k, const float* v,
+                               const float* out, const float* lse, float* dq, int s, int b, int a,
+                               int g, int d, int tile) {
+  extern __shared__ float smem[];
+  float* Ks = smem;
+  float* Vs = smem + static_cast<std::size_t>(tile) * d;
+  const int bh = blockIdx.y, bi = bh / a, h = bh % a, hk = h / (a / g);
+  const int i0 = blockIdx.x * kFlashRows, i = i0 + threadIdx.x;
+  const bool live = i < s;
+  const float scale = 1.0f / sqrtf(static_cast<float>(d));
+  float qv[kFlashMaxDim], dov[kFlashMaxDim], dqv[kFlashMaxDim];
+  float D = 0.0f, L = 0.0f;
+  if (live) {
+    const std::size_t o = row_off(i, bi, h, b, a, d);
+    for (int e = 0; e < d; ++e) {
+      qv[e] = q[o + e];
+      dov[e] = dout[o + e];
+      dqv[e] = 0.0f;
+      D += dov[e] * out[o + e];
+    }
+    L = lse[(static_cast<std::size_t>(bi) * a + h) * s + i];
+  }
+  const int last = min(s, i0 + kFlashRows);
+  for (int j0 = 0; j0 < last; j0 += tile) {
+    const int nj = min(tile, s - j0);
+    __syncthreads();
+    for (int t = threadIdx.x; t < nj * d; t += blockDim.x) {
+      const int j = t / d, e = t % d;
+      Ks[t] = k[row_off(j0 + j, bi, hk, b, g, d) + e];
+      Vs[t] = v[row_off(j0 + j, bi, hk, b, g, d) + e];
+    }
+    __syncthreads();
+    if (!live) continue;
+    for (int j = 0; j < nj && j0 + j <= i; ++j) {
+      float dot = 0.0f, dp = 0.0f;
+      for (int e = 0; e < d; ++e) dot += qv[e] * Ks[j * d + e], dp += dov[e] * Vs[j * d + e];
+      const float p = expf(dot * scale - L);
+      const float ds = p * (dp - D) * scale;
+      for (int e = 0; e < d; ++e) dqv[e] += ds * Ks[j * d + e];
+    }
+  }
+  if (live) {
+    float* o = dq + row_off(i, bi, h, b, a, d);
+    for (int e = 0; e < d; ++e) o[e] = dqv[e];
+  }
+}
+
+// dk, dv: one thread per key row of a key/value head, summed over the a/g query heads that share
+// it and over the queries at or after the key (no atomics).
+__global__ void k_flash_bwd_dkdv(const float* dout, const float* q, const float* k, const float* v,
+                                 const float* out, const float* lse, float* dk, float* dv, int s,
+                                 int b, int a, int g, int d, int tile) {
+  extern __shared__ float smem[];
+  float* Qs = smem;
+  float* dOs = smem + static_cast<std::size_t>(tile) * d;
+  float* Ds = dOs + static_cast<std::size_t>(tile) * d;  // tile
+  float* Ls = Ds + tile;                                 // tile
+  const int bh = blockIdx.y, bi = bh / g, hk = bh % g, group = a / g;
+  const int j0 = blockIdx.x * kFlashRows, j = j0 + threadIdx.x;
+  const bool live = j < s;
+  const float scale = 1.0f / sqrtf(static_cast<float>(d));
+  float kv[kFlashMaxDim], vv[kFlashMaxDim], dkv[kFlashMaxDim], dvv[kFlashMaxDim];
+  if (live) {
+    const std::size_t o = row_off(j, bi, hk, b, g, d);
+    for (int e = 0; e < d; ++e) kv[e] = k[o + e], vv[e] = v[o + e], dkv[e] = 0.0f, dvv[e] = 0.0f;
+  }
+  for (int r = 0; r < group; ++r) {
+    const int h = hk * group + r;
+    // Queries [j0, s) see some key of this block.
+    for (int i0 = j0 - j0 % tile; i0 < s; i0 += tile) {
+      const int ni = min(tile, s - i0);
+      __syncthreads();
+      for (int t = threadIdx.x; t < ni * d; t += blockDim.x) {
+        const int ii = t / d, e = t % d;
+        const std::size_t o = row_off(i0 + ii, bi, h, b, a, d) + e;
+        Qs[t] = q[o];
+        dOs[t] = dout[o];
+      }
+      __syncthreads();
+      for (int ii = threadIdx.x; ii < ni; ii += blockDim.x) {
+        const std::size_t o = row_off(i0 + ii, bi, h, b, a, d);
+        float D = 0.0f;
+        for (int e = 0; e < d; ++e) D += dOs[ii * d + e] * out[o + e];
+        Ds[ii] = D;
+        Ls[ii] = lse[(static_cast<std::size_t>(bi) * a + h) * s + i0 + ii];
+      }
+      __syncthreads();
+      if (!live) continue;
+      for (int ii = 0; ii < ni; ++ii) {
+        if (i0 + ii < j) continue;  // causal: query i sees key j when j <= i
+        float dot = 0.0f, dp = 0.0f;
+        for (int e = 0; e < d; ++e) dot += Qs[ii * d + e] * kv[e], dp += dOs[ii * d + e] * vv[e];
+        const float p = expf(dot * scale - Ls[ii]);
+        const float ds = p * (dp - Ds[ii]) * scale;
+        for (int e = 0; e < d; ++e) {
+          dvv[e] += p * dOs[ii * d + e];
+          dkv[e] += ds * Qs[ii * d + e];
+        }
+      }
+    }
+  }
+  if (live) {
+    const std::size_t o = row_off(j, bi, hk, b, g, d);
+    for (int e = 0; e < d; ++e) dk[o + e] = dkv[e], dv[o + e] = dvv[e];
+  }
+}
+
 __global__ void k_embedding_fwd(const std::int32_t* ids, const float* table, float* out, int N,
                                 int C, int start, int V) {
   GRID_STRIDE(i, static_cast<std::size_t>(N) * C) {
@@ -365,6 +549,48 @@ __global__ void k_adam(float* w, const float* gr, float* m, float* v, std::size_
     w[i] = static_cast<float>(w[i] - lr * upd);
   }
 }
+// Adam/AdamW over up to kMaxAdamTensors tensors in one launch: blockIdx.y picks the tensor, the
+// grid's x dimension strides over its elements (the same update as k_adam).
+__global__ void k_adam_multi(AdamTensors ts, float lr, float b1, float b2, float eps, float wd,
+                             bool decoupled, double bc1, double bc2, float gs) {
+  const AdamTensor& t = ts.t[blockIdx.y];
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < t.n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    float g = t.grad[i] * gs;
+    if (!decoupled) g += wd * t.master[i];
+    t.m[i] = b1 * t.m[i] + (1 - b1) * g;
+    t.v[i] = b2 * t.v[i] + (1 - b2) * g * g;
+    const double mh = t.m[i] / bc1, vh = t.v[i] / bc2;
+    double upd = mh / (sqrt(vh) + eps);
+    if (decoupled) upd += wd * t.master[i];
+    t.master[i] = static_cast<float>(t.master[i] - lr * upd);
+  }
+}
+// y = act(x + bias) with the pre-activation saved for the backward: mode 0 GeLU (tanh form), the
+// formulas of k_gelu_fwd; rows of O columns.
+__global__ void k_bias_gelu_fwd(const float* x, const float* bias, float* pre, float* y,
+                                std::size_t N, std::size_t O) {
+  GRID_STRIDE(i, N * O) {
+    const float p = x[i] + bias[i % O];
+    pre[i] = p;
+    const double v = p;
+    y[i] = static_cast<float>(0.5 * v * (1 + tanh(kGeluC * (v + 0.044715 * v * v * v))));
+  }
+}
+// SwiGLU on the packed (N, 2F) output of the gate|up projection with its bias: y (N,F).
+__global__ void k_bias_swiglu_fwd(const float* x, const float* bias, float* pre, float* y,
+                                  std::size_t N, std::size_t F) {
+  GRID_STRIDE(i, N * F) {
+    const std::size_t n = i / F, f = i % F;
+    const float gv = x[n * 2 * F + f] + bias[f];
+    const float uv = x[n * 2 * F + F + f] + bias[F + f];
+    pre[n * 2 * F + f] = gv;
+    pre[n * 2 * F + F + f] = uv;
+    const double sg = 1.0 / (1.0 + exp(-static_cast<double>(gv)));
+    y[i] = static_cast<float>(gv * sg * uv);
+  }
+}
+
 __global__ void k_overflow(const float* x, std::size_t n, int* flag) {
   GRID_STRIDE(i, n) if (!isfinite(x[i]))* flag = 1;
 }
@@ -511,4 +737,71 @@ void add(const float* a, const float* b, float* y, std::size_t n) {
   DISTPLAN_CUDA_CHECK_LAUNCH();
 }
 
+void rotary_forward(float* x, int s, int b, int heads, int d, double theta) {
+  if (s <= 0 || b <= 0 || heads <= 0 || d < 2) return;
+  const std::size_t n = static_cast<std::size_t>(s) * b * heads * (d / 2);
+  k_rotary<<<blocks_for(n), kThreads>>>(x, s, b, heads, d, theta, 1.0);
+  DISTPLAN_CUDA_CHECK_LAUNCH();
+}
+void rotary_backward(float* dx, int s, int b, int heads, int d, double theta) {
+  if (s <= 0 || b <= 0 || heads <= 0 || d < 2) return;
+  const std::size_t n = static_cast<std::size_t>(s) * b * heads * (d / 2);
+  k_rotary<<<blocks_for(n), kThreads>>>(dx, s, b, heads, d, theta, -1.0);
+  DISTPLAN_CUDA_CHECK_LAUNCH();
+}
+void flash_attention_forward(const float* q, const float* k, const float* v, float* out, float* lse,
+                             int s, int b, int a, int g, int d) {
+  if (s <= 0 || b <= 0 || a <= 0 || d <= 0) return;
+  DISTPLAN_CHECK(d <= kFlashMaxDim, "flash attention: head dim over 256");
+  DISTPLAN_CHECK(g > 0 && a % g == 0, "flash attention: heads not a multiple of kv heads");
+  const int tile = flash_tile(d);
+  const dim3 grid(static_cast<unsigned>((s + kFlashRows - 1) / kFlashRows),
+                  static_cast<unsigned>(b * a));
+  const std::size_t shared = 2 * static_cast<std::size_t>(tile) * d * sizeof(float);
+  k_flash_fwd<<<grid, kFlashRows, shared>>>(q, k, v, out, lse, s, b, a, g, d, tile);
+  DISTPLAN_CUDA_CHECK_LAUNCH();
+}
+void flash_attention_backward(const float* dout, const float* q, const float* k, const float* v,
+                              const float* out, const float* lse, float* dq, float* dk, float* dv,
+                              int s, int b, int a, int g, int d) {
+  if (s <= 0 || b <= 0 || a <= 0 || d <= 0) return;
+  DISTPLAN_CHECK(d <= kFlashMaxDim, "flash attention: head dim over 256");
+  DISTPLAN_CHECK(g > 0 && a % g == 0, "flash attention: heads not a multiple of kv heads");
+  const int tile = flash_tile(d);
+  const unsigned row_blocks_s = static_cast<unsigned>((s + kFlashRows - 1) / kFlashRows);
+  const std::size_t two_tiles = 2 * static_cast<std::size_t>(tile) * d * sizeof(float);
+  k_flash_bwd_dq<<<dim3(row_blocks_s, static_cast<unsigned>(b * a)), kFlashRows, two_tiles>>>(
+      dout, q, k, v, out, lse, dq, s, b, a, g, d, tile);
+  DISTPLAN_CUDA_CHECK_LAUNCH();
+  k_flash_bwd_dkdv<<<dim3(row_blocks_s, static_cast<unsigned>(b * g)), kFlashRows,
+                     two_tiles + 2 * static_cast<std::size_t>(tile) * sizeof(float)>>>(
+      dout, q, k, v, out, lse, dk, dv, s, b, a, g, d, tile);
+  DISTPLAN_CUDA_CHECK_LAUNCH();
+}
+void adam_step_multi(const AdamTensors& ts, int count, float lr, float beta1, float beta2,
+                     float eps, float weight_decay, bool decoupled, long long step,
+                     float grad_scale) {
+  DISTPLAN_CHECK(count >= 0 && count <= kMaxAdamTensors, "adam_step_multi: too many tensors");
+  std::size_t largest = 0;
+  for (int i = 0; i < count; ++i) largest = ts.t[i].n > largest ? ts.t[i].n : largest;
+  if (count == 0 || largest == 0) return;
+  const double bc1 = 1 - pow(static_cast<double>(beta1), static_cast<double>(step));
+  const double bc2 = 1 - pow(static_cast<double>(beta2), static_cast<double>(step));
+  const dim3 grid(static_cast<unsigned>(blocks_for(largest)), static_cast<unsigned>(count));
+  k_adam_multi<<<grid, kThreads>>>(ts, lr, beta1, beta2, eps, weight_decay, decoupled, bc1, bc2,
+                                   grad_scale);
+  DISTPLAN_CUDA_CHECK_LAUNCH();
+}
+void bias_gelu_forward(const float* x, const float* bias, float* pre, float* y, int N, int O) {
+  if (N <= 0 || O <= 0) return;
+  const std::size_t n = static_cast<std::size_t>(N) * O;
+  k_bias_gelu_fwd<<<blocks_for(n), kThreads>>>(x, bias, pre, y, N, O);
+  DISTPLAN_CUDA_CHECK_LAUNCH();
+}
+void bias_swiglu_forward(const float* x, const float* bias, float* pre, float* y, int N, int F) {
+  if (N <= 0 || F <= 0) return;
+  const std::size_t n = static_cast<std::size_t>(N) * F;
+  k_bias_swiglu_fwd<<<blocks_for(n), kThreads>>>(x, bias, pre, y, N, F);
+  DISTPLAN_CUDA_CHECK_LAUNCH();
+}
 }  // namespace distplan::backend::cuda

@@ -1,5 +1,6 @@
 // CUDA memory, copies, the checked-call handler and the cuBLAS GEMMs (row-major y = x W^T mapped
 // onto column-major cuBLAS: y^T = W x^T). Compiled only with CUDA.
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -169,25 +170,116 @@ cudaDataType_t data_type(Type t) {
   }
 }
 
-// Column-major C (m,n) = alpha op(A) op(B) + beta C, fp32 accumulation.
+// fp32 GEMM inputs on TF32 tensor cores (set_fp32_gemm_tf32); per thread like the handles.
+thread_local bool g_tf32 = false;
+
+cublasLtHandle_t lt_handle() {
+  thread_local cublasLtHandle_t h = [] {
+    cublasLtHandle_t x = nullptr;
+    DISTPLAN_CUBLAS_CHECK(cublasLtCreate(&x));
+    return x;
+  }();
+  return h;
+}
+
+// cuBLASLt's workspace: one device buffer per thread, allocated on first use and kept (a
+// cudaMalloc/cudaFree per GEMM would synchronise the device). 32 MiB: NVIDIA's recommendation
+// for Hopper (cuBLAS documentation, "cublasSetWorkspace"). Outside the tracking allocator, as
+// the planner counts it in the runtime reserve.
+constexpr std::size_t kLtWorkspaceBytes = std::size_t{32} << 20;
+void* lt_workspace() {
+  thread_local void* w = [] {
+    void* p = nullptr;
+    DISTPLAN_CUDA_CHECK(cudaMalloc(&p, kLtWorkspaceBytes));
+    return p;
+  }();
+  return w;
+}
+
+// Owns the cuBLASLt descriptors of one call.
+struct LtDescs {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  ~LtDescs() {
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+// Column-major C (m,n) = op(A) op(B) + beta C through cuBLASLt: bf16/fp16 inputs on tensor cores
+// with fp32 accumulation (CUBLAS_COMPUTE_32F), fp32 inputs in fp32 or, when asked, TF32
+// (CUBLAS_COMPUTE_32F_FAST_TF32). C may be fp32 while A and B are 16-bit (weight gradients).
+// Falls back to cublasGemmEx when the heuristic offers no algorithm. m, n, k > 0.
 void gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void* A, Type at,
           int lda, const void* B, Type bt, int ldb, float beta, void* C, Type ct, int ldc) {
   const float alpha = 1.0f;
+  const cublasComputeType_t compute =
+      at == Type::fp32 && g_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  LtDescs d;
+  DISTPLAN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&d.op, compute, CUDA_R_32F));
+  DISTPLAN_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+  DISTPLAN_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  const bool na = ta == CUBLAS_OP_N, nb = tb == CUBLAS_OP_N;
+  DISTPLAN_CUBLAS_CHECK(
+      cublasLtMatrixLayoutCreate(&d.a, data_type(at), na ? m : k, na ? k : m, lda));
+  DISTPLAN_CUBLAS_CHECK(
+      cublasLtMatrixLayoutCreate(&d.b, data_type(bt), nb ? k : n, nb ? n : k, ldb));
+  DISTPLAN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.c, data_type(ct), m, n, ldc));
+  DISTPLAN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&d.pref));
+  const std::size_t ws = kLtWorkspaceBytes;
+  DISTPLAN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  cublasLtMatmulHeuristicResult_t heur{};
+  int found = 0;
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt_handle(), d.op, d.a, d.b, d.c, d.c,
+                                                           d.pref, 1, &heur, &found);
+  if (st == CUBLAS_STATUS_SUCCESS && found > 0) {
+    DISTPLAN_CUBLAS_CHECK(cublasLtMatmul(lt_handle(), d.op, &alpha, A, d.a, B, d.b, &beta, C, d.c,
+                                         C, d.c, &heur.algo, lt_workspace(), ws, nullptr));
+    return;
+  }
   DISTPLAN_CUBLAS_CHECK(cublasGemmEx(handle(), ta, tb, m, n, k, &alpha, A, data_type(at), lda, B,
-                                     data_type(bt), ldb, &beta, C, data_type(ct), ldc,
-                                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                                     data_type(bt), ldb, &beta, C, data_type(ct), ldc, compute,
+                                     CUBLAS_GEMM_DEFAULT));
 }
 
 }  // namespace
 
+void set_fp32_gemm_tf32(bool on) {
+  g_tf32 = on;
+}
+
+namespace {
+std::size_t elem_bytes(Type t) {
+  return t == Type::fp32 ? 4 : 2;
+}
+}  // namespace
+
 void linear_forward(Type t, const void* x, const void* w, const float* bias, void* y, int N, int I,
                     int O) {
+  if (N <= 0 || O <= 0) return;
+  if (I <= 0) {  // an empty sum: y = bias
+    zero_on_device(y, static_cast<std::size_t>(N) * O * elem_bytes(t));
+    if (bias != nullptr) add_bias(t, y, bias, N, O);
+    return;
+  }
   // y^T (O,N) = W (O,I) x^T (I,N); row-major W is column-major W^T (I,O).
   gemm(CUBLAS_OP_T, CUBLAS_OP_N, O, N, I, w, t, I, x, t, I, 0.0f, y, t, O);
   if (bias != nullptr) add_bias(t, y, bias, N, O);
 }
 
 void linear_backward_input(Type t, const void* dy, const void* w, void* dx, int N, int I, int O) {
+  if (N <= 0 || I <= 0) return;
+  if (O <= 0) {
+    zero_on_device(dx, static_cast<std::size_t>(N) * I * elem_bytes(t));
+    return;
+  }
   // dx^T (I,N) = W^T (I,O) dy^T (O,N).
   gemm(CUBLAS_OP_N, CUBLAS_OP_N, I, N, O, w, t, I, dy, t, O, 0.0f, dx, t, I);
 }
@@ -195,8 +287,9 @@ void linear_backward_input(Type t, const void* dy, const void* w, void* dx, int 
 void linear_backward_weight(Type t, const void* dy, const void* x, float* dw, float* dbias, int N,
                             int I, int O) {
   // dW^T (I,O) += x^T (I,N) dy (N,O); fp32 output.
-  gemm(CUBLAS_OP_N, CUBLAS_OP_T, I, O, N, x, t, I, dy, t, O, 1.0f, dw, Type::fp32, I);
-  if (dbias == nullptr) return;
+  if (N > 0 && I > 0 && O > 0)
+    gemm(CUBLAS_OP_N, CUBLAS_OP_T, I, O, N, x, t, I, dy, t, O, 1.0f, dw, Type::fp32, I);
+  if (dbias == nullptr || N <= 0 || O <= 0) return;
   if (t == Type::fp32) {
     bias_grad(static_cast<const float*>(dy), dbias, N, O);
     return;

@@ -324,6 +324,76 @@ const float* fp32_view(const Tensor& t, Count off, Count n, DeviceF32& scratch) 
 #endif
 }  // namespace
 
+void set_fp32_gemm_tf32([[maybe_unused]] bool on) {
+#ifdef DISTPLAN_HAVE_CUDA
+  cuda::set_fp32_gemm_tf32(on);
+#endif
+}
+
+void flash_attention_forward([[maybe_unused]] Device d, const float* q, const float* k,
+                             const float* v, float* out, float* lse, Count s, Count b, Count a,
+                             Count g, Count hd) {
+#ifdef DISTPLAN_HAVE_CUDA
+  if (on_cuda(d)) {
+    F qd(q, s * b * a * hd), kd(k, s * b * g * hd), vd(v, s * b * g * hd),
+        od(nullptr, s * b * a * hd), ld(nullptr, b * a * s);
+    cuda::flash_attention_forward(qd.get(), kd.get(), vd.get(), od.get(), ld.get(), ii(s), ii(b),
+                                  ii(a), ii(g), ii(hd));
+    od.out(out);
+    ld.out(lse);
+    return;
+  }
+#endif
+  cpu::flash_attention_forward(q, k, v, out, lse, s, b, a, g, hd);
+}
+
+void flash_attention_backward([[maybe_unused]] Device d, const float* dout, const float* q,
+                              const float* k, const float* v, const float* out, const float* lse,
+                              float* dq, float* dk, float* dv, Count s, Count b, Count a, Count g,
+                              Count hd) {
+#ifdef DISTPLAN_HAVE_CUDA
+  if (on_cuda(d)) {
+    F dod(dout, s * b * a * hd), qd(q, s * b * a * hd), kd(k, s * b * g * hd),
+        vd(v, s * b * g * hd), od(out, s * b * a * hd), ld(lse, b * a * s),
+        dqd(nullptr, s * b * a * hd), dkd(nullptr, s * b * g * hd), dvd(nullptr, s * b * g * hd);
+    cuda::flash_attention_backward(dod.get(), qd.get(), kd.get(), vd.get(), od.get(), ld.get(),
+                                   dqd.get(), dkd.get(), dvd.get(), ii(s), ii(b), ii(a), ii(g),
+                                   ii(hd));
+    dqd.out(dq);
+    dkd.out(dk);
+    dvd.out(dv);
+    return;
+  }
+#endif
+  cpu::flash_attention_backward(dout, q, k, v, out, lse, dq, dk, dv, s, b, a, g, hd);
+}
+
+void rotary_forward([[maybe_unused]] Device d, float* x, Count s, Count b, Count heads, Count hd,
+                    double theta) {
+#ifdef DISTPLAN_HAVE_CUDA
+  if (on_cuda(d)) {
+    F xd(x, s * b * heads * hd);
+    cuda::rotary_forward(xd.get(), ii(s), ii(b), ii(heads), ii(hd), theta);
+    xd.out(x);
+    return;
+  }
+#endif
+  cpu::rotary_forward(x, s, b, heads, hd, theta);
+}
+
+void rotary_backward([[maybe_unused]] Device d, float* dx, Count s, Count b, Count heads, Count hd,
+                     double theta) {
+#ifdef DISTPLAN_HAVE_CUDA
+  if (on_cuda(d)) {
+    F xd(dx, s * b * heads * hd);
+    cuda::rotary_backward(xd.get(), ii(s), ii(b), ii(heads), ii(hd), theta);
+    xd.out(dx);
+    return;
+  }
+#endif
+  cpu::rotary_backward(dx, s, b, heads, hd, theta);
+}
+
 void linear_forward([[maybe_unused]] Device d, const float* x, const float* w, const float* bias,
                     float* y, Count N, Count I, Count O) {
 #ifdef DISTPLAN_HAVE_CUDA

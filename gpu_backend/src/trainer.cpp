@@ -166,6 +166,7 @@ void check_nccl_pipeline(const ParallelSpec& p) {
 
 Measurement run_on_groups(const Scenario& s, const RunOptions& opts, ProcessGroups& groups) {
   check_supported(s);
+  if (opts.device == Device::cuda) dev::set_fp32_gemm_tf32(opts.tf32);
   Trainer trainer(s, opts, groups);
   return trainer.train();
 }

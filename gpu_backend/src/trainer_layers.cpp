@@ -87,8 +87,8 @@ void Trainer::attention_fwd(const Vec& q, const Vec& k, const Vec& v, Vec& out, 
   out.assign(q.size(), 0.0f);
   if (lse != nullptr) {
     lse->assign(static_cast<std::size_t>(b * a_l_ * s), 0.0f);
-    cpu::flash_attention_forward(q.data(), k.data(), v.data(), out.data(), lse->data(), s, b, a_l_,
-                                 g_l_, d_);
+    dev::flash_attention_forward(o_.device, q.data(), k.data(), v.data(), out.data(), lse->data(),
+                                 s, b, a_l_, g_l_, d_);
   } else {
     probs->assign(static_cast<std::size_t>(b * a_l_ * s * s), 0.0f);
     dev::attention_forward(o_.device, q.data(), k.data(), v.data(), out.data(), probs->data(), s, b,
@@ -123,8 +123,8 @@ Vec Trainer::layer_forward(int ui, const LayerParams& lp, LayerSaved& sv) {
     std::copy(r + ql + kvl, r + qkv_w, v.data() + n * kvl);
   }
   if (rotary()) {
-    cpu::rotary_forward(q.data(), s, b, a_l_, d_, 10000.0);
-    cpu::rotary_forward(k.data(), s, b, g_l_, d_, 10000.0);
+    dev::rotary_forward(o_.device, q.data(), s, b, a_l_, d_, 10000.0);
+    dev::rotary_forward(o_.device, k.data(), s, b, g_l_, d_, 10000.0);
     rnd(q, cb_);
     rnd(k, cb_);
   }
@@ -233,7 +233,7 @@ Vec Trainer::layer_backward(int ui, const LayerParams& lp, LayerSaved& sv, const
   Vec dq(q.size()), dk(k.size()), dv(v.size());
   if (flash()) {
     const Vec out = rd(sv.attn), lse = rd(sv.lse);
-    cpu::flash_attention_backward(dattn.data(), q.data(), k.data(), v.data(), out.data(),
+    dev::flash_attention_backward(o_.device, dattn.data(), q.data(), k.data(), v.data(), out.data(),
                                   lse.data(), dq.data(), dk.data(), dv.data(), s, b, a_l_, g_l_,
                                   d_);
   } else {
@@ -250,8 +250,8 @@ Vec Trainer::layer_backward(int ui, const LayerParams& lp, LayerSaved& sv, const
                             dq.data(), dk.data(), dv.data(), s, b, a_l_, g_l_, d_);
   }
   if (rotary()) {
-    cpu::rotary_backward(dq.data(), s, b, a_l_, d_, 10000.0);
-    cpu::rotary_backward(dk.data(), s, b, g_l_, d_, 10000.0);
+    dev::rotary_backward(o_.device, dq.data(), s, b, a_l_, d_, 10000.0);
+    dev::rotary_backward(o_.device, dk.data(), s, b, g_l_, d_, 10000.0);
   }
   const Count qkv_w = ql + 2 * kvl;
   Vec dqkv(static_cast<std::size_t>(N_ * qkv_w));

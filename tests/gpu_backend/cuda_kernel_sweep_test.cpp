@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -275,6 +276,217 @@ TEST(CudaSweep, ElementwiseKernelsPastTwoToThe24AndAtZero) {
       cuda::copy_to_device(xd.get() + (n - 1), &inf, sizeof(float));
       EXPECT_TRUE(cuda::has_overflow(xd.get(), n));
     }
+  }
+}
+
+// The GEMMs (cuBLASLt) on every input type against the oracle over empty, degenerate (an empty
+// sum: I = 0), odd and > 2^24-element shapes: fp32 (1e-5), TF32 (inputs rounded to 10 mantissa
+// bits: 2^-11 relative each, 5e-3), bf16 and fp16 inputs (the oracle on the rounded inputs; the
+// outputs are stored rounded, 1e-2). dW accumulates into what is there; dbias too.
+TEST(CudaSweep, GemmsMatchTheOracleOnEveryShapeAndType) {
+  REQUIRE_GPU();
+  struct G {
+    int N, I, O;
+  };
+  const G shapes[] = {{0, 5, 7},    {1, 1, 1},        {3, 0, 4},
+                      {17, 33, 65}, {257, 1000, 129}, {4100, 4097, 2}};
+  struct Mode {
+    const char* name;
+    cuda::Type t;
+    bool tf32;
+    double tol;
+  };
+  const Mode modes[] = {{"fp32", cuda::Type::fp32, false, 1e-5},
+                        {"tf32", cuda::Type::fp32, true, 5e-3},
+                        {"bf16", cuda::Type::bf16, false, 1e-2},
+                        {"fp16", cuda::Type::fp16, false, 1e-2}};
+  unsigned seed = 600;
+  for (const Mode& md : modes) {
+    cuda::set_fp32_gemm_tf32(md.tf32);
+    for (const G& sh : shapes) {
+      SCOPED_TRACE(std::string(md.name) + " " + std::to_string(sh.N) + "x" + std::to_string(sh.I) +
+                   "x" + std::to_string(sh.O));
+      const std::size_t nx = static_cast<std::size_t>(sh.N) * sh.I;
+      const std::size_t nw = static_cast<std::size_t>(sh.O) * sh.I;
+      const std::size_t ny = static_cast<std::size_t>(sh.N) * sh.O;
+      Vec x = random(nx, seed++), w = random(nw, seed++, 0.05f), dy = random(ny, seed++);
+      const Vec bias = random(sh.O, seed++), dw0 = random(nw, seed++), db0 = random(sh.O, seed++);
+      const bool half = md.t != cuda::Type::fp32;
+      auto round_to = [&](Vec& v) {
+        for (float& e : v)
+          e = md.t == cuda::Type::bf16 ? bf16_to_float(float_to_bf16(e))
+                                       : fp16_to_float(float_to_fp16(e));
+      };
+      if (half) round_to(x), round_to(w), round_to(dy);
+      Vec y(ny), dx(nx), dw = dw0, db = db0;
+      cpu::linear_forward(x.data(), w.data(), bias.data(), y.data(), sh.N, sh.I, sh.O);
+      cpu::linear_backward_input(dy.data(), w.data(), dx.data(), sh.N, sh.I, sh.O);
+      cpu::linear_backward_weight(dy.data(), x.data(), dw.data(), db.data(), sh.N, sh.I, sh.O);
+      // Device operands in the storage type.
+      auto to_dev = [&](const Vec& v, std::size_t n) {
+        auto* p = static_cast<char*>(cuda::device_alloc_zeroed(std::max<std::size_t>(n, 1) * 4));
+        Dev<float> f(v);
+        if (n > 0) cuda::cast(cuda::Type::fp32, f.get(), md.t, p, n);
+        return p;
+      };
+      char *xd = to_dev(x, nx), *wd = to_dev(w, nw), *dyd = to_dev(dy, ny);
+      char *yd = to_dev(Vec(ny, 7.0f), ny), *dxd = to_dev(Vec(nx, 7.0f), nx);
+      Dev<float> bd(bias), dwd(dw0), dbd(db0), y32(ny, 0.0f), dx32(nx, 0.0f);
+      cuda::linear_forward(md.t, xd, wd, bd.get(), yd, sh.N, sh.I, sh.O);
+      cuda::linear_backward_input(md.t, dyd, wd, dxd, sh.N, sh.I, sh.O);
+      cuda::linear_backward_weight(md.t, dyd, xd, dwd.get(), dbd.get(), sh.N, sh.I, sh.O);
+      if (ny > 0) cuda::cast(md.t, yd, cuda::Type::fp32, y32.get(), ny);
+      if (nx > 0) cuda::cast(md.t, dxd, cuda::Type::fp32, dx32.get(), nx);
+      cuda::synchronize();
+      EXPECT_LT(nerr(y32.host(), y), md.tol);
+      EXPECT_LT(nerr(dx32.host(), dx), md.tol);
+      EXPECT_LT(nerr(dwd.host(), dw), md.tol);
+      EXPECT_LT(nerr(dbd.host(), db), md.tol);
+      for (char* p : {xd, wd, dyd, yd, dxd}) cuda::device_free(p);
+    }
+  }
+  cuda::set_fp32_gemm_tf32(false);
+}
+
+// Multi-tensor Adam: five tensors of 0, 1, 1000, 70 001 and 2^24 + 77 elements in one launch,
+// each against cpu::adam_step (Adam without decoupled decay, step 2, gradient scale 1/4).
+TEST(CudaSweep, MultiTensorAdamUpdatesEveryTensorLikeTheOracle) {
+  REQUIRE_GPU();
+  const std::size_t sizes[] = {0, 1, 1000, 70001, kLarge};
+  cpu::AdamConfig c;
+  c.decoupled = false;
+  c.weight_decay = 0.05f;
+  std::vector<Vec> w, g, m, v;
+  std::vector<std::unique_ptr<Dev<float>>> wd, gd, md, vd;
+  cuda::AdamTensors ts;
+  int k = 0;
+  for (const std::size_t n : sizes) {
+    w.push_back(random(n, 700 + k));
+    g.push_back(random(n, 710 + k));
+    m.push_back(random(n, 720 + k, 0.01f));
+    v.push_back(Vec(n, 2e-4f));
+    wd.push_back(std::make_unique<Dev<float>>(w.back()));
+    gd.push_back(std::make_unique<Dev<float>>(g.back()));
+    md.push_back(std::make_unique<Dev<float>>(m.back()));
+    vd.push_back(std::make_unique<Dev<float>>(v.back()));
+    ts.t[k] = {wd.back()->get(), gd.back()->get(), md.back()->get(), vd.back()->get(), n};
+    cpu::adam_step(w.back().data(), g.back().data(), m.back().data(), v.back().data(),
+                   static_cast<Count>(n), c, 2, 0.25f);
+    ++k;
+  }
+  cuda::adam_step_multi(ts, k, c.lr, c.beta1, c.beta2, c.eps, c.weight_decay, c.decoupled, 2,
+                        0.25f);
+  cuda::synchronize();
+  for (int i = 0; i < k; ++i) {
+    SCOPED_TRACE(sizes[i]);
+    EXPECT_LT(nerr(wd[i]->host(), w[i]), kTol);
+    EXPECT_LT(nerr(md[i]->host(), m[i]), kTol);
+    EXPECT_LT(nerr(vd[i]->host(), v[i]), kTol);
+  }
+}
+
+// Fused bias + GeLU and bias + SwiGLU against the bias added on the host and the oracle's
+// activation; the saved pre-activation is the biased input exactly.
+TEST(CudaSweep, FusedBiasActivationsMatchTheOracle) {
+  REQUIRE_GPU();
+  const Shape shapes[] = {{0, 4}, {1, 1}, {3, 7}, {4099, 4097}};
+  unsigned seed = 800;
+  for (const Shape sh : shapes) {
+    SCOPED_TRACE(name(sh));
+    const std::size_t N = sh.N, O = sh.C;
+    const Vec x = random(N * O, seed++), bias = random(O, seed++);
+    Vec pre(N * O), y(N * O);
+    for (std::size_t i = 0; i < N * O; ++i) pre[i] = x[i] + bias[i % O];
+    cpu::gelu_forward(pre.data(), y.data(), static_cast<Count>(N * O));
+    Dev<float> xd(x), bd(bias), pd(N * O, 7.0f), yd(N * O, 7.0f);
+    cuda::bias_gelu_forward(xd.get(), bd.get(), pd.get(), yd.get(), sh.N, sh.C);
+    cuda::synchronize();
+    EXPECT_EQ(pd.host(), pre);
+    EXPECT_LT(nerr(yd.host(), y), kTol);
+    // SwiGLU: the same x read as (N, 2F) with F = O / 2 (odd O drops nothing: F = floor).
+    const std::size_t F = O / 2;
+    if (F == 0) continue;
+    const Vec xs(x.begin(), x.begin() + static_cast<std::ptrdiff_t>(N * 2 * F));
+    const Vec bs = random(2 * F, seed++);
+    Vec gate(N * F), up(N * F), ys(N * F), pres(N * 2 * F);
+    for (std::size_t n = 0; n < N; ++n)
+      for (std::size_t f = 0; f < F; ++f) {
+        gate[n * F + f] = xs[n * 2 * F + f] + bs[f];
+        up[n * F + f] = xs[n * 2 * F + F + f] + bs[F + f];
+        pres[n * 2 * F + f] = gate[n * F + f];
+        pres[n * 2 * F + F + f] = up[n * F + f];
+      }
+    cpu::swiglu_forward(gate.data(), up.data(), ys.data(), static_cast<Count>(N * F));
+    Dev<float> xsd(xs), bsd(bs), psd(N * 2 * F, 7.0f), ysd(N * F, 7.0f);
+    cuda::bias_swiglu_forward(xsd.get(), bsd.get(), psd.get(), ysd.get(), sh.N,
+                              static_cast<int>(F));
+    cuda::synchronize();
+    EXPECT_EQ(psd.host(), pres);
+    EXPECT_LT(nerr(ysd.host(), ys), kTol);
+  }
+}
+
+// Tiled causal flash attention against the oracle: one row, odd lengths, GQA groups of 1, 2 and
+// 4, sequences that cross the 64-row blocks and the key tiles (32 rows for d <= 128, 16 above),
+// head dims 8 to 256, and an empty sequence.
+TEST(CudaSweep, FlashAttentionMatchesTheOracleOnEveryShape) {
+  REQUIRE_GPU();
+  struct A {
+    int s, b, a, g, d;
+  };
+  const A shapes[] = {{0, 1, 2, 1, 8},    {1, 1, 1, 1, 8},    {5, 2, 4, 2, 8},   {33, 1, 3, 1, 16},
+                      {130, 2, 4, 4, 64}, {70, 1, 2, 1, 128}, {65, 1, 4, 1, 256}};
+  unsigned seed = 400;
+  for (const A& x : shapes) {
+    SCOPED_TRACE(std::to_string(x.s) + "," + std::to_string(x.b) + "," + std::to_string(x.a) + "," +
+                 std::to_string(x.g) + "," + std::to_string(x.d));
+    const std::size_t nq = static_cast<std::size_t>(x.s) * x.b * x.a * x.d;
+    const std::size_t nk = static_cast<std::size_t>(x.s) * x.b * x.g * x.d;
+    const std::size_t nl = static_cast<std::size_t>(x.b) * x.a * x.s;
+    const Vec q = random(nq, seed++), k = random(nk, seed++), v = random(nk, seed++);
+    const Vec dout = random(nq, seed++);
+    Vec out(nq), lse(nl), dq(nq), dk(nk), dv(nk);
+    cpu::flash_attention_forward(q.data(), k.data(), v.data(), out.data(), lse.data(), x.s, x.b,
+                                 x.a, x.g, x.d);
+    cpu::flash_attention_backward(dout.data(), q.data(), k.data(), v.data(), out.data(), lse.data(),
+                                  dq.data(), dk.data(), dv.data(), x.s, x.b, x.a, x.g, x.d);
+    Dev<float> qd(q), kd(k), vd(v), dod(dout), od(nq, 7.0f), ld(nl, 7.0f), dqd(nq, 7.0f),
+        dkd(nk, 7.0f), dvd(nk, 7.0f);
+    cuda::flash_attention_forward(qd.get(), kd.get(), vd.get(), od.get(), ld.get(), x.s, x.b, x.a,
+                                  x.g, x.d);
+    cuda::flash_attention_backward(dod.get(), qd.get(), kd.get(), vd.get(), od.get(), ld.get(),
+                                   dqd.get(), dkd.get(), dvd.get(), x.s, x.b, x.a, x.g, x.d);
+    cuda::synchronize();
+    EXPECT_LT(nerr(od.host(), out), kTol);
+    EXPECT_LT(nerr(ld.host(), lse), kTol);
+    EXPECT_LT(nerr(dqd.host(), dq), kTol);
+    EXPECT_LT(nerr(dkd.host(), dk), kTol);
+    EXPECT_LT(nerr(dvd.host(), dv), kTol);
+  }
+}
+
+// Rotary embedding forward and its inverse: a single pair, odd heads, and > 2^24 elements
+// (2049 x 8 x 8 x 128).
+TEST(CudaSweep, RotaryMatchesTheOracleOnEveryShape) {
+  REQUIRE_GPU();
+  struct R {
+    int s, b, h, d;
+  };
+  const R shapes[] = {{0, 1, 1, 8}, {1, 1, 1, 2}, {7, 3, 5, 64}, {2049, 8, 8, 128}};
+  unsigned seed = 500;
+  for (const R& r : shapes) {
+    SCOPED_TRACE(std::to_string(r.s) + "," + std::to_string(r.b) + "," + std::to_string(r.h) + "," +
+                 std::to_string(r.d));
+    const std::size_t n = static_cast<std::size_t>(r.s) * r.b * r.h * r.d;
+    Vec x = random(n, seed++), dx = random(n, seed++);
+    Dev<float> xd(x), dxd(dx);
+    cpu::rotary_forward(x.data(), r.s, r.b, r.h, r.d, 10000.0);
+    cpu::rotary_backward(dx.data(), r.s, r.b, r.h, r.d, 10000.0);
+    cuda::rotary_forward(xd.get(), r.s, r.b, r.h, r.d, 10000.0);
+    cuda::rotary_backward(dxd.get(), r.s, r.b, r.h, r.d, 10000.0);
+    cuda::synchronize();
+    EXPECT_LT(nerr(xd.host(), x), kTol);
+    EXPECT_LT(nerr(dxd.host(), dx), kTol);
   }
 }
 

@@ -343,16 +343,18 @@ TEST(ValidateCli, TwoNodeHostfileRunsLikeTheLocalLaunch) {
   const std::string ssh_log = dir + "/ssh.log";
   std::remove(ssh_log.c_str());
   const std::string agent = std::string(DISTPLAN_SOURCE_DIR) + "/tests/gpu_backend/local_ssh.sh";
-  const CliResult r = run_cli("validate " + scenario + " --steps 2 --timeout 90 --hostfile " +
-                                  hosts + " --launcher-args=\"--mca plm_rsh_agent " + agent + "\"",
-                              "OMPI_MCA_btl=self,tcp DISTPLAN_TEST_SSH_LOG=" + ssh_log, dir + "/tmp");
+  const CliResult r =
+      run_cli("validate " + scenario + " --steps 2 --timeout 90 --hostfile " + hosts +
+                  " --launcher-args=\"--mca plm_rsh_agent " + agent + "\"",
+              "OMPI_MCA_btl=self,tcp DISTPLAN_TEST_SSH_LOG=" + ssh_log, dir + "/tmp");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const std::vector<double> remote = check_two_stage_document(json::parse(r.out));
   const std::string log = read_file(ssh_log);
   EXPECT_NE(log.find("node-a"), std::string::npos) << log;
   EXPECT_NE(log.find("node-b"), std::string::npos) << log;
 
-  const CliResult l = run_cli("validate " + scenario + " --steps 2 --timeout 90", "", dir + "/tmp2");
+  const CliResult l =
+      run_cli("validate " + scenario + " --steps 2 --timeout 90", "", dir + "/tmp2");
   ASSERT_EQ(l.exit_code, 0) << l.err;
   const std::vector<double> local = check_two_stage_document(json::parse(l.out));
   ASSERT_EQ(remote.size(), 2u);
@@ -367,9 +369,9 @@ TEST(ValidateCli, OutOfMemoryOnARankIsAResult) {
   const std::string dir = ::testing::TempDir() + "/validate_oom";
   const std::string path = two_rank_scenario(dir);
   json doc = json::parse(read_file(path));
-  json gpu = json::parse(read_file(std::string(DISTPLAN_SOURCE_DIR) +
-                                   "/data/gpus/h100-sxm-80gb.json"))
-                 .at("gpu");
+  json gpu =
+      json::parse(read_file(std::string(DISTPLAN_SOURCE_DIR) + "/data/gpus/h100-sxm-80gb.json"))
+          .at("gpu");
   gpu["memory_bytes"] = 600000;
   doc["cluster"]["gpu"] = gpu;
   doc["cluster"]["runtime_reserve_bytes"] = 0;
@@ -389,10 +391,10 @@ TEST(ValidateCli, InsideSlurmAllocationLaunchesWithSrun) {
   const std::string srun_log = dir + "/srun.log";
   std::remove(srun_log.c_str());
   const std::string srun = std::string(DISTPLAN_SOURCE_DIR) + "/tests/gpu_backend/fake_srun.sh";
-  const CliResult r = run_cli(
-      "validate " + scenario + " --steps 1 --timeout 90 --launcher-args=--cpu-bind=none",
-      "SLURM_JOB_ID=4242 DISTPLAN_SRUN=" + srun + " DISTPLAN_TEST_SRUN_LOG=" + srun_log,
-      dir + "/tmp");
+  const CliResult r =
+      run_cli("validate " + scenario + " --steps 1 --timeout 90 --launcher-args=--cpu-bind=none",
+              "SLURM_JOB_ID=4242 DISTPLAN_SRUN=" + srun + " DISTPLAN_TEST_SRUN_LOG=" + srun_log,
+              dir + "/tmp");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   check_two_stage_document(json::parse(r.out));
   const std::string log = read_file(srun_log);
@@ -418,7 +420,8 @@ TEST(ValidateCli, RankWorkerUnderTheUsersLauncherPrintsTheComparison) {
                           "/stdout 2> " + tmp + "/stderr";
   const int rc = std::system(cmd.c_str());
   ASSERT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 0) << read_file(tmp + "/stderr");
-  const std::vector<double> losses = check_two_stage_document(json::parse(read_file(tmp + "/stdout")));
+  const std::vector<double> losses =
+      check_two_stage_document(json::parse(read_file(tmp + "/stdout")));
   EXPECT_EQ(losses.size(), 2u);
 }
 

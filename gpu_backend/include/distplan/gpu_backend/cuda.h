@@ -1,7 +1,7 @@
 // The CUDA device: memory, copies and the kernels of the layer op table on device pointers.
 // Declarations only (no CUDA headers), available when built with CUDA (DISTPLAN_HAVE_CUDA).
 // Storage is fp32 for every op but the GEMMs, which take fp32, bf16 or fp16 inputs and accumulate
-// in fp32 (cublasGemmEx, CUBLAS_COMPUTE_32F); casts move between the storage types. The CPU ops
+// in fp32 (cuBLASLt, CUBLAS_COMPUTE_32F); casts move between the storage types. The CPU ops
 // (cpu_ops.h) are the oracle these kernels are tested against
 // (tests/gpu_backend/cuda_ops_test.cpp).
 #pragma once
@@ -44,6 +44,10 @@ void read_as_float(const void* data, int dtype, long long offset, long long n, f
 void write_from_float(void* data, int dtype, long long offset, long long n, const float* in);
 
 // --- GEMMs (cuBLAS), row-major as cpu_ops.h: y (N,O) = x (N,I) W^T (+ bias), W (O,I) ---------
+/// GEMMs run through cuBLASLt with fp32 accumulation: bf16/fp16 inputs on tensor cores; fp32
+/// inputs in full fp32, or on TF32 tensor cores (10-bit mantissa inputs) after
+/// set_fp32_gemm_tf32(true) (this thread's GEMMs). Zero sizes are allowed (an empty sum is 0).
+void set_fp32_gemm_tf32(bool on);
 /// `t` is the storage type of x, w and y; bias (fp32, may be null) is added by a kernel.
 void linear_forward(Type t, const void* x, const void* w, const float* bias, void* y, int N, int I,
                     int O);
@@ -86,6 +90,16 @@ void attention_forward(const float* q, const float* k, const float* v, float* ou
 void attention_backward(const float* dout, const float* q, const float* k, const float* v,
                         const float* probs, float* dq, float* dk, float* dv, int s, int b, int a,
                         int g, int d);
+/// Flash-style causal attention (cpu::flash_attention_*): tiled, saves lse (b,a,s) only; the
+/// backward overwrites dq, dk and dv. Head dims up to 256.
+void flash_attention_forward(const float* q, const float* k, const float* v, float* out, float* lse,
+                             int s, int b, int a, int g, int d);
+void flash_attention_backward(const float* dout, const float* q, const float* k, const float* v,
+                              const float* out, const float* lse, float* dq, float* dk, float* dv,
+                              int s, int b, int a, int g, int d);
+/// Rotary position embedding in place on x (s,b,heads,d) (cpu::rotary_*).
+void rotary_forward(float* x, int s, int b, int heads, int d, double theta);
+void rotary_backward(float* dx, int s, int b, int heads, int d, double theta);
 void embedding_forward(const std::int32_t* ids, const float* table, float* out, int N, int C,
                        int vocab_start, int V);
 void embedding_backward(const std::int32_t* ids, const float* dout, float* dtable, int N, int C,
@@ -101,6 +115,27 @@ void ce_backward(const float* logits, const float* row_max, const float* sumexp,
 void adam_step(float* master, const float* grad, float* m, float* v, std::size_t n, float lr,
                float beta1, float beta2, float eps, float weight_decay, bool decoupled,
                long long step, float grad_scale);
+/// Adam/AdamW over several fp32 tensors in one launch (the descriptors travel as the kernel's
+/// argument, so no device copy or allocation): each tensor as adam_step.
+struct AdamTensor {
+  float* master = nullptr;
+  const float* grad = nullptr;
+  float* m = nullptr;
+  float* v = nullptr;
+  std::size_t n = 0;
+};
+inline constexpr int kMaxAdamTensors = 32;
+struct AdamTensors {
+  AdamTensor t[kMaxAdamTensors];
+};
+void adam_step_multi(const AdamTensors& ts, int count, float lr, float beta1, float beta2,
+                     float eps, float weight_decay, bool decoupled, long long step,
+                     float grad_scale);
+/// Fused bias + activation of a column-parallel projection's output x (N,O), saving the biased
+/// pre-activation for the backward (gelu_backward / swiglu_backward on `pre`): GeLU y (N,O);
+/// SwiGLU on the packed gate|up (N,2F) with bias (2F), y (N,F).
+void bias_gelu_forward(const float* x, const float* bias, float* pre, float* y, int N, int O);
+void bias_swiglu_forward(const float* x, const float* bias, float* pre, float* y, int N, int F);
 /// True when any element is inf or NaN.
 [[nodiscard]] bool has_overflow(const float* x, std::size_t n);
 /// y = a + b elementwise (residual connections); y may alias a or b.
@@ -116,19 +151,19 @@ struct LayerStackConfig {
   bool gemm_only = false;  // run only the GEMMs (the cuBLAS share of the same step)
 };
 struct LayerStackTiming {
-  double seconds = 0;       // mean over reps of forward + backward, device time (CUDA events)
-  double model_flops = 0;   // gemm_flops + causal attention (layer_stack_flops)
-  double gemm_flops = 0;    // the GEMM part: per layer 6 N h (4h + 2f)
+  double seconds = 0;      // mean over reps of forward + backward, device time (CUDA events)
+  double model_flops = 0;  // gemm_flops + causal attention (layer_stack_flops)
+  double gemm_flops = 0;   // the GEMM part: per layer 6 N h (4h + 2f)
   double noncausal_model_flops = 0;  // Narayanan et al. 2021: 72 B s h^2 (1 + s / 6h), f = 4h
   double device_bytes = 0;           // device memory the stack allocated
 };
 [[nodiscard]] LayerStackTiming time_layer_stack(const LayerStackConfig& c);
 
 /// FLOPs of one forward + backward of the layer stack (backward = 2 x forward; no recompute, no
-/// LM head). GEMMs: per layer 2 N h (3h + h + 2f) forward, N = b s (Narayanan et al. 2021, "Efficient
-/// Large-Scale Language Model Training on GPU Clusters Using Megatron-LM", eq. for F without
-/// recomputation). Attention: Q K^T and P V are 2 d FLOPs per (query, key) pair and head each;
-/// a causal mask leaves s (s + 1) / 2 pairs per sequence, the full count (Narayanan's s / 6h
+/// LM head). GEMMs: per layer 2 N h (3h + h + 2f) forward, N = b s (Narayanan et al. 2021,
+/// "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM", eq. for F
+/// without recomputation). Attention: Q K^T and P V are 2 d FLOPs per (query, key) pair and head
+/// each; a causal mask leaves s (s + 1) / 2 pairs per sequence, the full count (Narayanan's s / 6h
 /// term) has s^2. Header-only: the count is tested without a GPU.
 struct LayerStackFlops {
   double gemm = 0, attention_causal = 0, attention_full = 0;

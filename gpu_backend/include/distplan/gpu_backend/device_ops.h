@@ -47,7 +47,20 @@ void ce_local_sumexp(Device d, const float* logits, const float* row_max, float*
 void ce_local_target(Device d, const float* logits, const std::int32_t* targets,
                      float* target_logit, Count N, Count V, Count vocab_start);
 
+/// Flash-style causal attention (lse (b,a,s) saved; backward overwrites dq, dk, dv).
+void flash_attention_forward(Device d, const float* q, const float* k, const float* v, float* out,
+                             float* lse, Count s, Count b, Count a, Count g, Count hd);
+void flash_attention_backward(Device d, const float* dout, const float* q, const float* k,
+                              const float* v, const float* out, const float* lse, float* dq,
+                              float* dk, float* dv, Count s, Count b, Count a, Count g, Count hd);
+/// Rotary position embedding in place on x (s,b,heads,hd); backward the inverse rotation.
+void rotary_forward(Device d, float* x, Count s, Count b, Count heads, Count hd, double theta);
+void rotary_backward(Device d, float* dx, Count s, Count b, Count heads, Count hd, double theta);
+
 // ---- GEMMs on host arrays (cuBLAS on CUDA, operands staged), row-major as cpu_ops.h ------------
+/// CUDA: this thread's fp32 GEMMs on TF32 tensor cores (cuda::set_fp32_gemm_tf32); no effect on
+/// the CPU.
+void set_fp32_gemm_tf32(bool on);
 /// y (N,O) = x (N,I) W^T (+ bias)
 void linear_forward(Device d, const float* x, const float* w, const float* bias, float* y, Count N,
                     Count I, Count O);

@@ -30,6 +30,8 @@ struct RunOptions {
   // Non-empty: after the first step's gradient reduction, before the optimizer, every rank writes
   // the reduced gradient it holds to DIR/rank<world rank>.grad (gradient_dump.h).
   std::string dump_gradients;
+  // CUDA: fp32 GEMM inputs on TF32 tensor cores (10-bit mantissa inputs, fp32 accumulation).
+  bool tf32 = false;
 };
 
 struct ExecutedAction {
