@@ -13,7 +13,9 @@ MemoryLayout memory_layout(const Scenario& s) noexcept {
   l.micro_batch_size = s.training.micro_batch_size;
   l.num_microbatches = s.num_microbatches();
   l.zero_stage = p.zero_stage;
-  l.shard = p.zero_stage == 0 ? 1 : s.shard_size();
+  l.shard = p.zero_stage == 0 ? 1 : s.zero_shard();
+  l.cp = p.cp;
+  l.cp_comm = p.cp_comm;
   l.sequence_parallel = p.sequence_parallel;
   l.recompute = p.recompute;
   l.schedule = p.schedule;

@@ -123,10 +123,11 @@ Seconds memory_seconds(const DeviceRates& r, double bytes, double kernels) noexc
 }
 
 PassCosts layer_pass_costs(const LayerTable& table, const ModelSpec& m, const TrainingSpec& t,
-                           Count tp, bool sp, const DeviceRates& r) noexcept {
+                           Count tp, bool sp, const DeviceRates& r, Count cp) noexcept {
   PassCosts c;
   const double e = static_cast<double>(r.element_bytes);
-  const double T = static_cast<double>(t.micro_batch_size * t.seq_length);  // tokens
+  const double cpd = static_cast<double>(cp);
+  const double T = static_cast<double>(t.micro_batch_size * t.seq_length) / cpd;  // local tokens
   const double tpd = static_cast<double>(tp);
   const double T_sp = sp ? T / tpd : T;  // tokens one rank holds in the replicated region
   const double h = static_cast<double>(m.hidden_size);
@@ -166,7 +167,9 @@ PassCosts layer_pass_costs(const LayerTable& table, const ModelSpec& m, const Tr
         if (t.attention == Attention::flash) {
           // Dao 2023 (FlashAttention-2): causal masking skips half the blocks; the backward
           // recomputes QK^T: 5 GEMM-equivalents against the forward's 2, i.e. 2.5x its FLOPs.
-          const double flops = 0.5 * 4.0 * b * s * s * d * heads;
+          // Context parallel: 1/cp of the causal work on every rank (2·cp load-balanced chunks,
+          // or whole heads under a2a).
+          const double flops = 0.5 * 4.0 * b * s * s * d * heads / cpd;
           const double io = 2 * q_bytes + kv_bytes;  // read q, k, v; write o
           fwd = std::max(flops * r.inv_flash_forward_rate, io * r.inv_hbm) + r.launch;
           bin =
@@ -193,6 +196,8 @@ PassCosts layer_pass_costs(const LayerTable& table, const ModelSpec& m, const Tr
         bool selective = false;
         for (int i = 0; i < op.num_saved; ++i) selective |= op.saved[i].dropped_by_selective;
         if (selective) c.selective_recompute += fwd;
+        c.attention_forward += fwd;
+        c.attention_backward += bin;
         break;
       }
       case OpKind::activation: {

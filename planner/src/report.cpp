@@ -34,7 +34,10 @@ std::string human_count(double n) {
 }
 
 std::string layout_line(const ParallelSpec& p) {
-  std::string out = fmt::format("tp={} pp={} dp={}, ZeRO-{}", p.tp, p.pp, p.dp, p.zero_stage);
+  std::string out = p.cp > 1
+                        ? fmt::format("tp={} cp={} ({}) pp={} dp={}, ZeRO-{}", p.tp, p.cp,
+                                      to_string(p.cp_comm), p.pp, p.dp, p.zero_stage)
+                        : fmt::format("tp={} pp={} dp={}, ZeRO-{}", p.tp, p.pp, p.dp, p.zero_stage);
   if (p.zero_stage > 0 && p.fsdp_shard_size != p.dp)
     out += fmt::format(" (shard {})", p.fsdp_shard_size);
   if (p.sequence_parallel) out += ", sequence parallel";
@@ -90,7 +93,7 @@ std::vector<FitSuggestion> single_changes(const Scenario& s, const Estimate& e,
   std::vector<FitSuggestion> out;
   const ParallelSpec& p = s.parallel;
   for (int z = p.zero_stage + 1; z <= 3; ++z) {
-    if (p.dp == 1) break;
+    if (p.dp * p.cp == 1) break;  // ZeRO shards over dp·cp
     Scenario x = s;
     x.parallel.zero_stage = z;
     try_change(out, e, s.cluster.num_gpus, fmt::format("ZeRO-{}", z), x);
@@ -125,6 +128,17 @@ std::vector<FitSuggestion> single_changes(const Scenario& s, const Estimate& e,
     y.parallel.layers_per_stage.clear();
     try_change(out, e, s.cluster.num_gpus,
                fmt::format("pp={} (dp={})", y.parallel.pp, y.parallel.dp), y);
+  }
+  // Context parallelism: half the data-parallel ranks split each sequence instead (ring
+  // attention, the default exchange); its step time says what the ring costs.
+  if (p.dp % 2 == 0) {
+    Scenario x = s;
+    x.parallel.cp *= 2;
+    x.parallel.dp /= 2;
+    x.parallel.fsdp_shard_size = std::max<Count>(1, x.parallel.fsdp_shard_size / 2);
+    if (x.parallel.dp % x.parallel.fsdp_shard_size != 0) x.parallel.fsdp_shard_size = x.parallel.dp;
+    try_change(out, e, s.cluster.num_gpus,
+               fmt::format("cp={} (dp={})", x.parallel.cp, x.parallel.dp), x);
   }
   if (s.training.micro_batch_size > 1) {
     Scenario x = s;

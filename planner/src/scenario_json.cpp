@@ -623,6 +623,8 @@ Scenario scenario_from_json(const json& doc, std::initializer_list<std::string_v
       } else if (v_shape(p.schedule)) {
         p.virtual_stages = 2;  // implied by the V: chunks s and 2p - 1 - s on stage s
       }
+      if (auto v = r.integer("cp", 1, Count{1} << 16)) p.cp = *v;
+      read_enum(r, "cp_comm", p.cp_comm, {"p2p", "all_gather", "a2a"});
       read_enum(r, "offload_optimizer", p.offload_optimizer, {"none", "cpu", "nvme"});
       read_enum(r, "offload_params", p.offload_params, {"none", "cpu", "nvme"});
       if (const json* l = r.take("layers_per_stage")) {
@@ -637,13 +639,14 @@ Scenario scenario_from_json(const json& doc, std::initializer_list<std::string_v
     }
     Count& n = s.cluster.num_gpus;
     if (!num_gpus_given) {
-      n = p.tp * p.pp * p.dp;
+      n = p.tp * p.cp * p.pp * p.dp;
     } else if (!dp_given) {
-      if (n % (p.tp * p.pp) != 0) {
-        throw InputError("/parallel", fmt::format("num_gpus={} is not divisible by tp*pp={}*{}={}",
-                                                  n, p.tp, p.pp, p.tp * p.pp));
+      if (n % (p.tp * p.cp * p.pp) != 0) {
+        throw InputError("/parallel",
+                         fmt::format("num_gpus={} is not divisible by tp*cp*pp={}*{}*{}={}", n,
+                                     p.tp, p.cp, p.pp, p.tp * p.cp * p.pp));
       }
-      p.dp = n / (p.tp * p.pp);
+      p.dp = n / (p.tp * p.cp * p.pp);
     }
     if (p.fsdp_shard_size == 0) p.fsdp_shard_size = p.dp;
   }
@@ -767,6 +770,8 @@ json to_json(const ParallelSpec& p) {
             {"recompute", to_string(p.recompute)},
             {"schedule", to_string(p.schedule)},
             {"virtual_stages", p.virtual_stages},
+            {"cp", p.cp},
+            {"cp_comm", to_string(p.cp_comm)},
             {"offload_optimizer", to_string(p.offload_optimizer)},
             {"offload_params", to_string(p.offload_params)}};
   if (!p.layers_per_stage.empty()) j["layers_per_stage"] = p.layers_per_stage;
@@ -880,6 +885,7 @@ json stage_costs_json(std::size_t stage, const StageCosts& k) {
   put(o, "recompute_seconds", k.recompute);
   put(o, "tp_communication_seconds", k.tp_communication);
   put(o, "p2p_seconds", k.p2p);
+  put(o, "cp_communication_seconds", k.cp_communication);
   put(o, "zero3_gather_seconds", k.zero3_gather);
   put(o, "grad_reduce_seconds", k.grad_reduce);
   put(o, "param_gather_seconds", k.param_gather);

@@ -60,6 +60,17 @@ std::string_view to_string(Offload v) noexcept {
   }
   return "?";
 }
+std::string_view to_string(CpComm v) noexcept {
+  switch (v) {
+    case CpComm::p2p:
+      return "p2p";
+    case CpComm::all_gather:
+      return "all_gather";
+    case CpComm::a2a:
+      return "a2a";
+  }
+  return "?";
+}
 std::string_view to_string(Schedule v) noexcept {
   switch (v) {
     case Schedule::gpipe:
@@ -93,6 +104,8 @@ std::string_view to_string(Group v) noexcept {
       return "pp";
     case Group::embedding:
       return "embedding";
+    case Group::cp:
+      return "cp";
   }
   return "?";
 }
@@ -106,6 +119,8 @@ std::string_view to_string(CollectiveOp v) noexcept {
       return "all_gather";
     case CollectiveOp::send_recv:
       return "send_recv";
+    case CollectiveOp::all_to_all:
+      return "all_to_all";
   }
   return "?";
 }

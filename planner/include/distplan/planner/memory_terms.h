@@ -30,6 +30,8 @@ struct MemoryLayout {
   Schedule schedule = Schedule::one_f_one_b;
   Offload offload_optimizer = Offload::none;
   Offload offload_params = Offload::none;
+  Count cp = 1;  // context parallel: each GPU holds seq_length / cp tokens of a sequence
+  CpComm cp_comm = CpComm::p2p;
 };
 [[nodiscard]] MemoryLayout memory_layout(const Scenario& s) noexcept;
 
@@ -69,6 +71,29 @@ inline Count max_window(bool has_first, Count first, Count n, Count mid, bool ha
 }
 
 }  // namespace detail
+
+/// Context-parallel working buffers of one layer's attention on one GPU, for `tokens` local
+/// tokens (Transformer Engine, transformer_engine/pytorch/attention/dot_product_attention/
+/// context_parallel.py): p2p (AttnFuncWithCPAndKVP2P) double-buffers the KV chunk in flight and
+/// the per-step outputs being merged in the forward, and KV plus dKV in the backward;
+/// all_gather (AttnFuncWithCPAndKVAllGather) gathers the whole sequence's K and V, and in the
+/// backward their gradients before the reduce-scatter; a2a (AttnFuncWithCPAndQKVOA2A) holds the
+/// exchanged q, k, v and output, each the size of the local ones.
+[[nodiscard]] inline Bytes cp_attention_buffer_bytes(const ModelSpec& m, const MemoryLayout& l,
+                                                     Count tokens, Bytes cb) noexcept {
+  if (l.cp <= 1) return 0;
+  const Bytes kv = tokens * 2 * m.kv_hidden() / l.tp * cb;  // local K and V
+  const Bytes q = tokens * m.hidden_size / l.tp * cb;       // local q, and the output alike
+  switch (l.cp_comm) {
+    case CpComm::p2p:
+      return std::max(2 * kv + 2 * q, 4 * kv);
+    case CpComm::all_gather:
+      return 2 * l.cp * kv;
+    case CpComm::a2a:
+      return 2 * q + kv;
+  }
+  return 0;
+}
 
 /// Optimizer bytes per parameter, the ZeRO paper's K (Rajbhandari et al. 2020, sec. 3.1).
 [[nodiscard]] inline Bytes optimizer_bytes_per_param(const TrainingSpec& t) noexcept {
@@ -133,7 +158,7 @@ inline void stage_memory(const Scenario& base, const MemoryLayout& l, const Stag
   const Bytes gb = bytes_of(t.grad_accumulation_dtype);
   const Count S = l.shard;
   const bool zero = l.zero_stage > 0;
-  const Count act_tokens = l.micro_batch_size * t.seq_length;
+  const Count act_tokens = l.micro_batch_size * (t.seq_length / l.cp);  // this GPU's tokens
 
   sm.stage = st;
   sm.num_layers = u.layers;
@@ -233,7 +258,10 @@ inline void stage_memory(const Scenario& base, const MemoryLayout& l, const Stag
       zero_ws = split ? std::max(gathered * cb, gradient) : gathered * cb + gradient;
     }
   }
-  sm.buffers_bytes = std::max(logits_ws, zero_ws);
+  // Context parallel: the key/value exchange buffers of the layer whose attention runs, alive
+  // with that layer's ZeRO-3 gathered units (docs/memory.md, "Context parallel").
+  const Bytes cp_ws = u.layers > 0 ? cp_attention_buffer_bytes(m, l, act_tokens, cb) : 0;
+  sm.buffers_bytes = std::max(logits_ws, zero_ws + cp_ws);
   sm.runtime_bytes = base.cluster.runtime_reserve_bytes;
   sm.total_bytes = sm.weights_bytes + sm.gradients_bytes + sm.optimizer_bytes +
                    sm.activations_bytes + sm.buffers_bytes + sm.runtime_bytes;

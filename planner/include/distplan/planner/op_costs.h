@@ -51,13 +51,17 @@ struct PassCosts {
   Seconds selective_recompute = 0;  // forward of the ops selective recompute re-runs
   Seconds gemm_forward = 0;         // of `forward`, the linear layers' GEMMs (TP overlap window)
   Seconds gemm_backward = 0;        // of the backward passes, the linear layers' GEMMs
+  Seconds attention_forward = 0;    // of `forward`, the attention core (context-parallel overlap)
+  Seconds attention_backward = 0;   // of `backward_input`, the attention core
 };
 
 /// One transformer layer (all ops of the table) for a micro-batch of b sequences of length s,
-/// on one GPU of a TP group of `tp` (with or without sequence parallelism).
+/// on one GPU of a TP group of `tp` (with or without sequence parallelism) and of a
+/// context-parallel group of `cp`: the GPU holds s/cp tokens of each sequence and does 1/cp of
+/// the causal attention (load-balanced chunks).
 [[nodiscard]] PassCosts layer_pass_costs(const LayerTable& table, const ModelSpec& m,
                                          const TrainingSpec& t, Count tp, bool sp,
-                                         const DeviceRates& r) noexcept;
+                                         const DeviceRates& r, Count cp = 1) noexcept;
 
 /// The first stage's extra ops: the vocab-parallel embedding lookup (and its gradient scatter).
 [[nodiscard]] PassCosts embedding_pass_costs(const ModelSpec& m, const TrainingSpec& t, Count tp,

@@ -21,6 +21,11 @@ enum class Recompute { none, selective, full };
 /// Where ZeRO keeps a model state: on the GPU, in host memory, or on the node's NVMe (ZeRO-Offload,
 /// Ren et al. 2021; ZeRO-Infinity, Rajbhandari et al. 2021; docs/memory.md, "Offload").
 enum class Offload { none, cpu, nvme };
+/// How context-parallel ranks exchange keys and values (docs/communication.md, "Context
+/// parallel"; Megatron-Core --cp-comm-type): p2p = ring attention with 2·cp load-balanced causal
+/// chunks (Transformer Engine), all_gather = KV all-gather (Llama 3), a2a = all-to-all over heads
+/// (DeepSpeed-Ulysses).
+enum class CpComm { p2p, all_gather, a2a };
 enum class Schedule { gpipe, one_f_one_b, interleaved_1f1b, zb_h1, zb_h2, zb_v, v_half, v_min };
 /// V-shape schedules (Qi et al. 2024, "Pipeline Parallelism with Controllable Memory"): two
 /// chunks per stage, virtual stages s and 2p - 1 - s on stage s (down, then up). They imply
@@ -38,6 +43,7 @@ enum class Schedule { gpipe, one_f_one_b, interleaved_1f1b, zb_h1, zb_h2, zb_v, 
 [[nodiscard]] std::string_view to_string(Recompute v) noexcept;
 [[nodiscard]] std::string_view to_string(Schedule v) noexcept;
 [[nodiscard]] std::string_view to_string(Offload v) noexcept;
+[[nodiscard]] std::string_view to_string(CpComm v) noexcept;
 [[nodiscard]] constexpr Bytes bytes_of(DType d) noexcept {
   return d == DType::fp32 ? 4 : 2;
 }
@@ -137,6 +143,10 @@ struct ParallelSpec {
   std::vector<Count> layers_per_stage;  // explicit split, one entry per stage; empty = even
   Offload offload_optimizer = Offload::none;  // fp32 master weights, moments, fp32 gradients
   Offload offload_params = Offload::none;     // the compute-dtype parameter shard (ZeRO-3)
+  // Context parallelism: the sequence split over cp ranks (rank order tp, cp, dp, pp as
+  // Megatron-Core); the ZeRO / DP groups span dp·cp.
+  Count cp = 1;
+  CpComm cp_comm = CpComm::p2p;
   bool operator==(const ParallelSpec&) const = default;
 };
 
@@ -182,6 +192,13 @@ struct Scenario {
   }
   [[nodiscard]] Count shard_size() const noexcept {
     return parallel.fsdp_shard_size > 0 ? parallel.fsdp_shard_size : parallel.dp;
+  }
+  /// The ZeRO shard group: the shard size times cp (Megatron-Core's distributed optimizer shards
+  /// over the data-and-context-parallel group; torchtitan's FSDP over dp_shard·cp).
+  [[nodiscard]] Count zero_shard() const noexcept { return shard_size() * parallel.cp; }
+  /// Tokens of one sequence on one GPU: the context-parallel rank's share.
+  [[nodiscard]] Count local_seq_length() const noexcept {
+    return training.seq_length / parallel.cp;
   }
 };
 
