@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "distplan/planner/check.h"
+#include "distplan/planner/fp8.h"
 #include "distplan/planner/layer_ops.h"
 #include "distplan/planner/layout.h"
 #include "distplan/planner/memory_terms.h"
@@ -578,13 +579,14 @@ class Estimator {
   // these (they differ in pp, dp, ZeRO, schedule, recompute), so each thread keeps the last two
   // (SP off and on); any change of an input recomputes them.
   struct OpCosts {
-    std::array<double, 27> key{};
+    std::array<double, 28> key{};
     bool valid = false;
     PassCosts layer, embedding, head;
   };
   [[nodiscard]] const OpCosts& op_costs(const DeviceRates& r) const {
     const ModelSpec& m = m_;
-    const std::array<double, 27> key = {static_cast<double>(p_.cp),
+    const std::array<double, 28> key = {r.fp8_peak,
+                                        static_cast<double>(p_.cp),
                                         static_cast<double>(m.hidden_size),
                                         static_cast<double>(m.num_attention_heads),
                                         static_cast<double>(m.num_kv_heads),
@@ -743,6 +745,13 @@ class Estimator {
           static_cast<double>(p_.zero_stage == 3 ? sm.weights_bytes : sm.weights_bytes / shard());
       k.optimizer = memory_seconds(rates, touched, 1);
       if (p_.offload_optimizer != Offload::none) offload_costs(u, k, e.offload);
+      if (t_.fp8 != Fp8Recipe::none && u.layer.count > 0) {
+        // FP8: after the step each linear weight is cast to its two fp8 layouts once (TE's
+        // weight cache, refreshed on the step's first micro-batch): read in the compute dtype,
+        // write two bytes per parameter.
+        const double w = static_cast<double>(fp8_linear_params_per_rank(table_, p_.tp));
+        k.optimizer += memory_seconds(rates, L * w * (static_cast<double>(cb()) + 2), 4 * L);
+      }
     }
     // The busiest GPU's collectives, listed once.
     if (best >= 0) {

@@ -239,8 +239,10 @@ std::string format_plan_table(const Scenario& s, const Estimate& e) {
   line(
       fmt::format("  training: {} {}, seq {}, global batch {}, micro-batch {} -> {} micro-batches "
                   "per pipeline per step",
-                  to_string(t.precision), to_string(t.optimizer), t.seq_length, t.global_batch_size,
-                  t.micro_batch_size, e.num_microbatches));
+                  t.fp8 != Fp8Recipe::none ? fmt::format("fp8 ({} scaling)", to_string(t.fp8))
+                                           : std::string(to_string(t.precision)),
+                  to_string(t.optimizer), t.seq_length, t.global_batch_size, t.micro_batch_size,
+                  e.num_microbatches));
   line("");
   line(fmt::format("Memory per GPU (GiB = 2^30 bytes), capacity {} GiB",
                    gib(e.memory.capacity_bytes)));

@@ -131,6 +131,9 @@ void read_peak_flops(const json& doc, const std::string& path, PeakFlops& f) {
   }
   if (auto v = r.number("fp16", kMin, kMax, false)) f.fp16 = *v;
   if (auto v = r.number("bf16", kMin, kMax, false)) f.bf16 = *v;
+  // 0 means no FP8 (MXFP8) tensor cores: fp8 training is then refused.
+  if (auto v = r.number("fp8", 0, kMax, false)) f.fp8 = *v;
+  if (auto v = r.number("mxfp8", 0, kMax, false)) f.mxfp8 = *v;
   r.finish();
 }
 
@@ -549,7 +552,24 @@ Scenario scenario_from_json(const json& doc, std::initializer_list<std::string_v
     const auto seq = r.integer("seq_length", 1, Count{1} << 22);
     const auto gbs = r.integer("global_batch_size", 1, Count{1} << 32);
     if (auto v = r.integer("micro_batch_size", 1, Count{1} << 24)) t.micro_batch_size = *v;
-    t.precision = read_dtype(r, "precision", DType::bf16);
+    // "fp8": the layers' GEMMs in fp8 with a scaling recipe, everything else in bf16.
+    if (const auto i = r.choice("precision", {"fp32", "fp16", "bf16", "fp8"})) {
+      t.precision = *i == 3 ? DType::bf16 : static_cast<DType>(*i);
+      if (*i == 3) t.fp8 = Fp8Recipe::delayed;
+    }
+    if (r.has("fp8_recipe")) {
+      const bool fp8 = t.fp8 != Fp8Recipe::none;
+      Fp8Recipe recipe = Fp8Recipe::none;
+      read_enum(r, "fp8_recipe", recipe, {"none", "delayed", "current", "blockwise", "mxfp8"});
+      if (fp8 && recipe == Fp8Recipe::none) {
+        throw InputError(r.child("fp8_recipe"),
+                         "precision fp8 needs a recipe: delayed, current, blockwise or mxfp8");
+      }
+      if (!fp8 && recipe != Fp8Recipe::none) {
+        throw InputError(r.child("fp8_recipe"), "fp8_recipe needs precision \"fp8\"");
+      }
+      t.fp8 = recipe;
+    }
     read_enum(r, "optimizer", t.optimizer, {"adamw", "adam", "sgd"});
     t.grad_accumulation_dtype = read_dtype(r, "grad_accumulation_dtype", t.precision);
     read_enum(r, "attention", t.attention, {"flash", "standard"});
@@ -695,6 +715,7 @@ Scenario scenario_from_json(const json& doc, std::initializer_list<std::string_v
     if (auto v = r.integer("nvme_param_buffer_count", 1, 1024)) x.nvme_param_buffer_count = *v;
     if (auto v = r.integer("nvme_param_buffer_params", 1, Count{1} << 40))
       x.nvme_param_buffer_params = *v;
+    if (auto v = r.integer("fp8_amax_history_len", 1, Count{1} << 20)) x.fp8_amax_history_len = *v;
     r.finish();
   }
   if (top.has("search") &&
@@ -740,10 +761,9 @@ json to_json(const ModelSpec& m) {
 }
 
 json to_json(const GpuSpec& g) {
-  json pf = {{"fp32", g.peak_flops.fp32},
-             {"tf32", g.peak_flops.tf32},
-             {"fp16", g.peak_flops.fp16},
-             {"bf16", g.peak_flops.bf16}};
+  json pf = {{"fp32", g.peak_flops.fp32}, {"tf32", g.peak_flops.tf32},
+             {"fp16", g.peak_flops.fp16}, {"bf16", g.peak_flops.bf16},
+             {"fp8", g.peak_flops.fp8},   {"mxfp8", g.peak_flops.mxfp8}};
   return {{"name", g.name},
           {"memory_bytes", g.memory_bytes},
           {"peak_flops", pf},
@@ -799,7 +819,8 @@ json to_json(const Scenario& s) {
        {{"seq_length", t.seq_length},
         {"global_batch_size", t.global_batch_size},
         {"micro_batch_size", t.micro_batch_size},
-        {"precision", to_string(t.precision)},
+        {"precision", t.fp8 != Fp8Recipe::none ? std::string_view("fp8") : to_string(t.precision)},
+        {"fp8_recipe", to_string(t.fp8)},  // "none" reads back without fp8
         {"optimizer", to_string(t.optimizer)},
         {"grad_accumulation_dtype", to_string(t.grad_accumulation_dtype)},
         {"attention", to_string(t.attention)},
@@ -826,7 +847,8 @@ json to_json(const Scenario& s) {
         {"nvme_optimizer_buffer_count", a.nvme_optimizer_buffer_count},
         {"nvme_sub_group_params", a.nvme_sub_group_params},
         {"nvme_param_buffer_count", a.nvme_param_buffer_count},
-        {"nvme_param_buffer_params", a.nvme_param_buffer_params}}},
+        {"nvme_param_buffer_params", a.nvme_param_buffer_params},
+        {"fp8_amax_history_len", a.fp8_amax_history_len}}},
   };
 }
 

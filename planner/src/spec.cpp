@@ -71,6 +71,21 @@ std::string_view to_string(CpComm v) noexcept {
   }
   return "?";
 }
+std::string_view to_string(Fp8Recipe v) noexcept {
+  switch (v) {
+    case Fp8Recipe::none:
+      return "none";
+    case Fp8Recipe::delayed:
+      return "delayed";
+    case Fp8Recipe::current:
+      return "current";
+    case Fp8Recipe::blockwise:
+      return "blockwise";
+    case Fp8Recipe::mxfp8:
+      return "mxfp8";
+  }
+  return "?";
+}
 std::string_view to_string(Schedule v) noexcept {
   switch (v) {
     case Schedule::gpipe:

@@ -108,6 +108,16 @@ void validate_scenario(const Scenario& s) {
     fail("/cluster/gpu/peak_flops",
          fmt::format("the GPU has no peak FLOP/s for precision {}", to_string(t.precision)));
   }
+  if (t.fp8 != Fp8Recipe::none) {
+    // FP8 GEMMs need FP8 tensor cores (Hopper, Ada, Blackwell, MI300); MXFP8's block scaling
+    // needs Blackwell's (docs/time.md, "FP8").
+    const bool mx = t.fp8 == Fp8Recipe::mxfp8;
+    if (!((mx ? c.gpu.peak_flops.mxfp8 : c.gpu.peak_flops.fp8) > 0)) {
+      fail(mx ? "/training/fp8_recipe" : "/training/precision",
+           fmt::format("the GPU ({}) has no {} tensor cores (peak_flops.{} is 0)", c.gpu.name,
+                       mx ? "MXFP8" : "FP8", mx ? "mxfp8" : "fp8"));
+    }
+  }
   if (c.runtime_reserve_bytes >= c.gpu.memory_bytes) {
     fail("/cluster/runtime_reserve_bytes",
          fmt::format("runtime_reserve_bytes={} leaves nothing of the GPU's {} bytes",

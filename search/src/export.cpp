@@ -131,6 +131,20 @@ Exported megatron(const Scenario& s, Exported out) {
         dtype_name(g), dtype_name(t.precision), t.precision == DType::fp16 ? "fp16" : "fp32"));
   }
   arg("--optimizer", t.optimizer == Optimizer::sgd ? "sgd" : "adam");
+  if (t.fp8 != Fp8Recipe::none) {
+    // Transformer Engine FP8 (Megatron-Core --fp8-recipe: per-tensor current scaling is
+    // "tensorwise"). Per-tensor recipes use the hybrid format (E4M3 forward, E5M2 gradients, TE's
+    // default); blockwise (DeepSeek-V3) and MXFP8 use E4M3 throughout.
+    const bool per_tensor = t.fp8 == Fp8Recipe::delayed || t.fp8 == Fp8Recipe::current;
+    arg("--fp8-format", per_tensor ? "hybrid" : "e4m3");
+    arg("--fp8-recipe", t.fp8 == Fp8Recipe::delayed   ? "delayed"
+                        : t.fp8 == Fp8Recipe::current ? "tensorwise"
+                                                      : to_string(t.fp8));
+    if (t.fp8 == Fp8Recipe::delayed) {
+      arg("--fp8-amax-history-len", s.assumptions.fp8_amax_history_len);
+      arg("--fp8-amax-compute-algo", "max");
+    }
+  }
 
   // Layout.
   arg("--tensor-model-parallel-size", p.tp);
@@ -305,6 +319,12 @@ Exported deepspeed(const Scenario& s, Exported out) {
   if (p.sequence_parallel) {
     out.notes.push_back(
         "sequence parallelism is a model-code choice (Megatron-DeepSpeed --sequence-parallel)");
+  }
+  if (t.fp8 != Fp8Recipe::none) {
+    out.notes.push_back(fmt::format(
+        "FP8 ({} scaling) is Transformer Engine in the model code (te.fp8_autocast); DeepSpeed's "
+        "config has no FP8 switch",
+        to_string(t.fp8)));
   }
   if (p.cp > 1) {
     out.notes.push_back(
@@ -483,6 +503,12 @@ Exported torchtitan(const Scenario& s, Exported out) {
         "torchtitan's enable_cpu_offload (FSDP2 CPUOffloadPolicy) offloads parameters, "
         "gradients and optimizer states to host memory together; the plan offloads less or to "
         "NVMe");
+  }
+  if (t.fp8 != Fp8Recipe::none) {
+    out.notes.push_back(fmt::format(
+        "FP8 ({} scaling): enable torchtitan's float8 (or mx for MXFP8) model converter for the "
+        "linear layers; the export does not write it",
+        to_string(t.fp8)));
   }
   const std::string model_section = torchtitan_model(s.model, out);
   out.to_add = {"[model] hf_assets_path: the folder with the tokenizer (vocabulary " +

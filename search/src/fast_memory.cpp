@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "distplan/planner/estimate.h"
+#include "distplan/planner/fp8.h"
 #include "distplan/planner/layout.h"
 #include "distplan/planner/memory_terms.h"
 
@@ -25,6 +26,7 @@ void FastMemory::set_outer(const Outer& o) {
   apply_layout(s, l);
   vocab_ = padded_vocab(s);
   layer_params_ = layer_parameters_per_tp_rank(table_, o.tp);
+  fp8_state_ = fp8_layer_state_bytes(table_, o.tp, base_.training.fp8, base_.assumptions);
   num_microbatches_ = s.num_microbatches();
   const std::vector<Count> layers = stage_layer_counts(s);
   layers_first_ = layers.front();
@@ -56,6 +58,7 @@ Bytes FastMemory::stage_total(const Layout& l, Count st, Count layer_count) cons
   ml.zero_stage = l.zero_stage;
   ml.shard = l.zero_stage == 0 ? 1 : (l.fsdp_shard_size > 0 ? l.fsdp_shard_size : l.dp) * l.cp;
   ml.cp = l.cp;
+  ml.fp8_layer_state = fp8_state_;
   ml.cp_comm = base_.parallel.cp_comm;
   ml.sequence_parallel = l.sequence_parallel;
   ml.recompute = l.recompute;

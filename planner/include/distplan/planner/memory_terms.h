@@ -32,6 +32,7 @@ struct MemoryLayout {
   Offload offload_params = Offload::none;
   Count cp = 1;  // context parallel: each GPU holds seq_length / cp tokens of a sequence
   CpComm cp_comm = CpComm::p2p;
+  Bytes fp8_layer_state = 0;  // fp8_layer_state_bytes() of one layer (fp8.h); 0 without fp8
 };
 [[nodiscard]] MemoryLayout memory_layout(const Scenario& s) noexcept;
 
@@ -179,6 +180,9 @@ inline void stage_memory(const Scenario& base, const MemoryLayout& l, const Stag
       layer_shard * u.layers + embedding_shard * u.embeddings + head_shard * u.heads;
   const Bytes opt_k = optimizer_bytes_per_param(t);
   sm.weights_bytes = (l.zero_stage >= 3 ? sharded : full) * cb;
+  // FP8: each layer's cached fp8 weight copies and scales (fp8.h); under ZeRO-3 only the
+  // gathered units have them (buffers, below).
+  if (l.zero_stage < 3) sm.weights_bytes += u.layers * l.fp8_layer_state;
   sm.gradients_bytes = (l.zero_stage >= 2 ? sharded : full) * gb;
   sm.optimizer_bytes = (l.zero_stage >= 1 ? sharded : full) * opt_k;
   // Offload (ZeRO-Offload, Ren et al. 2021, sec. 4; ZeRO-Infinity, Rajbhandari et al. 2021):
@@ -255,7 +259,9 @@ inline void stage_memory(const Scenario& base, const MemoryLayout& l, const Stag
       // gathered units and the unit gradient are never alive together.
       const bool split =
           l.schedule == Schedule::zb_h1 || l.schedule == Schedule::zb_h2 || v_shape(l.schedule);
-      zero_ws = split ? std::max(gathered * cb, gradient) : gathered * cb + gradient;
+      // FP8: the gathered layers' fp8 copies (at most k of them).
+      const Bytes fp8 = std::min(k, per_chunk) * l.fp8_layer_state;
+      zero_ws = split ? std::max(gathered * cb + fp8, gradient) : gathered * cb + fp8 + gradient;
     }
   }
   // Context parallel: the key/value exchange buffers of the layer whose attention runs, alive

@@ -20,10 +20,12 @@ struct DeviceRates {
   Seconds launch = 0;          // per kernel
   double flash_forward = 0;    // achieved / dense peak
   double flash_backward = 0;
-  Bytes element_bytes = 2;  // compute dtype
+  Bytes element_bytes = 2;      // compute dtype
+  FlopsPerSecond fp8_peak = 0;  // FP8 (or MXFP8) dense peak of the layers' linear GEMMs; 0: none
   // Reciprocals, so that the per-op costs divide nowhere (the estimate's hot path); set by
   // device_rates() or finish().
   double inv_sms = 0, inv_gemm_rate = 0, inv_flash_forward_rate = 0, inv_flash_backward_rate = 0;
+  double inv_fp8_gemm_rate = 0;
   /// Fills the reciprocals from the fields above.
   void finish() noexcept;
 };

@@ -26,6 +26,12 @@ enum class Offload { none, cpu, nvme };
 /// chunks (Transformer Engine), all_gather = KV all-gather (Llama 3), a2a = all-to-all over heads
 /// (DeepSpeed-Ulysses).
 enum class CpComm { p2p, all_gather, a2a };
+/// FP8 training (`training.precision: "fp8"`; docs/memory.md and docs/time.md, "FP8"): the
+/// linear layers' GEMMs in fp8 with Transformer Engine's scaling recipes: delayed (per-tensor
+/// scales from an amax history), current (per-tensor, this tensor's amax), blockwise (1x128
+/// activation tiles and 128x128 weight blocks, DeepSeek-V3), mxfp8 (1x32 blocks with E8M0
+/// scales, Blackwell). Everything else runs in bf16.
+enum class Fp8Recipe { none, delayed, current, blockwise, mxfp8 };
 enum class Schedule { gpipe, one_f_one_b, interleaved_1f1b, zb_h1, zb_h2, zb_v, v_half, v_min };
 /// V-shape schedules (Qi et al. 2024, "Pipeline Parallelism with Controllable Memory"): two
 /// chunks per stage, virtual stages s and 2p - 1 - s on stage s (down, then up). They imply
@@ -44,6 +50,7 @@ enum class Schedule { gpipe, one_f_one_b, interleaved_1f1b, zb_h1, zb_h2, zb_v, 
 [[nodiscard]] std::string_view to_string(Schedule v) noexcept;
 [[nodiscard]] std::string_view to_string(Offload v) noexcept;
 [[nodiscard]] std::string_view to_string(CpComm v) noexcept;
+[[nodiscard]] std::string_view to_string(Fp8Recipe v) noexcept;
 [[nodiscard]] constexpr Bytes bytes_of(DType d) noexcept {
   return d == DType::fp32 ? 4 : 2;
 }
@@ -82,6 +89,8 @@ struct PeakFlops {
   FlopsPerSecond tf32 = 0;
   FlopsPerSecond fp16 = 0;
   FlopsPerSecond bf16 = 0;
+  FlopsPerSecond fp8 = 0;    // dense FP8 tensor-core peak (0: no FP8 tensor cores)
+  FlopsPerSecond mxfp8 = 0;  // dense MXFP8 (block-scaled) peak (0: not supported)
   bool operator==(const PeakFlops&) const = default;
 };
 
@@ -127,6 +136,8 @@ struct TrainingSpec {
   DType grad_accumulation_dtype = DType::bf16;  // defaults to the compute dtype
   Attention attention = Attention::flash;
   double dropout = 0.0;
+  // FP8 GEMMs in the layers; `precision` is then bf16 (the dtype of everything else).
+  Fp8Recipe fp8 = Fp8Recipe::none;
   bool operator==(const TrainingSpec&) const = default;
 };
 
@@ -176,6 +187,7 @@ struct Assumptions {
   Count nvme_sub_group_params = 1000000000;        // DeepSpeed zero_optimization.sub_group_size
   Count nvme_param_buffer_count = 5;               // DeepSpeed offload_param.buffer_count
   Count nvme_param_buffer_params = 100000000;      // DeepSpeed offload_param.buffer_size
+  Count fp8_amax_history_len = 1024;  // delayed scaling's history (TE DelayedScaling default)
   bool operator==(const Assumptions&) const = default;
 };
 
