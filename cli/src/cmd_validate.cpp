@@ -371,6 +371,27 @@ void check_host_resources(const Scenario& s, const Estimate& e, const ValidateOp
   }
 }
 
+// The planner's levers the backend does not train with: a validation would run without them and
+// hold the plan against a different run, so it is refused at the field.
+void refuse_unvalidated_levers(const Scenario& s) {
+  const ParallelSpec& p = s.parallel;
+  if (p.cp > 1) {
+    throw InputError("/parallel/cp",
+                     "the backend does not run context parallelism yet; validate a layout with "
+                     "cp = 1");
+  }
+  if (p.offload_optimizer != Offload::none || p.offload_params != Offload::none) {
+    throw InputError(p.offload_optimizer != Offload::none ? "/parallel/offload_optimizer"
+                                                          : "/parallel/offload_params",
+                     "the backend keeps every model state on its device; offload is planned, not "
+                     "validated");
+  }
+  if (s.training.fp8 != Fp8Recipe::none) {
+    throw InputError("/training/precision",
+                     "the backend trains in fp32, fp16 or bf16; fp8 is planned, not validated");
+  }
+}
+
 BackendResult run_backend(const Scenario& s, const json& doc, const ValidateOptions& o) {
   BackendResult br;
   const Count ranks = ranks_of(s);
@@ -555,6 +576,7 @@ void install_validate(CLI::App& app) {
         return;
       }
     }
+    refuse_unvalidated_levers(s);
     backend::check_supported(s);
     if (opts->emulate_rank >= ranks_of(s))
       throw InputError("", fmt::format("--emulate-rank {} is not a rank of the layout (0..{})",

@@ -323,7 +323,12 @@ void ScenarioEditor::buildTrainingGroup(QFormLayout* form) {
   addValue(form, tr("Global batch"), QStringLiteral("/training/global_batch_size"),
            FieldUnit::plain);
   addValue(form, tr("Micro-batch"), QStringLiteral("/training/micro_batch_size"), FieldUnit::plain);
-  addChoice(form, tr("Precision"), QStringLiteral("/training/precision"), enumNames(kDTypes));
+  QStringList precisions = enumNames(kDTypes);
+  precisions << QStringLiteral("fp8");  // fp8 GEMMs in bf16 training (docs/memory.md, "FP8")
+  addChoice(form, tr("Precision"), QStringLiteral("/training/precision"), precisions);
+  addChoice(form, tr("FP8 recipe"), QStringLiteral("/training/fp8_recipe"),
+            {QStringLiteral("none"), QStringLiteral("delayed"), QStringLiteral("current"),
+             QStringLiteral("blockwise"), QStringLiteral("mxfp8")});
   addChoice(form, tr("Optimizer"), QStringLiteral("/training/optimizer"), enumNames(kOptimizers));
   QComboBox* grad = addChoice(form, tr("Gradient accumulation"), kGradDtypePath, {});
   grad->addItem(tr("same as precision"), QString());
@@ -337,6 +342,9 @@ void ScenarioEditor::buildTrainingGroup(QFormLayout* form) {
 void ScenarioEditor::buildParallelGroup(QFormLayout* form) {
   addIntChoice(form, tr("Tensor parallel"), QStringLiteral("/parallel/tp"));
   addIntChoice(form, tr("Pipeline parallel"), QStringLiteral("/parallel/pp"));
+  addValue(form, tr("Context parallel"), QStringLiteral("/parallel/cp"), FieldUnit::plain);
+  addChoice(form, tr("CP exchange"), QStringLiteral("/parallel/cp_comm"),
+            {QStringLiteral("p2p"), QStringLiteral("all_gather"), QStringLiteral("a2a")});
   addIntChoice(form, tr("Data parallel"), kDpPath);
   addIntChoice(form, tr("ZeRO stage"), QStringLiteral("/parallel/zero_stage"));
   addValue(form, tr("ZeRO shard group"), QStringLiteral("/parallel/fsdp_shard_size"),
@@ -346,6 +354,10 @@ void ScenarioEditor::buildParallelGroup(QFormLayout* form) {
   addChoice(form, tr("Schedule"), QStringLiteral("/parallel/schedule"), enumNames(kSchedules));
   addValue(form, tr("Virtual stages"), QStringLiteral("/parallel/virtual_stages"),
            FieldUnit::plain);
+  const QStringList offload = {QStringLiteral("none"), QStringLiteral("cpu"),
+                               QStringLiteral("nvme")};
+  addChoice(form, tr("Offload optimizer"), QStringLiteral("/parallel/offload_optimizer"), offload);
+  addChoice(form, tr("Offload parameters"), QStringLiteral("/parallel/offload_params"), offload);
 }
 
 void ScenarioEditor::buildAssumptionsGroup(QFormLayout* form) {
@@ -512,10 +524,10 @@ void ScenarioEditor::refreshField(const QString& path, const Field& f) {
     offered = divisors(g);
   } else if (s && path == QStringLiteral("/parallel/pp")) {
     for (Count p : divisors(s->model.num_layers)) {
-      if (s->cluster.num_gpus % (s->parallel.tp * p) == 0) offered.push_back(p);
+      if (s->cluster.num_gpus % (s->parallel.tp * s->parallel.cp * p) == 0) offered.push_back(p);
     }
   } else if (s && path == kDpPath) {
-    const Count derived = s->cluster.num_gpus / (s->parallel.tp * s->parallel.pp);
+    const Count derived = s->cluster.num_gpus / (s->parallel.tp * s->parallel.cp * s->parallel.pp);
     box->addItem(tr("auto (%1)").arg(derived), QVariant::fromValue<qlonglong>(-1));
     offered = {derived};
   }

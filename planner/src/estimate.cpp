@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "distplan/planner/check.h"
+#include "distplan/planner/fp8.h"
 #include "distplan/planner/layer_ops.h"
 #include "distplan/planner/layout.h"
 #include "distplan/planner/memory_terms.h"
@@ -29,6 +30,7 @@ Bytes ring_wire_bytes(CollectiveOp op, Bytes buffer_bytes, Count n) noexcept {
         return buffer_bytes * 2 * (n - 1) / n;
       case CollectiveOp::reduce_scatter:
       case CollectiveOp::all_gather:
+      case CollectiveOp::all_to_all:
         return buffer_bytes * (n - 1) / n;
       case CollectiveOp::send_recv:
         return buffer_bytes;
@@ -39,6 +41,7 @@ Bytes ring_wire_bytes(CollectiveOp op, Bytes buffer_bytes, Count n) noexcept {
       return static_cast<Bytes>(Wide{buffer_bytes} * 2 * (n - 1) / n);
     case CollectiveOp::reduce_scatter:
     case CollectiveOp::all_gather:
+    case CollectiveOp::all_to_all:  // each rank keeps 1/n of its buffer and sends the rest
       return static_cast<Bytes>(Wide{buffer_bytes} * (n - 1) / n);
     case CollectiveOp::send_recv:
       return buffer_bytes;
@@ -134,11 +137,20 @@ class Estimator {
  private:
   [[nodiscard]] Bytes cb() const noexcept { return bytes_of(t_.precision); }
   [[nodiscard]] Bytes gb() const noexcept { return bytes_of(t_.grad_accumulation_dtype); }
-  [[nodiscard]] Count shard() const noexcept { return p_.zero_stage == 0 ? 1 : s_.shard_size(); }
+  [[nodiscard]] Count shard() const noexcept { return p_.zero_stage == 0 ? 1 : s_.zero_shard(); }
   [[nodiscard]] Count padded(Count u) const noexcept {
     return p_.zero_stage == 0 ? u : ceil_div(u, shard()) * shard();
   }
-  [[nodiscard]] Count act_tokens() const noexcept { return t_.micro_batch_size * t_.seq_length; }
+  // Tokens of one micro-batch on one GPU (its context-parallel share).
+  [[nodiscard]] Count act_tokens() const noexcept {
+    return t_.micro_batch_size * s_.local_seq_length();
+  }
+  // The training as one context-parallel rank sees it: seq_length / cp tokens per sequence.
+  [[nodiscard]] TrainingSpec local_training() const noexcept {
+    TrainingSpec t = t_;
+    t.seq_length = s_.local_seq_length();
+    return t;
+  }
   // One micro-batch's hidden states b*s*h in the compute dtype: the TP collective buffer.
   [[nodiscard]] Bytes hidden_bytes() const noexcept { return act_tokens() * m_.hidden_size * cb(); }
 
@@ -161,7 +173,7 @@ class Estimator {
     const Count v = p_.virtual_stages;
     MemoryLayout ml = memory_layout(s_);
     const LayerActivation act =
-        layer_activation(table_, m_, t_, p_.tp, p_.sequence_parallel, p_.recompute);
+        layer_activation(table_, m_, local_training(), p_.tp, p_.sequence_parallel, p_.recompute);
     MemoryEstimate& mem = e.memory;
     mem.capacity_bytes = s_.cluster.gpu.memory_bytes;
     mem.stages.resize(static_cast<std::size_t>(pp));
@@ -214,8 +226,8 @@ class Estimator {
   void compute(Estimate& e) {
     // Per micro-batch, all TP ranks together (Narayanan et al. 2021, eq. 3 derivation).
     lf_ = layer_flops(table_, t_.micro_batch_size, t_.seq_length);
-    head_fwd_ = 2.0 * static_cast<double>(act_tokens()) * static_cast<double>(m_.hidden_size) *
-                static_cast<double>(vocab_);
+    head_fwd_ = 2.0 * static_cast<double>(t_.micro_batch_size * t_.seq_length) *
+                static_cast<double>(m_.hidden_size) * static_cast<double>(vocab_);
     const double mbs_per_step = static_cast<double>(nmb_ * p_.dp);
     const double L = static_cast<double>(m_.num_layers);
     const double model =
@@ -241,7 +253,8 @@ class Estimator {
   }
   void init_groups() noexcept {
     const ClusterSpec& c = s_.cluster;
-    for (Group g : {Group::dp, Group::dp_replicate, Group::tp, Group::pp, Group::embedding}) {
+    for (Group g :
+         {Group::dp, Group::dp_replicate, Group::tp, Group::pp, Group::embedding, Group::cp}) {
       GroupInfo& x = groups_[static_cast<std::size_t>(g)];
       x.size = group_size(s_, g);
       x.link = group_link(s_, g);
@@ -340,6 +353,94 @@ class Estimator {
       c.reduce_scatter = 4 + (full ? 2 : 0);
     }
     return c;
+  }
+
+  // Context-parallel exchanges of one layer's attention for one micro-batch (Transformer Engine
+  // context_parallel.py, as Megatron-Core --cp-comm-type runs them; the local K and V are
+  // b·(s/cp)·2·kv_hidden/t elements):
+  // - p2p (AttnFuncWithCPAndKVP2P): a ring of cp - 1 steps, each sending the KV chunk on; the
+  //   backward circulates KV and the KV gradients.
+  // - all_gather (AttnFuncWithCPAndKVAllGather; Llama 3, Grattafiori et al. 2024, sec. 3.3.2):
+  //   the whole sequence's K and V all-gathered, again in the backward, whose dK, dV are
+  //   reduce-scattered.
+  // - a2a (AttnFuncWithCPAndQKVOA2A; DeepSpeed-Ulysses, Jacobs et al. 2023): q, k and v
+  //   all-to-all from sequence to head sharding before attention and the output back; the
+  //   backward mirrors it (dO in; dQ, dK, dV out).
+  // Full recompute replays the forward's exchanges in the backward.
+  struct CpCall {
+    CollectiveOp op = CollectiveOp::send_recv;
+    std::string_view what;
+    Bytes bytes = 0;
+    Count calls = 0;          // per layer per micro-batch
+    Count forward_calls = 0;  // of `calls`, in the forward (before any recompute replay)
+  };
+  struct CpCalls {
+    std::array<CpCall, 3> calls{};
+  };
+  [[nodiscard]] Bytes cp_kv_bytes() const noexcept {
+    return act_tokens() * 2 * m_.kv_hidden() / p_.tp * cb();
+  }
+  [[nodiscard]] CpCalls cp_layer_calls() const noexcept {
+    CpCalls x;
+    const Count n = p_.cp;
+    const Count replay = p_.recompute == Recompute::full ? 1 : 0;
+    const Bytes kv = cp_kv_bytes();
+    switch (p_.cp_comm) {
+      case CpComm::p2p:
+        x.calls[0] = {CollectiveOp::send_recv, "cp ring: keys and values", kv,
+                      (n - 1) * (2 + replay), (n - 1)};
+        x.calls[1] = {CollectiveOp::send_recv, "cp ring: key and value gradients", kv, n - 1, 0};
+        break;
+      case CpComm::all_gather:
+        x.calls[0] = {CollectiveOp::all_gather, "cp: keys and values", n * kv, 2 + replay, 1};
+        x.calls[1] = {CollectiveOp::reduce_scatter, "cp: key and value gradients", n * kv, 1, 0};
+        break;
+      case CpComm::a2a: {
+        const Bytes q = act_tokens() * m_.hidden_size / p_.tp * cb();
+        // q and the output (forward), dO and dQ (backward); k and v, then dK and dV.
+        x.calls[0] = {CollectiveOp::all_to_all, "cp all-to-all: queries and outputs", q,
+                      4 + 2 * replay, 2};
+        x.calls[1] = {CollectiveOp::all_to_all, "cp all-to-all: keys and values", kv / 2,
+                      4 + 2 * replay, 2};
+        break;
+      }
+    }
+    return x;
+  }
+  // Seconds of one layer's context-parallel exchanges for one micro-batch on the critical path:
+  // forward and backward (with any recompute replay). Ring steps hide behind the attention of the
+  // step (1/cp of the layer's attention each, the chunks being balanced), as Transformer Engine
+  // overlaps each send with the previous chunk's flash attention; the all-gather and the
+  // all-to-alls are exposed (the attention needs their result).
+  struct CpSeconds {
+    double forward = 0, backward = 0;
+  };
+  [[nodiscard]] CpSeconds cp_layer_seconds(const PassCosts& layer) const {
+    CpSeconds out;
+    if (p_.cp <= 1) return out;
+    const double slowdown = s_.assumptions.overlap_compute_slowdown;
+    auto hide = [slowdown](double comm, double window) {
+      return std::max(0.0, comm - window) + slowdown * std::min(comm, window);
+    };
+    const bool replay = p_.recompute == Recompute::full;
+    if (p_.cp_comm == CpComm::p2p) {
+      const double steps = static_cast<double>(p_.cp - 1);
+      const double cpd = static_cast<double>(p_.cp);
+      const Bytes kv = cp_kv_bytes();
+      const double fwd_step = collective_seconds(Group::cp, CollectiveOp::send_recv, kv, 1);
+      const double bwd_step = collective_seconds(Group::cp, CollectiveOp::send_recv, kv, 2);
+      out.forward = steps * hide(fwd_step, layer.attention_forward / cpd);
+      out.backward = steps * hide(bwd_step, layer.attention_backward / cpd);
+      if (replay) out.backward += out.forward;
+      return out;
+    }
+    for (const CpCall& c : cp_layer_calls().calls) {
+      if (c.calls == 0) continue;
+      const double one = collective_seconds(Group::cp, c.op, c.bytes, 1);
+      out.forward += static_cast<double>(c.forward_calls) * one;
+      out.backward += static_cast<double>(c.calls - c.forward_calls) * one;
+    }
+    return out;
   }
 
   template <typename Sink>
@@ -441,6 +542,14 @@ class Estimator {
           3 * m);
     }
 
+    // Context parallel, per layer and micro-batch (docs/communication.md, "Context parallel").
+    if (p_.cp > 1) {
+      const CpCalls x = cp_layer_calls();
+      for (const CpCall& call : x.calls) {
+        if (call.calls > 0) add(out, Group::cp, call.op, call.what, call.bytes, call.calls * L * m);
+      }
+    }
+
     // Pipeline: activations forward to the next chunk, gradients back to the previous one.
     if (pp > 1) {
       const Bytes p2p = p2p_bytes();
@@ -482,13 +591,15 @@ class Estimator {
   // these (they differ in pp, dp, ZeRO, schedule, recompute), so each thread keeps the last two
   // (SP off and on); any change of an input recomputes them.
   struct OpCosts {
-    std::array<double, 28> key{};
+    std::array<double, 30> key{};
     bool valid = false;
     PassCosts layer, embedding, head;
   };
   [[nodiscard]] const OpCosts& op_costs(const DeviceRates& r) const {
     const ModelSpec& m = m_;
-    const std::array<double, 28> key = {static_cast<double>(m.hidden_size),
+    const std::array<double, 30> key = {r.fp8_peak,
+                                        static_cast<double>(p_.cp),
+                                        static_cast<double>(m.hidden_size),
                                         static_cast<double>(m.num_attention_heads),
                                         static_cast<double>(m.num_kv_heads),
                                         static_cast<double>(m.ffn_hidden_size),
@@ -520,9 +631,10 @@ class Estimator {
     OpCosts& c = memo[p_.sequence_parallel ? 1 : 0];
     if (!c.valid || c.key != key) {
       const bool sp = p_.sequence_parallel;
-      c.layer = layer_pass_costs(table_, m_, t_, p_.tp, sp, r);
-      c.embedding = embedding_pass_costs(m_, t_, p_.tp, sp, r);
-      c.head = head_pass_costs(m_, t_, vocab_, p_.tp, sp, r);
+      const TrainingSpec local = local_training();
+      c.layer = layer_pass_costs(table_, m_, t_, p_.tp, sp, r, p_.cp);
+      c.embedding = embedding_pass_costs(m_, local, p_.tp, sp, r);
+      c.head = head_pass_costs(m_, local, vocab_, p_.tp, sp, r);
       c.key = key;
       c.valid = true;
     }
@@ -559,6 +671,8 @@ class Estimator {
           case Group::tp:
             tp_total += c.seconds_per_step;
             break;
+          case Group::cp:
+            break;  // on the critical path inside the passes (cp_layer_seconds)
           case Group::pp:
             if (c.what == "activations (forward)")
               k.p2p = c.seconds_per_step / static_cast<double>(c.calls_per_step);
@@ -626,11 +740,14 @@ class Estimator {
       const double blocking_p2p = pp > 1 && !s_.assumptions.overlap_p2p
                                       ? static_cast<double>(p_.virtual_stages) * k.p2p
                                       : 0.0;
-      k.forward = fwd + tp_f + blocking_p2p;
+      // Context-parallel exchanges sit inside every layer's attention (cp_layer_seconds).
+      const CpSeconds cps = cp_layer_seconds(layer);
+      k.forward = fwd + tp_f + blocking_p2p + L * cps.forward;
       k.recompute = recompute;
-      k.backward_input = bwd_in + recompute + tp_b + blocking_p2p;
+      k.backward_input = bwd_in + recompute + tp_b + blocking_p2p + L * cps.backward;
       k.backward_weight = bwd_w;
       k.tp_communication = per_mb_tp;
+      k.cp_communication = L * (cps.forward + cps.backward);
       // Optimizer: memory bound; reads gradients, reads and writes optimizer state and writes the
       // compute-dtype weights of this GPU's shard.
       const StageMemory& sm = e.memory.stages[static_cast<std::size_t>(st)];
@@ -642,6 +759,13 @@ class Estimator {
           static_cast<double>(p_.zero_stage == 3 ? sm.weights_bytes : sm.weights_bytes / shard());
       k.optimizer = memory_seconds(rates, touched, 1);
       if (p_.offload_optimizer != Offload::none) offload_costs(u, k, e.offload);
+      if (t_.fp8 != Fp8Recipe::none && u.layer.count > 0) {
+        // FP8: after the step each linear weight is cast to its two fp8 layouts once (TE's
+        // weight cache, refreshed on the step's first micro-batch): read in the compute dtype,
+        // write two bytes per parameter.
+        const double w = static_cast<double>(fp8_linear_params_per_rank(table_, p_.tp));
+        k.optimizer += memory_seconds(rates, L * w * (static_cast<double>(cb()) + 2), 4 * L);
+      }
     }
     // The busiest GPU's collectives, listed once.
     if (best >= 0) {
@@ -859,7 +983,7 @@ class Estimator {
   std::vector<Count> layers_;
   Count layer_params_rank_ = 0;
   Count layer_replicated_ = 0;
-  std::array<GroupInfo, 5> groups_{};
+  std::array<GroupInfo, 6> groups_{};
   Count vocab_ = 0;
   Count nmb_ = 0;
   std::vector<Count> zb_peak_;  // zb_auto: saved micro-batches per stage of the heuristic's order

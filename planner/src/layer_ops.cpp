@@ -29,7 +29,8 @@ struct Builder {
 // A GEMM y = x W^T (+ b) with W of shape (out, in): 2*in*out FLOPs per token forward, the same
 // again for dX = dY W and for dW = dY^T X (Narayanan et al. 2021, sec. 5.1).
 LayerOp& add_linear(Builder& b, std::string_view name, LinearKind kind, Count in, Count out,
-                    bool bias, Bytes act_bytes, TpShard input_shard) {
+                    bool bias, Bytes act_bytes, TpShard input_shard,
+                    Fp8Recipe fp8 = Fp8Recipe::none) {
   LayerOp& op = b.add(OpKind::linear, name);
   op.linear = kind;
   op.in_features = in;
@@ -45,6 +46,16 @@ LayerOp& add_linear(Builder& b, std::string_view name, LinearKind kind, Count in
   op.backward_weight_factor = 1.0;
   Builder::save(
       op, {.name = "input", .per_token = in, .bytes_per_element = act_bytes, .shard = input_shard});
+  // Block-scaled fp8 inputs keep their scales: one fp32 per 1x128 tile (blockwise, DeepSeek-V3
+  // sec. 3.3.1) or one E8M0 byte per 1x32 block (MXFP8, OCP Microscaling spec v1.0).
+  if (fp8 == Fp8Recipe::blockwise || fp8 == Fp8Recipe::mxfp8) {
+    const bool mx = fp8 == Fp8Recipe::mxfp8;
+    const Count block = mx ? 32 : 128;
+    Builder::save(op, {.name = "input_scales",
+                       .per_token = (in + block - 1) / block,
+                       .bytes_per_element = mx ? 1 : 4,
+                       .shard = input_shard});
+  }
   return op;
 }
 
@@ -87,8 +98,15 @@ LayerTable build_layer_table(const ModelSpec& m, const TrainingSpec& t) {
   add_norm(b, "input_norm", m, act);
   // Qwen2's attention has biases on q, k and v only (Hugging Face Qwen2Attention:
   // q_proj/k_proj/v_proj bias=True, o_proj bias=False).
-  add_linear(b, "qkv", LinearKind::column_parallel, h, qh + 2 * kvh, m.bias || m.qkv_bias, act,
-             TpShard::sp);
+  // FP8: each linear saves its input quantised, one byte per element, for the weight gradient
+  // (Transformer Engine module/linear.py and layernorm_linear.py keep the fp8 input; DeepSeek-V3,
+  // sec. 3.3.2, caches the Linear inputs in FP8). The attention output stays saved in bf16 for
+  // flash attention's backward as well, so attention_out adds its fp8 copy to it.
+  const Fp8Recipe fp8 = t.fp8;
+  const Bytes lin = fp8 != Fp8Recipe::none ? 1 : act;
+  const Bytes attn_out = fp8 != Fp8Recipe::none ? act + 1 : act;
+  add_linear(b, "qkv", LinearKind::column_parallel, h, qh + 2 * kvh, m.bias || m.qkv_bias, lin,
+             TpShard::sp, fp8);
 
   LayerOp& attn = b.add(OpKind::attention_core, "attention");
   // QK^T and (softmax)V: 2*h FLOPs each per query token per key (all heads), forward; backward
@@ -147,18 +165,20 @@ LayerTable build_layer_table(const ModelSpec& m, const TrainingSpec& t) {
         attn, {.name = "logsumexp", .per_token = a, .bytes_per_element = 4, .shard = TpShard::tp});
   }
 
-  add_linear(b, "attention_out", LinearKind::row_parallel, qh, h, m.bias, act, TpShard::tp);
+  add_linear(b, "attention_out", LinearKind::row_parallel, qh, h, m.bias, attn_out, TpShard::tp,
+             fp8);
   if (dropout) add_dropout(b, "attention_dropout", m);
   b.add(OpKind::residual_add, "attention_residual");
 
   add_norm(b, "post_attention_norm", m, act);
   const Count mlp_in_out = m.mlp == Mlp::swiglu ? 2 * f : f;  // gate and up fused for SwiGLU
-  add_linear(b, "mlp_in", LinearKind::column_parallel, h, mlp_in_out, m.bias, act, TpShard::sp);
+  add_linear(b, "mlp_in", LinearKind::column_parallel, h, mlp_in_out, m.bias, lin, TpShard::sp,
+             fp8);
   LayerOp& actv = b.add(OpKind::activation, m.mlp == Mlp::swiglu ? "swiglu" : "gelu");
   Builder::save(
       actv,
       {.name = "input", .per_token = mlp_in_out, .bytes_per_element = act, .shard = TpShard::tp});
-  add_linear(b, "mlp_out", LinearKind::row_parallel, f, h, m.bias, act, TpShard::tp);
+  add_linear(b, "mlp_out", LinearKind::row_parallel, f, h, m.bias, lin, TpShard::tp, fp8);
   if (dropout) add_dropout(b, "mlp_dropout", m);
   b.add(OpKind::residual_add, "mlp_residual");
   return table;

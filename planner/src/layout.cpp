@@ -140,13 +140,16 @@ Count group_size(const Scenario& s, Group g) noexcept {
     case Group::tp:
       return s.parallel.tp;
     case Group::dp:
-      return s.parallel.zero_stage == 0 ? s.parallel.dp : s.shard_size();
+      // Gradients are reduced, and ZeRO shards, over the data- and context-parallel ranks.
+      return s.parallel.zero_stage == 0 ? s.parallel.dp * s.parallel.cp : s.zero_shard();
     case Group::dp_replicate:
       return s.parallel.dp / s.shard_size();
     case Group::pp:
       return s.parallel.pp;
     case Group::embedding:
       return 2;
+    case Group::cp:
+      return s.parallel.cp;
   }
   return 1;
 }
@@ -154,18 +157,22 @@ Count group_size(const Scenario& s, Group g) noexcept {
 Link group_link(const Scenario& s, Group g) noexcept {
   const Count tp = s.parallel.tp;
   const Count gpn = s.cluster.gpus_per_node;
-  // Rank order (Megatron-LM): rank = tp_rank + TP * (dp_rank + DP * pp_rank). A group whose
-  // members lie within `span` consecutive ranks stays in a node when that span does.
+  // Rank order (Megatron-Core, order "tp-cp-ep-dp-pp" without experts):
+  // rank = tp_rank + TP * (cp_rank + CP * (dp_rank + DP * pp_rank)). A group whose members lie
+  // within `span` consecutive ranks stays in a node when that span does.
   Count span = 1;
   switch (g) {
     case Group::tp:
       span = tp;
       break;
+    case Group::cp:
+      span = tp * s.parallel.cp;
+      break;
     case Group::dp:
-      span = tp * group_size(s, Group::dp);
+      span = tp * group_size(s, Group::dp);  // the cp ranks and the shard's dp ranks
       break;
     case Group::dp_replicate:
-      span = tp * s.parallel.dp;
+      span = tp * s.parallel.cp * s.parallel.dp;
       break;
     case Group::pp:
     case Group::embedding:

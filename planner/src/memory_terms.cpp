@@ -2,6 +2,8 @@
 // search's lean path compiles them into its loop; docs/memory.md).
 #include "distplan/planner/memory_terms.h"
 
+#include "distplan/planner/fp8.h"
+
 namespace distplan {
 
 MemoryLayout memory_layout(const Scenario& s) noexcept {
@@ -13,8 +15,14 @@ MemoryLayout memory_layout(const Scenario& s) noexcept {
   l.micro_batch_size = s.training.micro_batch_size;
   l.num_microbatches = s.num_microbatches();
   l.zero_stage = p.zero_stage;
-  l.shard = p.zero_stage == 0 ? 1 : s.shard_size();
+  l.shard = p.zero_stage == 0 ? 1 : s.zero_shard();
   l.dp = p.dp;
+  l.cp = p.cp;
+  if (s.training.fp8 != Fp8Recipe::none) {
+    l.fp8_layer_state = fp8_layer_state_bytes(build_layer_table(s.model, s.training), p.tp,
+                                              s.training.fp8, s.assumptions);
+  }
+  l.cp_comm = p.cp_comm;
   l.sequence_parallel = p.sequence_parallel;
   l.recompute = p.recompute;
   l.schedule = p.schedule;

@@ -43,6 +43,9 @@ DeviceRates device_rates(const Scenario& s) noexcept {
   r.flash_forward = g.flash_forward_efficiency;
   r.flash_backward = g.flash_backward_efficiency;
   r.element_bytes = bytes_of(s.training.precision);
+  if (s.training.fp8 != Fp8Recipe::none) {
+    r.fp8_peak = s.training.fp8 == Fp8Recipe::mxfp8 ? g.peak_flops.mxfp8 : g.peak_flops.fp8;
+  }
   r.finish();
   return r;
 }
@@ -53,6 +56,7 @@ void DeviceRates::finish() noexcept {
   inv_gemm_rate = 1.0 / (peak * gemm_efficiency);
   inv_flash_forward_rate = 1.0 / (peak * flash_forward);
   inv_flash_backward_rate = 1.0 / (peak * flash_backward);
+  inv_fp8_gemm_rate = fp8_peak > 0 ? 1.0 / (fp8_peak * gemm_efficiency) : 0.0;
 }
 
 namespace {
@@ -89,15 +93,18 @@ struct Dim {
 }
 
 [[gnu::always_inline]] inline Seconds gemm_time(const DeviceRates& r, const Dim& m, const Dim& n,
-                                                double k, double batch) noexcept {
+                                                double k, double batch, bool fp8 = false) noexcept {
   if (m.v <= 0 || n.v <= 0 || k <= 0) return 0;
   // 2 m n k batch / (peak * gemm_efficiency(...)), with the quotients cancelled: SM-time in
   // tile-areas times (k + k_overhead) steps (the hot path of every estimate; no division).
   const double work = r.sms > 0 ? r.sms * min_area_waves(r, m, n, batch) * (k + r.k_overhead)
                                 : m.v * n.v * batch * (k + r.k_overhead);
-  const double compute = 2.0 * work * r.inv_gemm_rate;
-  const double bytes = static_cast<double>(r.element_bytes) * (m.v * k + k * n.v + m.v * n.v) *
-                       batch;  // A, B read; C written
+  // FP8: the tensor cores' fp8 rate, one-byte A and B, C in the compute dtype (TE's fp8 GEMMs
+  // write bf16).
+  const double compute = 2.0 * work * (fp8 ? r.inv_fp8_gemm_rate : r.inv_gemm_rate);
+  const double e = static_cast<double>(r.element_bytes);
+  const double bytes =
+      ((fp8 ? 1.0 : e) * (m.v * k + k * n.v) + e * m.v * n.v) * batch;  // A, B read; C written
   return std::max(compute, bytes * r.inv_hbm) + r.launch;
 }
 
@@ -123,10 +130,11 @@ Seconds memory_seconds(const DeviceRates& r, double bytes, double kernels) noexc
 }
 
 PassCosts layer_pass_costs(const LayerTable& table, const ModelSpec& m, const TrainingSpec& t,
-                           Count tp, bool sp, const DeviceRates& r) noexcept {
+                           Count tp, bool sp, const DeviceRates& r, Count cp) noexcept {
   PassCosts c;
   const double e = static_cast<double>(r.element_bytes);
-  const double T = static_cast<double>(t.micro_batch_size * t.seq_length);  // tokens
+  const double cpd = static_cast<double>(cp);
+  const double T = static_cast<double>(t.micro_batch_size * t.seq_length) / cpd;  // local tokens
   const double tpd = static_cast<double>(tp);
   const double T_sp = sp ? T / tpd : T;  // tokens one rank holds in the replicated region
   const double h = static_cast<double>(m.hidden_size);
@@ -153,11 +161,19 @@ PassCosts layer_pass_costs(const LayerTable& table, const ModelSpec& m, const Tr
         const double N = col ? out / tpd : out;
         const double K = col ? in : in / tpd;
         const Dim dN(N), dK(K);
-        fwd = gemm_time(r, dT, dN, K, 1);  // Y = X W^T (bias fused in the epilogue)
-        bin = gemm_time(r, dT, dK, N, 1);  // dX = dY W
-        bw = gemm_time(r, dN, dK, T, 1);   // dW = dY^T X
+        const bool fp8 = r.fp8_peak > 0;
+        fwd = gemm_time(r, dT, dN, K, 1, fp8);  // Y = X W^T (bias fused in the epilogue)
+        bin = gemm_time(r, dT, dK, N, 1, fp8);  // dX = dY W
+        bw = gemm_time(r, dN, dK, T, 1, fp8);   // dW = dY^T X
         c.gemm_forward += fwd;
         c.gemm_backward += bin + bw;
+        if (fp8) {
+          // Quantisation, bandwidth bound: the forward casts X (read in the compute dtype, write
+          // the row-wise and column-wise fp8 copies, TE's cast_transpose), the backward dY alike.
+          // Weights are cast once per step (estimate.cpp, with the optimizer).
+          fwd += memory_seconds(r, T * K * (e + 2), 1);
+          bin += memory_seconds(r, T * N * (e + 2), 1);
+        }
         break;
       }
       case OpKind::attention_core: {
@@ -166,7 +182,9 @@ PassCosts layer_pass_costs(const LayerTable& table, const ModelSpec& m, const Tr
         if (t.attention == Attention::flash) {
           // Dao 2023 (FlashAttention-2): causal masking skips half the blocks; the backward
           // recomputes QK^T: 5 GEMM-equivalents against the forward's 2, i.e. 2.5x its FLOPs.
-          const double flops = 0.5 * 4.0 * b * s * s * d * heads;
+          // Context parallel: 1/cp of the causal work on every rank (2·cp load-balanced chunks,
+          // or whole heads under a2a).
+          const double flops = 0.5 * 4.0 * b * s * s * d * heads / cpd;
           const double io = 2 * q_bytes + kv_bytes;  // read q, k, v; write o
           fwd = std::max(flops * r.inv_flash_forward_rate, io * r.inv_hbm) + r.launch;
           bin =
@@ -200,6 +218,8 @@ PassCosts layer_pass_costs(const LayerTable& table, const ModelSpec& m, const Tr
         bool selective = false;
         for (int i = 0; i < op.num_saved; ++i) selective |= op.saved[i].dropped_by_selective;
         if (selective) c.selective_recompute += fwd;
+        c.attention_forward += fwd;
+        c.attention_backward += bin;
         break;
       }
       case OpKind::activation: {

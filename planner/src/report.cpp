@@ -34,7 +34,10 @@ std::string human_count(double n) {
 }
 
 std::string layout_line(const ParallelSpec& p) {
-  std::string out = fmt::format("tp={} pp={} dp={}, ZeRO-{}", p.tp, p.pp, p.dp, p.zero_stage);
+  std::string out = p.cp > 1
+                        ? fmt::format("tp={} cp={} ({}) pp={} dp={}, ZeRO-{}", p.tp, p.cp,
+                                      to_string(p.cp_comm), p.pp, p.dp, p.zero_stage)
+                        : fmt::format("tp={} pp={} dp={}, ZeRO-{}", p.tp, p.pp, p.dp, p.zero_stage);
   if (p.zero_stage > 0 && p.fsdp_shard_size != p.dp)
     out += fmt::format(" (shard {})", p.fsdp_shard_size);
   if (p.sequence_parallel) out += ", sequence parallel";
@@ -91,7 +94,7 @@ std::vector<FitSuggestion> single_changes(const Scenario& s, const Estimate& e,
   std::vector<FitSuggestion> out;
   const ParallelSpec& p = s.parallel;
   for (int z = p.zero_stage + 1; z <= 3; ++z) {
-    if (p.dp == 1) break;
+    if (p.dp * p.cp == 1) break;  // ZeRO shards over dp·cp
     Scenario x = s;
     x.parallel.zero_stage = z;
     try_change(out, e, s.cluster.num_gpus, fmt::format("ZeRO-{}", z), x);
@@ -126,6 +129,17 @@ std::vector<FitSuggestion> single_changes(const Scenario& s, const Estimate& e,
     y.parallel.layers_per_stage.clear();
     try_change(out, e, s.cluster.num_gpus,
                fmt::format("pp={} (dp={})", y.parallel.pp, y.parallel.dp), y);
+  }
+  // Context parallelism: half the data-parallel ranks split each sequence instead (ring
+  // attention, the default exchange); its step time says what the ring costs.
+  if (p.dp % 2 == 0) {
+    Scenario x = s;
+    x.parallel.cp *= 2;
+    x.parallel.dp /= 2;
+    x.parallel.fsdp_shard_size = std::max<Count>(1, x.parallel.fsdp_shard_size / 2);
+    if (x.parallel.dp % x.parallel.fsdp_shard_size != 0) x.parallel.fsdp_shard_size = x.parallel.dp;
+    try_change(out, e, s.cluster.num_gpus,
+               fmt::format("cp={} (dp={})", x.parallel.cp, x.parallel.dp), x);
   }
   if (s.training.micro_batch_size > 1) {
     Scenario x = s;
@@ -226,8 +240,10 @@ std::string format_plan_table(const Scenario& s, const Estimate& e) {
   line(
       fmt::format("  training: {} {}, seq {}, global batch {}, micro-batch {} -> {} micro-batches "
                   "per pipeline per step",
-                  to_string(t.precision), to_string(t.optimizer), t.seq_length, t.global_batch_size,
-                  t.micro_batch_size, e.num_microbatches));
+                  t.fp8 != Fp8Recipe::none ? fmt::format("fp8 ({} scaling)", to_string(t.fp8))
+                                           : std::string(to_string(t.precision)),
+                  to_string(t.optimizer), t.seq_length, t.global_batch_size, t.micro_batch_size,
+                  e.num_microbatches));
   line("");
   line(fmt::format("Memory per GPU (GiB = 2^30 bytes), capacity {} GiB",
                    gib(e.memory.capacity_bytes)));

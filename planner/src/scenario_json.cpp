@@ -135,6 +135,9 @@ void read_peak_flops(const json& doc, const std::string& path, PeakFlops& f) {
   }
   if (auto v = r.number("fp16", kMin, kMax, false)) f.fp16 = *v;
   if (auto v = r.number("bf16", kMin, kMax, false)) f.bf16 = *v;
+  // 0 means no FP8 (MXFP8) tensor cores: fp8 training is then refused.
+  if (auto v = r.number("fp8", 0, kMax, false)) f.fp8 = *v;
+  if (auto v = r.number("mxfp8", 0, kMax, false)) f.mxfp8 = *v;
   r.finish();
 }
 
@@ -564,7 +567,24 @@ Scenario scenario_from_json(const json& doc, std::initializer_list<std::string_v
     const auto seq = r.integer("seq_length", 1, Count{1} << 22);
     const auto gbs = r.integer("global_batch_size", 1, Count{1} << 32);
     if (auto v = r.integer("micro_batch_size", 1, Count{1} << 24)) t.micro_batch_size = *v;
-    t.precision = read_dtype(r, "precision", DType::bf16);
+    // "fp8": the layers' GEMMs in fp8 with a scaling recipe, everything else in bf16.
+    if (const auto i = r.choice("precision", {"fp32", "fp16", "bf16", "fp8"})) {
+      t.precision = *i == 3 ? DType::bf16 : static_cast<DType>(*i);
+      if (*i == 3) t.fp8 = Fp8Recipe::delayed;
+    }
+    if (r.has("fp8_recipe")) {
+      const bool fp8 = t.fp8 != Fp8Recipe::none;
+      Fp8Recipe recipe = Fp8Recipe::none;
+      read_enum(r, "fp8_recipe", recipe, {"none", "delayed", "current", "blockwise", "mxfp8"});
+      if (fp8 && recipe == Fp8Recipe::none) {
+        throw InputError(r.child("fp8_recipe"),
+                         "precision fp8 needs a recipe: delayed, current, blockwise or mxfp8");
+      }
+      if (!fp8 && recipe != Fp8Recipe::none) {
+        throw InputError(r.child("fp8_recipe"), "fp8_recipe needs precision \"fp8\"");
+      }
+      t.fp8 = recipe;
+    }
     read_enum(r, "optimizer", t.optimizer, {"adamw", "adam", "sgd"});
     read_enum(r, "framework", t.framework, {"generic", "megatron", "deepspeed", "fsdp2"});
     s.assumptions.framework_profile = framework_profile(t.framework);
@@ -647,6 +667,8 @@ Scenario scenario_from_json(const json& doc, std::initializer_list<std::string_v
       } else if (v_shape(p.schedule)) {
         p.virtual_stages = 2;  // implied by the V: chunks s and 2p - 1 - s on stage s
       }
+      if (auto v = r.integer("cp", 1, Count{1} << 16)) p.cp = *v;
+      read_enum(r, "cp_comm", p.cp_comm, {"p2p", "all_gather", "a2a"});
       read_enum(r, "offload_optimizer", p.offload_optimizer, {"none", "cpu", "nvme"});
       read_enum(r, "offload_params", p.offload_params, {"none", "cpu", "nvme"});
       if (const json* l = r.take("layers_per_stage")) {
@@ -663,13 +685,14 @@ Scenario scenario_from_json(const json& doc, std::initializer_list<std::string_v
     }
     Count& n = s.cluster.num_gpus;
     if (!num_gpus_given) {
-      n = p.tp * p.pp * p.dp;
+      n = p.tp * p.cp * p.pp * p.dp;
     } else if (!dp_given) {
-      if (n % (p.tp * p.pp) != 0) {
-        throw InputError("/parallel", fmt::format("num_gpus={} is not divisible by tp*pp={}*{}={}",
-                                                  n, p.tp, p.pp, p.tp * p.pp));
+      if (n % (p.tp * p.cp * p.pp) != 0) {
+        throw InputError("/parallel",
+                         fmt::format("num_gpus={} is not divisible by tp*cp*pp={}*{}*{}={}", n,
+                                     p.tp, p.cp, p.pp, p.tp * p.cp * p.pp));
       }
-      p.dp = n / (p.tp * p.pp);
+      p.dp = n / (p.tp * p.cp * p.pp);
     }
     if (p.fsdp_shard_size == 0) p.fsdp_shard_size = p.dp;
   }
@@ -720,6 +743,7 @@ Scenario scenario_from_json(const json& doc, std::initializer_list<std::string_v
     if (auto v = r.integer("nvme_param_buffer_count", 1, 1024)) x.nvme_param_buffer_count = *v;
     if (auto v = r.integer("nvme_param_buffer_params", 1, Count{1} << 40))
       x.nvme_param_buffer_params = *v;
+    if (auto v = r.integer("fp8_amax_history_len", 1, Count{1} << 20)) x.fp8_amax_history_len = *v;
     r.finish();
   }
   if (top.has("search") &&
@@ -766,10 +790,9 @@ json to_json(const ModelSpec& m) {
 }
 
 json to_json(const GpuSpec& g) {
-  json pf = {{"fp32", g.peak_flops.fp32},
-             {"tf32", g.peak_flops.tf32},
-             {"fp16", g.peak_flops.fp16},
-             {"bf16", g.peak_flops.bf16}};
+  json pf = {{"fp32", g.peak_flops.fp32}, {"tf32", g.peak_flops.tf32},
+             {"fp16", g.peak_flops.fp16}, {"bf16", g.peak_flops.bf16},
+             {"fp8", g.peak_flops.fp8},   {"mxfp8", g.peak_flops.mxfp8}};
   return {{"name", g.name},
           {"memory_bytes", g.memory_bytes},
           {"peak_flops", pf},
@@ -796,6 +819,8 @@ json to_json(const ParallelSpec& p) {
             {"recompute", to_string(p.recompute)},
             {"schedule", to_string(p.schedule)},
             {"virtual_stages", p.virtual_stages},
+            {"cp", p.cp},
+            {"cp_comm", to_string(p.cp_comm)},
             {"offload_optimizer", to_string(p.offload_optimizer)},
             {"offload_params", to_string(p.offload_params)}};
   if (!p.layers_per_stage.empty()) j["layers_per_stage"] = p.layers_per_stage;
@@ -825,7 +850,8 @@ json to_json(const Scenario& s) {
        {{"seq_length", t.seq_length},
         {"global_batch_size", t.global_batch_size},
         {"micro_batch_size", t.micro_batch_size},
-        {"precision", to_string(t.precision)},
+        {"precision", t.fp8 != Fp8Recipe::none ? std::string_view("fp8") : to_string(t.precision)},
+        {"fp8_recipe", to_string(t.fp8)},  // "none" reads back without fp8
         {"optimizer", to_string(t.optimizer)},
         {"grad_accumulation_dtype", to_string(t.grad_accumulation_dtype)},
         {"attention", to_string(t.attention)},
@@ -852,7 +878,8 @@ json to_json(const Scenario& s) {
         {"nvme_optimizer_buffer_count", a.nvme_optimizer_buffer_count},
         {"nvme_sub_group_params", a.nvme_sub_group_params},
         {"nvme_param_buffer_count", a.nvme_param_buffer_count},
-        {"nvme_param_buffer_params", a.nvme_param_buffer_params}}},
+        {"nvme_param_buffer_params", a.nvme_param_buffer_params},
+        {"fp8_amax_history_len", a.fp8_amax_history_len}}},
   };
   // A reserve computed from the framework's profile is not echoed (it depends on the layout);
   // the framework and its profile are, when they are not generic's.
@@ -921,6 +948,7 @@ json stage_costs_json(std::size_t stage, const StageCosts& k) {
   put(o, "recompute_seconds", k.recompute);
   put(o, "tp_communication_seconds", k.tp_communication);
   put(o, "p2p_seconds", k.p2p);
+  put(o, "cp_communication_seconds", k.cp_communication);
   put(o, "zero3_gather_seconds", k.zero3_gather);
   put(o, "grad_reduce_seconds", k.grad_reduce);
   put(o, "param_gather_seconds", k.param_gather);

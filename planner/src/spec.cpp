@@ -60,6 +60,32 @@ std::string_view to_string(Offload v) noexcept {
   }
   return "?";
 }
+std::string_view to_string(CpComm v) noexcept {
+  switch (v) {
+    case CpComm::p2p:
+      return "p2p";
+    case CpComm::all_gather:
+      return "all_gather";
+    case CpComm::a2a:
+      return "a2a";
+  }
+  return "?";
+}
+std::string_view to_string(Fp8Recipe v) noexcept {
+  switch (v) {
+    case Fp8Recipe::none:
+      return "none";
+    case Fp8Recipe::delayed:
+      return "delayed";
+    case Fp8Recipe::current:
+      return "current";
+    case Fp8Recipe::blockwise:
+      return "blockwise";
+    case Fp8Recipe::mxfp8:
+      return "mxfp8";
+  }
+  return "?";
+}
 std::string_view to_string(Schedule v) noexcept {
   switch (v) {
     case Schedule::gpipe:
@@ -100,6 +126,8 @@ std::string_view to_string(Group v) noexcept {
       return "pp";
     case Group::embedding:
       return "embedding";
+    case Group::cp:
+      return "cp";
   }
   return "?";
 }
@@ -113,6 +141,8 @@ std::string_view to_string(CollectiveOp v) noexcept {
       return "all_gather";
     case CollectiveOp::send_recv:
       return "send_recv";
+    case CollectiveOp::all_to_all:
+      return "all_to_all";
   }
   return "?";
 }

@@ -51,6 +51,47 @@ double check_model(const ModelSpec& m) {
   return total;
 }
 
+// Context parallelism: what Megatron-Core / Transformer Engine run (docs/communication.md,
+// "Context parallel"); everything else is refused.
+void check_context_parallel(const Scenario& s) {
+  const ParallelSpec& p = s.parallel;
+  const TrainingSpec& t = s.training;
+  const ModelSpec& m = s.model;
+  if (p.cp == 1) return;
+  if (t.attention != Attention::flash) {
+    fail("/parallel/cp",
+         "context parallelism splits fused (flash) attention across ranks; standard attention's "
+         "materialised scores are not modelled with it");
+  }
+  // The causal load balancing cuts each sequence into 2·cp chunks (Megatron-Core
+  // get_batch_on_this_cp_rank); with sequence parallelism each chunk is split again over tp.
+  const Count chunks =
+      (p.cp_comm == CpComm::a2a ? p.cp : 2 * p.cp) * (p.sequence_parallel ? p.tp : 1);
+  if (t.seq_length % chunks != 0) {
+    fail("/parallel/cp",
+         fmt::format("seq_length={} must be a multiple of {}: cp_comm {} cuts each sequence into "
+                     "{} equal chunks{}",
+                     t.seq_length, chunks, to_string(p.cp_comm),
+                     p.cp_comm == CpComm::a2a ? "cp" : "2*cp (causal load balancing)",
+                     p.sequence_parallel ? ", each split again over tp (sequence parallel)" : ""));
+  }
+  if (p.cp_comm == CpComm::a2a) {
+    // Ulysses' all-to-all hands each rank whole heads: cp divides the heads of a TP rank, and
+    // the KV heads too (replicating KV heads when cp exceeds them is not modelled).
+    if ((m.num_attention_heads / p.tp) % p.cp != 0) {
+      fail("/parallel/cp", fmt::format("cp_comm a2a gives each rank whole heads: cp={} must divide "
+                                       "the {} attention heads per TP rank",
+                                       p.cp, m.num_attention_heads / p.tp));
+    }
+    if ((m.num_kv_heads / p.tp) % p.cp != 0) {
+      fail("/parallel/cp",
+           fmt::format("cp_comm a2a gives each rank whole heads: cp={} must divide the {} KV "
+                       "heads per TP rank (replicated KV heads are not modelled)",
+                       p.cp, m.num_kv_heads / p.tp));
+    }
+  }
+}
+
 }  // namespace
 
 void validate_scenario(const Scenario& s) {
@@ -71,6 +112,16 @@ void validate_scenario(const Scenario& s) {
     fail("/cluster/gpu/peak_flops",
          fmt::format("the GPU has no peak FLOP/s for precision {}", to_string(t.precision)));
   }
+  if (t.fp8 != Fp8Recipe::none) {
+    // FP8 GEMMs need FP8 tensor cores (Hopper, Ada, Blackwell, MI300); MXFP8's block scaling
+    // needs Blackwell's (docs/time.md, "FP8").
+    const bool mx = t.fp8 == Fp8Recipe::mxfp8;
+    if (!((mx ? c.gpu.peak_flops.mxfp8 : c.gpu.peak_flops.fp8) > 0)) {
+      fail(mx ? "/training/fp8_recipe" : "/training/precision",
+           fmt::format("the GPU ({}) has no {} tensor cores (peak_flops.{} is 0)", c.gpu.name,
+                       mx ? "MXFP8" : "FP8", mx ? "mxfp8" : "fp8"));
+    }
+  }
   if (c.runtime_reserve_bytes >= c.gpu.memory_bytes) {
     fail("/cluster/runtime_reserve_bytes",
          fmt::format("runtime_reserve_bytes={} leaves nothing of the GPU's {} bytes",
@@ -90,9 +141,13 @@ void validate_scenario(const Scenario& s) {
   }
 
   // Layout arithmetic.
-  if (p.tp * p.pp * p.dp != c.num_gpus) {
-    fail("/parallel", fmt::format("dp*tp*pp = {}*{}*{} = {} does not equal num_gpus={}", p.dp, p.tp,
-                                  p.pp, p.dp * p.tp * p.pp, c.num_gpus));
+  if (p.tp * p.cp * p.pp * p.dp != c.num_gpus) {
+    if (p.cp == 1) {
+      fail("/parallel", fmt::format("dp*tp*pp = {}*{}*{} = {} does not equal num_gpus={}", p.dp,
+                                    p.tp, p.pp, p.dp * p.tp * p.pp, c.num_gpus));
+    }
+    fail("/parallel", fmt::format("dp*tp*cp*pp = {}*{}*{}*{} = {} does not equal num_gpus={}", p.dp,
+                                  p.tp, p.cp, p.pp, p.dp * p.tp * p.cp * p.pp, c.num_gpus));
   }
   if (m.num_attention_heads % p.tp != 0) {
     fail("/parallel/tp",
@@ -112,6 +167,7 @@ void validate_scenario(const Scenario& s) {
         fmt::format("sequence parallelism splits the sequence: tp={} does not divide seq_length={}",
                     p.tp, t.seq_length));
   }
+  check_context_parallel(s);
   if (p.pp > m.num_layers) {
     fail("/parallel/pp", fmt::format("pp={} exceeds num_layers={}", p.pp, m.num_layers));
   }

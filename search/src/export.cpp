@@ -134,6 +134,20 @@ Exported megatron(const Scenario& s, Exported out) {
         dtype_name(g), dtype_name(t.precision), t.precision == DType::fp16 ? "fp16" : "fp32"));
   }
   arg("--optimizer", t.optimizer == Optimizer::sgd ? "sgd" : "adam");
+  if (t.fp8 != Fp8Recipe::none) {
+    // Transformer Engine FP8 (Megatron-Core --fp8-recipe: per-tensor current scaling is
+    // "tensorwise"). Per-tensor recipes use the hybrid format (E4M3 forward, E5M2 gradients, TE's
+    // default); blockwise (DeepSeek-V3) and MXFP8 use E4M3 throughout.
+    const bool per_tensor = t.fp8 == Fp8Recipe::delayed || t.fp8 == Fp8Recipe::current;
+    arg("--fp8-format", per_tensor ? "hybrid" : "e4m3");
+    arg("--fp8-recipe", t.fp8 == Fp8Recipe::delayed   ? "delayed"
+                        : t.fp8 == Fp8Recipe::current ? "tensorwise"
+                                                      : to_string(t.fp8));
+    if (t.fp8 == Fp8Recipe::delayed) {
+      arg("--fp8-amax-history-len", s.assumptions.fp8_amax_history_len);
+      arg("--fp8-amax-compute-algo", "max");
+    }
+  }
 
   // Layout.
   arg("--tensor-model-parallel-size", p.tp);
@@ -159,6 +173,13 @@ Exported megatron(const Scenario& s, Exported out) {
     out.notes.push_back(schedule_note(s, "Megatron-LM (1F1B)"));
   }
   if (p.sequence_parallel) flag("--sequence-parallel");
+  if (p.cp > 1) {
+    // Megatron-Core spells the exchanges p2p, allgather and a2a (arguments.py, --cp-comm-type).
+    arg("--context-parallel-size", p.cp);
+    arg("--cp-comm-type", p.cp_comm == CpComm::p2p          ? "p2p"
+                          : p.cp_comm == CpComm::all_gather ? "allgather"
+                                                            : "a2a");
+  }
   arg("--micro-batch-size", t.micro_batch_size);
   arg("--global-batch-size", t.global_batch_size);
   if (p.recompute == Recompute::selective) arg("--recompute-granularity", "selective");
@@ -183,6 +204,22 @@ Exported megatron(const Scenario& s, Exported out) {
           p.dp, shard(s)));
     }
   }
+  if (p.offload_optimizer == Offload::cpu) {
+    // Megatron-Core's hybrid-device optimizer: the distributed optimizer's states on the host.
+    flag("--optimizer-cpu-offload");
+    arg("--optimizer-offload-fraction", 1.0);
+    flag("--overlap-cpu-optimizer-d2h-h2d");
+    if (p.zero_stage >= 2) {
+      out.notes.push_back(
+          "Megatron-LM offloads the distributed optimizer's states; with Megatron FSDP the "
+          "gradients stay on the GPU");
+    }
+  }
+  if (p.offload_optimizer == Offload::nvme || p.offload_params != Offload::none) {
+    out.notes.push_back(fmt::format(
+        "Megatron-LM has no {} offload; DeepSpeed's ZeRO-Infinity (the deepspeed export) runs it",
+        p.offload_params != Offload::none ? "parameter" : "NVMe"));
+  }
   if (p.dp > 1 && s.assumptions.overlap_grad_reduce) flag("--overlap-grad-reduce");
   if (p.zero_stage >= 1 && p.dp > 1 && s.assumptions.overlap_param_gather) {
     flag("--overlap-param-gather");
@@ -198,10 +235,17 @@ Exported megatron(const Scenario& s, Exported out) {
 
   std::ostringstream o;
   o << fit_warning(out);
-  o << fmt::format("# {} pretrain_gpt.py arguments for {} on {} GPUs: tp={} pp={} dp={}\n",
-                   kMegatronVersion, m.name, p.tp * p.pp * p.dp, p.tp, p.pp, p.dp);
-  o << fmt::format("# (dp = world size / (tp*pp); {} micro-batches per step)\n",
-                   accumulation_steps(s));
+  if (p.cp > 1) {
+    o << fmt::format("# {} pretrain_gpt.py arguments for {} on {} GPUs: tp={} cp={} pp={} dp={}\n",
+                     kMegatronVersion, m.name, s.cluster.num_gpus, p.tp, p.cp, p.pp, p.dp);
+    o << fmt::format("# (dp = world size / (tp*cp*pp); {} micro-batches per step)\n",
+                     accumulation_steps(s));
+  } else {
+    o << fmt::format("# {} pretrain_gpt.py arguments for {} on {} GPUs: tp={} pp={} dp={}\n",
+                     kMegatronVersion, m.name, p.tp * p.pp * p.dp, p.tp, p.pp, p.dp);
+    o << fmt::format("# (dp = world size / (tp*pp); {} micro-batches per step)\n",
+                     accumulation_steps(s));
+  }
   for (const std::string& n : out.notes) o << "# note: " << n << '\n';
   o << to_add_lines(out);
   for (std::size_t i = 0; i < args.size(); ++i) {
@@ -229,6 +273,19 @@ Exported deepspeed(const Scenario& s, Exported out) {
   zero["stage"] = p.zero_stage;
   zero["overlap_comm"] = s.assumptions.overlap_grad_reduce;
   zero["contiguous_gradients"] = true;
+  // ZeRO-Offload / ZeRO-Infinity (DeepSpeed zero_optimization.offload_optimizer / offload_param).
+  auto offload = [](Offload o) {
+    nlohmann::ordered_json j = {{"device", std::string(to_string(o))}, {"pin_memory", true}};
+    if (o == Offload::nvme) j["nvme_path"] = "/local_nvme";
+    return j;
+  };
+  if (p.offload_optimizer != Offload::none)
+    zero["offload_optimizer"] = offload(p.offload_optimizer);
+  if (p.offload_params != Offload::none) zero["offload_param"] = offload(p.offload_params);
+  if (p.offload_optimizer == Offload::nvme || p.offload_params == Offload::nvme) {
+    out.to_add.push_back(
+        "nvme_path: a directory on the node's NVMe (the export writes /local_nvme)");
+  }
   if (p.zero_stage == 3) {
     zero["stage3_prefetch_bucket_size"] = "auto";
     if (hybrid(s)) zero["mics_shard_size"] = shard(s);
@@ -266,17 +323,34 @@ Exported deepspeed(const Scenario& s, Exported out) {
     out.notes.push_back(
         "sequence parallelism is a model-code choice (Megatron-DeepSpeed --sequence-parallel)");
   }
+  if (t.fp8 != Fp8Recipe::none) {
+    out.notes.push_back(fmt::format(
+        "FP8 ({} scaling) is Transformer Engine in the model code (te.fp8_autocast); DeepSpeed's "
+        "config has no FP8 switch",
+        to_string(t.fp8)));
+  }
+  if (p.cp > 1) {
+    out.notes.push_back(
+        p.cp_comm == CpComm::a2a
+            ? fmt::format("DeepSpeed-Ulysses is a model-code choice (Megatron-DeepSpeed "
+                          "--ds-sequence-parallel-size {})",
+                          p.cp)
+            : fmt::format("DeepSpeed has no {} context parallelism; Megatron-LM "
+                          "(--context-parallel-size {}) runs it",
+                          to_string(p.cp_comm), p.cp));
+  }
   if (t.optimizer != Optimizer::sgd) {
     j["optimizer"] = {{"type", t.optimizer == Optimizer::adamw ? "AdamW" : "Adam"}};
   } else {
     j["optimizer"] = {{"type", "SGD"}};
   }
-  out.to_add = {
-      fmt::format("the tokenizer and data loader in your training script (vocabulary {})",
-                  s.model.vocab_size),
-      "optimizer.params (lr, betas, weight_decay) and a scheduler (e.g. WarmupDecayLR with "
-      "total_num_steps, warmup_num_steps), gradient_clipping",
-      "the model code itself (DeepSpeed takes the model from your script)"};
+  out.to_add.insert(
+      out.to_add.begin(),
+      {fmt::format("the tokenizer and data loader in your training script (vocabulary {})",
+                   s.model.vocab_size),
+       "optimizer.params (lr, betas, weight_decay) and a scheduler (e.g. WarmupDecayLR with "
+       "total_num_steps, warmup_num_steps), gradient_clipping",
+       "the model code itself (DeepSpeed takes the model from your script)"});
   out.text = j.dump(2) + "\n";
   return out;
 }
@@ -426,6 +500,29 @@ Exported torchtitan(const Scenario& s, Exported out) {
         "torchtitan reduces gradients in float32 only; the plan's {} gradients become fp32",
         dtype_name(t.grad_accumulation_dtype)));
   }
+  // Context parallelism (torch.distributed.tensor.experimental.context_parallel): "alltoall"
+  // passes the KV shards around the ring, "allgather" gathers them; Ulysses' head all-to-all
+  // has no counterpart.
+  if (p.cp > 1 && p.cp_comm == CpComm::a2a) {
+    out.notes.push_back(
+        "torchtitan's context parallelism is ring attention (rotate method alltoall or "
+        "allgather), not DeepSpeed-Ulysses' head all-to-all; the export uses allgather");
+  }
+  // FSDP2's CPUOffloadPolicy moves parameters, gradients and optimizer states together.
+  const bool cpu_offload = p.offload_optimizer != Offload::none;
+  if (cpu_offload && !(p.zero_stage == 3 && p.offload_optimizer == Offload::cpu &&
+                       p.offload_params == Offload::cpu)) {
+    out.notes.push_back(
+        "torchtitan's enable_cpu_offload (FSDP2 CPUOffloadPolicy) offloads parameters, "
+        "gradients and optimizer states to host memory together; the plan offloads less or to "
+        "NVMe");
+  }
+  if (t.fp8 != Fp8Recipe::none) {
+    out.notes.push_back(fmt::format(
+        "FP8 ({} scaling): enable torchtitan's float8 (or mx for MXFP8) model converter for the "
+        "linear layers; the export does not write it",
+        to_string(t.fp8)));
+  }
   const std::string model_section = torchtitan_model(s.model, out);
   out.to_add = {"[model] hf_assets_path: the folder with the tokenizer (vocabulary " +
                     std::to_string(s.model.vocab_size) + ")",
@@ -435,9 +532,9 @@ Exported torchtitan(const Scenario& s, Exported out) {
                 "[checkpoint] folder and interval"};
   std::ostringstream o;
   o << fit_warning(out);
-  o << fmt::format("# {} job config for {} on {} GPUs: tp={} pp={} dp={} ZeRO-{}\n",
-                   kTorchtitanVersion, s.model.name, p.tp * p.pp * p.dp, p.tp, p.pp, p.dp,
-                   p.zero_stage);
+  o << fmt::format("# {} job config for {} on {} GPUs: tp={}{} pp={} dp={} ZeRO-{}\n",
+                   kTorchtitanVersion, s.model.name, s.cluster.num_gpus, p.tp,
+                   p.cp > 1 ? fmt::format(" cp={}", p.cp) : "", p.pp, p.dp, p.zero_stage);
   for (const std::string& n : out.notes) o << "# note: " << n << '\n';
   o << to_add_lines(out);
   o << model_section;
@@ -451,12 +548,18 @@ Exported torchtitan(const Scenario& s, Exported out) {
   o << "mixed_precision_param = "
     << toml_string(t.precision == DType::fp32 ? "float32" : "bfloat16") << '\n';
   o << "mixed_precision_reduce = \"float32\"\n";
+  if (cpu_offload) o << "enable_cpu_offload = true\n";
   o << "\n[parallelism]\n";
   o << "data_parallel_replicate_degree = " << replicate << '\n';
   o << "data_parallel_shard_degree = " << shard_degree << '\n';
   o << "fsdp_reshard_after_forward = " << toml_string(reshard) << '\n';
   o << "tensor_parallel_degree = " << p.tp << '\n';
   o << "pipeline_parallel_degree = " << p.pp << '\n';
+  if (p.cp > 1) {
+    o << "context_parallel_degree = " << p.cp << '\n';
+    o << "context_parallel_rotate_method = "
+      << toml_string(p.cp_comm == CpComm::p2p ? "alltoall" : "allgather") << '\n';
+  }
   if (p.pp > 1) {
     o << "pipeline_parallel_schedule = " << toml_string(schedule) << '\n';
     o << "pipeline_parallel_microbatch_size = " << t.micro_batch_size << '\n';

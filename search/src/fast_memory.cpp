@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "distplan/planner/estimate.h"
+#include "distplan/planner/fp8.h"
 #include "distplan/planner/layout.h"
 #include "distplan/planner/memory_terms.h"
 
@@ -21,9 +22,11 @@ void FastMemory::set_outer(const Outer& o) {
   l.pp = o.pp;
   l.dp = o.dp;
   l.micro_batch_size = o.micro_batch_size;
+  l.cp = o.cp;
   apply_layout(s, l);
   vocab_ = padded_vocab(s);
   layer_params_ = layer_parameters_per_tp_rank(table_, o.tp);
+  fp8_state_ = fp8_layer_state_bytes(table_, o.tp, base_.training.fp8, base_.assumptions);
   num_microbatches_ = s.num_microbatches();
   const std::vector<Count> layers = stage_layer_counts(s);
   layers_first_ = layers.front();
@@ -31,14 +34,16 @@ void FastMemory::set_outer(const Outer& o) {
   layers_last_ = layers.back();
   // The planner's op costs, as estimate.cpp computes them for this (tp, micro-batch).
   const DeviceRates rates = device_rates(s);
+  // One context-parallel rank's tokens (the planner's local training, estimate.cpp).
+  TrainingSpec local = s.training;
+  local.seq_length = s.local_seq_length();
   for (int sp = 0; sp < 2; ++sp) {
-    layer_[sp] = layer_pass_costs(table_, s.model, s.training, o.tp, sp == 1, rates);
-    head_[sp] = head_pass_costs(s.model, s.training, vocab_, o.tp, sp == 1, rates);
+    layer_[sp] = layer_pass_costs(table_, s.model, s.training, o.tp, sp == 1, rates, o.cp);
+    head_[sp] = head_pass_costs(s.model, local, vocab_, o.tp, sp == 1, rates);
   }
   for (int sp = 0; sp < 2; ++sp) {
     for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full}) {
-      act_[sp][static_cast<int>(r)] =
-          layer_activation(table_, s.model, s.training, o.tp, sp == 1, r);
+      act_[sp][static_cast<int>(r)] = layer_activation(table_, s.model, local, o.tp, sp == 1, r);
     }
   }
 }
@@ -51,8 +56,11 @@ Bytes FastMemory::stage_total(const Layout& l, Count st, Count layer_count) cons
   ml.micro_batch_size = l.micro_batch_size;
   ml.num_microbatches = num_microbatches_;
   ml.zero_stage = l.zero_stage;
-  ml.shard = l.zero_stage == 0 ? 1 : (l.fsdp_shard_size > 0 ? l.fsdp_shard_size : l.dp);
+  ml.shard = l.zero_stage == 0 ? 1 : (l.fsdp_shard_size > 0 ? l.fsdp_shard_size : l.dp) * l.cp;
   ml.dp = l.dp;
+  ml.cp = l.cp;
+  ml.fp8_layer_state = fp8_state_;
+  ml.cp_comm = base_.parallel.cp_comm;
   ml.sequence_parallel = l.sequence_parallel;
   ml.recompute = l.recompute;
   // zb_auto with the default limit: an upper bound of estimate()'s (search.cpp estimates it).

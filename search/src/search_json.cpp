@@ -106,7 +106,15 @@ void unknown_key(const std::string& path, const std::string& key,
                    fmt::format("unknown field '{}'{}", printable, did_you_mean(key, known)));
 }
 
-Candidates read_parallel(const json& p) {
+// Settings every searched layout keeps (one value each, not a list): the context-parallel
+// exchange and ZeRO offload.
+struct FixedParallel {
+  CpComm cp_comm = CpComm::p2p;
+  Offload offload_optimizer = Offload::none;
+  Offload offload_params = Offload::none;
+};
+
+Candidates read_parallel(const json& p, FixedParallel& fixed) {
   if (!p.is_object()) {
     throw InputError("/parallel", fmt::format("must be an object, not {}", type_name(p)));
   }
@@ -117,6 +125,13 @@ Candidates read_parallel(const json& p) {
       c.tp = int_list(v, path, 1, kMaxCount);
     } else if (key == "pp") {
       c.pp = int_list(v, path, 1, kMaxCount);
+    } else if (key == "cp") {
+      c.cp = int_list(v, path, 1, kMaxCount);
+    } else if (key == "cp_comm") {
+      fixed.cp_comm = read_enum(v, path, {CpComm::p2p, CpComm::all_gather, CpComm::a2a});
+    } else if (key == "offload_optimizer" || key == "offload_params") {
+      (key == "offload_optimizer" ? fixed.offload_optimizer : fixed.offload_params) =
+          read_enum(v, path, {Offload::none, Offload::cpu, Offload::nvme});
     } else if (key == "dp") {
       c.dp = int_list(v, path, 1, kMaxCount);
     } else if (key == "virtual_stages") {
@@ -142,8 +157,9 @@ Candidates read_parallel(const json& p) {
       throw InputError(path, "the search uses equal pipeline stages; omit layers_per_stage");
     } else {
       unknown_key("/parallel", key,
-                  {"tp", "pp", "dp", "virtual_stages", "fsdp_shard_size", "zero_stage",
-                   "sequence_parallel", "recompute", "schedule"});
+                  {"tp", "pp", "dp", "cp", "virtual_stages", "fsdp_shard_size", "zero_stage",
+                   "sequence_parallel", "recompute", "schedule", "cp_comm", "offload_optimizer",
+                   "offload_params"});
     }
   }
   return c;
@@ -179,6 +195,10 @@ Constraints read_constraints(const json& v) {
       c.max_micro_batch_size = read_int(value, path + "/" + key, 0, kMaxCount);
       found = true;
     }
+    if (key == "min_tokens_per_cp_rank") {
+      c.min_tokens_per_cp_rank = read_int(value, path + "/" + key, 0, kMaxCount);
+      found = true;
+    }
     for (const auto& f : kConstraintFields) {
       if (key == f.name) {
         c.*f.field = read_bool(value, path + "/" + key);
@@ -186,7 +206,7 @@ Constraints read_constraints(const json& v) {
       }
     }
     if (!found) {
-      std::vector<std::string> known{"max_micro_batch_size"};
+      std::vector<std::string> known{"max_micro_batch_size", "min_tokens_per_cp_rank"};
       for (const auto& f : kConstraintFields) known.emplace_back(f.name);
       unknown_key(path, key, known);
     }
@@ -245,7 +265,8 @@ Request request_from_json(const json& doc, const ScenarioParser& parse_scenario)
   // The searched dimensions are read here; the rest of the scenario by the planner's reader,
   // on a document whose layout is a placeholder every valid cluster accepts: tp = pp = 1,
   // dp = num_gpus, one sequence per GPU per step.
-  if (doc.contains("parallel")) r.space.candidates = read_parallel(doc.at("parallel"));
+  FixedParallel fixed;
+  if (doc.contains("parallel")) r.space.candidates = read_parallel(doc.at("parallel"), fixed);
   base["parallel"] = json{{"tp", 1}, {"pp", 1}};
 
   std::optional<Count> global_batch;
@@ -275,6 +296,9 @@ Request request_from_json(const json& doc, const ScenarioParser& parse_scenario)
   }
   if (global_batch) r.space.base.training.global_batch_size = *global_batch;
   r.space.base.parallel = ParallelSpec{};
+  r.space.base.parallel.cp_comm = fixed.cp_comm;
+  r.space.base.parallel.offload_optimizer = fixed.offload_optimizer;
+  r.space.base.parallel.offload_params = fixed.offload_params;
 
   if (doc.contains("search")) read_search(doc.at("search"), r);
   return r;
@@ -294,8 +318,8 @@ json figures_to_json(const Figures& f) {
           {"mfu", f.mfu}};
 }
 
-json plan_to_json_entry(const Plan& p, int rank) {
-  json j = {{"parallel", layout_to_json(p.layout)},
+json plan_to_json_entry(const Scenario& base, const Plan& p, int rank) {
+  json j = {{"parallel", to_json(make_scenario(base, p.layout).parallel)},
             {"micro_batch_size", p.layout.micro_batch_size},
             {"num_gpus", p.layout.num_gpus()},
             {"peak_bytes", p.figures.peak_bytes},
@@ -314,6 +338,7 @@ json constraints_to_json(const Constraints& c) {
   json j = json::object();
   for (const auto& f : kConstraintFields) j[f.name] = c.*f.field;
   j["max_micro_batch_size"] = c.max_micro_batch_size;
+  j["min_tokens_per_cp_rank"] = c.min_tokens_per_cp_rank;
   return j;
 }
 
@@ -326,7 +351,7 @@ json result_to_json(const Request& req, const Result& r) {
   }
   json plans = json::array();
   int rank = 1;
-  for (const Plan& p : r.plans) plans.push_back(plan_to_json_entry(p, rank++));
+  for (const Plan& p : r.plans) plans.push_back(plan_to_json_entry(req.space.base, p, rank++));
   json scenario = to_json(req.space.base);
   scenario.erase("parallel");
   json j = {{"schema", "distplan.search/v1"},
@@ -360,7 +385,7 @@ json result_to_json(const Request& req, const Result& r) {
       why = "no layout fits in memory";
     }
     j["answer"] = why;
-    j["closest"] = r.closest ? plan_to_json_entry(*r.closest, 0) : json(nullptr);
+    j["closest"] = r.closest ? plan_to_json_entry(req.space.base, *r.closest, 0) : json(nullptr);
     json sugg = json::array();
     for (const Suggestion& s : r.suggestions) {
       sugg.push_back(
@@ -394,11 +419,12 @@ std::string format_result_table(const Request& req, const Result& r) {
                                      : std::to_string(l.zero_stage));
     o << fmt::format(
         "{:>4} {:>3} {:>3} {:>5} {:>3} {:>6} {:>3} {:>9} {:>16} {:>3} {:>9.2f} {:>10.1f} "
-        "{:>12.0f} {:>5.1f}{}\n",
+        "{:>12.0f} {:>5.1f}{}{}\n",
         rank, l.tp, l.pp, l.dp, l.virtual_stages, zero, l.sequence_parallel ? "on" : "-",
         to_string(l.recompute), to_string(l.schedule), l.micro_batch_size,
         to_gib(p.figures.peak_bytes), p.figures.step_seconds * 1e3, p.figures.tokens_per_second,
-        p.figures.mfu * 100, p.simulated ? " sim" : "");
+        p.figures.mfu * 100, p.simulated ? " sim" : "",
+        l.cp > 1 ? fmt::format(" cp={} ({})", l.cp, to_string(b.parallel.cp_comm)) : "");
   };
   const std::string header = fmt::format(
       "{:>4} {:>3} {:>3} {:>5} {:>3} {:>6} {:>3} {:>9} {:>16} {:>3} {:>9} {:>10} {:>12} {:>5}\n",

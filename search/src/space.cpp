@@ -28,6 +28,12 @@ std::string_view to_string(Reject r) noexcept {
       return "v_shape_divides_layers";
     case Reject::v_shape_microbatches:
       return "v_shape_microbatches";
+    case Reject::cp_divides_seq:
+      return "cp_divides_seq";
+    case Reject::cp_divides_heads:
+      return "cp_divides_heads";
+    case Reject::cp_needs_flash:
+      return "cp_needs_flash";
     case Reject::tp_within_node:
       return "tp_within_node";
     case Reject::pp_divides_layers:
@@ -44,6 +50,8 @@ std::string_view to_string(Reject r) noexcept {
       return "whole_nodes";
     case Reject::max_micro_batch_size:
       return "max_micro_batch_size";
+    case Reject::min_tokens_per_cp_rank:
+      return "min_tokens_per_cp_rank";
     case Reject::invalid_scenario:
       return "invalid_scenario";
     case Reject::out_of_memory:
@@ -59,6 +67,7 @@ std::string_view to_string(Reject r) noexcept {
 void apply_layout(Scenario& s, const Layout& l) noexcept {
   ParallelSpec& p = s.parallel;
   p.tp = l.tp;
+  p.cp = l.cp;
   p.pp = l.pp;
   p.dp = l.dp;
   p.zero_stage = l.zero_stage;
@@ -148,53 +157,85 @@ void walk_outer(const Space& space, RejectCounts& rejected, Fn&& fn) {
       bump(rejected, Reject::tp_divides_ffn);
       continue;
     }
-    const std::vector<Count> pps = !pin.pp.empty() ? pin.pp : range(1, std::min(layers, n / tp));
-    for (Count pp : pps) {
-      if (pp < 1 || tp * pp > n || (!space.fewer_gpus && (n / tp) % pp != 0)) {
+    // Context parallel, next in the rank order (docs/layout.md): the values validate.cpp accepts.
+    const std::vector<Count> cps = !pin.cp.empty()    ? pin.cp
+                                   : space.fewer_gpus ? range(1, n / tp)
+                                                      : divisors(n / tp);
+    for (Count cp : cps) {
+      if (cp < 1 || tp * cp > n || (!space.fewer_gpus && (n / tp) % cp != 0)) {
         bump(rejected, Reject::gpus_not_divisible);
         continue;
       }
-      if (pp > layers) {
-        bump(rejected, Reject::pp_exceeds_layers);
-        continue;
+      if (cp > 1) {
+        const Count seq = b.training.seq_length;
+        const bool a2a = b.parallel.cp_comm == CpComm::a2a;
+        if (b.training.attention != Attention::flash) {
+          bump(rejected, Reject::cp_needs_flash);
+          continue;
+        }
+        if (seq % (a2a ? cp : 2 * cp) != 0) {
+          bump(rejected, Reject::cp_divides_seq);
+          continue;
+        }
+        if (a2a && ((b.model.num_attention_heads / tp) % cp != 0 ||
+                    (b.model.num_kv_heads / tp) % cp != 0)) {
+          bump(rejected, Reject::cp_divides_heads);
+          continue;
+        }
+        if (c.min_tokens_per_cp_rank > 0 && seq / cp < c.min_tokens_per_cp_rank) {
+          bump(rejected, Reject::min_tokens_per_cp_rank);
+          continue;
+        }
       }
-      if (c.pp_divides_layers && layers % pp != 0) {
-        bump(rejected, Reject::pp_divides_layers);
-        continue;
-      }
-      std::vector<Count> dps;
-      if (!space.fewer_gpus) {
-        dps = {n / (tp * pp)};
-      } else {
-        dps = !pin.dp.empty() ? pin.dp : divisors(batch);
-      }
-      for (Count dp : dps) {
-        if (!allowed(pin.dp, dp)) continue;  // a pin, not a rejection
-        if (dp < 1 || tp * pp * dp > n) {
+      const Count tc = tp * cp;
+      const std::vector<Count> pps = !pin.pp.empty() ? pin.pp : range(1, std::min(layers, n / tc));
+      for (Count pp : pps) {
+        if (pp < 1 || tc * pp > n || (!space.fewer_gpus && (n / tc) % pp != 0)) {
           bump(rejected, Reject::gpus_not_divisible);
           continue;
         }
-        if (batch % dp != 0) {
-          bump(rejected, Reject::batch_not_divisible);
+        if (pp > layers) {
+          bump(rejected, Reject::pp_exceeds_layers);
           continue;
         }
-        const Count gpus = tp * pp * dp;
-        if (space.fewer_gpus && c.whole_nodes && gpus > gpn && gpus % gpn != 0) {
-          bump(rejected, Reject::whole_nodes);
+        if (c.pp_divides_layers && layers % pp != 0) {
+          bump(rejected, Reject::pp_divides_layers);
           continue;
         }
-        const std::vector<Count> mbs =
-            !pin.micro_batch_size.empty() ? pin.micro_batch_size : divisors(batch / dp);
-        for (Count mb : mbs) {
-          if (mb < 1 || batch % (dp * mb) != 0) {
+        std::vector<Count> dps;
+        if (!space.fewer_gpus) {
+          dps = {n / (tc * pp)};
+        } else {
+          dps = !pin.dp.empty() ? pin.dp : divisors(batch);
+        }
+        for (Count dp : dps) {
+          if (!allowed(pin.dp, dp)) continue;  // a pin, not a rejection
+          if (dp < 1 || tc * pp * dp > n) {
+            bump(rejected, Reject::gpus_not_divisible);
+            continue;
+          }
+          if (batch % dp != 0) {
             bump(rejected, Reject::batch_not_divisible);
             continue;
           }
-          if (c.max_micro_batch_size > 0 && mb > c.max_micro_batch_size) {
-            bump(rejected, Reject::max_micro_batch_size);
+          const Count gpus = tc * pp * dp;
+          if (space.fewer_gpus && c.whole_nodes && gpus > gpn && gpus % gpn != 0) {
+            bump(rejected, Reject::whole_nodes);
             continue;
           }
-          if (!fn(Outer{tp, pp, dp, mb})) return;
+          const std::vector<Count> mbs =
+              !pin.micro_batch_size.empty() ? pin.micro_batch_size : divisors(batch / dp);
+          for (Count mb : mbs) {
+            if (mb < 1 || batch % (dp * mb) != 0) {
+              bump(rejected, Reject::batch_not_divisible);
+              continue;
+            }
+            if (c.max_micro_batch_size > 0 && mb > c.max_micro_batch_size) {
+              bump(rejected, Reject::max_micro_batch_size);
+              continue;
+            }
+            if (!fn(Outer{tp, pp, dp, mb, cp})) return;
+          }
         }
       }
     }
@@ -289,7 +330,7 @@ void inner_lists(const Space& space, const Outer& o, RejectCounts& rejected, Inn
   const std::vector<int> zs =
       !pin.zero_stage.empty() ? pin.zero_stage : std::vector<int>{0, 1, 2, 3};
   for (int z : zs) {
-    if (z > 0 && o.dp == 1 && c.zero_needs_dp) {
+    if (z > 0 && o.dp * o.cp == 1 && c.zero_needs_dp) {  // ZeRO shards over dp·cp
       bump(rejected, Reject::zero_needs_dp);
       continue;
     }
@@ -346,7 +387,9 @@ void inner_lists(const Space& space, const Outer& o, RejectCounts& rejected, Inn
       bump(rejected, Reject::sequence_parallel_needs_tp);
       continue;
     }
-    if (sp && b.training.seq_length % o.tp != 0) {
+    // Under context parallelism each of the 2·cp (a2a: cp) chunks is split over tp again.
+    const Count chunks = o.cp == 1 ? 1 : (b.parallel.cp_comm == CpComm::a2a ? o.cp : 2 * o.cp);
+    if (sp && b.training.seq_length % (o.tp * chunks) != 0) {
       bump(rejected, Reject::sequence_parallel_divides_seq);
       continue;
     }

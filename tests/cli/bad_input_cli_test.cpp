@@ -392,7 +392,7 @@ TEST(BadInput, UnknownPresetsAndChoicesNameTheField) {
   expect_rejected(with("/cluster/gpu", {{"preset", "tpu"}}), "/cluster/gpu/preset",
                   "unknown GPU preset");
   expect_rejected(with("/parallel/schedule", "1f2b"), "/parallel/schedule", "not one of");
-  expect_rejected(with("/training/precision", "fp8"), "/training/precision", "not one of");
+  expect_rejected(with("/training/precision", "fp4"), "/training/precision", "not one of");
   expect_rejected(with("/parallel/recompute", "some"), "/parallel/recompute", "not one of");
   // Preset names match without case (issue 17: `A100-80GB` is a100-80gb); a near miss is
   // suggested.

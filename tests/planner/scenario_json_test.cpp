@@ -71,7 +71,7 @@ TEST(ScenarioJson, RejectsEveryKindOfBadInput) {
   expect_error(with("/parallel/tp", 0), "/parallel/tp", "at least 1");
   expect_error(with("/training/seq_length", -4), "/training/seq_length", "at least 1");
   expect_error(with("/training/dropout", 1.5), "/training/dropout", "at most");
-  expect_error(with("/training/precision", "fp8"), "/training/precision", "not one of");
+  expect_error(with("/training/precision", "fp4"), "/training/precision", "not one of");
   expect_error(with("/model", "llama9-1t"), "/model", "unknown model preset");
   expect_error(with("/cluster/gpu", "h900"), "/cluster/gpu", "unknown GPU preset");
   json tp3 = with("/parallel/tp", 3);

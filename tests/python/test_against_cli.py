@@ -5,6 +5,7 @@ import copy
 import glob
 import json
 import os
+import re
 
 import pytest
 
@@ -26,6 +27,10 @@ VARIANTS = [
 ]
 
 
+def python_floats(text):
+    return re.sub(r"(?<=: )-?\d(?:\.\d+)?e\+15(?=[,\n])", lambda m: repr(float(m.group(0))), text)
+
+
 def scenario_with(default, change):
     s = copy.deepcopy(default)
     for key, value in change.items():
@@ -40,8 +45,11 @@ def test_plan_is_the_clis_document_byte_for_byte(default, change):
     assert rc == 0, err
     ours = distplan.plan(s)
     assert ours == json.loads(out)
-    # Same text as well: nlohmann's and Python's shortest round-trip float formats agree.
-    assert json.dumps(ours, indent=2) + "\n" == out
+    # Same text as well: nlohmann's and Python's shortest round-trip float formats agree, but for
+    # doubles in [1e15, 1e16) (FP8 peaks), which nlohmann writes with an exponent (its fixed
+    # notation stops at 15 digits) and Python's repr without: those are compared as Python
+    # writes them.
+    assert json.dumps(ours, indent=2) + "\n" == python_floats(out)
 
 
 def test_embedded_scenarios_plan_as_in_the_cli(source_dir):

@@ -30,7 +30,7 @@ Drawn draw(std::mt19937_64& rng) {
   const int pp = pick(1, 6);
   const int v = sched == "interleaved_1f1b" ? pick(1, 4) : vee ? 2 : 1;
   const int layers = pp * v * pick(1, 3);
-  const int tp = pick(1, 2), dp = pick(1, 2), mbs = pick(1, 2);
+  const int tp = pick(1, 2), dp = pick(1, 2), mbs = pick(1, 2), cp = pick(1, 2);
   // Megatron-LM's interleaved order needs m to be a multiple of pp; the V schedules at least 2 pp.
   const int m = sched == "interleaved_1f1b" ? pp * pick(1, 4)
                 : vee                       ? 2 * pp + pick(0, 9)
@@ -38,7 +38,8 @@ Drawn draw(std::mt19937_64& rng) {
   static const char* kRecompute[] = {"none", "selective"};
   nlohmann::json j = {
       {"model", {{"preset", "llama2-7b"}, {"num_layers", layers}}},
-      {"cluster", {{"gpu", "h100-sxm-80gb"}, {"gpus_per_node", 8}, {"num_gpus", tp * pp * dp}}},
+      {"cluster",
+       {{"gpu", "h100-sxm-80gb"}, {"gpus_per_node", 8}, {"num_gpus", tp * cp * pp * dp}}},
       {"training",
        {{"seq_length", 128 * pick(1, 4)},
         {"global_batch_size", m * mbs * dp},
@@ -46,6 +47,7 @@ Drawn draw(std::mt19937_64& rng) {
         {"dropout", pick(0, 1) == 1 ? 0.1 : 0.0}}},
       {"parallel",
        {{"tp", tp},
+        {"cp", cp},
         {"pp", pp},
         {"zero_stage", pick(0, 1)},
         {"sequence_parallel", tp > 1 && pick(0, 1) == 1},

@@ -60,8 +60,8 @@ struct MemoryEstimate {
   bool operator==(const MemoryEstimate&) const = default;
 };
 
-enum class Group { dp, dp_replicate, tp, pp, embedding };
-enum class CollectiveOp { all_reduce, reduce_scatter, all_gather, send_recv };
+enum class Group { dp, dp_replicate, tp, pp, embedding, cp };
+enum class CollectiveOp { all_reduce, reduce_scatter, all_gather, send_recv, all_to_all };
 enum class Link { intra_node, inter_node };
 [[nodiscard]] std::string_view to_string(Group v) noexcept;
 [[nodiscard]] std::string_view to_string(CollectiveOp v) noexcept;
@@ -108,6 +108,8 @@ struct StageCosts {
   Seconds tp_communication =
       0;            // TP collectives per micro-batch (forward + backward), included above
   Seconds p2p = 0;  // one activation send to the next stage (or a gradient to the previous)
+  Seconds cp_communication = 0;  // context-parallel exchanges per micro-batch (exposed part),
+                                 // included in forward and backward_input
   Seconds zero3_gather = 0;  // ZeRO-3 parameter all-gathers per micro-batch (forward + backward)
   Seconds grad_reduce = 0;   // DP/ZeRO gradient reduction per step
   Seconds param_gather = 0;  // ZeRO-1/2 parameter all-gather after the optimizer step

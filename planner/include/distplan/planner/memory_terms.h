@@ -32,6 +32,9 @@ struct MemoryLayout {
   Offload offload_optimizer = Offload::none;
   Offload offload_params = Offload::none;
   Count zb_memory_limit = 0;  // zb_auto's per-stage limit in micro-batches (ParallelSpec)
+  Count cp = 1;  // context parallel: each GPU holds seq_length / cp tokens of a sequence
+  CpComm cp_comm = CpComm::p2p;
+  Bytes fp8_layer_state = 0;  // fp8_layer_state_bytes() of one layer (fp8.h); 0 without fp8
 };
 [[nodiscard]] MemoryLayout memory_layout(const Scenario& s) noexcept;
 
@@ -71,6 +74,29 @@ inline Count max_window(bool has_first, Count first, Count n, Count mid, bool ha
 }
 
 }  // namespace detail
+
+/// Context-parallel working buffers of one layer's attention on one GPU, for `tokens` local
+/// tokens (Transformer Engine, transformer_engine/pytorch/attention/dot_product_attention/
+/// context_parallel.py): p2p (AttnFuncWithCPAndKVP2P) double-buffers the KV chunk in flight and
+/// the per-step outputs being merged in the forward, and KV plus dKV in the backward;
+/// all_gather (AttnFuncWithCPAndKVAllGather) gathers the whole sequence's K and V, and in the
+/// backward their gradients before the reduce-scatter; a2a (AttnFuncWithCPAndQKVOA2A) holds the
+/// exchanged q, k, v and output, each the size of the local ones.
+[[nodiscard]] inline Bytes cp_attention_buffer_bytes(const ModelSpec& m, const MemoryLayout& l,
+                                                     Count tokens, Bytes cb) noexcept {
+  if (l.cp <= 1) return 0;
+  const Bytes kv = tokens * 2 * m.kv_hidden() / l.tp * cb;  // local K and V
+  const Bytes q = tokens * m.hidden_size / l.tp * cb;       // local q, and the output alike
+  switch (l.cp_comm) {
+    case CpComm::p2p:
+      return std::max(2 * kv + 2 * q, 4 * kv);
+    case CpComm::all_gather:
+      return 2 * l.cp * kv;
+    case CpComm::a2a:
+      return 2 * q + kv;
+  }
+  return 0;
+}
 
 /// Optimizer bytes per parameter, the ZeRO paper's K (Rajbhandari et al. 2020, sec. 3.1).
 [[nodiscard]] inline Bytes optimizer_bytes_per_param(const TrainingSpec& t) noexcept {
@@ -198,7 +224,7 @@ inline void stage_memory(const Scenario& base, const MemoryLayout& l, const Stag
   const Bytes gb = bytes_of(t.grad_accumulation_dtype);
   const Count S = l.shard;
   const bool zero = l.zero_stage > 0;
-  const Count act_tokens = l.micro_batch_size * t.seq_length;
+  const Count act_tokens = l.micro_batch_size * (t.seq_length / l.cp);  // this GPU's tokens
 
   sm.stage = st;
   sm.num_layers = u.layers;
@@ -226,6 +252,9 @@ inline void stage_memory(const Scenario& base, const MemoryLayout& l, const Stag
     opt_k -= 4;
   }
   sm.weights_bytes = (l.zero_stage >= 3 ? sharded : full) * weight_b;
+  // FP8: each layer's cached fp8 weight copies and scales (fp8.h); under ZeRO-3 only the
+  // gathered units have them (buffers, below).
+  if (l.zero_stage < 3) sm.weights_bytes += u.layers * l.fp8_layer_state;
   sm.gradients_bytes = (l.zero_stage >= 2 ? sharded : full) * gb;
   sm.optimizer_bytes = (l.zero_stage >= 1 ? sharded : full) * opt_k;
   // Offload (ZeRO-Offload, Ren et al. 2021, sec. 4; ZeRO-Infinity, Rajbhandari et al. 2021):
@@ -306,10 +335,15 @@ inline void stage_memory(const Scenario& base, const MemoryLayout& l, const Stag
       // gathered units and the unit gradient are never alive together.
       const bool split =
           l.schedule == Schedule::zb_h1 || l.schedule == Schedule::zb_h2 || v_shape(l.schedule);
-      zero_ws = split ? std::max(gathered * cb, gradient) : gathered * cb + gradient;
+      // FP8: the gathered layers' fp8 copies (at most k of them).
+      const Bytes fp8 = std::min(k, per_chunk) * l.fp8_layer_state;
+      zero_ws = split ? std::max(gathered * cb + fp8, gradient) : gathered * cb + fp8 + gradient;
     }
   }
-  sm.buffers_bytes = std::max(logits_ws, zero_ws);
+  // Context parallel: the key/value exchange buffers of the layer whose attention runs, alive
+  // with that layer's ZeRO-3 gathered units (docs/memory.md, "Context parallel").
+  const Bytes cp_ws = u.layers > 0 ? cp_attention_buffer_bytes(m, l, act_tokens, cb) : 0;
+  sm.buffers_bytes = std::max(logits_ws, zero_ws + cp_ws);
   framework_terms(base, l, u, act, st, sm);
 }
 

@@ -20,10 +20,12 @@ struct DeviceRates {
   Seconds launch = 0;          // per kernel
   double flash_forward = 0;    // achieved / dense peak
   double flash_backward = 0;
-  Bytes element_bytes = 2;  // compute dtype
+  Bytes element_bytes = 2;      // compute dtype
+  FlopsPerSecond fp8_peak = 0;  // FP8 (or MXFP8) dense peak of the layers' linear GEMMs; 0: none
   // Reciprocals, so that the per-op costs divide nowhere (the estimate's hot path); set by
   // device_rates() or finish().
   double inv_sms = 0, inv_gemm_rate = 0, inv_flash_forward_rate = 0, inv_flash_backward_rate = 0;
+  double inv_fp8_gemm_rate = 0;
   /// Fills the reciprocals from the fields above.
   void finish() noexcept;
 };
@@ -51,13 +53,17 @@ struct PassCosts {
   Seconds selective_recompute = 0;  // forward of the ops selective recompute re-runs
   Seconds gemm_forward = 0;         // of `forward`, the linear layers' GEMMs (TP overlap window)
   Seconds gemm_backward = 0;        // of the backward passes, the linear layers' GEMMs
+  Seconds attention_forward = 0;    // of `forward`, the attention core (context-parallel overlap)
+  Seconds attention_backward = 0;   // of `backward_input`, the attention core
 };
 
 /// One transformer layer (all ops of the table) for a micro-batch of b sequences of length s,
-/// on one GPU of a TP group of `tp` (with or without sequence parallelism).
+/// on one GPU of a TP group of `tp` (with or without sequence parallelism) and of a
+/// context-parallel group of `cp`: the GPU holds s/cp tokens of each sequence and does 1/cp of
+/// the causal attention (load-balanced chunks).
 [[nodiscard]] PassCosts layer_pass_costs(const LayerTable& table, const ModelSpec& m,
                                          const TrainingSpec& t, Count tp, bool sp,
-                                         const DeviceRates& r) noexcept;
+                                         const DeviceRates& r, Count cp = 1) noexcept;
 
 /// The first stage's extra ops: the vocab-parallel embedding lookup (and its gradient scatter).
 [[nodiscard]] PassCosts embedding_pass_costs(const ModelSpec& m, const TrainingSpec& t, Count tp,

@@ -23,6 +23,17 @@ enum class Router { softmax, sigmoid };
 /// Where ZeRO keeps a model state: on the GPU, in host memory, or on the node's NVMe (ZeRO-Offload,
 /// Ren et al. 2021; ZeRO-Infinity, Rajbhandari et al. 2021; docs/memory.md, "Offload").
 enum class Offload { none, cpu, nvme };
+/// How context-parallel ranks exchange keys and values (docs/communication.md, "Context
+/// parallel"; Megatron-Core --cp-comm-type): p2p = ring attention with 2·cp load-balanced causal
+/// chunks (Transformer Engine), all_gather = KV all-gather (Llama 3), a2a = all-to-all over heads
+/// (DeepSpeed-Ulysses).
+enum class CpComm { p2p, all_gather, a2a };
+/// FP8 training (`training.precision: "fp8"`; docs/memory.md and docs/time.md, "FP8"): the
+/// linear layers' GEMMs in fp8 with Transformer Engine's scaling recipes: delayed (per-tensor
+/// scales from an amax history), current (per-tensor, this tensor's amax), blockwise (1x128
+/// activation tiles and 128x128 weight blocks, DeepSeek-V3), mxfp8 (1x32 blocks with E8M0
+/// scales, Blackwell). Everything else runs in bf16.
+enum class Fp8Recipe { none, delayed, current, blockwise, mxfp8 };
 enum class Schedule {
   gpipe,
   one_f_one_b,
@@ -53,6 +64,8 @@ enum class Schedule {
 [[nodiscard]] std::string_view to_string(Schedule v) noexcept;
 [[nodiscard]] std::string_view to_string(Router v) noexcept;
 [[nodiscard]] std::string_view to_string(Offload v) noexcept;
+[[nodiscard]] std::string_view to_string(CpComm v) noexcept;
+[[nodiscard]] std::string_view to_string(Fp8Recipe v) noexcept;
 [[nodiscard]] constexpr Bytes bytes_of(DType d) noexcept {
   return d == DType::fp32 ? 4 : 2;
 }
@@ -133,6 +146,8 @@ struct PeakFlops {
   FlopsPerSecond tf32 = 0;
   FlopsPerSecond fp16 = 0;
   FlopsPerSecond bf16 = 0;
+  FlopsPerSecond fp8 = 0;    // dense FP8 tensor-core peak (0: no FP8 tensor cores)
+  FlopsPerSecond mxfp8 = 0;  // dense MXFP8 (block-scaled) peak (0: not supported)
   bool operator==(const PeakFlops&) const = default;
 };
 
@@ -182,6 +197,8 @@ struct TrainingSpec {
   Attention attention = Attention::flash;
   double dropout = 0.0;
   Framework framework = Framework::generic;  // memory conventions (framework.h)
+  // FP8 GEMMs in the layers; `precision` is then bf16 (the dtype of everything else).
+  Fp8Recipe fp8 = Fp8Recipe::none;
   bool operator==(const TrainingSpec&) const = default;
 };
 
@@ -204,6 +221,10 @@ struct ParallelSpec {
   [[nodiscard]] Count zb_memory_limit() const noexcept {
     return zb_memory_limit_microbatches > 0 ? zb_memory_limit_microbatches : pp;
   }
+  // Context parallelism: the sequence split over cp ranks (rank order tp, cp, dp, pp as
+  // Megatron-Core); the ZeRO / DP groups span dp·cp.
+  Count cp = 1;
+  CpComm cp_comm = CpComm::p2p;
   bool operator==(const ParallelSpec&) const = default;
 };
 
@@ -235,6 +256,7 @@ struct Assumptions {
   Count nvme_sub_group_params = 1000000000;        // DeepSpeed zero_optimization.sub_group_size
   Count nvme_param_buffer_count = 5;               // DeepSpeed offload_param.buffer_count
   Count nvme_param_buffer_params = 100000000;      // DeepSpeed offload_param.buffer_size
+  Count fp8_amax_history_len = 1024;  // delayed scaling's history (TE DelayedScaling default)
   bool operator==(const Assumptions&) const = default;
 };
 
@@ -251,6 +273,13 @@ struct Scenario {
   }
   [[nodiscard]] Count shard_size() const noexcept {
     return parallel.fsdp_shard_size > 0 ? parallel.fsdp_shard_size : parallel.dp;
+  }
+  /// The ZeRO shard group: the shard size times cp (Megatron-Core's distributed optimizer shards
+  /// over the data-and-context-parallel group; torchtitan's FSDP over dp_shard·cp).
+  [[nodiscard]] Count zero_shard() const noexcept { return shard_size() * parallel.cp; }
+  /// Tokens of one sequence on one GPU: the context-parallel rank's share.
+  [[nodiscard]] Count local_seq_length() const noexcept {
+    return training.seq_length / parallel.cp;
   }
 };
 

@@ -28,8 +28,9 @@ struct Layout {
   Count fsdp_shard_size = 0;  // 0: the whole dp group (not hybrid); else a proper divisor of dp
   Recompute recompute = Recompute::none;
   bool sequence_parallel = false;
+  Count cp = 1;  // context parallel (the exchange, cp_comm, is the base scenario's)
 
-  [[nodiscard]] Count num_gpus() const noexcept { return tp * pp * dp; }
+  [[nodiscard]] Count num_gpus() const noexcept { return tp * cp * pp * dp; }
   bool operator==(const Layout&) const = default;
   auto operator<=>(const Layout&) const = default;
 };
@@ -49,6 +50,10 @@ struct Constraints {
   bool hybrid_shard = true;                // also try ZeRO shard groups smaller than dp
   bool whole_nodes = true;         // objective "gpus": GPU counts within one node or in whole nodes
   Count max_micro_batch_size = 0;  // 0: every divisor of the per-replica batch
+  // Context parallel only where each rank keeps at least this many tokens of a sequence: the
+  // ring's exchange hides behind attention only for long chunks, and Megatron-Core recommends CP
+  // for long sequences (docs/search.md). 0 lifts it.
+  Count min_tokens_per_cp_rank = 4096;
   bool operator==(const Constraints&) const = default;
 };
 
@@ -67,6 +72,9 @@ enum class Reject : int {
   shard_not_divisor,              // a pinned fsdp_shard_size that does not divide dp
   v_shape_divides_layers,         // V schedules: 2 pp divides num_layers (two equal chunks)
   v_shape_microbatches,           // V schedules: at least 2 pp micro-batches per step
+  cp_divides_seq,                 // cp: 2·cp (cp under a2a) chunks divide seq_length
+  cp_divides_heads,               // cp a2a: cp divides the heads and KV heads per TP rank
+  cp_needs_flash,                 // cp only with flash attention
   // Constraints (liftable).
   tp_within_node,
   pp_divides_layers,
@@ -76,6 +84,7 @@ enum class Reject : int {
   interleaved_needs_pp,
   whole_nodes,
   max_micro_batch_size,
+  min_tokens_per_cp_rank,
   // Evaluation.
   invalid_scenario,  // validate_scenario() refused a returned plan (a bug if non-zero)
   out_of_memory,     // peak above capacity x (1 - memory_margin)
@@ -88,7 +97,7 @@ using RejectCounts = std::array<std::uint64_t, kNumRejects>;
 
 /// Candidate values per dimension; an empty list means "every value the space allows".
 struct Candidates {
-  std::vector<Count> tp, pp, dp, virtual_stages, fsdp_shard_size, micro_batch_size;
+  std::vector<Count> tp, pp, dp, virtual_stages, fsdp_shard_size, micro_batch_size, cp;
   std::vector<int> zero_stage;
   std::vector<bool> sequence_parallel;
   std::vector<Recompute> recompute;
@@ -117,6 +126,7 @@ void apply_layout(Scenario& s, const Layout& layout) noexcept;
 /// unit of work of a parallel search. Cuts are added to `rejected`.
 struct Outer {
   Count tp, pp, dp, micro_batch_size;
+  Count cp = 1;
 };
 [[nodiscard]] std::vector<Outer> enumerate_outer(const Space& space, RejectCounts& rejected);
 
@@ -162,6 +172,7 @@ void for_each_inner(const Space& space, const Outer& o, RejectCounts& rejected, 
   l.pp = o.pp;
   l.dp = o.dp;
   l.micro_batch_size = o.micro_batch_size;
+  l.cp = o.cp;
   static const std::vector<Count> kOne{1};
   static const std::vector<Count> kTwo{2};  // a V: exactly two chunks per stage
   for (Schedule sched : lists.schedules) {
