@@ -146,6 +146,13 @@ void expect_matches_planner(const Scenario& s, const Measurement& m) {
     EXPECT_NEAR(static_cast<double>(r.memory.peak_of(MemoryTag::buffers)),
                 static_cast<double>(sm.buffers_bytes),
                 0.10 * static_cast<double>(sm.buffers_bytes));
+    if (v_shape(s.parallel.schedule)) {
+      // The V layouts (flash attention, no recomputation) hold exactly the planned activation
+      // sets: the program's peak of (micro-batch, chunk) pairs, the embedding's and the head's on
+      // stage 0, and the LM head's logits buffers there.
+      EXPECT_EQ(r.memory.peak_of(MemoryTag::activations), sm.activations_bytes);
+      EXPECT_EQ(r.memory.peak_of(MemoryTag::buffers), sm.buffers_bytes);
+    }
     // The executed actions are the stage's program.
     const auto& want = prog.programs[static_cast<std::size_t>(r.coords.pp)];
     ASSERT_EQ(r.actions.size(), want.size());
@@ -495,8 +502,8 @@ INSTANTIATE_TEST_SUITE_P(
                "flash", false, true},
         // Under a V the embedding is the LM head on stage 0: no copy, nothing to all-reduce.
         Layout{"tied_tp2_sp_pp2_zb_v",
-               J{{"tp", 2}, {"pp", 2}, {"sequence_parallel", true}, {"schedule", "zb_v"}},
-               "fp32", "flash", false, true},
+               J{{"tp", 2}, {"pp", 2}, {"sequence_parallel", true}, {"schedule", "zb_v"}}, "fp32",
+               "flash", false, true},
         Layout{"tied_pp2_zb_h1_zero1_dp2",
                J{{"pp", 2}, {"dp", 2}, {"schedule", "zb_h1"}, {"zero_stage", 1}}, "fp32", "flash",
                false, true},
