@@ -88,8 +88,9 @@ class MpiCommunicator final : public Communicator {
     MPI_Allgather(mine.data(), icount(bytes), MPI_BYTE, out, icount(bytes), MPI_BYTE, comm_);
   }
   // Each message is a header naming what it carries, then the payload. Messages between a pair
-  // match in the order they were issued (MPI's non-overtaking rule, one tag for all), as NCCL
-  // matches them, so a receive that the schedule pairs with a different send fails here too.
+  // match in the order they were issued (MPI's non-overtaking rule, one tag per P2POp::stream:
+  // stream 0, one order for all, as NCCL matches them), so a receive that the schedule pairs with
+  // a different send fails here too.
   void do_send_recv(std::vector<P2POp>& batch) override {
     std::vector<MPI_Request> reqs;
     std::vector<std::size_t> recv_of;
@@ -104,7 +105,7 @@ class MpiCommunicator final : public Communicator {
         std::memcpy(p.data.data(), &h, sizeof h);
         std::memcpy(p.data.data() + sizeof h, op.data, bytes);
         check_p2p(MPI_Isend(p.data.data(), icount(static_cast<Count>(p.data.size())), MPI_BYTE,
-                            op.peer, kP2PTag, p2p_, &p.req),
+                            op.peer, kP2PTag + op.stream, p2p_, &p.req),
                   "MPI_Isend", op);
         op.keep_alive.reset();  // the payload is copied out
       } else {
@@ -112,7 +113,7 @@ class MpiCommunicator final : public Communicator {
         reqs.emplace_back();
         recv_of.push_back(i);
         check_p2p(MPI_Irecv(staged[i].data(), icount(static_cast<Count>(staged[i].size())),
-                            MPI_BYTE, op.peer, kP2PTag, p2p_, &reqs.back()),
+                            MPI_BYTE, op.peer, kP2PTag + op.stream, p2p_, &reqs.back()),
                   "MPI_Irecv", op);
       }
     }

@@ -55,6 +55,8 @@ nlohmann::json to_json(const RankMeasurement& r) {
                        {"microbatch", a.action.microbatch},
                        {"chunk", a.action.chunk},
                        {"seconds", a.seconds}});
+    // DualPipe's F&B pairs: the forward that runs with the next action.
+    if (a.action.overlap_next) actions.back()["overlap_next"] = true;
   }
   nlohmann::json comm = nlohmann::json::array();
   for (const auto& [k, v] : r.communication) {
@@ -103,6 +105,7 @@ RankMeasurement rank_measurement_from_json(const nlohmann::json& j) {
     e.action.op = action_op_from(a.at("op").get<std::string>());
     e.action.microbatch = a.at("microbatch").get<std::int32_t>();
     e.action.chunk = a.at("chunk").get<std::int32_t>();
+    e.action.overlap_next = a.value("overlap_next", false);
     e.seconds = a.at("seconds").get<double>();
     r.actions.push_back(e);
   }

@@ -46,6 +46,7 @@ Trainer::Trainer(const Scenario& s, const RunOptions& o, ProcessGroups& g)
   stage_ = g.coords.pp;
   pp_ = p_.pp;
   v_ = p_.virtual_stages;
+  vee_ = v_shape(p_.schedule);
   nmb_ = s.num_microbatches();
   N_ = t_.micro_batch_size * t_.seq_length;
   Nl_ = sp_ ? N_ / tp_ : N_;
@@ -93,15 +94,6 @@ Measurement Trainer::train() {
 using trainer_detail::Trainer;
 
 void check_supported(const Scenario& s) {
-  // The trainer places chunk c of stage s at virtual stage c*p + s and routes its messages so;
-  // a V program would run with the wrong layers and neighbours.
-  if (v_shape(s.parallel.schedule)) {
-    throw InputError("/parallel/schedule",
-                     "the backend does not run the V-shape schedule " +
-                         std::string(to_string(s.parallel.schedule)) +
-                         " (chunks s and 2p - 1 - s on stage s); simulate it, or train with "
-                         "zb_h1, zb_h2 or interleaved_1f1b");
-  }
   if (s.parallel.schedule == Schedule::zb_auto) {
     // Its order comes from the heuristic on the planner's stage times, which the trainer's ranks
     // would each have to rebuild identically; not done.
@@ -156,7 +148,11 @@ Measurement run(const Scenario& s, const RunOptions& opts) {
 }
 
 void check_nccl_pipeline(const ParallelSpec& p) {
-  if (p.pp > 1 && (p.schedule == Schedule::interleaved_1f1b || p.schedule == Schedule::zb_h2)) {
+  // The V schedules add exchanges in both directions between the same pair of stages (chunk 0
+  // down, chunk 1 up), which one NCCL stream would order against each other as it does
+  // interleaved_1f1b's; none of them has run over NCCL.
+  if (p.pp > 1 && (p.schedule == Schedule::interleaved_1f1b || p.schedule == Schedule::zb_h2 ||
+                   v_shape(p.schedule))) {
     throw InputError("/parallel/schedule",
                      "multi-GPU runs over NCCL take gpipe, 1f1b and zb_h1 pipelines; this "
                      "schedule's point-to-point exchanges can wait on each other on one NCCL "

@@ -16,6 +16,7 @@
 #include <memory>
 #include <optional>
 #include <stdexcept>
+#include <tuple>
 #include "distplan/gpu_backend/cpu_ops.h"
 #include "distplan/gpu_backend/device_ops.h"
 #include "distplan/gpu_backend/gradient_dump.h"
@@ -286,11 +287,18 @@ class Trainer {
   // Issues the waiting send (if any) and the receive into `in` (if given) as one exchange.
   void exchange(Tensor* in, int peer, P2PTag t);
   void flush_sends();
+  // The P2POp::stream of a message (comm.h).
+  int stream_of(const P2PTag& t) const;
   // Whether action `a` starts by receiving from a neighbouring stage.
   bool receives_first(const sim::Action& a) const;
+  // Virtual stage of this stage's chunk c (layout.h: interleaved, or a V under v_shape()).
   Count vstage(Count c) const;
-  int prev_stage() const;
-  int next_stage() const;
+  // The stage holding virtual stage vs, where a chunk's input comes from or its output goes.
+  int stage_of(Count vs) const;
+  // The V's turn (virtual stage p - 1 to p) stays on the stage: the output waits here, keyed by
+  // the receiving virtual stage's tag, and is never sent.
+  void keep_local(const Vec& x, P2PTag t);
+  Vec take_local(P2PTag t);
 
   // Units of a chunk in forward order.
   std::vector<int> chunk_units(const Chunk& ch) const;
@@ -349,11 +357,13 @@ class Trainer {
   Count a_l_ = 0, g_l_ = 0, d_ = 0, f_l_ = 0, mi_l_ = 0;
   int stage_ = 0;
   bool sp_ = false;
+  bool vee_ = false;  // V placement: chunk 0 at virtual stage s, chunk 1 at 2p - 1 - s
   sim::SchedulePrograms program_;
   std::vector<Unit> units_;
   std::vector<Chunk> chunks_;
   std::map<std::pair<Count, Count>, ChunkState> states_;
   std::optional<OutMessage> outbox_;
+  std::map<std::tuple<int, Count, Count>, Tensor> local_;  // (kind, micro-batch, virtual stage)
   std::vector<ExecutedAction> executed_;
   std::vector<sim::TraceEvent> timeline_;
   Clock::time_point step_t0_ = Clock::now();

@@ -74,7 +74,7 @@ void Trainer::build_units() {
   const Count rank_row0 = g_.coords.tp * vl_;
   for (Count c = 0; c < v_; ++c) {
     Chunk ch;
-    const Count vs = c * pp_ + stage_;
+    const Count vs = vstage(c);
     if (v_ == 1) {
       Count first = 0;
       for (int st = 0; st < stage_; ++st) first += counts[static_cast<std::size_t>(st)];
@@ -109,18 +109,21 @@ void Trainer::build_units() {
       u.kind = 2;
       u.add(1, h_, Init::one, uid(100001, 0), identity(), sp_);
       if (m_.norm == Norm::layernorm) u.add(1, h_, Init::zero, uid(100001, 1), identity(), sp_);
-      // Tied embeddings: with pp > 1 the last stage holds a copy of the word embedding (same
-      // parameter id, so the same initial values); with pp = 1 the LM head is the embedding.
+      // Tied embeddings: when the head is on another stage (pp > 1, not a V) that stage holds a
+      // copy of the word embedding (same parameter id, so the same initial values); on the
+      // embedding's own stage (pp = 1, or stage 0 of a V) the LM head is the embedding
+      // (memory_terms.h, stage_unit_params).
+      const bool copy = pp_ > 1 && !vee_;
       if (!m_.tied_embeddings) {
         u.add(vl_, h_, Init::normal, uid(100001, 2),
               [=, this](Count i) { return rank_row0 * h_ + i; });
-      } else if (pp_ > 1) {
+      } else if (copy) {
         u.add(vl_, h_, Init::normal, uid(100000, 0),
               [=, this](Count i) { return rank_row0 * h_ + i; });
       }
       u.chunk = static_cast<int>(c);
       ch.head = static_cast<int>(units_.size());
-      const bool own = !m_.tied_embeddings || pp_ > 1;
+      const bool own = !m_.tied_embeddings || copy;
       head_w_unit_ = own ? ch.head : chunks_.empty() ? ch.embedding : chunks_.front().embedding;
       head_w_param_ = own ? static_cast<int>(u.params.size()) - 1 : 0;
       units_.push_back(std::move(u));

@@ -51,6 +51,7 @@ void Trainer::exchange(Tensor* in, int peer, P2PTag t) {
     op.tag = out->tag;
     op.what = out->what;
     op.keep_alive = out->buf;
+    op.stream = stream_of(out->tag);
     batch.push_back(std::move(op));
   }
   if (in != nullptr) {
@@ -61,6 +62,7 @@ void Trainer::exchange(Tensor* in, int peer, P2PTag t) {
     op.n = in->numel();
     op.dtype = cb_;
     op.tag = t;
+    op.stream = stream_of(t);
     batch.push_back(std::move(op));
   }
   if (batch.empty()) return;
@@ -69,27 +71,51 @@ void Trainer::exchange(Tensor* in, int peer, P2PTag t) {
   if (out) mark(out->track, out->kind, out->mb, out->chunk, t0);
 }
 
+int Trainer::stream_of(const P2PTag& t) const {
+  // Under a V, stage s sends stage s + 1 chunk 0's activations and chunk 1's gradients, each in
+  // micro-batch order, but the two interleave differently on the two stages' programs: each kind
+  // is its own stream. The other schedules keep one order for all (NCCL's).
+  if (!vee_) return 0;
+  return t.kind == P2PTag::Kind::activation ? 1 : 2;
+}
+
 void Trainer::flush_sends() {
   exchange(nullptr, 0, P2PTag{});
 }
 
 bool Trainer::receives_first(const sim::Action& a) const {
   const Chunk& ch = chunks_[static_cast<std::size_t>(a.chunk)];
-  if (a.op == sim::Op::forward) return !ch.first;
-  if (a.op == sim::Op::backward || a.op == sim::Op::backward_input) return !ch.last;
+  const Count vs = vstage(a.chunk);
+  if (a.op == sim::Op::forward) return !ch.first && stage_of(vs - 1) != stage_;
+  if (a.op == sim::Op::backward || a.op == sim::Op::backward_input)
+    return !ch.last && stage_of(vs + 1) != stage_;
   return false;
 }
 
 Count Trainer::vstage(Count c) const {
-  return c * pp_ + stage_;
+  return virtual_stage_of(vee_, pp_, stage_, c);
 }
 
-int Trainer::prev_stage() const {
-  return static_cast<int>((stage_ + pp_ - 1) % pp_);
+int Trainer::stage_of(Count vs) const {
+  return static_cast<int>(locate_virtual_stage(vee_, pp_, vs).stage);
 }
 
-int Trainer::next_stage() const {
-  return static_cast<int>((stage_ + 1) % pp_);
+void Trainer::keep_local(const Vec& x, P2PTag t) {
+  const auto key = std::make_tuple(static_cast<int>(t.kind), t.microbatch, t.virtual_stage);
+  DISTPLAN_CHECK(!local_.count(key), "a stage-local hand-over is already waiting");
+  local_.emplace(key, pack(x, cb_));
+}
+
+Vec Trainer::take_local(P2PTag t) {
+  const auto it =
+      local_.find(std::make_tuple(static_cast<int>(t.kind), t.microbatch, t.virtual_stage));
+  // The program runs the receiving chunk before the one that produces its input.
+  if (it == local_.end())
+    throw std::runtime_error("schedule program: stage " + std::to_string(stage_) + " needs the " +
+                             to_string(t) + " before its own chunk produced it");
+  Vec x = rd(it->second);
+  local_.erase(it);
+  return x;
 }
 
 std::vector<int> Trainer::chunk_units(const Chunk& ch) const {
@@ -132,10 +158,11 @@ void Trainer::forward(Count step, Count mb, Count c) {
     rnd(e, cb_);
     x = std::move(e);
     release(pass[pi++]);
+  } else if (const int from = stage_of(vstage(c) - 1); from == stage_) {
+    x = take_local(tag(false, mb, vstage(c)));
   } else {
-    x.assign(static_cast<std::size_t>(Nl_ * h_), 0.0f);
     Tensor in(alloc_, {Nl_ * h_}, cb_, MemoryTag::temporaries);
-    exchange(&in, prev_stage(), tag(false, mb, vstage(c)));
+    exchange(&in, from, tag(false, mb, vstage(c)));
     x = rd(in);
   }
   st.layers.resize(static_cast<std::size_t>(ch.num_layers));
@@ -156,9 +183,11 @@ void Trainer::forward(Count step, Count mb, Count c) {
     acquire_in_pass(pass, pi);
     head_forward(st, x, step, mb);
     release(pass[pi]);
+  } else if (const int to = stage_of(vstage(c) + 1); to == stage_) {
+    keep_local(x, tag(false, mb, vstage(c) + 1));
   } else {
-    post_send(x, next_stage(), tag(false, mb, vstage(c) + 1), "activations (forward)",
-              sim::Track::send_next, sim::SliceKind::send_activation, mb, c);
+    post_send(x, to, tag(false, mb, vstage(c) + 1), "activations (forward)", sim::Track::send_next,
+              sim::SliceKind::send_activation, mb, c);
   }
 }
 
@@ -307,9 +336,11 @@ void Trainer::backward(Count mb, Count c, bool split) {
     dy = head_backward(st, dlogits, jobs);
     flush(jobs, pass[pi]);
     release(pass[pi++]);
+  } else if (const int from = stage_of(vstage(c) + 1); from == stage_) {
+    dy = take_local(tag(true, mb, vstage(c)));
   } else {
     Tensor in(alloc_, {Nl_ * h_}, cb_, MemoryTag::temporaries);
-    exchange(&in, next_stage(), tag(true, mb, vstage(c)));
+    exchange(&in, from, tag(true, mb, vstage(c)));
     dy = rd(in);
   }
   for (Count l = ch.num_layers - 1; l >= 0; --l, ++pi) {
@@ -328,9 +359,11 @@ void Trainer::backward(Count mb, Count c, bool split) {
     embedding_backward(st, dy, jobs);
     flush(jobs, pass[pi]);
     release(pass[pi]);
+  } else if (const int to = stage_of(vstage(c) - 1); to == stage_) {
+    keep_local(dy, tag(true, mb, vstage(c) - 1));
   } else {
-    post_send(dy, prev_stage(), tag(true, mb, vstage(c) - 1), "gradients (backward)",
-              sim::Track::send_prev, sim::SliceKind::send_gradient, mb, c);
+    post_send(dy, to, tag(true, mb, vstage(c) - 1), "gradients (backward)", sim::Track::send_prev,
+              sim::SliceKind::send_gradient, mb, c);
   }
   if (!split) states_.erase({mb, c});
 }
@@ -388,7 +421,8 @@ std::pair<double, bool> Trainer::train_step(Count step) {
   // Tied embeddings (pp > 1): the first stage's word embedding and the last stage's copy sum
   // their gradients over the embedding group, once per step (Megatron-LM's
   // _allreduce_word_embedding_grads), before the data-parallel reduction.
-  if (m_.tied_embeddings && pp_ > 1 && (stage_ == 0 || stage_ == pp_ - 1)) {
+  if (m_.tied_embeddings && head_stage(p_.schedule, pp_) != 0 &&
+      (stage_ == 0 || stage_ == pp_ - 1)) {
     const auto te = Clock::now();
     Unit& u = units_[static_cast<std::size_t>(stage_ == 0 ? chunks_.front().embedding
                                                           : chunks_.back().head)];

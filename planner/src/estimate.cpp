@@ -15,6 +15,7 @@
 #include "distplan/planner/offload.h"
 #include "distplan/planner/op_costs.h"
 #include "distplan/planner/overlap.h"
+#include "distplan/planner/v_schedule.h"
 #include "distplan/planner/zb_auto.h"
 
 namespace distplan {
@@ -907,12 +908,20 @@ class Estimator {
       }
       case Schedule::zb_v:
       case Schedule::v_half:
-      case Schedule::v_min:
-        // t_max is both chunks of the stage. ZB-V: zero bubble when F = B = W (Qi et al. 2023,
-        // Sec. 6); otherwise, and for V-Half / V-Min, m t_max is a lower bound (the simulation
-        // has their bubble, docs/simulator.md).
-        pipe = m * t_max;
+      case Schedule::v_min: {
+        // The schedule's own order (v_schedule.h, the one the simulator runs) timed on these
+        // stage costs, each chunk half of its stage's: its longest stage span, p2p included
+        // (steps overlap, as the simulator counts them).
+        std::vector<VStageTimes> times(static_cast<std::size_t>(pp));
+        for (int st = 0; st < pp; ++st) {
+          const StageCosts& k = e.stage_costs[static_cast<std::size_t>(st)];
+          times[static_cast<std::size_t>(st)] =
+              VStageTimes{k.forward / v, k.backward_input / v, k.backward_weight / v, k.p2p};
+        }
+        const Seconds span = v_longest_span(v_schedule_order(p_.schedule, pp, nmb_), times);
+        pipe = span - 2.0 * (p - 1) * ks.p2p;  // the span has the p2p path already
         break;
+      }
     }
     // Point-to-point transfers on the critical path: the fill and the drain cross p - 1
     // boundaries each way.

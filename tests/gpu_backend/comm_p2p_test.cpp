@@ -64,6 +64,16 @@ TEST(CommP2P, ReceiveOutOfScheduleOrderFailsNamingBoth) {
   EXPECT_NE(r.out.find("rank 1 of its pp group from rank 0"), std::string::npos) << r.out;
 }
 
+// The V's activations and gradients each in their own stream: received in the other order than
+// sent, both arrive with the headers they were expected with (on one stream this is the
+// misordered case above).
+TEST(CommP2P, VStreamsKeepEachKindInItsOwnOrder) {
+  const Result r = run_probe("streams");
+  EXPECT_EQ(r.rc, 0) << r.out;
+  EXPECT_EQ(count(r.out, "STREAMS OK"), 1) << r.out;
+  EXPECT_EQ(count(r.out, "P2POrderError"), 0) << r.out;
+}
+
 TEST(CommP2P, MessageOfAnotherSizeFailsByName) {
   const Result r = run_probe("sizes");
   EXPECT_NE(r.rc, 0) << r.out;

@@ -5,6 +5,8 @@
 //   misordered  rank 0 sends micro-batches 0 then 1; rank 1 receives 1 then 0 (a schedule pair
 //               that disagrees): every receive must fail with P2POrderError.
 //   sizes       rank 0 sends twice the elements rank 1 expects: a named error, not an abort.
+//   streams     the V's two streams (P2POp::stream): rank 0 sends activation 0 then gradient 0,
+//               rank 1 receives the gradient first; each stream keeps its own order, both arrive.
 // With "--nccl" the communicator is NCCL's on device buffers (one GPU per rank; skips with fewer).
 #include <cstdio>
 #include <cstring>
@@ -153,6 +155,27 @@ int misordered(ProcessGroups& g, const Buffers& b, bool sizes) {
   return errors;
 }
 
+int streams(ProcessGroups& g, const Buffers& b) {
+  const int me = g.pp->rank();
+  const Count n = 1024;
+  float* buf = b.alloc(n);
+  int received = 0;
+  P2PTag gr = act(0);
+  gr.kind = P2PTag::Kind::gradient;
+  const P2PTag order[2] = {me == 0 ? act(0) : gr, me == 0 ? gr : act(0)};
+  for (const P2PTag& t : order) {
+    std::vector<P2POp> one;
+    one.push_back(op(me == 0 ? P2POp::Dir::send : P2POp::Dir::recv, 1 - me, buf, n, t));
+    one.back().stream = t.kind == P2PTag::Kind::activation ? 1 : 2;
+    g.pp->send_recv(std::move(one));
+    if (me == 1) ++received;
+  }
+  g.pp->barrier();
+  b.free(buf);
+  if (me == 1 && received == 2) std::printf("rank 1: STREAMS OK\n");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -189,6 +212,8 @@ int main(int argc, char** argv) {
       rc = misordered(*g, b, false);
     else if (what == "sizes")
       rc = misordered(*g, b, true);
+    else if (what == "streams")
+      rc = streams(*g, b);
     else
       rc = 64;
     std::fflush(stdout);

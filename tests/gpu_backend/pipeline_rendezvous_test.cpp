@@ -350,7 +350,11 @@ INSTANTIATE_TEST_SUITE_P(
         Case{J{{"pp", 2}, {"schedule", "gpipe"}}}, Case{J{{"pp", 2}, {"schedule", "1f1b"}}},
         Case{J{{"pp", 2}, {"schedule", "zb_h1"}}}, Case{J{{"pp", 2}, {"recompute", "full"}}},
         Case{J{{"pp", 2}, {"schedule", "interleaved_1f1b"}, {"virtual_stages", 2}}, false},
-        Case{J{{"pp", 2}, {"schedule", "zb_h2"}}, false}));
+        Case{J{{"pp", 2}, {"schedule", "zb_h2"}}, false},
+        // The V schedules, one with split backward passes and DualPipeV's F&B pairs (v_half and
+        // v_min deadlock here as well; left out for the suite's time, 8 s each).
+        Case{J{{"pp", 2}, {"schedule", "zb_v"}}, false},
+        Case{J{{"pp", 2}, {"schedule", "dualpipe_v"}}, false}));
 
 }  // namespace
 }  // namespace distplan::backend

@@ -217,9 +217,9 @@ TEST(DualPipeV, PlannedStepMatchesTheSimulation) {
   }
 }
 
-TEST(VScheduleTime, PlannerIsALowerBoundForZbVVHalfAndVMin) {
-  // The planner's m t_max for the other V schedules (docs/simulator.md): not their bubble, a
-  // lower bound of the simulated step on the same layout as above.
+TEST(VScheduleTime, PlannedStepMatchesTheSimulationForZbVVHalfAndVMin) {
+  // The planner times the V schedules' own order (v_schedule.h): on the same layout as above,
+  // with ZeRO-1 and dp 2, within the 2 % the other schedules keep (estimate_sim_test.cpp).
   for (const char* sched : {"zb_v", "v_half", "v_min"}) {
     nlohmann::json j = nlohmann::json::parse(R"({
         "model": "llama2-7b",
@@ -229,7 +229,7 @@ TEST(VScheduleTime, PlannerIsALowerBoundForZbVVHalfAndVMin) {
     j["parallel"]["schedule"] = sched;
     const Scenario s = scenario_from_json(j);
     const Estimate e = estimate(s);
-    EXPECT_LE(e.time.step_seconds, simulate(s, e).step_seconds) << sched;
+    EXPECT_NEAR(e.time.step_seconds / simulate(s, e).step_seconds, 1.0, 0.02) << sched;
   }
 }
 

@@ -66,7 +66,8 @@ struct Measurement {
 [[nodiscard]] Measurement run(const Scenario& s, const RunOptions& opts);
 /// Throws InputError on /parallel/schedule for a pipeline whose exchanges can wait on each other
 /// under NCCL's rules (one stream per rank, each group complete as a whole, messages past the
-/// eager buffers sent by rendezvous): interleaved 1F1B and ZB-H2 with pp > 1.
+/// eager buffers sent by rendezvous): interleaved 1F1B, ZB-H2 and the V schedules (zb_v, v_half,
+/// v_min, dualpipe_v) with pp > 1.
 /// tests/gpu_backend/pipeline_rendezvous_test.cpp reproduces the cycle for exactly these; MPI and
 /// emulated runs take every schedule (docs/gpu_backend.md, "Pipeline messages").
 void check_nccl_pipeline(const ParallelSpec& p);

@@ -8,7 +8,7 @@
 
 #include "distplan/planner/check.h"
 
-namespace distplan::sim::detail {
+namespace distplan::detail {
 
 namespace {
 
@@ -213,4 +213,4 @@ std::vector<StageSlots> squeeze_v_block(std::vector<StageSlots> slots) {
   return r2;
 }
 
-}  // namespace distplan::sim::detail
+}  // namespace distplan::detail

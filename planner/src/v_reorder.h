@@ -1,5 +1,5 @@
 // The V-Half / V-Min authors' reordering ("squeeze", Qi et al. 2024, Sec. 4.2) of a building-block
-// slot table (schedule.cpp, make_v_half / make_v_min).
+// slot table (v_schedule.cpp).
 #pragma once
 
 #include <array>
@@ -7,7 +7,7 @@
 
 #include "distplan/planner/units.h"
 
-namespace distplan::sim::detail {
+namespace distplan::detail {
 
 /// Unit-time slots of one stage: [kind][micro-batch] for the kinds F chunk 0, F chunk 1, B chunk 1,
 /// B chunk 0 (the building block's order) and, when present, W.
@@ -21,4 +21,4 @@ using StageSlots = std::vector<std::vector<Count>>;
 /// each stage's four F/B kinds' start slots; the W passes go into the empty slots as before.
 [[nodiscard]] std::vector<StageSlots> squeeze_v_block(std::vector<StageSlots> slots);
 
-}  // namespace distplan::sim::detail
+}  // namespace distplan::detail
