@@ -101,6 +101,12 @@ void check_supported(const Scenario& s) {
                      "the backend does not run zb_auto (its order depends on the stage times); "
                      "simulate it, or train with zb_h1 or zb_h2");
   }
+  if (s.parallel.recompute == Recompute::selective_op) {
+    // The trainer keeps Megatron-style saved tensors; torchtitan's per-op policy saves op outputs.
+    throw InputError("/parallel/recompute",
+                     "the backend does not run per-op selective checkpointing (selective_op); "
+                     "plan or simulate it, or train with none, selective or full");
+  }
   if (s.training.dropout > 0)
     throw InputError("/training/dropout", "the backend trains without dropout");
   if (s.model.tied_embeddings && s.parallel.zero_stage >= 2) {

@@ -43,7 +43,8 @@ constexpr std::array kOptimizers = {Optimizer::adamw, Optimizer::adam, Optimizer
 constexpr std::array kAttentions = {Attention::flash, Attention::standard};
 constexpr std::array kFrameworks = {Framework::generic, Framework::megatron, Framework::deepspeed,
                                     Framework::fsdp2};
-constexpr std::array kRecomputes = {Recompute::none, Recompute::selective, Recompute::full};
+constexpr std::array kRecomputes = {Recompute::none, Recompute::selective, Recompute::full,
+                                    Recompute::selective_op};
 constexpr std::array kSchedules = {Schedule::gpipe, Schedule::one_f_one_b,
                                    Schedule::interleaved_1f1b, Schedule::zb_h1, Schedule::zb_h2};
 

@@ -236,6 +236,7 @@ class Estimator {
     double recompute = 0;
     if (p_.recompute == Recompute::full) recompute = L * lf_.forward;
     if (p_.recompute == Recompute::selective) recompute = L * lf_.selective_recompute;
+    if (p_.recompute == Recompute::selective_op) recompute = L * lf_.selective_op_recompute;
     e.compute.model_flops_per_step = mbs_per_step * model;
     e.compute.hardware_flops_per_step = mbs_per_step * (model + recompute);
   }
@@ -720,6 +721,7 @@ class Estimator {
       double recompute = 0;
       if (p_.recompute == Recompute::full) recompute = L * layer.forward;
       if (p_.recompute == Recompute::selective) recompute = L * layer.selective_recompute;
+      if (p_.recompute == Recompute::selective_op) recompute = L * layer.selective_op_recompute;
       if (st == 0) fwd += emb.forward, bwd_w += emb.backward_weight;
       if (st == head_stage(p_.schedule, pp)) {
         fwd += head.forward, bwd_in += head.backward_input, bwd_w += head.backward_weight;

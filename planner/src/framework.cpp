@@ -75,11 +75,14 @@ FrameworkProfile framework_profile(Framework f) noexcept {
     }
     case Framework::fsdp2: {
       // torchtitan on FSDP2: sharded fp32 parameters are the master copy, bf16 only when
-      // all-gathered (MixedPrecisionPolicy param_dtype bf16, reduce_dtype fp32); the loss
-      // upcasts the logits and F.cross_entropy keeps its log-softmax (2 copies).
+      // all-gathered (MixedPrecisionPolicy param_dtype bf16, reduce_dtype fp32). The loss
+      // (train.py: cross_entropy(pred.float())) peaks in its backward after `del pred`: the saved
+      // fp32 log-softmax plus the nll_loss and log_softmax gradients, 3 fp32 copies and no bf16
+      // logits (the forward's bf16 + 2 fp32 is smaller).
       FrameworkProfile p = pytorch_runtime();
       p.sharded_params_are_master = true;
-      p.loss_fp32_copies = 2;
+      p.loss_fp32_copies = 3;
+      p.loss_keeps_logits = false;
       return p;
     }
   }
@@ -101,6 +104,7 @@ void read_framework_profile(const nlohmann::json& doc, const std::string& path,
     p.prefetch_bucket_elements = *v;
   if (auto v = r.integer("loss_fp32_copies", 0, 8)) p.loss_fp32_copies = *v;
   if (auto v = r.integer("loss_chunks", 1, 1 << 20)) p.loss_chunks = *v;
+  if (auto v = r.boolean("loss_keeps_logits")) p.loss_keeps_logits = *v;
   if (auto v = r.integer("backward_gradient_tensors", 0, 16)) p.backward_gradient_tensors = *v;
   if (auto v = r.integer("cuda_context_bytes", 0, kMaxBytes)) p.cuda_context_bytes = *v;
   if (auto v = r.integer("nccl_buffer_bytes", 0, kMaxBytes)) p.nccl_buffer_bytes = *v;
@@ -119,6 +123,7 @@ nlohmann::json framework_profile_json(const FrameworkProfile& p) {
           {"prefetch_bucket_elements", p.prefetch_bucket_elements},
           {"loss_fp32_copies", p.loss_fp32_copies},
           {"loss_chunks", p.loss_chunks},
+          {"loss_keeps_logits", p.loss_keeps_logits},
           {"backward_gradient_tensors", p.backward_gradient_tensors},
           {"cuda_context_bytes", p.cuda_context_bytes},
           {"nccl_buffer_bytes", p.nccl_buffer_bytes},

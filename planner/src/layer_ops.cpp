@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "distplan/planner/check.h"
+#include "distplan/planner/selective_op.h"
 
 namespace distplan {
 namespace {
@@ -239,6 +240,12 @@ LayerActivation layer_activation(const LayerTable& table, const ModelSpec& model
       out.working = all - out.kept;
       break;
     }
+    case Recompute::selective_op:
+      // torchtitan's per-op policy (selective_op.h). The layer whose backward runs rebuilds its
+      // saved set; counted whole (some rebuilt tensors alias kept outputs: an upper bound).
+      out.kept = selective_op_kept_bytes(table, model, training, tp, sequence_parallel);
+      out.working = all;
+      break;
   }
   return out;
 }
@@ -252,6 +259,8 @@ Bytes layer_activation_bytes(const LayerTable& table, const ModelSpec& model,
 LayerFlops layer_flops(const LayerTable& table, Count micro_batch, Count seq) noexcept {
   LayerFlops f;
   const double tokens = static_cast<double>(micro_batch) * static_cast<double>(seq);
+  const std::array<double, kMaxLayerOps> op_share = selective_op_recompute_share(table);
+  int index = 0;
   for (const LayerOp& op : table) {
     const double fwd = tokens * (op.forward_flops_per_token +
                                  op.forward_flops_per_token_per_key * static_cast<double>(seq));
@@ -261,6 +270,7 @@ LayerFlops layer_flops(const LayerTable& table, Count micro_batch, Count seq) no
     bool selective = false;
     for (int i = 0; i < op.num_saved; ++i) selective |= op.saved[i].dropped_by_selective;
     if (selective) f.selective_recompute += fwd;
+    f.selective_op_recompute += op_share[index++] * fwd;
   }
   return f;
 }

@@ -2,6 +2,8 @@
 // max(FLOPs / (peak * efficiency), bytes / achieved HBM bandwidth) + launch.
 #include "distplan/planner/op_costs.h"
 
+#include "distplan/planner/selective_op.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -144,6 +146,8 @@ PassCosts layer_pass_costs(const LayerTable& table, const ModelSpec& m, const Tr
   const double heads = static_cast<double>(m.num_attention_heads) / tpd;  // per rank
   const bool dropout = t.dropout > 0;
   const Dim dT(T);
+  const std::array<double, kMaxLayerOps> op_share = selective_op_recompute_share(table);
+  int index = 0;
   for (const LayerOp& op : table) {
     double fwd = 0, bin = 0, bw = 0;
     switch (op.kind) {
@@ -242,6 +246,7 @@ PassCosts layer_pass_costs(const LayerTable& table, const ModelSpec& m, const Tr
         break;
     }
     c.forward += fwd;
+    c.selective_op_recompute += op_share[index++] * fwd;
     c.backward_input += bin;
     c.backward_weight += bw;
   }

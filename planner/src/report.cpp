@@ -104,6 +104,10 @@ std::vector<FitSuggestion> single_changes(const Scenario& s, const Estimate& e,
       Scenario x = s;
       x.parallel.recompute = Recompute::selective;
       try_change(out, e, s.cluster.num_gpus, "selective recompute", x);
+      if (s.training.framework == Framework::fsdp2) {  // torchtitan's per-op policy
+        x.parallel.recompute = Recompute::selective_op;
+        try_change(out, e, s.cluster.num_gpus, "per-op selective checkpointing", x);
+      }
     }
     Scenario x = s;
     x.parallel.recompute = Recompute::full;

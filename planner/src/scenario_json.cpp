@@ -652,7 +652,7 @@ Scenario scenario_from_json(const json& doc, std::initializer_list<std::string_v
       if (auto v = r.integer("zero_stage", 0, 3)) p.zero_stage = static_cast<int>(*v);
       if (auto v = r.integer("fsdp_shard_size", 1, Count{1} << 24)) p.fsdp_shard_size = *v;
       if (auto v = r.boolean("sequence_parallel")) p.sequence_parallel = *v;
-      read_enum(r, "recompute", p.recompute, {"none", "selective", "full"});
+      read_enum(r, "recompute", p.recompute, {"none", "selective", "full", "selective_op"});
       read_enum(r, "schedule", p.schedule,
                 {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_h2", "zb_v", "v_half", "v_min",
                  "dualpipe_v", "zb_auto"});

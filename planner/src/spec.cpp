@@ -46,6 +46,8 @@ std::string_view to_string(Recompute v) noexcept {
       return "selective";
     case Recompute::full:
       return "full";
+    case Recompute::selective_op:
+      return "selective_op";
   }
   return "?";
 }

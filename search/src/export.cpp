@@ -188,6 +188,11 @@ Exported megatron(const Scenario& s, Exported out) {
     arg("--recompute-method", "uniform");
     arg("--recompute-num-layers", 1);
   }
+  if (p.recompute == Recompute::selective_op) {
+    out.notes.push_back(
+        "per-op selective checkpointing (selective_op) is torchtitan's policy; Megatron-LM has no "
+        "equivalent, so no recompute flag is written and the run keeps every activation");
+  }
   if (p.zero_stage >= 1) flag("--use-distributed-optimizer");
   if (p.zero_stage == 1 && hybrid(s)) {
     arg("--num-distributed-optimizer-instances", p.dp / shard(s));
@@ -313,6 +318,11 @@ Exported deepspeed(const Scenario& s, Exported out) {
     j["activation_checkpointing"] = {{"partition_activations", p.sequence_parallel},
                                      {"contiguous_memory_optimization", false},
                                      {"number_checkpoints", s.model.num_layers / p.pp}};
+    if (p.recompute == Recompute::selective_op) {
+      out.notes.push_back(
+          "per-op selective checkpointing (selective_op) is torchtitan's policy; DeepSpeed's "
+          "activation_checkpointing is full-layer");
+    }
     if (p.recompute == Recompute::selective) {
       out.notes.push_back(
           "selective recompute is a model-code choice (Megatron-DeepSpeed "
@@ -570,8 +580,10 @@ Exported torchtitan(const Scenario& s, Exported out) {
     }
   }
   o << "\n[activation_checkpoint]\n";
-  o << "mode = " << toml_string(to_string(p.recompute)) << '\n';
-  if (p.recompute == Recompute::selective) o << "selective_ac_option = \"op\"\n";
+  // torchtitan's mode "selective" with selective_ac_option "op" is selective_op.
+  const bool op_sac = p.recompute == Recompute::selective || p.recompute == Recompute::selective_op;
+  o << "mode = " << toml_string(op_sac ? "selective" : to_string(p.recompute)) << '\n';
+  if (op_sac) o << "selective_ac_option = \"op\"\n";
   out.text = o.str();
   return out;
 }

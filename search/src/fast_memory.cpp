@@ -42,7 +42,8 @@ void FastMemory::set_outer(const Outer& o) {
     head_[sp] = head_pass_costs(s.model, local, vocab_, o.tp, sp == 1, rates);
   }
   for (int sp = 0; sp < 2; ++sp) {
-    for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full}) {
+    for (Recompute r :
+         {Recompute::none, Recompute::selective, Recompute::full, Recompute::selective_op}) {
       act_[sp][static_cast<int>(r)] = layer_activation(table_, s.model, local, o.tp, sp == 1, r);
     }
   }
@@ -101,6 +102,7 @@ Seconds FastMemory::step_lower_bound(const Layout& l) const noexcept {
   double per_layer = c.forward + c.backward_input + c.backward_weight;
   if (l.recompute == Recompute::full) per_layer += c.forward;
   if (l.recompute == Recompute::selective) per_layer += c.selective_recompute;
+  if (l.recompute == Recompute::selective_op) per_layer += c.selective_op_recompute;
   const double head = head_[sp].forward + head_[sp].backward_input + head_[sp].backward_weight;
   auto stage = [&](Count layers, bool last) {
     return static_cast<double>(layers) * per_layer + (last ? head : 0.0);

@@ -144,7 +144,9 @@ Candidates read_parallel(const json& p, FixedParallel& fixed) {
       c.sequence_parallel = read_list<bool>(v, path, read_bool);
     } else if (key == "recompute") {
       c.recompute = read_list<Recompute>(v, path, [](const json& x, const std::string& q) {
-        return read_enum(x, q, {Recompute::none, Recompute::selective, Recompute::full});
+        return read_enum(
+            x, q,
+            {Recompute::none, Recompute::selective, Recompute::full, Recompute::selective_op});
       });
     } else if (key == "schedule") {
       c.schedule = read_list<Schedule>(v, path, [](const json& x, const std::string& q) {

@@ -378,6 +378,10 @@ void inner_lists(const Space& space, const Outer& o, RejectCounts& rejected, Inn
   } else {
     out.recompute = {Recompute::none, Recompute::selective, Recompute::full};
   }
+  // torchtitan's per-op selective checkpointing exists only there: enumerated for fsdp2 runs.
+  if (pin.recompute.empty() && b.training.framework == Framework::fsdp2) {
+    out.recompute.push_back(Recompute::selective_op);
+  }
 
   out.sequence_parallel.clear();
   const std::vector<bool> sps =

@@ -84,7 +84,7 @@ class RandomScenarios {
                      {"dp", dp},
                      {"zero_stage", zero},
                      {"sequence_parallel", tp > 1 && uniform(0, 1) == 1},
-                     {"recompute", pick({"none", "selective", "full"})},
+                     {"recompute", pick({"none", "selective", "full", "selective_op"})},
                      {"schedule", schedule},
                      {"virtual_stages", v}};
     if (zero > 0 && dp > 1 && uniform(0, 2) == 0) parallel["fsdp_shard_size"] = dp / 2;

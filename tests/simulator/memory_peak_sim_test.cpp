@@ -21,7 +21,7 @@ nlohmann::json draw(std::mt19937_64& rng) {
   static const char* kSchedules[] = {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1",
                                      "zb_h2", "zb_v", "v_half",           "v_min"};
   static const char* kFrameworks[] = {"generic", "megatron", "deepspeed", "fsdp2"};
-  static const char* kRecompute[] = {"none", "selective", "full"};
+  static const char* kRecompute[] = {"none", "selective", "full", "selective_op"};
   const std::string sched = kSchedules[pick(0, 7)];
   const bool vee = sched == "zb_v" || sched == "v_half" || sched == "v_min";
   const int pp = pick(1, 6);
@@ -45,7 +45,7 @@ nlohmann::json draw(std::mt19937_64& rng) {
             {"pp", pp},
             {"zero_stage", pick(0, 3)},
             {"sequence_parallel", tp > 1 && pick(0, 1) == 1},
-            {"recompute", kRecompute[pick(0, 2)]},
+            {"recompute", kRecompute[pick(0, 3)]},
             {"schedule", sched},
             {"virtual_stages", v}}}};
 }

@@ -47,6 +47,12 @@ struct FrameworkProfile {
   // fused vocab-parallel cross-entropy upcasts once and works in place (1); torchtitan and
   // Hugging Face models upcast (`.float()`) and F.cross_entropy keeps its log-softmax output (2).
   Count loss_fp32_copies = 1;
+  // Whether the compute-dtype logits are still alive at that peak. torchtitan's train.py deletes
+  // them (`del pred`) before loss.backward(), and the loss's peak is then in its backward: the
+  // saved fp32 log-softmax, nll_loss's dense gradient of it and log_softmax's input gradient
+  // (PyTorch aten/src/ATen/native/LossNLL.cpp and SoftMax.cpp allocate both gradients at the
+  // input's full shape): 3 fp32 copies and no compute-dtype logits.
+  bool loss_keeps_logits = true;
   // Chunked loss: the logits are computed and freed in this many sequence chunks (1 = none).
   Count loss_chunks = 1;
 

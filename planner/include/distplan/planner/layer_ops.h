@@ -111,6 +111,7 @@ struct LayerFlops {
   Flops backward_input = 0;
   Flops backward_weight = 0;
   Flops selective_recompute = 0;  // forward FLOPs of the ops selective recompute re-runs
+  Flops selective_op_recompute = 0;  // forward FLOPs per-op selective checkpointing re-runs
 };
 [[nodiscard]] LayerFlops layer_flops(const LayerTable& table, Count micro_batch,
                                      Count seq) noexcept;

@@ -299,10 +299,12 @@ inline void stage_memory(const Scenario& base, const MemoryLayout& l, const Stag
   // The two are never alive together, so the category's peak is the larger.
   Bytes logits_ws = 0;
   if (st == head_stage(l.schedule, pp)) {
-    // Logits in the compute dtype plus their fp32 copies for the vocab-parallel loss (one, the
-    // softmax, unless the framework's loss keeps more), per loss chunk.
+    // Logits in the compute dtype (unless freed before the loss's backward) plus their fp32
+    // copies for the vocab-parallel loss (one, the softmax, unless the framework's loss keeps
+    // more), per loss chunk.
+    const Bytes kept_logits = fw.loss_keeps_logits ? cb : 0;
     const Bytes logits =
-        act_tokens * (vocab / tp) * (cb + 4 * fw.loss_fp32_copies) / fw.loss_chunks;
+        act_tokens * (vocab / tp) * (kept_logits + 4 * fw.loss_fp32_copies) / fw.loss_chunks;
     const Count live = l.schedule == Schedule::gpipe ? l.num_microbatches : 1;
     logits_ws = logits * live;
   }

@@ -51,6 +51,7 @@ struct PassCosts {
   Seconds backward_input = 0;
   Seconds backward_weight = 0;
   Seconds selective_recompute = 0;  // forward of the ops selective recompute re-runs
+  Seconds selective_op_recompute = 0;  // forward of the ops per-op selective checkpointing re-runs
   Seconds gemm_forward = 0;         // of `forward`, the linear layers' GEMMs (TP overlap window)
   Seconds gemm_backward = 0;        // of the backward passes, the linear layers' GEMMs
   Seconds attention_forward = 0;    // of `forward`, the attention core (context-parallel overlap)

@@ -18,7 +18,10 @@ enum class PositionEmbedding { learned, rotary };
 enum class DType { fp32, fp16, bf16 };
 enum class Optimizer { adamw, adam, sgd };
 enum class Attention { flash, standard };
-enum class Recompute { none, selective, full };
+/// selective: Megatron-LM's (the s x s attention tensors); selective_op: torchtitan's per-op
+/// selective activation checkpointing (matmul and attention outputs saved, every second matmul
+/// recomputed; docs/memory.md, "Per-op selective checkpointing").
+enum class Recompute { none, selective, full, selective_op };
 enum class Router { softmax, sigmoid };
 /// Where ZeRO keeps a model state: on the GPU, in host memory, or on the node's NVMe (ZeRO-Offload,
 /// Ren et al. 2021; ZeRO-Infinity, Rajbhandari et al. 2021; docs/memory.md, "Offload").

@@ -40,7 +40,7 @@ class FastMemory {
   Count num_microbatches_ = 0;
   Count layers_first_ = 0, layers_second_ = 0, layers_last_ = 0;
   Bytes fp8_state_ = 0;             // one layer's fp8 weight copies and scales (planner fp8.h)
-  LayerActivation act_[2][3] = {};  // [sequence parallel][recompute], per layer per micro-batch
+  LayerActivation act_[2][4] = {};  // [sequence parallel][recompute], per layer per micro-batch
   // The planner's op costs (op_costs.h) of one micro-batch on one GPU, [sequence parallel]:
   // one layer, and the last stage's norm, LM head and loss.
   PassCosts layer_[2] = {};
