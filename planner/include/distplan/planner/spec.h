@@ -172,6 +172,10 @@ struct ParallelSpec {
   Schedule schedule = Schedule::one_f_one_b;
   Count virtual_stages = 1;
   std::vector<Count> layers_per_stage;  // explicit split, one entry per stage; empty = even
+  // Expert parallelism, Megatron-Core's MoE parallel folding (docs/layout.md): the tp·dp ranks of
+  // a pipeline stage regrouped for the expert layers as etp · ep · edp.
+  Count ep = 1;   // expert-parallel size: each MoE layer's routed experts split ep ways
+  Count etp = 1;  // expert tensor-parallel size: each routed expert's FFN split etp ways
   bool operator==(const ParallelSpec&) const = default;
 };
 
@@ -207,6 +211,10 @@ struct Scenario {
 
   [[nodiscard]] Count num_microbatches() const noexcept {
     return training.global_batch_size / (training.micro_batch_size * parallel.dp);
+  }
+  /// Expert data-parallel size: the replicas of one expert shard within a stage (tp·dp / ep·etp).
+  [[nodiscard]] Count expert_data_parallel() const noexcept {
+    return parallel.tp * parallel.dp / (parallel.ep * parallel.etp);
   }
   [[nodiscard]] Count shard_size() const noexcept {
     return parallel.fsdp_shard_size > 0 ? parallel.fsdp_shard_size : parallel.dp;
