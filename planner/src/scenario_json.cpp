@@ -629,6 +629,8 @@ Scenario scenario_from_json(const json& doc, std::initializer_list<std::string_v
       if (auto v = r.integer("tp", 1, Count{1} << 16)) p.tp = *v;
       if (auto v = r.integer("pp", 1, Count{1} << 16)) p.pp = *v;
       if (auto v = r.integer("dp", 1, Count{1} << 24)) p.dp = *v, dp_given = true;
+      if (auto v = r.integer("ep", 1, Count{1} << 20)) p.ep = *v;
+      if (auto v = r.integer("etp", 1, Count{1} << 16)) p.etp = *v;
       if (auto v = r.integer("zero_stage", 0, 3)) p.zero_stage = static_cast<int>(*v);
       if (auto v = r.integer("fsdp_shard_size", 1, Count{1} << 24)) p.fsdp_shard_size = *v;
       if (auto v = r.boolean("sequence_parallel")) p.sequence_parallel = *v;
@@ -801,6 +803,9 @@ json to_json(const ParallelSpec& p) {
   if (!p.layers_per_stage.empty()) j["layers_per_stage"] = p.layers_per_stage;
   if (p.zb_memory_limit_microbatches > 0)
     j["zb_memory_limit_microbatches"] = p.zb_memory_limit_microbatches;
+  // Expert parallelism is echoed when used, so dense layouts read as before.
+  if (p.ep != 1) j["ep"] = p.ep;
+  if (p.etp != 1) j["etp"] = p.etp;
   return j;
 }
 

@@ -204,6 +204,10 @@ struct ParallelSpec {
   [[nodiscard]] Count zb_memory_limit() const noexcept {
     return zb_memory_limit_microbatches > 0 ? zb_memory_limit_microbatches : pp;
   }
+  // Expert parallelism, Megatron-Core's MoE parallel folding (docs/layout.md): the tp·dp ranks of
+  // a pipeline stage regrouped for the expert layers as etp · ep · edp.
+  Count ep = 1;   // expert-parallel size: each MoE layer's routed experts split ep ways
+  Count etp = 1;  // expert tensor-parallel size: each routed expert's FFN split etp ways
   bool operator==(const ParallelSpec&) const = default;
 };
 
@@ -248,6 +252,10 @@ struct Scenario {
 
   [[nodiscard]] Count num_microbatches() const noexcept {
     return training.global_batch_size / (training.micro_batch_size * parallel.dp);
+  }
+  /// Expert data-parallel size: the replicas of one expert shard within a stage (tp·dp / ep·etp).
+  [[nodiscard]] Count expert_data_parallel() const noexcept {
+    return parallel.tp * parallel.dp / (parallel.ep * parallel.etp);
   }
   [[nodiscard]] Count shard_size() const noexcept {
     return parallel.fsdp_shard_size > 0 ? parallel.fsdp_shard_size : parallel.dp;
