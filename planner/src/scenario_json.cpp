@@ -710,6 +710,7 @@ Scenario scenario_from_json(const json& doc, std::initializer_list<std::string_v
     if (auto v = r.boolean("overlap_grad_reduce")) x.overlap_grad_reduce = *v;
     if (auto v = r.boolean("overlap_param_gather")) x.overlap_param_gather = *v;
     if (auto v = r.integer("vocab_pad_multiple", 1, 1 << 16)) x.vocab_pad_multiple = *v;
+    if (auto v = r.number("moe_load_imbalance", 1, 1024, false)) x.moe_load_imbalance = *v;
     if (const json* fp = r.take("framework_profile"))
       detail::read_framework_profile(*fp, r.child("framework_profile"), x.framework_profile);
     if (auto v = r.number("pcie_efficiency", kMinEfficiency, 1, false)) x.pcie_efficiency = *v;
@@ -852,6 +853,7 @@ json to_json(const Scenario& s) {
         {"overlap_grad_reduce", a.overlap_grad_reduce},
         {"overlap_param_gather", a.overlap_param_gather},
         {"vocab_pad_multiple", a.vocab_pad_multiple},
+        {"moe_load_imbalance", a.moe_load_imbalance},
         {"pcie_efficiency", a.pcie_efficiency},
         {"cpu_optimizer_bandwidth", a.cpu_optimizer_bandwidth},
         {"nvme_optimizer_buffer_count", a.nvme_optimizer_buffer_count},

@@ -230,6 +230,8 @@ struct Assumptions {
   bool overlap_grad_reduce = true;               // DP gradient reduction overlaps the last backward
   bool overlap_param_gather = true;              // ZeRO-3 gathers overlap compute (prefetch)
   Count vocab_pad_multiple = 1;                  // vocab padded to a multiple of this × tp
+  // Dropless MoE: routed tokens on the busiest GPU over the even share (docs/moe.md, "Memory").
+  double moe_load_imbalance = 1.0;
   // training.framework's memory profile; the reader fills it and applies the JSON's overrides.
   FrameworkProfile framework_profile;
   // Offload (docs/assumptions.md): host and NVMe figures DeepSpeed's offload depends on.
