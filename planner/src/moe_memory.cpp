@@ -20,4 +20,28 @@ Count routed_expert_params_per_gpu(const ModelSpec& m, Count ep, Count etp) noex
   return m.moe.num_experts / ep * per_expert;
 }
 
+Count moe_layer_dense_params_per_tp_rank(const ModelSpec& m, Count tp) noexcept {
+  if (!m.moe.enabled() || tp < 1) return 0;
+  const MoeSpec& e = m.moe;
+  auto per_rank = [tp](const LayerOp& op) {
+    return (op.param_shard == TpShard::tp ? op.weight_params / tp : op.weight_params) +
+           (op.bias_shard == TpShard::tp ? op.bias_params / tp : op.bias_params);
+  };
+  auto is_mlp = [](const LayerOp& op) { return op.name == "mlp_in" || op.name == "mlp_out"; };
+  Count n = 0;
+  for (const LayerOp& op : build_layer_table(m, TrainingSpec{}))
+    if (!is_mlp(op)) n += per_rank(op);
+  n += e.num_experts * m.hidden_size + (e.router_bias ? e.num_experts : 0);
+  if (e.num_shared_experts > 0) {
+    ModelSpec x = m;
+    x.ffn_hidden_size = e.shared_expert_ffn_hidden_size;
+    Count shared = 0;
+    for (const LayerOp& op : build_layer_table(x, TrainingSpec{}))
+      if (is_mlp(op)) shared += per_rank(op);
+    n += e.num_shared_experts * shared;
+    if (e.shared_expert_gate) n += m.hidden_size;
+  }
+  return n;
+}
+
 }  // namespace distplan

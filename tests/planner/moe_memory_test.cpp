@@ -37,6 +37,31 @@ TEST(MoeMemory, RoutedExpertParametersPerGpu) {
   EXPECT_EQ(routed_expert_params_per_gpu(g, 2, 2), 2 * (72 + 72));
 }
 
+// A MoE layer's dense part per TP rank. Mixtral-8x7B at tp = 2, by hand: q and o 4096 x 4096,
+// k and v 4096 x 1024 (8 KV heads of 128), split in two; two RMSNorms of 4096 and the router
+// 8 x 4096, whole on each rank.
+TEST(MoeMemory, DensePartOfAMoeLayerPerTpRank) {
+  const ModelSpec m = mixtral();
+  EXPECT_EQ(moe_layer_dense_params_per_tp_rank(m, 2),
+            (2LL * 4096 * 4096 + 2LL * 4096 * 1024) / 2 + 2 * 4096 + 8 * 4096);
+  // Second algorithm: at tp = ep = etp = 1 the layers' dense and routed parts plus the
+  // embeddings, final norm and LM head are the released checkpoint's count (moe.cpp's, held to
+  // model.safetensors.index.json: 46,702,792,704).
+  const Count outer = 2LL * 32000 * 4096 + 4096;
+  EXPECT_EQ(outer + 32 * (moe_layer_dense_params_per_tp_rank(m, 1) +
+                          routed_expert_params_per_gpu(m, 1, 1)),
+            46702792704);
+  // Shared experts (Qwen3 has none; DeepSeek-V3 one of 2048, Qwen1.5-MoE one with a gate) are
+  // split by tp like the dense MLP: the per-rank sum over tp ranks grows only by the replicated
+  // pieces.
+  ModelSpec d = m;
+  d.moe.num_shared_experts = 2;
+  d.moe.shared_expert_ffn_hidden_size = 1024;
+  d.moe.shared_expert_gate = true;
+  EXPECT_EQ(moe_layer_dense_params_per_tp_rank(d, 2) - moe_layer_dense_params_per_tp_rank(m, 2),
+            2 * 3LL * 4096 * 1024 / 2 + 4096);
+}
+
 // Mixtral-8x7B on 32 GPUs, tp = 1, pp = 1, dp = 32, ep = 8: one expert per GPU per layer, the
 // expert data-parallel group is tp·dp/ep = 4, ZeRO-1 shards the optimizer over it.
 TEST(MoeMemory, MixtralExpertStatesAtEp8UnderZero1ByHand) {

@@ -29,6 +29,13 @@ struct ExpertLayout {
 /// replicated. The router and the shared experts belong to the dense part.
 [[nodiscard]] Count routed_expert_params_per_gpu(const ModelSpec& m, Count ep, Count etp) noexcept;
 
+/// Parameters per TP rank of a MoE layer's dense part (everything but the routed experts):
+/// the layer op table's norms and grouped-query attention (split as the table splits them), the
+/// router h -> num_experts and its expert bias (replicated on the TP ranks, as Megatron-Core's
+/// TopKRouter weight is), the shared experts as tensor-parallel MLPs and their gate (replicated).
+/// Not for MLA attention (model.mla), whose split is not modelled.
+[[nodiscard]] Count moe_layer_dense_params_per_tp_rank(const ModelSpec& m, Count tp) noexcept;
+
 /// Model-state bytes of the routed experts of one GPU's MoE layers.
 struct ExpertStateBytes {
   Bytes weights = 0, gradients = 0, optimizer = 0;
