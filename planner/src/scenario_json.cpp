@@ -649,6 +649,8 @@ Scenario scenario_from_json(const json& doc, std::initializer_list<std::string_v
       if (auto v = r.integer("tp", 1, Count{1} << 16)) p.tp = *v;
       if (auto v = r.integer("pp", 1, Count{1} << 16)) p.pp = *v;
       if (auto v = r.integer("dp", 1, Count{1} << 24)) p.dp = *v, dp_given = true;
+      if (auto v = r.integer("ep", 1, Count{1} << 20)) p.ep = *v;
+      if (auto v = r.integer("etp", 1, Count{1} << 16)) p.etp = *v;
       if (auto v = r.integer("zero_stage", 0, 3)) p.zero_stage = static_cast<int>(*v);
       if (auto v = r.integer("fsdp_shard_size", 1, Count{1} << 24)) p.fsdp_shard_size = *v;
       if (auto v = r.boolean("sequence_parallel")) p.sequence_parallel = *v;
@@ -731,6 +733,7 @@ Scenario scenario_from_json(const json& doc, std::initializer_list<std::string_v
     if (auto v = r.boolean("overlap_grad_reduce")) x.overlap_grad_reduce = *v;
     if (auto v = r.boolean("overlap_param_gather")) x.overlap_param_gather = *v;
     if (auto v = r.integer("vocab_pad_multiple", 1, 1 << 16)) x.vocab_pad_multiple = *v;
+    if (auto v = r.number("moe_load_imbalance", 1, 1024, false)) x.moe_load_imbalance = *v;
     if (const json* fp = r.take("framework_profile"))
       detail::read_framework_profile(*fp, r.child("framework_profile"), x.framework_profile);
     if (auto v = r.number("pcie_efficiency", kMinEfficiency, 1, false)) x.pcie_efficiency = *v;
@@ -826,6 +829,9 @@ json to_json(const ParallelSpec& p) {
   if (!p.layers_per_stage.empty()) j["layers_per_stage"] = p.layers_per_stage;
   if (p.zb_memory_limit_microbatches > 0)
     j["zb_memory_limit_microbatches"] = p.zb_memory_limit_microbatches;
+  // Expert parallelism is echoed when used, so dense layouts read as before.
+  if (p.ep != 1) j["ep"] = p.ep;
+  if (p.etp != 1) j["etp"] = p.etp;
   return j;
 }
 
@@ -873,6 +879,7 @@ json to_json(const Scenario& s) {
         {"overlap_grad_reduce", a.overlap_grad_reduce},
         {"overlap_param_gather", a.overlap_param_gather},
         {"vocab_pad_multiple", a.vocab_pad_multiple},
+        {"moe_load_imbalance", a.moe_load_imbalance},
         {"pcie_efficiency", a.pcie_efficiency},
         {"cpu_optimizer_bandwidth", a.cpu_optimizer_bandwidth},
         {"nvme_optimizer_buffer_count", a.nvme_optimizer_buffer_count},

@@ -92,6 +92,33 @@ void check_context_parallel(const Scenario& s) {
   }
 }
 
+// Megatron-Core's MoE parallel folding (parallel_state.py, initialize_model_parallel): the tp·dp
+// ranks of a stage hold the expert layers as etp · ep · edp, so ep·etp divides tp·dp.
+void check_expert_layout(const ModelSpec& m, const ParallelSpec& p) {
+  // Shared experts are split by tensor parallelism like the dense MLP.
+  if (m.moe.num_shared_experts > 0 && m.moe.shared_expert_ffn_hidden_size % p.tp != 0) {
+    fail("/parallel/tp", fmt::format("tp={} does not divide shared_expert_ffn_hidden_size={}", p.tp,
+                                     m.moe.shared_expert_ffn_hidden_size));
+  }
+  if (p.ep == 1 && p.etp == 1) return;
+  const char* which = p.ep > 1 ? "/parallel/ep" : "/parallel/etp";
+  if (!m.moe.enabled())
+    fail(which, "expert parallelism needs a Mixture-of-Experts model (model.moe)");
+  if (m.moe.num_experts % p.ep != 0) {
+    fail("/parallel/ep",
+         fmt::format("ep={} does not divide num_experts={}", p.ep, m.moe.num_experts));
+  }
+  if ((p.tp * p.dp) % (p.ep * p.etp) != 0) {
+    fail(which, fmt::format("ep*etp = {}*{} must divide tp*dp = {}*{}: the expert layers regroup a "
+                            "stage's tp*dp ranks as etp*ep*expert-dp",
+                            p.ep, p.etp, p.tp, p.dp));
+  }
+  if (m.moe.expert_ffn_hidden_size % p.etp != 0) {
+    fail("/parallel/etp", fmt::format("etp={} does not divide expert_ffn_hidden_size={}", p.etp,
+                                      m.moe.expert_ffn_hidden_size));
+  }
+}
+
 }  // namespace
 
 void validate_scenario(const Scenario& s) {
@@ -101,7 +128,6 @@ void validate_scenario(const Scenario& s) {
   const ParallelSpec& p = s.parallel;
   const double parameters = check_model(m);
   detail::check_moe_mla_fields(m, "/model");
-  detail::refuse_unplanned_model(m);
 
   // Cluster.
   const FlopsPerSecond peak = t.precision == DType::bf16 ? c.gpu.peak_flops.bf16
@@ -161,6 +187,7 @@ void validate_scenario(const Scenario& s) {
     fail("/parallel/tp",
          fmt::format("tp={} does not divide ffn_hidden_size={}", p.tp, m.ffn_hidden_size));
   }
+  check_expert_layout(m, p);
   if (p.sequence_parallel && t.seq_length % p.tp != 0) {
     fail(
         "/parallel/sequence_parallel",
@@ -321,6 +348,8 @@ void validate_scenario(const Scenario& s) {
     fail("/training/global_batch_size",
          "global_batch_size * seq_length exceeds 1e15 tokens per step");
   }
+  // Last, once the layout is known to be well formed: what is counted but not planned yet.
+  detail::refuse_unplanned_model(m);
 }
 
 }  // namespace distplan

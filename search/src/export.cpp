@@ -112,6 +112,7 @@ Exported megatron(const Scenario& s, Exported out) {
   if (!m.bias) flag("--disable-bias-linear");
   // Qwen2's q/k/v biases on otherwise bias-free linears (Megatron-LM's --add-qkv-bias).
   if (!m.bias && m.qkv_bias) flag("--add-qkv-bias");
+  megatron_moe_args(s, args, out.notes);
   arg("--make-vocab-size-divisible-by", s.assumptions.vocab_pad_multiple);
   arg("--attention-dropout", t.dropout);
   arg("--hidden-dropout", t.dropout);

@@ -289,6 +289,42 @@ TEST(MoePlanning, RefusedAtTheFieldWithTheCounts) {
   EXPECT_EQ(error_of(doc).path(), "/model/mtp_layers");
 }
 
+// Expert parallelism folds into a stage's tp·dp ranks (Megatron-Core's MoE parallel folding):
+// ep divides the experts, ep·etp divides tp·dp, etp divides an expert's FFN; a well-formed layout
+// reaches the refusal to plan the MoE model, a dense model takes no ep.
+TEST(MoeLayout, ExpertParallelSizesAreCheckedAtTheirPath) {
+  json doc = testing::default_doc();
+  doc["cluster"]["num_gpus"] = 32;
+  doc["parallel"] = {{"tp", 2}, {"pp", 1}, {"dp", 16}, {"ep", 8}};
+  doc["training"]["global_batch_size"] = 64;
+  doc["model"] = "llama2-7b";
+  EXPECT_EQ(error_of(doc).path(), "/parallel/ep");  // dense: no experts to split
+  doc["model"] = "mixtral-8x7b";
+  EXPECT_EQ(error_of(doc).path(), "/model/moe");  // ep = 8 of 8 experts, 8 | 32: well formed
+  doc["parallel"]["ep"] = 16;
+  EXPECT_EQ(error_of(doc).path(), "/parallel/ep");  // 16 does not divide 8 experts
+  doc["parallel"] = {{"tp", 2}, {"pp", 1}, {"dp", 2}, {"ep", 8}};
+  doc["cluster"]["num_gpus"] = 4;
+  EXPECT_EQ(error_of(doc).path(), "/parallel/ep");  // ep = 8 > tp*dp = 4
+  doc["parallel"] = {{"tp", 2}, {"pp", 1}, {"dp", 2}, {"ep", 2}, {"etp", 4}};
+  EXPECT_EQ(error_of(doc).path(), "/parallel/ep");  // ep*etp = 8 does not divide 4
+  doc["model"] = {{"preset", "mixtral-8x7b"}, {"moe", {{"expert_ffn_hidden_size", 14335}}}};
+  doc["parallel"] = {{"tp", 2}, {"pp", 1}, {"dp", 2}, {"ep", 2}, {"etp", 2}};
+  EXPECT_EQ(error_of(doc).path(), "/parallel/etp");  // 2 does not divide 14335
+  // Echoed when used; a dense layout echoes as before.
+  ParallelSpec p;
+  EXPECT_FALSE(to_json(p).contains("ep"));
+  p.ep = 4;
+  p.etp = 2;
+  EXPECT_EQ(to_json(p)["ep"], 4);
+  EXPECT_EQ(to_json(p)["etp"], 2);
+  Scenario s;
+  s.parallel = {.tp = 4, .dp = 8};
+  s.parallel.ep = 8;
+  s.parallel.etp = 2;
+  EXPECT_EQ(s.expert_data_parallel(), 2);  // 4 x 8 ranks = etp 2 x ep 8 x edp 2
+}
+
 // config.json fields of the mapped families that distplan does not model are refused at the field.
 TEST(MoeHfConfig, RefusesWhatTheFamiliesDoNotModel) {
   const json ref = testing::reference("moe_parameter_counts.json");

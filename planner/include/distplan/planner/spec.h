@@ -228,6 +228,10 @@ struct ParallelSpec {
   // Megatron-Core); the ZeRO / DP groups span dp·cp.
   Count cp = 1;
   CpComm cp_comm = CpComm::p2p;
+  // Expert parallelism, Megatron-Core's MoE parallel folding (docs/layout.md): the tp·dp ranks of
+  // a pipeline stage regrouped for the expert layers as etp · ep · edp.
+  Count ep = 1;   // expert-parallel size: each MoE layer's routed experts split ep ways
+  Count etp = 1;  // expert tensor-parallel size: each routed expert's FFN split etp ways
   bool operator==(const ParallelSpec&) const = default;
 };
 
@@ -250,6 +254,8 @@ struct Assumptions {
   bool overlap_grad_reduce = true;               // DP gradient reduction overlaps the last backward
   bool overlap_param_gather = true;              // ZeRO-3 gathers overlap compute (prefetch)
   Count vocab_pad_multiple = 1;                  // vocab padded to a multiple of this × tp
+  // Dropless MoE: routed tokens on the busiest GPU over the even share (docs/moe.md, "Memory").
+  double moe_load_imbalance = 1.0;
   // training.framework's memory profile; the reader fills it and applies the JSON's overrides.
   FrameworkProfile framework_profile;
   // Offload (docs/assumptions.md): host and NVMe figures DeepSpeed's offload depends on.
@@ -273,6 +279,10 @@ struct Scenario {
 
   [[nodiscard]] Count num_microbatches() const noexcept {
     return training.global_batch_size / (training.micro_batch_size * parallel.dp);
+  }
+  /// Expert data-parallel size: the replicas of one expert shard within a stage (tp·dp / ep·etp).
+  [[nodiscard]] Count expert_data_parallel() const noexcept {
+    return parallel.tp * parallel.dp / (parallel.ep * parallel.etp);
   }
   [[nodiscard]] Count shard_size() const noexcept {
     return parallel.fsdp_shard_size > 0 ? parallel.fsdp_shard_size : parallel.dp;

@@ -32,4 +32,9 @@ struct Exported {
 /// framework's own terms. The scenario must be valid (validate_scenario()).
 [[nodiscard]] Exported export_scenario(const Scenario& s, ExportFormat format);
 
+/// Megatron-LM's Mixture-of-Experts arguments (experts, router, layer pattern, expert layout),
+/// appended to `args`; what Megatron-LM cannot express goes to `notes`. Nothing for a dense model.
+void megatron_moe_args(const Scenario& s, std::vector<std::string>& args,
+                       std::vector<std::string>& notes);
+
 }  // namespace distplan::search

@@ -1,0 +1,88 @@
+// Megatron-LM's MoE arguments (megatron_moe_args, docs/exports.md): every flag exists in the
+// named version with a valid value, and the values are the released configs' numbers.
+#include <map>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "distplan/planner/presets.h"
+#include "distplan/search/export.h"
+
+namespace distplan::search {
+namespace {
+
+std::map<std::string, std::string> moe_args(const std::string& preset, Count ep, Count etp,
+                                            std::vector<std::string>* notes = nullptr) {
+  Scenario s;
+  s.model = *find_model_preset(preset);
+  s.parallel.ep = ep;
+  s.parallel.etp = etp;
+  std::vector<std::string> args, n;
+  megatron_moe_args(s, args, n);
+  if (notes) *notes = n;
+  std::map<std::string, std::string> out;
+  for (const std::string& a : args) {
+    const auto space = a.find(' ');
+    out[a.substr(0, space)] = space == std::string::npos ? "" : a.substr(space + 1);
+  }
+  return out;
+}
+
+void expect_known_flags(const std::map<std::string, std::string>& args) {
+  const nlohmann::json flags = nlohmann::json::parse(
+      *embedded_data_file("reference/megatron_core_v0.15.3_arguments.json"))["flags"];
+  for (const auto& [flag, value] : args) {
+    ASSERT_TRUE(flags.contains(flag)) << flag << " is not a Megatron-LM core_v0.15.3 argument";
+    const nlohmann::json& f = flags.at(flag);
+    EXPECT_EQ(f.value("takes_value", true), !value.empty()) << flag;
+    if (f.contains("choices")) {
+      const auto& c = f.at("choices");
+      EXPECT_NE(std::find(c.begin(), c.end(), value), c.end()) << flag << " " << value;
+    }
+  }
+}
+
+// Mixtral-8x7B config.json: num_local_experts 8, num_experts_per_tok 2, intermediate_size 14336,
+// every layer sparse, softmax router.
+TEST(ExportMoe, MixtralMegatronArguments) {
+  const auto a = moe_args("mixtral-8x7b", 8, 1);
+  expect_known_flags(a);
+  EXPECT_EQ(a.at("--num-experts"), "8");
+  EXPECT_EQ(a.at("--moe-router-topk"), "2");
+  EXPECT_EQ(a.at("--moe-ffn-hidden-size"), "14336");
+  EXPECT_EQ(a.at("--moe-layer-freq"), "1");
+  EXPECT_EQ(a.at("--moe-router-score-function"), "softmax");
+  EXPECT_EQ(a.at("--moe-token-dispatcher-type"), "alltoall");
+  EXPECT_EQ(a.at("--expert-model-parallel-size"), "8");
+  EXPECT_EQ(a.at("--expert-tensor-parallel-size"), "1");
+  EXPECT_FALSE(a.contains("--moe-shared-expert-intermediate-size"));
+  EXPECT_FALSE(a.contains("--moe-router-enable-expert-bias"));
+  EXPECT_FALSE(a.contains("--moe-expert-capacity-factor"));
+}
+
+// DeepSeek-V3 config.json: n_routed_experts 256, num_experts_per_tok 8, moe_intermediate_size
+// 2048, n_shared_experts 1, first_k_dense_replace 3 of 61 layers, scoring_func sigmoid with the
+// noaux_tc expert bias.
+TEST(ExportMoe, DeepSeekV3MegatronArguments) {
+  const auto a = moe_args("deepseek-v3", 64, 1);
+  expect_known_flags(a);
+  EXPECT_EQ(a.at("--num-experts"), "256");
+  EXPECT_EQ(a.at("--moe-router-topk"), "8");
+  EXPECT_EQ(a.at("--moe-ffn-hidden-size"), "2048");
+  EXPECT_EQ(a.at("--moe-shared-expert-intermediate-size"), "2048");
+  EXPECT_EQ(a.at("--moe-router-score-function"), "sigmoid");
+  EXPECT_TRUE(a.contains("--moe-router-enable-expert-bias"));
+  EXPECT_EQ(a.at("--expert-model-parallel-size"), "64");
+  std::string pattern = "[0,0,0";
+  for (int i = 3; i < 61; ++i) pattern += ",1";
+  EXPECT_EQ(a.at("--moe-layer-freq"), pattern + "]");
+}
+
+TEST(ExportMoe, DenseModelsGetNoMoeArguments) {
+  EXPECT_TRUE(moe_args("llama2-70b", 1, 1).empty());
+}
+
+}  // namespace
+}  // namespace distplan::search
