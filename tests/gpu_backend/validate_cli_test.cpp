@@ -415,9 +415,12 @@ TEST(ValidateCli, RankWorkerUnderTheUsersLauncherPrintsTheComparison) {
   const std::string scenario = two_rank_scenario(dir);
   const std::string tmp = dir + "/tmp";
   std::system(("mkdir -p " + tmp).c_str());
-  const std::string cmd = "timeout 120 mpirun -np 2 --oversubscribe " + std::string(DISTPLAN_CLI) +
-                          " validate " + scenario + " --steps 2 --rank-worker > " + tmp +
-                          "/stdout 2> " + tmp + "/stderr";
+  // The user's launcher gets the environment a user gives it: root in a container must allow it.
+  const std::string cmd =
+      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader "
+      "OMPI_MCA_btl_vader_single_copy_mechanism=none timeout 120 mpirun -np 2 --oversubscribe " +
+      std::string(DISTPLAN_CLI) + " validate " + scenario + " --steps 2 --rank-worker > " + tmp +
+      "/stdout 2> " + tmp + "/stderr";
   const int rc = std::system(cmd.c_str());
   ASSERT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 0) << read_file(tmp + "/stderr");
   const std::vector<double> losses =
