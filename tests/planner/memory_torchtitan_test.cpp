@@ -82,30 +82,9 @@ TEST(SelectiveOp, RecomputesWkWoW3AndTheCheapOps) {
   EXPECT_LT(f.selective_op_recompute, f.forward);
 }
 
-std::string read(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 void check_block(const std::string& file, const std::string& begin, const std::string& end,
                  const std::string& want) {
-  const std::string path = std::string(DISTPLAN_SOURCE_DIR) + "/" + file;
-  std::string text = read(path);
-  const auto b = text.find(begin);
-  ASSERT_NE(b, std::string::npos) << file << ": no '" << begin << "'";
-  const auto from = b + begin.size();
-  const auto to = text.find(end, from);
-  ASSERT_NE(to, std::string::npos) << file << ": no '" << end << "'";
-  if (const char* w = std::getenv("DISTPLAN_WRITE_DOCS"); w && std::string(w) == "1") {
-    text.replace(from, to - from, want);
-    std::ofstream(path) << text;
-    return;
-  }
-  EXPECT_EQ(text.substr(from, to - from), want)
-      << file << " drifted from the planner; DISTPLAN_WRITE_DOCS=1 planner_tests "
-      << "--gtest_filter='SelectiveOp.*' rewrites it";
+  testing::check_doc_block(file, begin, end, want, "SelectiveOp.*");
 }
 
 TEST(SelectiveOp, TorchtitanLlama3_8bPeakReservedWithinTolerance) {

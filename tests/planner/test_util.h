@@ -1,7 +1,12 @@
 // Helpers shared by the planner tests.
 #pragma once
 
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <string>
+
+#include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
@@ -22,6 +27,31 @@ inline nlohmann::json default_doc() {
 
 inline Scenario scenario(const nlohmann::json& doc) {
   return scenario_from_json(doc);
+}
+
+/// Compares the text between `begin` and `end` in a repository file with `want`, the text the
+/// code produces; with DISTPLAN_WRITE_DOCS=1 it replaces that text instead. `filter` is the
+/// gtest filter named in the failure message (the tests that rewrite the block).
+inline void check_doc_block(const std::string& file, const std::string& begin,
+                            const std::string& end, const std::string& want,
+                            const std::string& filter) {
+  const std::string path = std::string(DISTPLAN_SOURCE_DIR) + "/" + file;
+  std::stringstream ss;
+  ss << std::ifstream(path).rdbuf();
+  std::string text = ss.str();
+  const auto b = text.find(begin);
+  ASSERT_NE(b, std::string::npos) << file << ": no '" << begin << "'";
+  const auto from = b + begin.size();
+  const auto to = text.find(end, from);
+  ASSERT_NE(to, std::string::npos) << file << ": no '" << end << "' after '" << begin << "'";
+  if (const char* w = std::getenv("DISTPLAN_WRITE_DOCS"); w && std::string(w) == "1") {
+    text.replace(from, to - from, want);
+    std::ofstream(path) << text;
+    return;
+  }
+  EXPECT_EQ(text.substr(from, to - from), want)
+      << file << " drifted from the planner; DISTPLAN_WRITE_DOCS=1 planner_tests "
+      << "--gtest_filter='" << filter << "' rewrites it";
 }
 
 }  // namespace distplan::testing
