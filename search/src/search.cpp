@@ -179,8 +179,11 @@ void search_worker(const Space& space, const Options& opt, const std::vector<Out
     for_each_inner(space, outers[i], part.rejected, [&](const Layout& l) {
       Figures f;
       // zb_auto's activations come from its heuristic on the stage costs, which the lean path
-      // does not have (it would give the limit's peak, an upper bound): estimate it in full.
-      const bool lean = opt.fast_memory && l.schedule != Schedule::zb_auto;
+      // does not have: it gives the limit's peak, an upper bound. A zb_auto layout that fits
+      // under that bound fits, and may be pruned by its step bound; any other is estimated in
+      // full.
+      const bool lean = opt.fast_memory;
+      const bool exact_peak = l.schedule != Schedule::zb_auto;
       if (lean) {
         // Peak memory first, exactly as estimate() has it; only what fits is estimated in full.
         f.peak_bytes = fast.peak_bytes(l);
@@ -199,7 +202,7 @@ void search_worker(const Space& space, const Options& opt, const std::vector<Out
           pruned =
               bound > worst.f.step_seconds * (1.0 + 1e-6) &&
               (near_window <= 0 || bound > part.best_step * (1.0 + near_window) * (1.0 + 1e-6));
-        } else if (opt.objective == Objective::memory) {
+        } else if (opt.objective == Objective::memory && exact_peak) {
           pruned = f.peak_bytes > worst.f.peak_bytes;
         }
         if (pruned) {
@@ -209,7 +212,7 @@ void search_worker(const Space& space, const Options& opt, const std::vector<Out
           return;
         }
       }
-      if (!lean || fits(f, opt.memory_margin)) {
+      if (!lean || !exact_peak || fits(f, opt.memory_margin)) {
         apply_layout(s, l);
         f = evaluate(s);
       }

@@ -262,10 +262,12 @@ void inner_lists(const Space& space, const Outer& o, RejectCounts& rejected, Inn
   const Count layers = b.model.num_layers;
   const Count m = b.training.global_batch_size / (o.dp * o.micro_batch_size);
 
+  // zb_auto is searched only when named in parallel.schedule: its heuristic runs for every layout
+  // whose peak the lean path cannot bound (docs/search.md), a hundred times an estimate's cost.
   static constexpr Schedule kAllSchedules[] = {
-      Schedule::one_f_one_b, Schedule::gpipe,  Schedule::interleaved_1f1b, Schedule::zb_h1,
-      Schedule::zb_h2,       Schedule::zb_v,   Schedule::v_half,           Schedule::v_min,
-      Schedule::dualpipe_v,  Schedule::zb_auto};
+      Schedule::one_f_one_b, Schedule::gpipe, Schedule::interleaved_1f1b,
+      Schedule::zb_h1,       Schedule::zb_h2, Schedule::zb_v,
+      Schedule::v_half,      Schedule::v_min, Schedule::dualpipe_v};
   out.schedules.clear();
   out.virtual_stages.clear();
   const bool flat_allowed = allowed(pin.virtual_stages, Count{1});
