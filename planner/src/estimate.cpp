@@ -644,42 +644,47 @@ class Estimator {
   // these (they differ in pp, dp, ZeRO, schedule, recompute), so each thread keeps the last two
   // (SP off and on); any change of an input recomputes them.
   struct OpCosts {
-    std::array<double, 30> key{};
+    std::array<double, 32> key{};
     bool valid = false;
     PassCosts layer, embedding, head;
   };
   [[nodiscard]] const OpCosts& op_costs(const DeviceRates& r) const {
     const ModelSpec& m = m_;
-    const std::array<double, 30> key = {r.fp8_peak,
-                                        static_cast<double>(p_.cp),
-                                        static_cast<double>(m.hidden_size),
-                                        static_cast<double>(m.num_attention_heads),
-                                        static_cast<double>(m.num_kv_heads),
-                                        static_cast<double>(m.ffn_hidden_size),
-                                        static_cast<double>(vocab_),
-                                        static_cast<double>(m.mlp),
-                                        static_cast<double>(m.norm),
-                                        static_cast<double>(m.position_embedding),
-                                        static_cast<double>(m.bias),
-                                        static_cast<double>(t_.micro_batch_size),
-                                        static_cast<double>(t_.seq_length),
-                                        static_cast<double>(t_.precision),
-                                        static_cast<double>(t_.attention),
-                                        t_.dropout,
-                                        static_cast<double>(p_.tp),
-                                        static_cast<double>(p_.sequence_parallel),
-                                        r.peak,
-                                        r.gemm_efficiency,
-                                        r.k_overhead,
-                                        r.sms,
-                                        r.hbm,
-                                        r.launch,
-                                        r.flash_forward,
-                                        r.flash_backward,
-                                        static_cast<double>(r.element_bytes),
-                                        static_cast<double>(m.max_position_embeddings),
-                                        static_cast<double>(m.explicit_head_dim),
-                                        static_cast<double>(m.qk_norm)};
+    // A MoE model's table differs from a dense one's of the same shape (planner_layer_table):
+    // its experts and shared experts are in the key.
+    const std::array<double, 32> key = {
+        r.fp8_peak,
+        static_cast<double>(m.moe.num_experts),
+        static_cast<double>(m.moe.num_shared_experts * m.moe.shared_expert_ffn_hidden_size),
+        static_cast<double>(p_.cp),
+        static_cast<double>(m.hidden_size),
+        static_cast<double>(m.num_attention_heads),
+        static_cast<double>(m.num_kv_heads),
+        static_cast<double>(m.ffn_hidden_size),
+        static_cast<double>(vocab_),
+        static_cast<double>(m.mlp),
+        static_cast<double>(m.norm),
+        static_cast<double>(m.position_embedding),
+        static_cast<double>(m.bias),
+        static_cast<double>(t_.micro_batch_size),
+        static_cast<double>(t_.seq_length),
+        static_cast<double>(t_.precision),
+        static_cast<double>(t_.attention),
+        t_.dropout,
+        static_cast<double>(p_.tp),
+        static_cast<double>(p_.sequence_parallel),
+        r.peak,
+        r.gemm_efficiency,
+        r.k_overhead,
+        r.sms,
+        r.hbm,
+        r.launch,
+        r.flash_forward,
+        r.flash_backward,
+        static_cast<double>(r.element_bytes),
+        static_cast<double>(m.max_position_embeddings),
+        static_cast<double>(m.explicit_head_dim),
+        static_cast<double>(m.qk_norm)};
     thread_local std::array<OpCosts, 2> memo;
     OpCosts& c = memo[p_.sequence_parallel ? 1 : 0];
     if (!c.valid || c.key != key) {

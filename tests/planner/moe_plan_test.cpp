@@ -8,6 +8,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -184,6 +185,22 @@ TEST(MoePlan, ModelFlopsAreSixTimesTheActiveParameters) {
   EXPECT_NEAR(
       training_flops_per_token(s.model, 4096) / (per_token - layers * 6.0 * h * s_len + norms), 1.0,
       1e-12);
+}
+
+// Mistral-7B has Mixtral-8x7B's dense shape (hidden, heads, FFN, vocabulary): the estimate's
+// per-thread op-cost memo must not hand the dense layer's costs to the MoE model's
+// attention-only table. A fresh thread (an empty memo) is the reference.
+TEST(MoePlan, DenseTwinDoesNotLeakItsOpCosts) {
+  const json moe_doc = mixtral_doc(32, {{"tp", 1}, {"pp", 1}, {"dp", 32}, {"ep", 8}}, 32);
+  json dense_doc = moe_doc;
+  dense_doc["model"] = "mistral-7b";
+  dense_doc["parallel"].erase("ep");
+  const Scenario moe = planned(moe_doc);
+  const Scenario dense = planned(dense_doc);
+  Estimate fresh;
+  std::thread([&] { fresh = estimate(moe); }).join();
+  (void)estimate(dense);
+  EXPECT_EQ(estimate(moe).stage_costs, fresh.stage_costs);
 }
 
 // What the planner does not model yet is refused at its field, never planned as dense.
