@@ -94,6 +94,13 @@ Measurement Trainer::train() {
 using trainer_detail::Trainer;
 
 void check_supported(const Scenario& s) {
+  if (s.model.moe.enabled()) {
+    // The planner models experts (docs/moe.md); the trainer has no router, token all-to-all or
+    // expert GEMMs yet.
+    throw InputError("/model/moe",
+                     "the backend does not train Mixture-of-Experts layers yet (router, expert "
+                     "all-to-all and grouped expert GEMMs); plan, simulate or search the model");
+  }
   if (s.parallel.schedule == Schedule::zb_auto) {
     // Its order comes from the heuristic on the planner's stage times, which the trainer's ranks
     // would each have to rebuild identically; not done.

@@ -12,6 +12,7 @@
 #include "distplan/planner/layer_ops.h"
 #include "distplan/planner/layout.h"
 #include "distplan/planner/memory_terms.h"
+#include "distplan/planner/moe_layer.h"
 #include "distplan/planner/offload.h"
 #include "distplan/planner/op_costs.h"
 #include "distplan/planner/overlap.h"
@@ -79,10 +80,18 @@ class Estimator {
         m_(s.model),
         t_(s.training),
         p_(s.parallel),
-        table_(build_layer_table(s.model, s.training)),
+        table_(planner_layer_table(s.model, s.training)),
         layers_(stage_layer_counts(s)),
-        layer_params_rank_(layer_parameters_per_tp_rank(table_, s.parallel.tp)),
-        layer_replicated_(replicated_parameters(table_)) {
+        layer_params_rank_(planner_layer_params_per_tp_rank(s.model, table_, s.parallel.tp)),
+        layer_replicated_(replicated_parameters(table_)),
+        moe_(moe_layer_plan(s)) {
+    // The router's weight is whole on every TP rank and, under sequence parallelism, sees only
+    // the rank's tokens, like the norms (Megatron-Core marks it sequence_parallel). The shared
+    // experts' gate too.
+    if (moe_.enabled()) {
+      layer_replicated_ += moe_.router_params;
+      if (m_.moe.shared_expert_gate) layer_replicated_ += m_.hidden_size;
+    }
     init_groups();
   }
 
@@ -173,8 +182,9 @@ class Estimator {
     const Count pp = p_.pp;
     const Count v = p_.virtual_stages;
     MemoryLayout ml = memory_layout(s_);
-    const LayerActivation act =
-        layer_activation(table_, m_, local_training(), p_.tp, p_.sequence_parallel, p_.recompute);
+    const LayerActivation act = add_moe_activation(
+        layer_activation(table_, m_, local_training(), p_.tp, p_.sequence_parallel, p_.recompute),
+        moe_, p_.recompute);
     MemoryEstimate& mem = e.memory;
     mem.capacity_bytes = s_.cluster.gpu.memory_bytes;
     mem.stages.resize(static_cast<std::size_t>(pp));
@@ -227,6 +237,11 @@ class Estimator {
   void compute(Estimate& e) {
     // Per micro-batch, all TP ranks together (Narayanan et al. 2021, eq. 3 derivation).
     lf_ = layer_flops(table_, t_.micro_batch_size, t_.seq_length);
+    // MoE: the router and the top_k routed experts of every token (moe_layer.h).
+    const LayerFlops routed = moe_layer_flops(m_, t_.micro_batch_size * t_.seq_length);
+    lf_.forward += routed.forward;
+    lf_.backward_input += routed.backward_input;
+    lf_.backward_weight += routed.backward_weight;
     head_fwd_ = 2.0 * static_cast<double>(t_.micro_batch_size * t_.seq_length) *
                 static_cast<double>(m_.hidden_size) * static_cast<double>(vocab_);
     const double mbs_per_step = static_cast<double>(nmb_ * p_.dp);
@@ -255,8 +270,8 @@ class Estimator {
   }
   void init_groups() noexcept {
     const ClusterSpec& c = s_.cluster;
-    for (Group g :
-         {Group::dp, Group::dp_replicate, Group::tp, Group::pp, Group::embedding, Group::cp}) {
+    for (Group g : {Group::dp, Group::dp_replicate, Group::tp, Group::pp, Group::embedding,
+                    Group::cp, Group::ep, Group::edp}) {
       GroupInfo& x = groups_[static_cast<std::size_t>(g)];
       x.size = group_size(s_, g);
       x.link = group_link(s_, g);
@@ -342,17 +357,22 @@ class Estimator {
     Count all_reduce = 0, all_gather = 0, reduce_scatter = 0;
     Count fwd_all_reduce = 0, fwd_all_gather = 0, fwd_reduce_scatter = 0;
   };
+  // A MoE layer without shared experts has no tensor-parallel MLP: its tokens stay in their
+  // sequence-parallel shards and reach the experts by the ep all-to-all (Megatron-Core's
+  // MoEAlltoAllTokenDispatcher with etp = 1), so only the attention block's collectives remain.
   [[nodiscard]] TpCalls tp_layer_calls() const noexcept {
     TpCalls c;
     const bool full = p_.recompute == Recompute::full;
+    const Count blocks = moe_.enabled() && m_.moe.num_shared_experts == 0 ? 1 : 2;
+    const Count replay = full ? blocks : 0;
     if (!p_.sequence_parallel) {
-      c.fwd_all_reduce = 2;
-      c.all_reduce = 4 + (full ? 2 : 0);
+      c.fwd_all_reduce = blocks;
+      c.all_reduce = 2 * blocks + replay;
     } else {
-      c.fwd_all_gather = 2;
-      c.fwd_reduce_scatter = 2;
-      c.all_gather = 6 + (full ? 2 : 0);
-      c.reduce_scatter = 4 + (full ? 2 : 0);
+      c.fwd_all_gather = blocks;
+      c.fwd_reduce_scatter = blocks;
+      c.all_gather = 3 * blocks + replay;
+      c.reduce_scatter = 2 * blocks + replay;
     }
     return c;
   }
@@ -492,6 +512,37 @@ class Estimator {
       }
     }
 
+    // MoE (docs/communication.md, "Expert parallel"): each layer's routed experts are a unit of
+    // their own, reduced (and ZeRO-sharded) over the expert data-parallel group apart from the
+    // dense part; validation keeps ZeRO-3 and hybrid sharding away from MoE models.
+    if (moe_.enabled() && u.layer.count > 0) {
+      const Count edp = group(Group::edp).size;
+      const Count unit =
+          p_.zero_stage == 0 ? moe_.expert_params : ceil_div(moe_.expert_params, edp) * edp;
+      const Bytes eg = unit * gb(), ew = unit * cb();
+      const Count n = u.layer.count;
+      switch (p_.zero_stage) {
+        case 0:
+          add(out, Group::edp, CollectiveOp::all_reduce, "gradients (experts)", eg, n);
+          break;
+        case 1:
+          add(out, Group::edp, CollectiveOp::reduce_scatter, "gradients (experts)", eg, n);
+          add(out, Group::edp, CollectiveOp::all_gather, "parameters (experts)", ew, n);
+          break;
+        default:
+          add(out, Group::edp, CollectiveOp::reduce_scatter, "gradients (experts)", eg, n * m);
+          add(out, Group::edp, CollectiveOp::all_gather, "parameters (experts)", ew, n);
+          break;
+      }
+      // Token all-to-alls per layer and micro-batch: dispatch and combine forward, their
+      // gradients backward (a full-recompute replay repeats the forward pair).
+      const Count replay = p_.recompute == Recompute::full ? 2 : 0;
+      add(out, Group::ep, CollectiveOp::all_to_all, "expert dispatch and combine (forward)",
+          moe_.all_to_all_bytes, (2 + replay) * n * m);
+      add(out, Group::ep, CollectiveOp::all_to_all, "expert dispatch and combine (backward)",
+          moe_.all_to_all_bytes, 2 * n * m);
+    }
+
     // Sequence parallel: parameters replicated across TP ranks (norms, row-parallel biases,
     // learned positions) see only this rank's tokens, so their gradients are all-reduced over the
     // TP group, one call per unit, when the unit's gradient is reduced (Megatron-LM's
@@ -593,42 +644,47 @@ class Estimator {
   // these (they differ in pp, dp, ZeRO, schedule, recompute), so each thread keeps the last two
   // (SP off and on); any change of an input recomputes them.
   struct OpCosts {
-    std::array<double, 30> key{};
+    std::array<double, 32> key{};
     bool valid = false;
     PassCosts layer, embedding, head;
   };
   [[nodiscard]] const OpCosts& op_costs(const DeviceRates& r) const {
     const ModelSpec& m = m_;
-    const std::array<double, 30> key = {r.fp8_peak,
-                                        static_cast<double>(p_.cp),
-                                        static_cast<double>(m.hidden_size),
-                                        static_cast<double>(m.num_attention_heads),
-                                        static_cast<double>(m.num_kv_heads),
-                                        static_cast<double>(m.ffn_hidden_size),
-                                        static_cast<double>(vocab_),
-                                        static_cast<double>(m.mlp),
-                                        static_cast<double>(m.norm),
-                                        static_cast<double>(m.position_embedding),
-                                        static_cast<double>(m.bias),
-                                        static_cast<double>(t_.micro_batch_size),
-                                        static_cast<double>(t_.seq_length),
-                                        static_cast<double>(t_.precision),
-                                        static_cast<double>(t_.attention),
-                                        t_.dropout,
-                                        static_cast<double>(p_.tp),
-                                        static_cast<double>(p_.sequence_parallel),
-                                        r.peak,
-                                        r.gemm_efficiency,
-                                        r.k_overhead,
-                                        r.sms,
-                                        r.hbm,
-                                        r.launch,
-                                        r.flash_forward,
-                                        r.flash_backward,
-                                        static_cast<double>(r.element_bytes),
-                                        static_cast<double>(m.max_position_embeddings),
-                                        static_cast<double>(m.explicit_head_dim),
-                                        static_cast<double>(m.qk_norm)};
+    // A MoE model's table differs from a dense one's of the same shape (planner_layer_table):
+    // its experts and shared experts are in the key.
+    const std::array<double, 32> key = {
+        r.fp8_peak,
+        static_cast<double>(m.moe.num_experts),
+        static_cast<double>(m.moe.num_shared_experts * m.moe.shared_expert_ffn_hidden_size),
+        static_cast<double>(p_.cp),
+        static_cast<double>(m.hidden_size),
+        static_cast<double>(m.num_attention_heads),
+        static_cast<double>(m.num_kv_heads),
+        static_cast<double>(m.ffn_hidden_size),
+        static_cast<double>(vocab_),
+        static_cast<double>(m.mlp),
+        static_cast<double>(m.norm),
+        static_cast<double>(m.position_embedding),
+        static_cast<double>(m.bias),
+        static_cast<double>(t_.micro_batch_size),
+        static_cast<double>(t_.seq_length),
+        static_cast<double>(t_.precision),
+        static_cast<double>(t_.attention),
+        t_.dropout,
+        static_cast<double>(p_.tp),
+        static_cast<double>(p_.sequence_parallel),
+        r.peak,
+        r.gemm_efficiency,
+        r.k_overhead,
+        r.sms,
+        r.hbm,
+        r.launch,
+        r.flash_forward,
+        r.flash_backward,
+        static_cast<double>(r.element_bytes),
+        static_cast<double>(m.max_position_embeddings),
+        static_cast<double>(m.explicit_head_dim),
+        static_cast<double>(m.qk_norm)};
     thread_local std::array<OpCosts, 2> memo;
     OpCosts& c = memo[p_.sequence_parallel ? 1 : 0];
     if (!c.valid || c.key != key) {
@@ -650,6 +706,7 @@ class Estimator {
     const PassCosts& layer = oc.layer;
     const PassCosts& emb = oc.embedding;
     const PassCosts& head = oc.head;
+    const PassCosts routed = moe_pass_costs(m_, moe_, rates);
     const double slowdown = s_.assumptions.overlap_compute_slowdown;
     Bytes best = -1;
     int busiest = 0;
@@ -674,7 +731,8 @@ class Estimator {
             tp_total += c.seconds_per_step;
             break;
           case Group::cp:
-            break;  // on the critical path inside the passes (cp_layer_seconds)
+          case Group::ep:
+            break;  // on the critical path inside the passes (cp_layer_seconds, ep below)
           case Group::pp:
             if (c.what == "activations (forward)")
               k.p2p = c.seconds_per_step / static_cast<double>(c.calls_per_step);
@@ -682,6 +740,7 @@ class Estimator {
           case Group::dp:
           case Group::dp_replicate:
           case Group::embedding:
+          case Group::edp:
             if (p_.zero_stage == 3 && c.op == CollectiveOp::all_gather) {
               k.zero3_gather += c.seconds_per_step / static_cast<double>(m);
             } else if (p_.zero_stage >= 1 && c.op == CollectiveOp::all_gather) {
@@ -745,12 +804,26 @@ class Estimator {
                                       : 0.0;
       // Context-parallel exchanges sit inside every layer's attention (cp_layer_seconds).
       const CpSeconds cps = cp_layer_seconds(layer);
-      k.forward = fwd + tp_f + blocking_p2p + L * cps.forward;
+      // MoE: the routed part's op costs and its all-to-alls, exposed on the critical path (no
+      // overlap is modelled for them; docs/moe.md, "Time"). Full recompute replays the forward.
+      double ep_f = 0, ep_b = 0;
+      if (moe_.enabled()) {
+        fwd += L * routed.forward;
+        bwd_in += L * routed.backward_input;
+        bwd_w += L * routed.backward_weight;
+        if (p_.recompute == Recompute::full) recompute += L * routed.forward;
+        const double a2a =
+            collective_seconds(Group::ep, CollectiveOp::all_to_all, moe_.all_to_all_bytes, 2);
+        ep_f = L * a2a;
+        ep_b = L * a2a * (p_.recompute == Recompute::full ? 2.0 : 1.0);
+      }
+      k.forward = fwd + tp_f + blocking_p2p + L * cps.forward + ep_f;
       k.recompute = recompute;
-      k.backward_input = bwd_in + recompute + tp_b + blocking_p2p + L * cps.backward;
+      k.backward_input = bwd_in + recompute + tp_b + blocking_p2p + L * cps.backward + ep_b;
       k.backward_weight = bwd_w;
       k.tp_communication = per_mb_tp;
       k.cp_communication = L * (cps.forward + cps.backward);
+      k.ep_communication = ep_f + ep_b;
       // Optimizer: memory bound; reads gradients, reads and writes optimizer state and writes the
       // compute-dtype weights of this GPU's shard.
       const StageMemory& sm = e.memory.stages[static_cast<std::size_t>(st)];
@@ -994,7 +1067,8 @@ class Estimator {
   std::vector<Count> layers_;
   Count layer_params_rank_ = 0;
   Count layer_replicated_ = 0;
-  std::array<GroupInfo, 6> groups_{};
+  MoeLayerPlan moe_;  // the routed part of a MoE layer; not enabled() for a dense model
+  std::array<GroupInfo, 8> groups_{};
   Count vocab_ = 0;
   Count nmb_ = 0;
   std::vector<Count> zb_peak_;  // zb_auto: saved micro-batches per stage of the heuristic's order

@@ -5,6 +5,7 @@
 
 #include "distplan/planner/layer_ops.h"
 #include "distplan/planner/moe.h"
+#include "distplan/planner/moe_memory.h"
 
 namespace distplan {
 
@@ -150,6 +151,10 @@ Count group_size(const Scenario& s, Group g) noexcept {
       return 2;
     case Group::cp:
       return s.parallel.cp;
+    case Group::ep:
+      return s.parallel.ep;
+    case Group::edp:
+      return s.expert_data_parallel();
   }
   return 1;
 }
@@ -179,6 +184,13 @@ Link group_link(const Scenario& s, Group g) noexcept {
       // Neighbouring stages are TP*DP ranks apart: unless the whole job is one node, some stage
       // boundary crosses nodes, and the pipeline runs at the pace of its slowest boundary.
       return s.cluster.num_gpus <= gpn ? Link::intra_node : Link::inter_node;
+    case Group::ep:
+      // Expert rank order etp-ep-edp-pp (moe_memory.h, Megatron-Core's MoE parallel folding).
+      return ep_group_intra_node(s.parallel.ep, s.parallel.etp, gpn) ? Link::intra_node
+                                                                     : Link::inter_node;
+    case Group::edp:
+      return edp_group_intra_node(expert_layout(s.parallel), gpn) ? Link::intra_node
+                                                                  : Link::inter_node;
   }
   return inside_node(span, gpn) ? Link::intra_node : Link::inter_node;
 }

@@ -29,6 +29,11 @@ MemoryLayout memory_layout(const Scenario& s) noexcept {
   l.offload_optimizer = p.offload_optimizer;
   l.offload_params = p.offload_params;
   l.zb_memory_limit = p.zb_memory_limit();
+  if (s.model.moe.enabled()) {
+    l.ep = p.ep;
+    l.edp = s.expert_data_parallel();
+    l.expert_params = routed_expert_params_per_gpu(s.model, p.ep, p.etp);
+  }
   return l;
 }
 

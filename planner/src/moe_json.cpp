@@ -165,22 +165,74 @@ void check_moe_mla_fields(const ModelSpec& m, const std::string& path) {
   }
 }
 
-void refuse_unplanned_model(const ModelSpec& m) {
+void refuse_unplanned_model(const Scenario& s) {
+  const ModelSpec& m = s.model;
   if (!m.moe.enabled() && !m.mla.enabled() && m.mtp_layers == 0) return;
   const ParameterCount c = count_parameters(m);
   const std::string counts =
       fmt::format("{} parameters, {} active per token{}", c.total, c.active,
                   c.mtp > 0 ? fmt::format(", {} in the MTP modules", c.mtp) : "");
-  const char* what = m.moe.enabled()   ? "/model/moe"
-                     : m.mla.enabled() ? "/model/mla"
-                                       : "/model/mtp_layers";
-  const char* name = m.moe.enabled()   ? "Mixture-of-Experts layers"
-                     : m.mla.enabled() ? "multi-head latent attention"
-                                       : "multi-token prediction modules";
-  fail(what, fmt::format("the model ({}) has {}; distplan counts their parameters but does not "
-                         "yet model their memory, communication and time, so it refuses to plan "
-                         "it rather than plan it as a dense model",
-                         counts, name));
+  // Counted but not planned: the memory, communication and time of these parts are not modelled
+  // yet (docs/moe.md, "What is refused"), so the plan is refused rather than made as if dense.
+  auto not_yet = [&](const char* path, const char* what) {
+    fail(path, fmt::format("the model ({}) has {}; distplan counts their parameters but does not "
+                           "yet model their memory, communication and time, so it refuses to "
+                           "plan it rather than plan it as a dense model",
+                           counts, what));
+  };
+  if (m.mla.enabled()) not_yet("/model/mla", "multi-head latent attention");
+  if (m.mtp_layers > 0) not_yet("/model/mtp_layers", "multi-token prediction modules");
+  const MoeSpec& e = m.moe;
+  if (!e.enabled()) return;
+  // The planner plans MoE models whose every layer is a MoE layer with dense attention
+  // (Mixtral, Qwen2-MoE, Qwen3-MoE): one layer kind per stage.
+  if (e.first_dense_layers > 0) {
+    fail("/model/moe/first_dense_layers",
+         fmt::format("the model ({}) mixes {} dense layers with MoE layers; the planner plans "
+                     "models whose every layer is a MoE layer (per-stage mixes of dense and MoE "
+                     "layers are not modelled yet)",
+                     counts, e.first_dense_layers));
+  }
+  if (e.layer_frequency > 1) {
+    fail("/model/moe/layer_frequency",
+         fmt::format("the model ({}) has a MoE layer every {} layers; the planner plans models "
+                     "whose every layer is a MoE layer (per-stage mixes of dense and MoE layers "
+                     "are not modelled yet)",
+                     counts, e.layer_frequency));
+  }
+  const ParallelSpec& p = s.parallel;
+  const char* why = "is not modelled for Mixture-of-Experts models";
+  if (p.etp > 1) {
+    fail("/parallel/etp", fmt::format("etp={} {}: the expert tensor-parallel token gathers and "
+                                      "reductions are not planned yet; use etp 1",
+                                      p.etp, why));
+  }
+  if (p.tp > 1 && !p.sequence_parallel) {
+    fail("/parallel/sequence_parallel",
+         "a MoE model with tp > 1 needs sequence_parallel: Megatron-LM requires it (arguments.py: "
+         "'When using MoE and tensor parallelism, sequence parallelism must be used') and the "
+         "planner routes each TP rank's sequence shard");
+  }
+  if (p.zero_stage >= 3) {
+    fail("/parallel/zero_stage",
+         fmt::format("ZeRO-3 {} (the gathers of expert parameters over the expert data-parallel "
+                     "group are not planned); use ZeRO 0-2, which shard the experts over it",
+                     why));
+  }
+  if (p.zero_stage > 0 && p.fsdp_shard_size > 0 && p.fsdp_shard_size != p.dp) {
+    fail("/parallel/fsdp_shard_size", fmt::format("hybrid sharding {}", why));
+  }
+  if (p.recompute == Recompute::selective_op) {
+    fail("/parallel/recompute",
+         fmt::format("selective_op (torchtitan's per-op policy) {}; use none, selective or full",
+                     why));
+  }
+  if (p.offload_optimizer != Offload::none)
+    fail("/parallel/offload_optimizer", fmt::format("optimizer offload {}", why));
+  if (p.offload_params != Offload::none)
+    fail("/parallel/offload_params", fmt::format("parameter offload {}", why));
+  if (s.training.fp8 != Fp8Recipe::none)
+    fail("/training/fp8", fmt::format("FP8 expert GEMMs {} (their cached fp8 weights)", why));
 }
 
 void put_moe_mla_fields(const ModelSpec& m, json& j) {

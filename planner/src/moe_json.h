@@ -16,9 +16,10 @@ namespace distplan::detail {
 void read_moe_mla_fields(ObjectReader& r, ModelSpec& m);
 /// Checks the fields read together (top_k <= num_experts, ...); `path` is the model's.
 void check_moe_mla_fields(const ModelSpec& m, const std::string& path);
-/// Refuses to plan what the memory, communication and time models do not cover yet (experts,
-/// MLA, MTP modules), at the model field, giving the parameter counts.
-void refuse_unplanned_model(const ModelSpec& m);
+/// Refuses to plan what the memory, communication and time models do not cover yet (MLA, MTP
+/// modules, dense layers mixed with MoE layers, and the MoE layouts moe_layer.h does not plan),
+/// at the field, giving the parameter counts.
+void refuse_unplanned_model(const Scenario& s);
 /// Adds the fields that differ from a dense model's defaults to an echoed model object.
 void put_moe_mla_fields(const ModelSpec& m, nlohmann::json& j);
 

@@ -956,6 +956,7 @@ json stage_costs_json(std::size_t stage, const StageCosts& k) {
   put(o, "tp_communication_seconds", k.tp_communication);
   put(o, "p2p_seconds", k.p2p);
   put(o, "cp_communication_seconds", k.cp_communication);
+  put(o, "ep_communication_seconds", k.ep_communication);
   put(o, "zero3_gather_seconds", k.zero3_gather);
   put(o, "grad_reduce_seconds", k.grad_reduce);
   put(o, "param_gather_seconds", k.param_gather);

@@ -93,7 +93,7 @@ void check_context_parallel(const Scenario& s) {
 }
 
 // Megatron-Core's MoE parallel folding (parallel_state.py, initialize_model_parallel): the tp·dp
-// ranks of a stage hold the expert layers as etp · ep · edp, so ep·etp divides tp·dp.
+// ranks of a stage hold the expert layers as etp · ep · edp, so ep·etp divides tp·cp·dp.
 void check_expert_layout(const ModelSpec& m, const ParallelSpec& p) {
   // Shared experts are split by tensor parallelism like the dense MLP.
   if (m.moe.num_shared_experts > 0 && m.moe.shared_expert_ffn_hidden_size % p.tp != 0) {
@@ -108,10 +108,10 @@ void check_expert_layout(const ModelSpec& m, const ParallelSpec& p) {
     fail("/parallel/ep",
          fmt::format("ep={} does not divide num_experts={}", p.ep, m.moe.num_experts));
   }
-  if ((p.tp * p.dp) % (p.ep * p.etp) != 0) {
-    fail(which, fmt::format("ep*etp = {}*{} must divide tp*dp = {}*{}: the expert layers regroup a "
-                            "stage's tp*dp ranks as etp*ep*expert-dp",
-                            p.ep, p.etp, p.tp, p.dp));
+  if ((p.tp * p.cp * p.dp) % (p.ep * p.etp) != 0) {
+    fail(which, fmt::format("ep*etp = {}*{} must divide tp*cp*dp = {}*{}*{}: the expert layers "
+                            "regroup a stage's tp*cp*dp ranks as etp*ep*expert-dp",
+                            p.ep, p.etp, p.tp, p.cp, p.dp));
   }
   if (m.moe.expert_ffn_hidden_size % p.etp != 0) {
     fail("/parallel/etp", fmt::format("etp={} does not divide expert_ffn_hidden_size={}", p.etp,
@@ -349,7 +349,7 @@ void validate_scenario(const Scenario& s) {
          "global_batch_size * seq_length exceeds 1e15 tokens per step");
   }
   // Last, once the layout is known to be well formed: what is counted but not planned yet.
-  detail::refuse_unplanned_model(m);
+  detail::refuse_unplanned_model(s);
 }
 
 }  // namespace distplan

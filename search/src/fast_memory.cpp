@@ -8,11 +8,12 @@
 #include "distplan/planner/fp8.h"
 #include "distplan/planner/layout.h"
 #include "distplan/planner/memory_terms.h"
+#include "distplan/planner/moe_layer.h"
 
 namespace distplan::search {
 
 FastMemory::FastMemory(const Scenario& base)
-    : base_(base), table_(build_layer_table(base.model, base.training)) {}
+    : base_(base), table_(planner_layer_table(base.model, base.training)) {}
 
 void FastMemory::set_outer(const Outer& o) {
   outer_ = o;
@@ -23,9 +24,12 @@ void FastMemory::set_outer(const Outer& o) {
   l.dp = o.dp;
   l.micro_batch_size = o.micro_batch_size;
   l.cp = o.cp;
+  l.ep = o.ep;
   apply_layout(s, l);
   vocab_ = padded_vocab(s);
-  layer_params_ = layer_parameters_per_tp_rank(table_, o.tp);
+  layer_params_ = planner_layer_params_per_tp_rank(s.model, table_, o.tp);
+  expert_params_ = routed_expert_params_per_gpu(s.model, o.ep, 1);
+  edp_ = s.expert_data_parallel();
   fp8_state_ = fp8_layer_state_bytes(table_, o.tp, base_.training.fp8, base_.assumptions);
   num_microbatches_ = s.num_microbatches();
   const std::vector<Count> layers = stage_layer_counts(s);
@@ -42,9 +46,14 @@ void FastMemory::set_outer(const Outer& o) {
     head_[sp] = head_pass_costs(s.model, local, vocab_, o.tp, sp == 1, rates);
   }
   for (int sp = 0; sp < 2; ++sp) {
+    const MoeLayerPlan moe =
+        moe_layer_plan(s.model, s.assumptions, s.training.precision, o.micro_batch_size,
+                       local.seq_length, o.tp, sp == 1, o.ep, 1);
+    routed_[sp] = moe_pass_costs(s.model, moe, rates);
     for (Recompute r :
          {Recompute::none, Recompute::selective, Recompute::full, Recompute::selective_op}) {
-      act_[sp][static_cast<int>(r)] = layer_activation(table_, s.model, local, o.tp, sp == 1, r);
+      act_[sp][static_cast<int>(r)] =
+          add_moe_activation(layer_activation(table_, s.model, local, o.tp, sp == 1, r), moe, r);
     }
   }
 }
@@ -69,6 +78,11 @@ Bytes FastMemory::stage_total(const Layout& l, Count st, Count layer_count) cons
   ml.schedule = l.schedule;
   ml.offload_optimizer = base_.parallel.offload_optimizer;  // the search keeps the base's offload
   ml.offload_params = base_.parallel.offload_params;
+  if (expert_params_ > 0) {
+    ml.ep = l.ep;
+    ml.edp = edp_;
+    ml.expert_params = expert_params_;
+  }
   const int stage = static_cast<int>(st);
   const StageUnitParams units = stage_unit_params(base_.model, l.tp, l.pp, l.schedule, stage,
                                                   layer_count, vocab_, layer_params_);
@@ -99,8 +113,10 @@ Seconds FastMemory::step_lower_bound(const Layout& l) const noexcept {
   // exposed-communication and optimizer terms).
   const int sp = l.sequence_parallel ? 1 : 0;
   const PassCosts& c = layer_[sp];
-  double per_layer = c.forward + c.backward_input + c.backward_weight;
-  if (l.recompute == Recompute::full) per_layer += c.forward;
+  const PassCosts& x = routed_[sp];  // MoE: the routed part (zero for a dense model)
+  double per_layer = c.forward + c.backward_input + c.backward_weight + x.forward +
+                     x.backward_input + x.backward_weight;
+  if (l.recompute == Recompute::full) per_layer += c.forward + x.forward;
   if (l.recompute == Recompute::selective) per_layer += c.selective_recompute;
   if (l.recompute == Recompute::selective_op) per_layer += c.selective_op_recompute;
   const double head = head_[sp].forward + head_[sp].backward_input + head_[sp].backward_weight;

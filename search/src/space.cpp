@@ -34,6 +34,10 @@ std::string_view to_string(Reject r) noexcept {
       return "cp_divides_heads";
     case Reject::cp_needs_flash:
       return "cp_needs_flash";
+    case Reject::ep_divides_experts:
+      return "ep_divides_experts";
+    case Reject::moe_not_planned:
+      return "moe_not_planned";
     case Reject::tp_within_node:
       return "tp_within_node";
     case Reject::pp_divides_layers:
@@ -68,6 +72,8 @@ void apply_layout(Scenario& s, const Layout& l) noexcept {
   ParallelSpec& p = s.parallel;
   p.tp = l.tp;
   p.cp = l.cp;
+  p.ep = l.ep;
+  p.etp = 1;
   p.pp = l.pp;
   p.dp = l.dp;
   p.zero_stage = l.zero_stage;
@@ -234,7 +240,20 @@ void walk_outer(const Space& space, RejectCounts& rejected, Fn&& fn) {
               bump(rejected, Reject::max_micro_batch_size);
               continue;
             }
-            if (!fn(Outer{tp, pp, dp, mb, cp})) return;
+            // Expert parallel, last: the expert layers regroup a stage's tp·cp·dp ranks as
+            // ep · edp (etp = 1; Megatron-Core's MoE parallel folding, validate.cpp).
+            const bool moe = b.model.moe.enabled();
+            const std::vector<Count> eps = !pin.ep.empty() ? pin.ep
+                                           : moe           ? divisors(b.model.moe.num_experts)
+                                                           : std::vector<Count>{1};
+            for (Count ep : eps) {
+              if (ep < 1 ||
+                  (ep > 1 && (!moe || b.model.moe.num_experts % ep != 0 || (tc * dp) % ep != 0))) {
+                bump(rejected, Reject::ep_divides_experts);
+                continue;
+              }
+              if (!fn(Outer{tp, pp, dp, mb, cp, ep})) return;
+            }
           }
         }
       }
@@ -331,7 +350,12 @@ void inner_lists(const Space& space, const Outer& o, RejectCounts& rejected, Inn
   out.zero_stages.clear();
   const std::vector<int> zs =
       !pin.zero_stage.empty() ? pin.zero_stage : std::vector<int>{0, 1, 2, 3};
+  const bool moe = b.model.moe.enabled();
   for (int z : zs) {
+    if (moe && z == 3) {  // ZeRO-3 of experts: refused by validation (docs/moe.md)
+      bump(rejected, Reject::moe_not_planned);
+      continue;
+    }
     if (z > 0 && o.dp * o.cp == 1 && c.zero_needs_dp) {  // ZeRO shards over dp·cp
       bump(rejected, Reject::zero_needs_dp);
       continue;
@@ -363,7 +387,7 @@ void inner_lists(const Space& space, const Outer& o, RejectCounts& rejected, Inn
   } else {
     out.shard_sizes.push_back(0);
     // Hybrid shards of 2 .. dp/2 GPUs; a shard of 1 is ZeRO-0 and is already in the space.
-    if (c.hybrid_shard) {
+    if (c.hybrid_shard && !moe) {  // hybrid sharding of experts: refused (docs/moe.md)
       for (Count d : divisors(o.dp)) {
         if (d >= 2 && d < o.dp) out.shard_sizes.push_back(d);
       }
@@ -381,14 +405,20 @@ void inner_lists(const Space& space, const Outer& o, RejectCounts& rejected, Inn
     out.recompute = {Recompute::none, Recompute::selective, Recompute::full};
   }
   // torchtitan's per-op selective checkpointing exists only there: enumerated for fsdp2 runs.
-  if (pin.recompute.empty() && b.training.framework == Framework::fsdp2) {
+  if (pin.recompute.empty() && b.training.framework == Framework::fsdp2 && !moe) {
     out.recompute.push_back(Recompute::selective_op);
   }
+  if (moe && std::erase(out.recompute, Recompute::selective_op) > 0)
+    bump(rejected, Reject::moe_not_planned);
 
   out.sequence_parallel.clear();
   const std::vector<bool> sps =
       !pin.sequence_parallel.empty() ? pin.sequence_parallel : std::vector<bool>{false, true};
   for (bool sp : sps) {
+    if (moe && !sp && o.tp > 1) {  // Megatron-LM requires SP with MoE and tp > 1
+      bump(rejected, Reject::moe_not_planned);
+      continue;
+    }
     if (sp && o.tp == 1 && c.sequence_parallel_needs_tp) {
       bump(rejected, Reject::sequence_parallel_needs_tp);
       continue;

@@ -1,5 +1,5 @@
-// A new user's path with a Mixture-of-Experts config.json: the CLI counts it exactly and refuses
-// to plan it at the model's field (exit 2) rather than plan a dense model; Qwen3 (dense) plans.
+// A new user's path with a Mixture-of-Experts config.json: the CLI counts it exactly and plans its
+// experts (docs/moe.md), validate refuses it at the model's moe field; Qwen3 (dense) plans.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -32,16 +32,54 @@ const json kMixtral = {{"architectures", {"MixtralForCausalLM"}},
                        {"tie_word_embeddings", false},
                        {"vocab_size", 32000}};
 
-TEST(MoeCli, MixtralConfigIsCountedAndRefusedAtTheModelsMoeField) {
+TEST(MoeCli, MixtralConfigPlansWithItsExpertsAndValidateRefusesIt) {
   TempDir dir;
   const auto cfg = dir.write("config.json", kMixtral.dump());
   const CliResult r = run_cli({"plan", "--hf-config", cfg.string()});
-  EXPECT_EQ(r.exit_code, 2) << r.err;
-  EXPECT_EQ(r.out, "");
-  const json err = json::parse(r.err)["error"];
-  EXPECT_EQ(err["path"], "/model/moe");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json plan = json::parse(r.out);
   // The published count (46,702,792,704; 12.9B active), not the 7.24B of a dense reading.
-  EXPECT_NE(err["message"].get<std::string>().find("46702792704"), std::string::npos) << err.dump();
+  EXPECT_EQ(plan["model_summary"]["parameters"], 46702792704);
+  EXPECT_NEAR(plan["model_summary"]["active_parameters"].get<double>(), 12.9e9, 0.05e9);
+  // The default layout (tp 8, dp 2, ep 1): the experts' gradients are reduced over the expert
+  // data-parallel group, tp·dp/ep = 16 ranks, apart from the dense ones.
+  bool edp = false;
+  for (const json& c : plan["communication"]["collectives"]) {
+    if (c["group"] == "edp") {
+      edp = true;
+      EXPECT_EQ(c["group_size"], 16);
+    }
+  }
+  EXPECT_TRUE(edp) << plan["communication"].dump();
+  // The CPU backend does not train experts: validate refuses at the model's moe field.
+  const CliResult v = run_cli({"validate", "--hf-config", cfg.string()});
+  EXPECT_EQ(v.exit_code, 2) << v.out;
+  EXPECT_EQ(json::parse(v.err)["error"]["path"], "/model/moe") << v.err;
+}
+
+TEST(MoeCli, MixtralPresetPlansWithExpertParallelism) {
+  TempDir dir;
+  const json doc = {{"model", "mixtral-8x7b"},
+                    {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", 32}, {"gpus_per_node", 8}}},
+                    {"training", {{"seq_length", 4096}, {"global_batch_size", 256}}},
+                    {"parallel",
+                     {{"tp", 2},
+                      {"pp", 2},
+                      {"dp", 8},
+                      {"ep", 8},
+                      {"zero_stage", 1},
+                      {"sequence_parallel", true}}}};
+  const auto file = dir.write("mixtral.json", doc.dump());
+  const CliResult r = run_cli({"plan", file.string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json plan = json::parse(r.out);
+  bool a2a = false;
+  for (const json& c : plan["communication"]["collectives"])
+    a2a |= c["group"] == "ep" && c["op"] == "all_to_all";
+  EXPECT_TRUE(a2a);
+  EXPECT_GT(plan["stage_costs"][0]["ep_communication_seconds"].get<double>(), 0);
+  const CliResult s = run_cli({"simulate", file.string()});
+  EXPECT_EQ(s.exit_code, 0) << s.err;
 }
 
 TEST(MoeCli, PresetsListTotalAndActiveParameters) {

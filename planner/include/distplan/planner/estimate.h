@@ -60,7 +60,9 @@ struct MemoryEstimate {
   bool operator==(const MemoryEstimate&) const = default;
 };
 
-enum class Group { dp, dp_replicate, tp, pp, embedding, cp };
+// ep: the expert-parallel group of a MoE layer's token all-to-all; edp: the expert data-parallel
+// group that reduces (and ZeRO-shards) the routed experts' gradients (docs/communication.md).
+enum class Group { dp, dp_replicate, tp, pp, embedding, cp, ep, edp };
 enum class CollectiveOp { all_reduce, reduce_scatter, all_gather, send_recv, all_to_all };
 enum class Link { intra_node, inter_node };
 [[nodiscard]] std::string_view to_string(Group v) noexcept;
@@ -110,6 +112,8 @@ struct StageCosts {
   Seconds p2p = 0;  // one activation send to the next stage (or a gradient to the previous)
   Seconds cp_communication = 0;  // context-parallel exchanges per micro-batch (exposed part),
                                  // included in forward and backward_input
+  Seconds ep_communication = 0;  // MoE token all-to-alls per micro-batch (dispatch and combine,
+                                 // forward + backward), included in forward and backward_input
   Seconds zero3_gather = 0;  // ZeRO-3 parameter all-gathers per micro-batch (forward + backward)
   Seconds grad_reduce = 0;   // DP/ZeRO gradient reduction per step
   Seconds param_gather = 0;  // ZeRO-1/2 parameter all-gather after the optimizer step

@@ -10,6 +10,7 @@
 #include "distplan/planner/estimate.h"
 #include "distplan/planner/layer_ops.h"
 #include "distplan/planner/layout.h"
+#include "distplan/planner/moe_memory.h"
 #include "distplan/planner/offload.h"
 #include "distplan/planner/spec.h"
 #include "distplan/planner/units.h"
@@ -35,6 +36,11 @@ struct MemoryLayout {
   Count cp = 1;  // context parallel: each GPU holds seq_length / cp tokens of a sequence
   CpComm cp_comm = CpComm::p2p;
   Bytes fp8_layer_state = 0;  // fp8_layer_state_bytes() of one layer (fp8.h); 0 without fp8
+  // Mixture-of-Experts (moe_memory.h, moe_layer.h): every layer is a MoE layer whose routed
+  // experts, expert_params of them per GPU, are sharded by ZeRO over the edp group.
+  Count ep = 1;
+  Count edp = 1;
+  Count expert_params = 0;  // routed_expert_params_per_gpu() of one layer; 0 for a dense model
 };
 [[nodiscard]] MemoryLayout memory_layout(const Scenario& s) noexcept;
 
@@ -150,6 +156,9 @@ struct StageUnitParams {
                                              bool tied_embeddings, int stage) noexcept {
   auto ring = [](Count n) -> Count { return n > 1 ? std::min<Count>(n - 1, 2) : 0; };
   Count peers = ring(l.tp) + ring(l.dp);
+  // MoE: the all-to-all connects to every other rank of the ep group; the experts' gradients
+  // are reduced on a ring over the expert data-parallel group.
+  if (l.expert_params > 0) peers += (l.ep - 1) + ring(l.edp);
   if (l.pp > 1) {
     peers += (stage > 0 ? 1 : 0) + (stage < l.pp - 1 ? 1 : 0);
     // Tied embeddings: the first and last stage all-reduce the word-embedding gradient.
@@ -257,6 +266,16 @@ inline void stage_memory(const Scenario& base, const MemoryLayout& l, const Stag
   if (l.zero_stage < 3) sm.weights_bytes += u.layers * l.fp8_layer_state;
   sm.gradients_bytes = (l.zero_stage >= 2 ? sharded : full) * gb;
   sm.optimizer_bytes = (l.zero_stage >= 1 ? sharded : full) * opt_k;
+  // Routed experts: their own units, ZeRO-sharded over the expert data-parallel group
+  // (moe_memory.h, expert_state_bytes; docs/moe.md, "Memory").
+  if (l.expert_params > 0 && u.layers > 0) {
+    const ExpertStateBytes x =
+        expert_state_bytes(l.expert_params, u.layers, l.zero_stage, l.edp, weight_b, gb, opt_k);
+    sm.parameters += l.expert_params * u.layers;
+    sm.weights_bytes += x.weights;
+    sm.gradients_bytes += x.gradients;
+    sm.optimizer_bytes += x.optimizer;
+  }
   // Offload (ZeRO-Offload, Ren et al. 2021, sec. 4; ZeRO-Infinity, Rajbhandari et al. 2021):
   // the optimizer's partition leaves the GPU, and with it the ZeRO-2/3 gradient partition, which
   // is copied to host memory as each unit is reduced (ZeRO-1 keeps its full gradients); ZeRO-3
@@ -309,10 +328,13 @@ inline void stage_memory(const Scenario& base, const MemoryLayout& l, const Stag
     logits_ws = logits * live;
   }
   Bytes zero_ws = 0;
-  if (S > 1 && l.zero_stage >= 2) {
-    Count largest = padded_layer;
-    if (u.embeddings > 0) largest = std::max(largest, padded_embedding);
-    if (u.heads > 0) largest = std::max(largest, padded_head);
+  const bool expert_zero = l.expert_params > 0 && u.layers > 0 && l.edp > 1;
+  if ((S > 1 || expert_zero) && l.zero_stage >= 2) {
+    Count largest = S > 1 ? padded_layer : 0;
+    if (S > 1 && u.embeddings > 0) largest = std::max(largest, padded_embedding);
+    if (S > 1 && u.heads > 0) largest = std::max(largest, padded_head);
+    // The routed experts of a layer are a unit too, padded over the expert data-parallel group.
+    if (expert_zero) largest = std::max(largest, detail::ceil_div(l.expert_params, l.edp) * l.edp);
     const Bytes gradient = largest * gb;  // one unit's full gradient before its reduce-scatter
     zero_ws = gradient;
     if (l.zero_stage == 3) {

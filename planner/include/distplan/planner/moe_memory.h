@@ -12,15 +12,16 @@
 
 namespace distplan {
 
-/// How one stage's tp·dp ranks hold the expert layers: Megatron-Core's MoE parallel folding
-/// (parallel_state.py, initialize_model_parallel; docs/layout.md): etp · ep · edp = tp · dp.
+/// How one stage's tp·cp·dp ranks hold the expert layers: Megatron-Core's MoE parallel folding
+/// (parallel_state.py, initialize_model_parallel: expert_data_parallel_size = world /
+/// (pp·ep·etp); docs/layout.md): etp · ep · edp = tp · cp · dp.
 struct ExpertLayout {
   Count ep = 1;   // expert parallel: each rank holds num_experts / ep routed experts
   Count etp = 1;  // expert tensor parallel: each routed expert's FFN split etp ways
   Count edp = 1;  // expert data parallel: replicas of one expert shard, ZeRO's shard group
 };
 [[nodiscard]] inline ExpertLayout expert_layout(const ParallelSpec& p) noexcept {
-  return {.ep = p.ep, .etp = p.etp, .edp = p.tp * p.dp / (p.ep * p.etp)};
+  return {.ep = p.ep, .etp = p.etp, .edp = p.tp * p.cp * p.dp / (p.ep * p.etp)};
 }
 
 /// Routed-expert parameters one GPU holds in one MoE layer: num_experts / ep experts, each FFN

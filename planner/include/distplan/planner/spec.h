@@ -280,9 +280,10 @@ struct Scenario {
   [[nodiscard]] Count num_microbatches() const noexcept {
     return training.global_batch_size / (training.micro_batch_size * parallel.dp);
   }
-  /// Expert data-parallel size: the replicas of one expert shard within a stage (tp·dp / ep·etp).
+  /// Expert data-parallel size: the replicas of one expert shard within a stage
+  /// (tp·cp·dp / ep·etp; Megatron-Core's expert_data_parallel_size = world / (pp·ep·etp)).
   [[nodiscard]] Count expert_data_parallel() const noexcept {
-    return parallel.tp * parallel.dp / (parallel.ep * parallel.etp);
+    return parallel.tp * parallel.cp * parallel.dp / (parallel.ep * parallel.etp);
   }
   [[nodiscard]] Count shard_size() const noexcept {
     return parallel.fsdp_shard_size > 0 ? parallel.fsdp_shard_size : parallel.dp;

@@ -45,6 +45,11 @@ class FastMemory {
   // one layer, and the last stage's norm, LM head and loss.
   PassCosts layer_[2] = {};
   PassCosts head_[2] = {};
+  // MoE (planner moe_layer.h): one layer's routed experts per GPU at this ep, and the routed
+  // part's op costs, [sequence parallel]; 0 for a dense model.
+  Count expert_params_ = 0;
+  Count edp_ = 1;
+  PassCosts routed_[2] = {};
 };
 
 }  // namespace distplan::search

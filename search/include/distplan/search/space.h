@@ -15,7 +15,7 @@
 
 namespace distplan::search {
 
-/// One point of the space: a parallel layout plus the micro-batch size. 40 bytes, ordered by its
+/// One point of the space: a parallel layout plus the micro-batch size. 88 bytes, ordered by its
 /// fields in declaration order (the total key that makes results independent of thread count).
 struct Layout {
   Count tp = 1;
@@ -29,6 +29,7 @@ struct Layout {
   Recompute recompute = Recompute::none;
   bool sequence_parallel = false;
   Count cp = 1;  // context parallel (the exchange, cp_comm, is the base scenario's)
+  Count ep = 1;  // expert parallel (MoE models; etp stays 1)
 
   [[nodiscard]] Count num_gpus() const noexcept { return tp * cp * pp * dp; }
   bool operator==(const Layout&) const = default;
@@ -75,6 +76,8 @@ enum class Reject : int {
   cp_divides_seq,                 // cp: 2·cp (cp under a2a) chunks divide seq_length
   cp_divides_heads,               // cp a2a: cp divides the heads and KV heads per TP rank
   cp_needs_flash,                 // cp only with flash attention
+  ep_divides_experts,             // MoE: ep divides num_experts and tp·cp·dp (expert folding)
+  moe_not_planned,                // MoE: a lever the planner refuses for MoE (docs/moe.md)
   // Constraints (liftable).
   tp_within_node,
   pp_divides_layers,
@@ -97,7 +100,7 @@ using RejectCounts = std::array<std::uint64_t, kNumRejects>;
 
 /// Candidate values per dimension; an empty list means "every value the space allows".
 struct Candidates {
-  std::vector<Count> tp, pp, dp, virtual_stages, fsdp_shard_size, micro_batch_size, cp;
+  std::vector<Count> tp, pp, dp, virtual_stages, fsdp_shard_size, micro_batch_size, cp, ep;
   std::vector<int> zero_stage;
   std::vector<bool> sequence_parallel;
   std::vector<Recompute> recompute;
@@ -127,6 +130,7 @@ void apply_layout(Scenario& s, const Layout& layout) noexcept;
 struct Outer {
   Count tp, pp, dp, micro_batch_size;
   Count cp = 1;
+  Count ep = 1;
 };
 [[nodiscard]] std::vector<Outer> enumerate_outer(const Space& space, RejectCounts& rejected);
 
@@ -173,6 +177,7 @@ void for_each_inner(const Space& space, const Outer& o, RejectCounts& rejected, 
   l.dp = o.dp;
   l.micro_batch_size = o.micro_batch_size;
   l.cp = o.cp;
+  l.ep = o.ep;
   static const std::vector<Count> kOne{1};
   static const std::vector<Count> kTwo{2};  // a V: exactly two chunks per stage
   for (Schedule sched : lists.schedules) {

@@ -1,0 +1,131 @@
+// A MoE layer as the planner plans it (moe_layer.h; docs/moe.md, "Plan").
+#include "distplan/planner/moe_layer.h"
+
+#include <algorithm>
+
+namespace distplan {
+
+namespace {
+
+bool is_routed_mlp_op(const LayerOp& op) noexcept {
+  return op.name == "mlp_in" || op.name == "mlp_out" || op.kind == OpKind::activation;
+}
+
+}  // namespace
+
+LayerTable planner_layer_table(const ModelSpec& m, const TrainingSpec& t) {
+  if (!m.moe.enabled()) return build_layer_table(m, t);
+  ModelSpec x = m;
+  const MoeSpec& e = m.moe;
+  if (e.num_shared_experts > 0) {
+    // The shared experts run on every token as one tensor-parallel MLP (Megatron-Core's
+    // SharedExpertMLP: num_shared_experts · shared width in one FFN; DeepSeekMoE, Dai et al. 2024,
+    // sec. 3.2). Its weights, FLOPs and saved tensors are the table's feed-forward ops.
+    x.ffn_hidden_size = e.num_shared_experts * e.shared_expert_ffn_hidden_size;
+    return build_layer_table(x, t);
+  }
+  const LayerTable full = build_layer_table(x, t);
+  LayerTable out;
+  for (const LayerOp& op : full) {
+    if (!is_routed_mlp_op(op)) out.ops[static_cast<std::size_t>(out.num_ops++)] = op;
+  }
+  return out;
+}
+
+Count planner_layer_params_per_tp_rank(const ModelSpec& m, const LayerTable& table,
+                                       Count tp) noexcept {
+  return m.moe.enabled() ? moe_layer_dense_params_per_tp_rank(m, tp)
+                         : layer_parameters_per_tp_rank(table, tp);
+}
+
+MoeLayerPlan moe_layer_plan(const ModelSpec& m, const Assumptions& a, DType precision,
+                            Count micro_batch, Count local_seq, Count tp, bool sp, Count ep,
+                            Count etp) noexcept {
+  MoeLayerPlan x;
+  const MoeSpec& e = m.moe;
+  if (!e.enabled() || ep < 1 || etp < 1) return x;
+  const Bytes cb = bytes_of(precision);
+  x.tokens = micro_batch * local_seq / (sp && tp > 1 ? tp : 1);
+  x.load_factor = e.capacity_factor ? *e.capacity_factor : a.moe_load_imbalance;
+  x.routed = routed_tokens_per_gpu(x.tokens, e.top_k, etp, x.load_factor);
+  x.local_experts = e.num_experts / ep;
+  x.expert_ffn = e.expert_ffn_hidden_size / etp;
+  x.expert_params = routed_expert_params_per_gpu(m, ep, etp);
+  x.router_params = e.num_experts * m.hidden_size + (e.router_bias ? e.num_experts : 0);
+  x.all_to_all_bytes = x.tokens * e.top_k * m.hidden_size * cb;
+  x.activation = moe_layer_activation(m, x.tokens, x.routed, x.expert_ffn, cb);
+  return x;
+}
+
+MoeLayerPlan moe_layer_plan(const Scenario& s) noexcept {
+  const ParallelSpec& p = s.parallel;
+  return moe_layer_plan(s.model, s.assumptions, s.training.precision, s.training.micro_batch_size,
+                        s.local_seq_length(), p.tp, p.sequence_parallel, p.ep, p.etp);
+}
+
+LayerActivation add_moe_activation(LayerActivation dense, const MoeLayerPlan& x,
+                                   Recompute recompute) noexcept {
+  if (!x.enabled()) return dense;
+  const Bytes routed = x.activation.total();
+  if (recompute == Recompute::full) {
+    dense.working += routed;  // the layer input is kept; the replay rebuilds the rest
+  } else {
+    dense.kept += routed;
+  }
+  // The experts' input-projection output, the largest tensor the routed part saves.
+  dense.largest_elements = std::max(dense.largest_elements, x.routed * 2 * x.expert_ffn);
+  return dense;
+}
+
+LayerFlops moe_layer_flops(const ModelSpec& m, Count tokens) noexcept {
+  LayerFlops f;
+  const MoeSpec& e = m.moe;
+  if (!e.enabled()) return f;
+  const double h = static_cast<double>(m.hidden_size);
+  const double fe = static_cast<double>(e.expert_ffn_hidden_size);
+  const double in_out = (m.mlp == Mlp::swiglu ? 2.0 : 1.0) * fe;
+  const double per_token = 2.0 * h * static_cast<double>(e.num_experts) +
+                           static_cast<double>(e.top_k) * 2.0 * h * (in_out + fe);
+  f.forward = static_cast<double>(tokens) * per_token;
+  f.backward_input = f.forward;
+  f.backward_weight = f.forward;
+  return f;
+}
+
+PassCosts moe_pass_costs(const ModelSpec& m, const MoeLayerPlan& x, const DeviceRates& r) noexcept {
+  PassCosts c;
+  if (!x.enabled()) return c;
+  const double e = static_cast<double>(r.element_bytes);
+  const double h = static_cast<double>(m.hidden_size);
+  const double E = static_cast<double>(m.moe.num_experts);
+  const double T = static_cast<double>(x.tokens);
+  const double P = T * static_cast<double>(m.moe.top_k);  // copies this GPU sends
+  const double R = static_cast<double>(x.routed);         // copies its experts take
+  // Router: logits = x W_r^T (h -> E), then softmax or sigmoid and top-k over fp32 scores
+  // (Megatron-Core router.py), read and written once each way.
+  c.forward += gemm_seconds(r, T, E, h) + memory_seconds(r, T * E * 2 * 4, 2);
+  c.backward_input += gemm_seconds(r, T, h, E) + memory_seconds(r, T * E * 3 * 4, 2);
+  c.backward_weight += gemm_seconds(r, E, h, T);
+  // Permutation (moe_utils.py permute/unpermute): before the dispatch read T and write P rows,
+  // after it sort R rows by expert; the combine mirrors both and sums the top_k copies per token.
+  // The backward runs the same data movement in reverse.
+  const double permute = e * h * (2 * (T + P) + 4 * R);
+  c.forward += memory_seconds(r, permute, 4);
+  c.backward_input += memory_seconds(r, permute, 4);
+  // Experts as a grouped GEMM (Megatron-Core's GroupedMLP / TEGroupedMLP): local_experts GEMMs
+  // of R / local_experts rows each.
+  const double n_exp = static_cast<double>(x.local_experts);
+  const double M = R / n_exp;
+  const double f = static_cast<double>(x.expert_ffn);
+  const double in_out = (m.mlp == Mlp::swiglu ? 2.0 : 1.0) * f;
+  c.forward += gemm_seconds(r, M, in_out, h, n_exp) + gemm_seconds(r, M, h, f, n_exp);
+  c.backward_input += gemm_seconds(r, M, h, in_out, n_exp) + gemm_seconds(r, M, f, h, n_exp);
+  c.backward_weight += gemm_seconds(r, in_out, h, M, n_exp) + gemm_seconds(r, h, f, M, n_exp);
+  // The activation between the projections: read in_out, write f; backward reads both and the
+  // output gradient, writes the input gradient.
+  c.forward += memory_seconds(r, R * (in_out + f) * e, 1);
+  c.backward_input += memory_seconds(r, R * (2 * in_out + f) * e, 1);
+  return c;
+}
+
+}  // namespace distplan

@@ -1,0 +1,60 @@
+// The search over expert parallelism (docs/search.md, docs/moe.md): MoE layouts with ep > 1,
+// the lean memory path equal to estimate() on them, and no layout the planner refuses.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "distplan/planner/estimate.h"
+#include "distplan/planner/validate.h"
+#include "distplan/search/fast_memory.h"
+#include "distplan/search/search.h"
+#include "distplan/search/search_json.h"
+
+namespace distplan::search {
+namespace {
+
+nlohmann::json request(const char* model, int gpus, int batch) {
+  return {{"model", model},
+          {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", gpus}, {"gpus_per_node", 8}}},
+          {"training", {{"seq_length", 4096}, {"global_batch_size", batch}}},
+          {"search", {{"top_k", 50}, {"simulate_top", 0}}}};
+}
+
+TEST(MoeSearch, MixtralOn32GpusReturnsExpertParallelLayouts) {
+  const Request req = request_from_json(request("mixtral-8x7b", 32, 256));
+  const Result r = run(req.space, req.options);
+  ASSERT_FALSE(r.plans.empty());
+  int with_ep = 0;
+  for (const Plan& p : r.plans) {
+    if (p.layout.ep > 1) ++with_ep;
+    // Every returned layout is one the planner plans (validation's MoE rules hold).
+    EXPECT_NO_THROW(validate_scenario(make_scenario(req.space.base, p.layout)));
+  }
+  EXPECT_GT(with_ep, 0);
+}
+
+// The lean path's peak equals estimate()'s on every layout of a MoE space, and its step bound
+// stays below estimate()'s step time.
+TEST(MoeSearch, LeanMemoryPathAgreesWithEstimate) {
+  const Request req = request_from_json(request("qwen3-30b-a3b", 16, 64));
+  const Space& sp = req.space;
+  RejectCounts rejected{};
+  FastMemory fast(sp.base);
+  std::size_t checked = 0, ep_layouts = 0;
+  for (const Outer& o : enumerate_outer(sp, rejected)) {
+    fast.set_outer(o);
+    for_each_inner(sp, o, rejected, [&](const Layout& l) {
+      const Estimate e = estimate(make_scenario(sp.base, l));
+      ASSERT_EQ(fast.peak_bytes(l), e.memory.peak_reserved_bytes)
+          << "tp=" << l.tp << " pp=" << l.pp << " dp=" << l.dp << " ep=" << l.ep
+          << " zero=" << l.zero_stage << " rc=" << to_string(l.recompute);
+      EXPECT_LE(fast.step_lower_bound(l), e.time.step_seconds);
+      ++checked;
+      if (l.ep > 1) ++ep_layouts;
+    });
+  }
+  EXPECT_GT(checked, 200u);
+  EXPECT_GT(ep_layouts, 100u);
+}
+
+}  // namespace
+}  // namespace distplan::search
