@@ -674,6 +674,7 @@ class Estimator {
             tp_total += c.seconds_per_step;
             break;
           case Group::cp:
+          case Group::ep:
             break;  // on the critical path inside the passes (cp_layer_seconds)
           case Group::pp:
             if (c.what == "activations (forward)")
@@ -682,6 +683,7 @@ class Estimator {
           case Group::dp:
           case Group::dp_replicate:
           case Group::embedding:
+          case Group::edp:
             if (p_.zero_stage == 3 && c.op == CollectiveOp::all_gather) {
               k.zero3_gather += c.seconds_per_step / static_cast<double>(m);
             } else if (p_.zero_stage >= 1 && c.op == CollectiveOp::all_gather) {

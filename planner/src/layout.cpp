@@ -150,6 +150,10 @@ Count group_size(const Scenario& s, Group g) noexcept {
       return 2;
     case Group::cp:
       return s.parallel.cp;
+    case Group::ep:
+      return s.parallel.ep;
+    case Group::edp:
+      return s.expert_data_parallel();
   }
   return 1;
 }
@@ -173,6 +177,13 @@ Link group_link(const Scenario& s, Group g) noexcept {
       break;
     case Group::dp_replicate:
       span = tp * s.parallel.cp * s.parallel.dp;
+      break;
+    case Group::ep:
+      // Expert rank order (docs/layout.md): etp_rank + etp*(ep_rank + ep*(edp_rank + ...)).
+      span = s.parallel.etp * s.parallel.ep;
+      break;
+    case Group::edp:
+      span = s.parallel.etp * s.parallel.ep * s.expert_data_parallel();
       break;
     case Group::pp:
     case Group::embedding:

@@ -130,6 +130,10 @@ std::string_view to_string(Group v) noexcept {
       return "embedding";
     case Group::cp:
       return "cp";
+    case Group::ep:
+      return "ep";
+    case Group::edp:
+      return "edp";
   }
   return "?";
 }

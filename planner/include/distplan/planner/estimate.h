@@ -60,7 +60,9 @@ struct MemoryEstimate {
   bool operator==(const MemoryEstimate&) const = default;
 };
 
-enum class Group { dp, dp_replicate, tp, pp, embedding, cp };
+// ep: the expert-parallel group of a MoE layer's all-to-all; edp: the expert data-parallel group
+// that reduces (and under ZeRO shards) the routed experts' gradients (docs/moe.md).
+enum class Group { dp, dp_replicate, tp, pp, embedding, cp, ep, edp };
 enum class CollectiveOp { all_reduce, reduce_scatter, all_gather, send_recv, all_to_all };
 enum class Link { intra_node, inter_node };
 [[nodiscard]] std::string_view to_string(Group v) noexcept;
