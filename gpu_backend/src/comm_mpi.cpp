@@ -293,7 +293,8 @@ std::vector<std::string> gather_measurements(const std::string& s) {
 }
 
 std::unique_ptr<ProcessGroups> make_groups_over_mpi(const ParallelSpec& p,
-                                                    const MakeCommunicator& make_comm) {
+                                                    const MakeCommunicator& make_comm,
+                                                    bool expert_groups) {
   auto g = std::make_unique<ProcessGroups>();
   MPI_Comm_rank(MPI_COMM_WORLD, &g->world_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &g->world_size);
@@ -312,8 +313,10 @@ std::unique_ptr<ProcessGroups> make_groups_over_mpi(const ParallelSpec& p,
   g->pp = make(Group::pp);
   g->dp_replicate = make(Group::dp_replicate);
   g->embedding = make(Group::embedding);
-  g->ep = make(Group::ep);
-  g->edp = make(Group::edp);
+  if (expert_groups) {
+    g->ep = make(Group::ep);
+    g->edp = make(Group::edp);
+  }
   g->world_reduce = [](double* x, int n, ReduceOp op) {
     MPI_Allreduce(MPI_IN_PLACE, x, n, MPI_DOUBLE, op == ReduceOp::sum ? MPI_SUM : MPI_MAX,
                   MPI_COMM_WORLD);
