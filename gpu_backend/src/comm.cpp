@@ -55,6 +55,45 @@ void Communicator::send_recv(std::vector<P2POp> batch) {
   do_send_recv(batch);
 }
 
+void Communicator::all_to_all(const void* in, const std::vector<Count>& send_counts, void* out,
+                              const std::vector<Count>& recv_counts, DType dtype,
+                              const std::string& what) {
+  DISTPLAN_CHECK(static_cast<int>(send_counts.size()) == size_ &&
+                     static_cast<int>(recv_counts.size()) == size_,
+                 "all_to_all needs one count per rank of the group");
+  Count others = 0;
+  for (int r = 0; r < size_; ++r)
+    if (r != rank_) others += send_counts[static_cast<std::size_t>(r)];
+  log_->record(group_, CollectiveOp::all_to_all, what, others * bytes_of(dtype));
+  do_all_to_all(in, send_counts, out, recv_counts, dtype);
+}
+
+std::vector<Count> Communicator::exchange_counts(const std::vector<Count>& send) {
+  DISTPLAN_CHECK(send.size() % static_cast<std::size_t>(size_) == 0,
+                 "exchange_counts needs one equal block per rank");
+  return do_exchange_counts(send);
+}
+
+void Communicator::do_all_to_all(const void* in, const std::vector<Count>& send_counts, void* out,
+                                 const std::vector<Count>& recv_counts, DType dtype) {
+  if (size_ != 1) {
+    throw std::runtime_error("this communicator does not implement all_to_all (the " +
+                             std::string(to_string(group_)) + " group has " +
+                             std::to_string(size_) + " ranks)");
+  }
+  DISTPLAN_CHECK(send_counts == recv_counts, "a group of one receives what it sends");
+  std::memmove(out, in, static_cast<std::size_t>(send_counts.front() * bytes_of(dtype)));
+}
+
+std::vector<Count> Communicator::do_exchange_counts(const std::vector<Count>& send) {
+  if (size_ != 1) {
+    throw std::runtime_error("this communicator does not implement exchange_counts (the " +
+                             std::string(to_string(group_)) + " group has " +
+                             std::to_string(size_) + " ranks)");
+  }
+  return send;
+}
+
 std::string to_string(const P2PTag& t) {
   return std::string(t.kind == P2PTag::Kind::activation ? "activation" : "gradient") +
          " of micro-batch " + std::to_string(t.microbatch) + " for virtual stage " +
@@ -96,6 +135,16 @@ GroupSplit group_split(const ParallelSpec& p, RankCoords c, Group g) noexcept {
       // The backend trains with cp = 1 and without experts (validate refuses them): each rank is
       // its own cp, ep and expert-dp group.
       return {world + world_rank_of(p, c), 0, 1};
+    case Group::ep:
+    case Group::edp: {
+      // MoE parallel folding inside the stage (GroupSplit's comment).
+      const int ep = static_cast<int>(p.ep), etp = static_cast<int>(p.etp);
+      const int stage = tp * dp, i = c.tp + tp * c.dp;
+      const int etp_rank = i % etp, ep_rank = (i / etp) % ep, edp_rank = i / (etp * ep);
+      const int edp = stage / (etp * ep);
+      if (g == Group::ep) return {c.pp * stage + etp_rank + etp * edp_rank, ep_rank, ep};
+      return {c.pp * stage + etp_rank + etp * ep_rank, edp_rank, edp};
+    }
   }
   return {};
 }
@@ -166,6 +215,8 @@ std::unique_ptr<ProcessGroups> make_emulated_groups(const ParallelSpec& p, int w
   g->pp = make(Group::pp);
   g->dp_replicate = make(Group::dp_replicate);
   g->embedding = make(Group::embedding);
+  g->ep = make(Group::ep);
+  g->edp = make(Group::edp);
   g->world_reduce = [](double*, int, ReduceOp) {};
   g->gather_to_root = [](const std::string& s) { return std::vector<std::string>{s}; };
   return g;

@@ -87,6 +87,24 @@ class MpiCommunicator final : public Communicator {
     std::vector<char> mine(static_cast<const char*>(in), static_cast<const char*>(in) + bytes);
     MPI_Allgather(mine.data(), icount(bytes), MPI_BYTE, out, icount(bytes), MPI_BYTE, comm_);
   }
+  void do_all_to_all(const void* in, const std::vector<Count>& send_counts, void* out,
+                     const std::vector<Count>& recv_counts, DType dtype) override {
+    const Count b = bytes_of(dtype);
+    std::vector<int> sc(send_counts.size()), sd(sc.size()), rc(sc.size()), rd(sc.size());
+    Count so = 0, ro = 0;
+    for (std::size_t r = 0; r < sc.size(); ++r) {
+      sc[r] = icount(send_counts[r] * b), sd[r] = icount(so), so += send_counts[r] * b;
+      rc[r] = icount(recv_counts[r] * b), rd[r] = icount(ro), ro += recv_counts[r] * b;
+    }
+    MPI_Alltoallv(in, sc.data(), sd.data(), MPI_BYTE, out, rc.data(), rd.data(), MPI_BYTE, comm_);
+  }
+  std::vector<Count> do_exchange_counts(const std::vector<Count>& send) override {
+    std::vector<Count> recv(send.size());
+    const int per = icount(static_cast<Count>(send.size()) / size());
+    static_assert(sizeof(Count) == sizeof(std::int64_t));
+    MPI_Alltoall(send.data(), per, MPI_INT64_T, recv.data(), per, MPI_INT64_T, comm_);
+    return recv;
+  }
   // Each message is a header naming what it carries, then the payload. Messages between a pair
   // match in the order they were issued (MPI's non-overtaking rule, one tag per P2POp::stream:
   // stream 0, one order for all, as NCCL matches them), so a receive that the schedule pairs with
@@ -275,7 +293,8 @@ std::vector<std::string> gather_measurements(const std::string& s) {
 }
 
 std::unique_ptr<ProcessGroups> make_groups_over_mpi(const ParallelSpec& p,
-                                                    const MakeCommunicator& make_comm) {
+                                                    const MakeCommunicator& make_comm,
+                                                    bool expert_groups) {
   auto g = std::make_unique<ProcessGroups>();
   MPI_Comm_rank(MPI_COMM_WORLD, &g->world_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &g->world_size);
@@ -294,6 +313,10 @@ std::unique_ptr<ProcessGroups> make_groups_over_mpi(const ParallelSpec& p,
   g->pp = make(Group::pp);
   g->dp_replicate = make(Group::dp_replicate);
   g->embedding = make(Group::embedding);
+  if (expert_groups) {
+    g->ep = make(Group::ep);
+    g->edp = make(Group::edp);
+  }
   g->world_reduce = [](double* x, int n, ReduceOp op) {
     MPI_Allreduce(MPI_IN_PLACE, x, n, MPI_DOUBLE, op == ReduceOp::sum ? MPI_SUM : MPI_MAX,
                   MPI_COMM_WORLD);

@@ -155,9 +155,14 @@ class NcclCommunicator final : public Communicator {
 }  // namespace
 
 std::unique_ptr<ProcessGroups> make_nccl_groups(const ParallelSpec& p) {
-  return make_groups_over_mpi(p, [](Group grp, MPI_Comm comm, CommLog* log) {
-    return std::make_unique<NcclCommunicator>(grp, comm, log);
-  });
+  // No expert groups: the CUDA device does not run MoE layers (check_moe_supported), and each
+  // would cost an NCCL communicator.
+  return make_groups_over_mpi(
+      p,
+      [](Group grp, MPI_Comm comm, CommLog* log) {
+        return std::make_unique<NcclCommunicator>(grp, comm, log);
+      },
+      /*expert_groups=*/false);
 }
 
 }  // namespace distplan::backend

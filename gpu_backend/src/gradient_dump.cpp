@@ -64,8 +64,8 @@ std::vector<GradientRecord> read_gradient_dump(const std::string& path) {
   return out;
 }
 
-// Ids as the trainer assigns them (gpu_backend/src/trainer_params.cpp, Trainer::uid): layer * 64 + slot,
-// the embedding as layer 100000 and the LM head unit as layer 100001; slots in the layer op
+// Ids as the trainer assigns them (gpu_backend/src/trainer_params.cpp, Trainer::uid): layer * 64 +
+// slot, the embedding as layer 100000 and the LM head unit as layer 100001; slots in the layer op
 // table's order.
 std::string parameter_name(std::uint64_t param) {
   static const char* kLayer[] = {"input norm weight",
@@ -82,7 +82,18 @@ std::string parameter_name(std::uint64_t param) {
                                  "mlp out bias"};
   static const char* kEmbedding[] = {"word", "position"};
   static const char* kHead[] = {"final norm weight", "final norm bias", "weight"};
+  // MoE layers (trainer_moe.cpp): slots 12-15 of the layer, routed experts from 2^40 on.
+  static const char* kMoe[] = {"router weight", "router bias", "shared experts in weight",
+                               "shared experts out weight"};
+  if (param >= (std::uint64_t{1} << 40)) {
+    const std::uint64_t rest = param - (std::uint64_t{1} << 40);
+    const std::uint64_t l = rest >> 20, e = (rest & ((1u << 20) - 1)) / 2, w = rest % 2;
+    return "layer " + std::to_string(l) + " expert " + std::to_string(e) +
+           (w == 0 ? " in weight" : " out weight");
+  }
   const std::uint64_t layer = param / 64, slot = param % 64;
+  if (layer < 100000 && slot >= 12 && slot < 16)
+    return "layer " + std::to_string(layer) + " " + kMoe[slot - 12];
   if (layer == 100000 && slot < 2) return std::string("embedding ") + kEmbedding[slot];
   if (layer == 100001 && slot < 3) return std::string("lm head ") + kHead[slot];
   if (layer < 100000 && slot < 12) return "layer " + std::to_string(layer) + " " + kLayer[slot];

@@ -11,13 +11,15 @@ namespace distplan::backend {
 namespace {
 
 Group group_from(const std::string& s) {
-  for (Group g : {Group::dp, Group::dp_replicate, Group::tp, Group::pp, Group::embedding})
+  for (Group g : {Group::dp, Group::dp_replicate, Group::tp, Group::pp, Group::embedding, Group::cp,
+                  Group::ep, Group::edp})
     if (to_string(g) == s) return g;
   return Group::dp;
 }
 CollectiveOp op_from(const std::string& s) {
-  for (CollectiveOp o : {CollectiveOp::all_reduce, CollectiveOp::reduce_scatter,
-                         CollectiveOp::all_gather, CollectiveOp::send_recv})
+  for (CollectiveOp o :
+       {CollectiveOp::all_reduce, CollectiveOp::reduce_scatter, CollectiveOp::all_gather,
+        CollectiveOp::send_recv, CollectiveOp::all_to_all})
     if (to_string(o) == s) return o;
   return CollectiveOp::all_reduce;
 }
@@ -75,16 +77,23 @@ nlohmann::json to_json(const RankMeasurement& r) {
                         {"start_seconds", e.start},
                         {"seconds", e.duration}});
   }
-  return {{"rank", r.rank},
-          {"tp", r.coords.tp},
-          {"dp", r.coords.dp},
-          {"stage", r.coords.pp},
-          {"memory", mem},
-          {"actions", actions},
-          {"communication", comm},
-          {"timeline", timeline},
-          {"step_seconds", r.step_seconds},
-          {"optimizer_seconds", r.optimizer_seconds}};
+  nlohmann::json out = {{"rank", r.rank},
+                        {"tp", r.coords.tp},
+                        {"dp", r.coords.dp},
+                        {"stage", r.coords.pp},
+                        {"memory", mem},
+                        {"actions", actions},
+                        {"communication", comm},
+                        {"timeline", timeline},
+                        {"step_seconds", r.step_seconds},
+                        {"optimizer_seconds", r.optimizer_seconds}};
+  // MoE models: the token copies the routing dispatched (run.h, MoeRouting).
+  if (r.moe.copies > 0) {
+    out["moe_routing"] = {{"copies", r.moe.copies},
+                          {"to_other_ranks", r.moe.to_other_ranks},
+                          {"received", r.moe.received}};
+  }
+  return out;
 }
 
 RankMeasurement rank_measurement_from_json(const nlohmann::json& j) {
@@ -113,6 +122,12 @@ RankMeasurement rank_measurement_from_json(const nlohmann::json& j) {
     CommLog::Key k{group_from(c.at("group").get<std::string>()),
                    op_from(c.at("op").get<std::string>()), c.at("what").get<std::string>()};
     r.communication[k] = CommTotals{c.at("bytes").get<Bytes>(), c.at("calls").get<Count>()};
+  }
+  if (j.contains("moe_routing")) {
+    const auto& m = j.at("moe_routing");
+    r.moe.copies = m.at("copies").get<Count>();
+    r.moe.to_other_ranks = m.at("to_other_ranks").get<Count>();
+    r.moe.received = m.at("received").get<Count>();
   }
   if (j.contains("timeline")) {
     for (const auto& t : j.at("timeline")) {

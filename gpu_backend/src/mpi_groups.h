@@ -14,8 +14,10 @@ namespace distplan::backend {
 using MakeCommunicator =
     std::function<std::unique_ptr<Communicator>(Group group, MPI_Comm comm, CommLog* log)>;
 
-/// MPI must be initialised and the world size equal tp*dp*pp.
+/// MPI must be initialised and the world size equal tp*dp*pp. `expert_groups`: also split the
+/// MoE layers' ep and edp groups (ProcessGroups::ep, edp; null otherwise).
 [[nodiscard]] std::unique_ptr<ProcessGroups> make_groups_over_mpi(const ParallelSpec& p,
-                                                                  const MakeCommunicator& make);
+                                                                  const MakeCommunicator& make,
+                                                                  bool expert_groups = true);
 
 }  // namespace distplan::backend

@@ -84,6 +84,7 @@ Measurement Trainer::train() {
   rm.actions = executed_;
   rm.timeline = timeline_;
   rm.communication = g_.log.entries();
+  rm.moe = moe_routing_;
   rm.optimizer_seconds = optimizer_seconds_;
   out.ranks.push_back(std::move(rm));
   return out;
@@ -127,6 +128,7 @@ void check_supported(const Scenario& s) {
     throw InputError("/training/seq_length",
                      "sequence parallelism needs seq_length divisible by tp");
   }
+  check_moe_supported(s);
   const auto counts = stage_layer_counts(s);
   for (std::size_t i = 0; i < counts.size(); ++i) {
     if (counts[i] % s.parallel.virtual_stages != 0) {
@@ -138,6 +140,7 @@ void check_supported(const Scenario& s) {
 
 Measurement run(const Scenario& s, const RunOptions& opts) {
   check_supported(s);
+  check_moe_supported(s, opts.device, opts.comm);
   // The CUDA device keeps every tensor in device memory (measured by the tracking allocator over
   // cudaMalloc); the trainer's arithmetic reaches it through Tensor::read/write. Multi-rank CUDA
   // runs need the NCCL groups.

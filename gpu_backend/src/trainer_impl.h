@@ -20,6 +20,7 @@
 #include "distplan/gpu_backend/cpu_ops.h"
 #include "distplan/gpu_backend/device_ops.h"
 #include "distplan/gpu_backend/gradient_dump.h"
+#include "distplan/gpu_backend/moe_layer.h"
 #include "distplan/gpu_backend/run.h"
 #include "distplan/gpu_backend/tensor.h"
 #include "distplan/planner/check.h"
@@ -76,12 +77,12 @@ struct Param {
 };
 
 inline const char* unit_label(int kind) {
-  static const char* kNames[] = {"layers", "embedding", "lm head"};
+  static const char* kNames[] = {"layers", "embedding", "lm head", "experts"};
   return kNames[kind];
 }
 
 struct Unit {
-  int kind = 0;   // 0 layer, 1 embedding, 2 head
+  int kind = 0;   // 0 layer, 1 embedding, 2 head, 3 a MoE layer's routed experts on this rank
   int chunk = 0;  // the model chunk holding it
   std::vector<Param> params;
   Count numel = 0;      // per TP rank
@@ -112,6 +113,10 @@ struct Unit {
 struct LayerParams {
   int norm1_g = -1, norm1_b = -1, qkv_w = -1, qkv_b = -1, out_w = -1, out_b = -1;
   int norm2_g = -1, norm2_b = -1, in_w = -1, in_b = -1, mlp_out_w = -1, mlp_out_b = -1;
+  // A MoE layer (trainer_moe.cpp): its router and shared experts in the layer's unit, its routed
+  // experts in unit `experts` (two parameters per local expert: w_in, w_out).
+  bool moe = false;
+  int router_w = -1, router_b = -1, shared_in = -1, shared_out = -1, experts = -1;
 };
 
 // Tensors one layer keeps from forward to backward: exactly the layer op table's saved entries.
@@ -126,6 +131,10 @@ struct LayerSaved {
   Tensor ln2;      // mlp_in.input               (sp)
   Tensor fc1;      // activation.input           (tp)
   Tensor act;      // mlp_out.input              (tp)
+  // MoE layers: fc1/act above are the shared experts'; the routed block keeps its index maps
+  // here and its tensors (router scores, expert inputs, expert FFN, returned outputs) below.
+  std::shared_ptr<moe::BlockSaved<float>> moe;
+  Tensor moe_scores, moe_x_in, moe_fc1, moe_act, moe_y_back;
 };
 
 struct HeadSaved {
@@ -245,6 +254,25 @@ class Trainer {
                      std::vector<std::function<void()>>& jobs);
 
   Vec col_sum(const Vec& x, Count n) const;
+
+  // ---- Mixture of Experts (trainer_moe.cpp) ---------------------------------------------------
+  // The ZeRO shard group of a unit and its size: dp (S_) for the dense units, the expert
+  // data-parallel group for routed experts.
+  Communicator& shard_comm(const Unit& u) const;
+  Count shard_size(const Unit& u) const;
+  // A MoE layer's router and shared experts, added to its unit in place of the dense MLP.
+  void add_moe_params(Count layer, Unit& u, LayerParams& lp);
+  // This rank's routed experts of a MoE layer: num_experts / ep of them.
+  Unit make_expert_unit(Count layer);
+  moe::BlockWeights<float> block_weights(Unit& u, const LayerParams& lp);
+  moe::Exchange<float> ep_exchange();
+  // The MoE MLP of one layer on its input ln2 (Nl,h): shared plus routed experts' output (Nl,h).
+  Vec moe_forward(Unit& u, const LayerParams& lp, LayerSaved& sv, const Vec& ln2);
+  // Its backward from dy (Nl,h): returns d ln2 (Nl,h); weight gradients go to `jobs`.
+  Vec moe_backward(int ui, const LayerParams& lp, LayerSaved& sv, const Vec& dy,
+                   std::vector<std::function<void()>>& jobs);
+  // Once per step: the routed experts' gradients over the expert data-parallel group.
+  void reduce_expert_grads(Unit& u);
 
   // ---- data -----------------------------------------------------------------------------------
   // Token j of global sample `sample` of step `step` (s + 1 tokens: inputs and shifted targets).
@@ -369,6 +397,7 @@ class Trainer {
   Clock::time_point step_t0_ = Clock::now();
   Count cur_mb_ = -1;
   int head_w_unit_ = -1, head_w_param_ = -1;  // the LM head weight: (unit, parameter)
+  MoeRouting moe_routing_;                    // this step's dispatched token copies
   double loss_sum_ = 0;
   float loss_scale_ = 1.0f;
   Count opt_steps_ = 0, good_steps_ = 0;

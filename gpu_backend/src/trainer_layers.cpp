@@ -148,6 +148,13 @@ Vec Trainer::layer_forward(int ui, const LayerParams& lp, LayerSaved& sv) {
   sv.x2 = save_act(x2);
   Vec ln2 = norm_fwd(u, lp.norm2_g, lp.norm2_b, x2, Nl_);
   sv.ln2 = save_act(ln2);
+  if (lp.moe) {  // a MoE layer's MLP (trainer_moe.cpp)
+    const Vec o = moe_forward(u, lp, sv, ln2);
+    Vec y = x2;
+    for (std::size_t i = 0; i < y.size(); ++i) y[i] += o[i];
+    rnd(y, cb_);
+    return y;
+  }
   const Vec ln2f = gather_in(ln2, "layer activations");
   const Vec fc1 = linear_fwd(u, lp.in_w, lp.in_b, ln2f, N_, h_, mi_l_);
   sv.fc1 = save_act(fc1);
@@ -182,37 +189,42 @@ Vec Trainer::layer_backward(int ui, const LayerParams& lp, LayerSaved& sv, const
   Unit& u = units_[static_cast<std::size_t>(ui)];
   const Count s = t_.seq_length, b = t_.micro_batch_size, kvl = g_l_ * d_, ql = a_l_ * d_;
   LayerSaved* S = &sv;
-  // MLP.
-  const Vec dyf = gather_in(dy, "layer activations");
-  const Vec act = rd(sv.act);
-  const Vec dact = linear_bwd_input(u, lp.mlp_out_w, dyf, N_, f_l_, h_);
-  jobs.push_back([this, ui, lp, dyf, S, dy] {
-    Unit& uu = units_[static_cast<std::size_t>(ui)];
-    linear_bwd_weight(uu, lp.mlp_out_w, -1, dyf, rd(S->act), N_, f_l_, h_);
-    if (lp.mlp_out_b >= 0) add_grad(uu, lp.mlp_out_b, col_sum(dy, Nl_));
-  });
-  const Vec fc1 = rd(sv.fc1);
-  Vec dfc1(fc1.size());
-  if (m_.mlp == Mlp::swiglu) {
-    Vec gate(static_cast<std::size_t>(N_ * f_l_)), up(gate.size()), dg(gate.size()),
-        du(gate.size());
-    split_halves(fc1, gate, up);
-    dev::swiglu_backward(o_.device, dact.data(), gate.data(), up.data(), dg.data(), du.data(),
-                         N_ * f_l_);
-    for (Count n = 0; n < N_; ++n) {
-      std::copy(dg.data() + n * f_l_, dg.data() + (n + 1) * f_l_, dfc1.data() + n * mi_l_);
-      std::copy(du.data() + n * f_l_, du.data() + (n + 1) * f_l_, dfc1.data() + n * mi_l_ + f_l_);
-    }
+  // MLP (a MoE layer's in trainer_moe.cpp).
+  Vec dln2;
+  if (lp.moe) {
+    dln2 = moe_backward(ui, lp, sv, dy, jobs);
   } else {
-    dev::gelu_backward(o_.device, dact.data(), fc1.data(), dfc1.data(), N_ * f_l_);
+    const Vec dyf = gather_in(dy, "layer activations");
+    const Vec act = rd(sv.act);
+    const Vec dact = linear_bwd_input(u, lp.mlp_out_w, dyf, N_, f_l_, h_);
+    jobs.push_back([this, ui, lp, dyf, S, dy] {
+      Unit& uu = units_[static_cast<std::size_t>(ui)];
+      linear_bwd_weight(uu, lp.mlp_out_w, -1, dyf, rd(S->act), N_, f_l_, h_);
+      if (lp.mlp_out_b >= 0) add_grad(uu, lp.mlp_out_b, col_sum(dy, Nl_));
+    });
+    const Vec fc1 = rd(sv.fc1);
+    Vec dfc1(fc1.size());
+    if (m_.mlp == Mlp::swiglu) {
+      Vec gate(static_cast<std::size_t>(N_ * f_l_)), up(gate.size()), dg(gate.size()),
+          du(gate.size());
+      split_halves(fc1, gate, up);
+      dev::swiglu_backward(o_.device, dact.data(), gate.data(), up.data(), dg.data(), du.data(),
+                           N_ * f_l_);
+      for (Count n = 0; n < N_; ++n) {
+        std::copy(dg.data() + n * f_l_, dg.data() + (n + 1) * f_l_, dfc1.data() + n * mi_l_);
+        std::copy(du.data() + n * f_l_, du.data() + (n + 1) * f_l_, dfc1.data() + n * mi_l_ + f_l_);
+      }
+    } else {
+      dev::gelu_backward(o_.device, dact.data(), fc1.data(), dfc1.data(), N_ * f_l_);
+    }
+    rnd(dfc1, cb_);
+    dln2 = reduce_out(linear_bwd_input(u, lp.in_w, dfc1, N_, h_, mi_l_), "layer activations");
+    jobs.push_back([this, ui, lp, dfc1, S] {
+      Unit& uu = units_[static_cast<std::size_t>(ui)];
+      linear_bwd_weight(uu, lp.in_w, lp.in_b, dfc1, gather_in(rd(S->ln2), "layer activations"), N_,
+                        h_, mi_l_);
+    });
   }
-  rnd(dfc1, cb_);
-  Vec dln2 = reduce_out(linear_bwd_input(u, lp.in_w, dfc1, N_, h_, mi_l_), "layer activations");
-  jobs.push_back([this, ui, lp, dfc1, S] {
-    Unit& uu = units_[static_cast<std::size_t>(ui)];
-    linear_bwd_weight(uu, lp.in_w, lp.in_b, dfc1, gather_in(rd(S->ln2), "layer activations"), N_,
-                      h_, mi_l_);
-  });
   const Vec x2 = rd(sv.x2);
   Vec dx2 = norm_bwd_input(u, lp.norm2_g, dln2, x2, Nl_);
   jobs.push_back([this, ui, lp, dln2, S] {

@@ -86,13 +86,13 @@ void Trainer::optimizer_step(Unit& u) {
 
 void Trainer::gather_updated_shards(Unit& u) {
   const Count lo = opt_begin(u);
-  if (p_.zero_stage < 3 && S_ > 1) {
+  if (p_.zero_stage < 3 && shard_size(u) > 1) {
     Tensor mine(alloc_, {u.shard}, cb_, MemoryTag::temporaries);
     const char* src = static_cast<const char*>(u.weights.data()) + lo * bytes_of(cb_);
     dev::copy_bytes(o_.device, mine.data(), src, static_cast<std::size_t>(mine.bytes()));
     const auto t0 = Clock::now();
-    g_.dp->all_gather(mine.data(), u.weights.data(), u.shard, cb_,
-                      std::string("parameters (") + unit_label(u.kind) + ")");
+    shard_comm(u).all_gather(mine.data(), u.weights.data(), u.shard, cb_,
+                             std::string("parameters (") + unit_label(u.kind) + ")");
     mark(sim::Track::dp, sim::SliceKind::param_gather, -1, u.chunk, t0);
   }
 }

@@ -2,6 +2,8 @@
 // communication helpers, ZeRO-3 gathers and the per-unit gradient reduction (trainer_impl.h).
 #include "trainer_impl.h"
 
+#include "distplan/planner/moe.h"
+
 namespace distplan::backend::trainer_detail {
 
 std::uint64_t Trainer::uid(Count layer, int slot) const {
@@ -55,6 +57,10 @@ Unit Trainer::make_layer_unit(Count layer, LayerParams& lp) {
   u.add(1, h_, Init::one, uid(layer, 6), identity(), sp_), lp.norm2_g = idx(u.params.back());
   if (ln)
     u.add(1, h_, Init::zero, uid(layer, 7), identity(), sp_), lp.norm2_b = idx(u.params.back());
+  if (is_moe_layer(m_, layer)) {  // router and shared experts in place of the dense MLP
+    add_moe_params(layer, u, lp);
+    return u;
+  }
   const std::vector<Count> in_parts =
       m_.mlp == Mlp::swiglu ? std::vector<Count>{f, f} : std::vector<Count>{f};
   u.add(mi_l_, h_, Init::normal, uid(layer, 8), column_rows(in_parts, h_));
@@ -102,6 +108,11 @@ void Trainer::build_units() {
       units_.push_back(make_layer_unit(ch.first_layer + l, lp));
       units_.back().chunk = static_cast<int>(c);
       ch.layer_units.push_back(static_cast<int>(units_.size()) - 1);
+      if (lp.moe) {  // the layer's routed experts on this rank (trainer_moe.cpp)
+        units_.push_back(make_expert_unit(ch.first_layer + l));
+        units_.back().chunk = static_cast<int>(c);
+        lp.experts = static_cast<int>(units_.size()) - 1;
+      }
       ch.layer_params.push_back(lp);
     }
     if (ch.last) {
@@ -132,8 +143,9 @@ void Trainer::build_units() {
   }
   // Storage and initial values.
   for (Unit& u : units_) {
-    u.padded = p_.zero_stage == 0 ? u.numel : (u.numel + S_ - 1) / S_ * S_;
-    u.shard = u.padded / S_;
+    const Count S = shard_size(u);
+    u.padded = p_.zero_stage == 0 ? u.numel : (u.numel + S - 1) / S * S;
+    u.shard = u.padded / S;
     Vec init(static_cast<std::size_t>(u.padded), 0.0f);
     for (const Param& p : u.params) {
       for (Count i = 0; i < p.numel(); ++i) {
@@ -163,7 +175,7 @@ void Trainer::build_units() {
 }
 
 Count Trainer::opt_begin(const Unit& u) const {
-  return p_.zero_stage == 0 ? 0 : static_cast<Count>(g_.dp->rank()) * u.shard;
+  return p_.zero_stage == 0 ? 0 : static_cast<Count>(shard_comm(u).rank()) * u.shard;
 }
 
 Count Trainer::opt_count(const Unit& u) const {

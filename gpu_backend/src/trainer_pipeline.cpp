@@ -392,6 +392,7 @@ void Trainer::backward_weight(Count mb, Count c) {
 
 std::pair<double, bool> Trainer::train_step(Count step) {
   loss_sum_ = 0;
+  moe_routing_ = MoeRouting{};
   for (Unit& u : units_) u.grads.zero();
   for (const sim::Action& a : program_.programs[static_cast<std::size_t>(stage_)]) {
     const auto t0 = Clock::now();
@@ -434,6 +435,10 @@ std::pair<double, bool> Trainer::train_step(Count step) {
   }
   // Data-parallel reduction (ZeRO 0/1: once per step, unit by unit).
   for (Unit& u : units_) {
+    if (u.kind == 3) {  // routed experts: over the expert data-parallel group
+      reduce_expert_grads(u);
+      continue;
+    }
     const auto tu = Clock::now();
     const bool replicas = p_.zero_stage > 0 && g_.dp_replicate->size() > 1;
     const bool reduces =

@@ -159,8 +159,13 @@ ValidationReport compare(const Scenario& s, const Estimate& e, const Measurement
     for (const auto& [k, v] : first->communication) {
       const auto& [g, op, what] = k;
       mc.add(std::string(to_string(g)), std::string(to_string(op)), what, v.bytes, v.calls);
-      if (v.calls > 0)
+      // The ep all-to-all records the bytes that left the rank (comm.h), already its wire bytes;
+      // the other collectives record their buffers.
+      if (g == Group::ep && op == CollectiveOp::all_to_all) {
+        mc.add_wire(v.bytes);
+      } else if (v.calls > 0) {
         mc.add_wire(ring_wire_bytes(op, v.bytes / v.calls, group_size(s, g)) * v.calls);
+      }
     }
     StageCollectives p = pc.finish(st), me = mc.finish(st);
     r.busiest_wire_bytes = std::max(r.busiest_wire_bytes, me.wire_bytes_per_gpu_per_step);

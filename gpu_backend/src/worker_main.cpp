@@ -45,7 +45,7 @@ int main(int argc, char** argv) {
     std::stringstream ss;
     ss << f.rdbuf();
     const nlohmann::json doc = parse_json_text(ss.str());
-    const Scenario s = scenario_from_json(doc, {"costs"});
+    const Scenario s = scenario_for_training(doc, {"costs"});
     backend::Measurement m;
     bool root = true;
     if (emulate) {

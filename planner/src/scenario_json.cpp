@@ -541,7 +541,10 @@ ModelSpec model_from_hf_config(const json& cfg, std::string_view path_view) {
   return m;
 }
 
-Scenario scenario_from_json(const json& doc, std::initializer_list<std::string_view> extra_keys) {
+namespace {
+
+// The document read into a scenario, defaults filled, not yet validated.
+Scenario read_scenario(const json& doc, std::initializer_list<std::string_view> extra_keys) {
   ObjectReader top(doc, "");
   Scenario s;
   // Every known top-level key is taken before a required one is found missing, so that a
@@ -756,7 +759,21 @@ Scenario scenario_from_json(const json& doc, std::initializer_list<std::string_v
                      "layout (docs/search.md)");
   }
   top.finish(extra_keys);
+  return s;
+}
+
+}  // namespace
+
+Scenario scenario_from_json(const json& doc, std::initializer_list<std::string_view> extra_keys) {
+  Scenario s = read_scenario(doc, extra_keys);
   validate_scenario(s);
+  return s;
+}
+
+Scenario scenario_for_training(const json& doc,
+                               std::initializer_list<std::string_view> extra_keys) {
+  Scenario s = read_scenario(doc, extra_keys);
+  validate_scenario(s, /*refuse_unplanned=*/false);
   return s;
 }
 

@@ -121,7 +121,7 @@ void check_expert_layout(const ModelSpec& m, const ParallelSpec& p) {
 
 }  // namespace
 
-void validate_scenario(const Scenario& s) {
+void validate_scenario(const Scenario& s, bool refuse_unplanned) {
   const ModelSpec& m = s.model;
   const ClusterSpec& c = s.cluster;
   const TrainingSpec& t = s.training;
@@ -349,7 +349,7 @@ void validate_scenario(const Scenario& s) {
          "global_batch_size * seq_length exceeds 1e15 tokens per step");
   }
   // Last, once the layout is known to be well formed: what is counted but not planned yet.
-  detail::refuse_unplanned_model(s);
+  if (refuse_unplanned) detail::refuse_unplanned_model(s);
 }
 
 }  // namespace distplan

@@ -104,6 +104,16 @@ class Communicator {
   /// match in issue order; the MPI communicator checks each receive's tag against the sender's
   /// and throws P2POrderError naming both. Sends are recorded as send_recv under their `what`.
   void send_recv(std::vector<P2POp> batch);
+  /// All-to-all with per-rank counts (MPI_Alltoallv): sends send_counts[r] elements to rank r
+  /// (consecutive blocks of `in`, in rank order) and receives recv_counts[r] from rank r into
+  /// `out`. Recorded as all_to_all: the bytes sent to the other ranks, the share the planner's
+  /// ep_all_to_all_bytes counts (moe_memory.h); the block a rank keeps moves nothing.
+  void all_to_all(const void* in, const std::vector<Count>& send_counts, void* out,
+                  const std::vector<Count>& recv_counts, DType dtype, const std::string& what);
+  /// Each rank sends `send` (size() blocks of equal length, block r to rank r) and receives the
+  /// blocks addressed to it in rank order: the row counts of an all_to_all, metadata that is not
+  /// recorded (as Megatron-Core's token dispatcher exchanges its tokens_per_expert).
+  [[nodiscard]] std::vector<Count> exchange_counts(const std::vector<Count>& send);
   /// Completes outstanding sends, then synchronises the group.
   virtual void barrier() = 0;
 
@@ -112,6 +122,12 @@ class Communicator {
   virtual void do_reduce_scatter(const void* in, void* out, Count n, DType dtype) = 0;
   virtual void do_all_gather(const void* in, void* out, Count n, DType dtype) = 0;
   virtual void do_send_recv(std::vector<P2POp>& batch) = 0;
+  /// A group of one copies its own block; larger groups need a communicator that moves data
+  /// (MPI). The emulated and NCCL communicators do not implement it (the backend refuses MoE
+  /// there, check_moe_supported).
+  virtual void do_all_to_all(const void* in, const std::vector<Count>& send_counts, void* out,
+                             const std::vector<Count>& recv_counts, DType dtype);
+  virtual std::vector<Count> do_exchange_counts(const std::vector<Count>& send);
 
  private:
   Group group_;
@@ -132,7 +148,10 @@ struct RankCoords {
 /// S = the ZeRO shard size (dp under ZeRO 0, else Scenario::shard_size()):
 /// dp = S consecutive dp ranks (the shard group), dp_replicate = the dp/S ranks holding the same
 /// shard (hybrid sharding), embedding = first and last stage at equal (tp, dp) when pp > 1
-/// (tied embeddings; a group of one elsewhere).
+/// (tied embeddings; a group of one elsewhere). The expert groups regroup a stage's tp*dp ranks in
+/// Megatron-Core's MoE parallel folding order (docs/layout.md): with i = tp + TP*dp the rank's
+/// index in its stage, i = etp_rank + etp*(ep_rank + ep*edp_rank); ep = the ep ranks of equal
+/// (etp_rank, edp_rank), edp = the edp ranks of equal (etp_rank, ep_rank).
 struct GroupSplit {
   int colour = 0, key = 0, size = 1;
 };
@@ -146,6 +165,8 @@ struct ProcessGroups {
   int world_rank = 0;
   int world_size = 1;
   std::unique_ptr<Communicator> tp, dp, pp, dp_replicate, embedding;
+  /// The expert groups of MoE layers (group_split: Group::ep and Group::edp).
+  std::unique_ptr<Communicator> ep, edp;
   CommLog log;
   /// Sum (or max) of a few doubles over all ranks, for the loss and overflow flag; not recorded.
   std::function<void(double*, int, ReduceOp)> world_reduce;

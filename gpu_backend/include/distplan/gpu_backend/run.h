@@ -39,6 +39,16 @@ struct ExecutedAction {
   Seconds seconds = 0;
 };
 
+/// Token copies the MoE layers of one rank dispatched in the measured step (forward dispatch,
+/// every MoE layer and micro-batch): the routing that happened, to set beside the planner's
+/// even-split all-to-all bytes (docs/gpu_backend.md, "Mixture of Experts").
+struct MoeRouting {
+  Count copies = 0;          // tokens * top_k routed copies sent (to every rank, this one too)
+  Count to_other_ranks = 0;  // of which to other ranks of the ep group
+  Count received = 0;        // copies this rank's experts took
+  bool operator==(const MoeRouting&) const = default;
+};
+
 /// One rank's figures for the last (measured) step.
 struct RankMeasurement {
   int rank = 0;
@@ -50,6 +60,7 @@ struct RankMeasurement {
   /// streams (the simulator's tracks and slice kinds; `stage` = this rank's stage).
   std::vector<sim::TraceEvent> timeline;
   std::map<CommLog::Key, CommTotals> communication;  // bytes handed per (group, op, what)
+  MoeRouting moe;
   Seconds step_seconds = 0;
   Seconds optimizer_seconds = 0;
 };
@@ -81,5 +92,12 @@ void check_nccl_pipeline(const ParallelSpec& p);
 
 /// Throws InputError naming the field when the backend cannot run `s`.
 void check_supported(const Scenario& s);
+/// The part of check_supported for Mixture-of-Experts models (nothing for a dense one): throws
+/// InputError at the field the CPU trainer does not implement (docs/gpu_backend.md, "Mixture of
+/// Experts"). `device` and `comm`: the CUDA device and the emulated communicator refuse MoE
+/// layers with ep > 1 or at all (CUDA). `distplan validate` refuses MoE models until the planner
+/// plans them; this is the switch it calls once it does.
+void check_moe_supported(const Scenario& s, Device device = Device::cpu,
+                         CommBackend comm = CommBackend::mpi);
 
 }  // namespace distplan::backend

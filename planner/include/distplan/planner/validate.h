@@ -7,6 +7,9 @@ namespace distplan {
 
 /// Throws InputError naming the JSON path of the first field that makes the scenario invalid.
 /// Fills nothing: defaults are filled by the JSON reader before this runs.
-void validate_scenario(const Scenario& s);
+/// `refuse_unplanned`: also refuse a model whose parameters are counted but whose memory,
+/// communication and time are not yet planned (MoE, MLA, MTP; moe_json.h); the training backend
+/// passes false (scenario_for_training).
+void validate_scenario(const Scenario& s, bool refuse_unplanned = true);
 
 }  // namespace distplan
