@@ -130,10 +130,7 @@ GroupSplit group_split(const ParallelSpec& p, RankCoords c, Group g) noexcept {
       if (pp > 1 && (c.pp == 0 || c.pp == pp - 1)) return {c.tp + tp * c.dp, c.pp == 0 ? 0 : 1, 2};
       return {world + world_rank_of(p, c), 0, 1};
     case Group::cp:
-    case Group::ep:
-    case Group::edp:
-      // The backend trains with cp = 1 and without experts (validate refuses them): each rank is
-      // its own cp, ep and expert-dp group.
+      // The backend trains with cp = 1 (validate refuses more): each rank is its own cp group.
       return {world + world_rank_of(p, c), 0, 1};
     case Group::ep:
     case Group::edp: {

@@ -179,13 +179,6 @@ Link group_link(const Scenario& s, Group g) noexcept {
     case Group::dp_replicate:
       span = tp * s.parallel.cp * s.parallel.dp;
       break;
-    case Group::ep:
-      // Expert rank order (docs/layout.md): etp_rank + etp*(ep_rank + ep*(edp_rank + ...)).
-      span = s.parallel.etp * s.parallel.ep;
-      break;
-    case Group::edp:
-      span = s.parallel.etp * s.parallel.ep * s.expert_data_parallel();
-      break;
     case Group::pp:
     case Group::embedding:
       // Neighbouring stages are TP*DP ranks apart: unless the whole job is one node, some stage
