@@ -84,7 +84,7 @@ constexpr Count kMaxRanksPerCore = 8;
 constexpr double kMaxHostMemoryShare = 0.8;
 
 Count ranks_of(const Scenario& s) {
-  return s.parallel.tp * s.parallel.dp * s.parallel.pp;
+  return s.parallel.tp * s.parallel.cp * s.parallel.dp * s.parallel.pp;
 }
 
 backend::Device device_of(const std::string& d) {
@@ -333,7 +333,7 @@ void check_host_resources(const Scenario& s, const Estimate& e, const ValidateOp
   const bool one = o.emulate_rank >= 0 || ranks_of(s) == 1;
   if (!one && !launches_locally(o)) return;  // the ranks run on other hosts
   const Count ranks = one ? 1 : ranks_of(s);
-  const Count per_stage = s.parallel.tp * s.parallel.dp;
+  const Count per_stage = s.parallel.tp * s.parallel.cp * s.parallel.dp;
   double bytes = 0;
   for (std::size_t st = 0; st < e.memory.stages.size(); ++st) {
     const StageMemory& m = e.memory.stages[st];
@@ -547,7 +547,7 @@ void install_validate(CLI::App& app) {
                 "accumulation)");
   cmd->add_flag("--rank-worker", opts->rank_worker,
                 "Run as one rank of an MPI job started by your own launcher (one process per "
-                "rank, world size = tp*dp*pp); rank 0 prints the comparison");
+                "rank, world size = tp*cp*dp*pp); rank 0 prints the comparison");
   cmd->add_option("--rank-worker-job", opts->rank_worker_job)->group("");
   cmd->add_option("--scenario-base64", opts->scenario_base64)->group("");
   cmd->callback([opts] {

@@ -62,37 +62,43 @@ std::string to_string(const P2PTag& t) {
 }
 
 RankCoords rank_coords(const ParallelSpec& p, int world_rank) noexcept {
+  // Megatron-Core's order "tp-cp-dp-pp" (planner/src/layout.cpp, group_link).
   RankCoords c;
   c.tp = static_cast<int>(world_rank % p.tp);
-  c.dp = static_cast<int>((world_rank / p.tp) % p.dp);
-  c.pp = static_cast<int>(world_rank / (p.tp * p.dp));
+  c.cp = static_cast<int>((world_rank / p.tp) % p.cp);
+  c.dp = static_cast<int>((world_rank / (p.tp * p.cp)) % p.dp);
+  c.pp = static_cast<int>(world_rank / (p.tp * p.cp * p.dp));
   return c;
 }
 
 int world_rank_of(const ParallelSpec& p, RankCoords c) noexcept {
-  return static_cast<int>(c.tp + p.tp * (c.dp + p.dp * c.pp));
+  return static_cast<int>(c.tp + p.tp * (c.cp + p.cp * (c.dp + p.dp * c.pp)));
 }
 
 GroupSplit group_split(const ParallelSpec& p, RankCoords c, Group g) noexcept {
   const int tp = static_cast<int>(p.tp), dp = static_cast<int>(p.dp), pp = static_cast<int>(p.pp);
+  const int cp = static_cast<int>(p.cp);
   const int S =
       p.zero_stage == 0 || p.fsdp_shard_size <= 0 ? dp : static_cast<int>(p.fsdp_shard_size);
-  const int world = tp * dp * pp;
+  const int world = tp * cp * dp * pp;
   switch (g) {
     case Group::tp:
-      return {c.dp + dp * c.pp, c.tp, tp};
+      return {c.cp + cp * (c.dp + dp * c.pp), c.tp, tp};
     case Group::dp:
-      return {c.tp + tp * (c.pp + pp * (c.dp / S)), c.dp % S, S};
+      // Megatron-Core's data-and-context-parallel group (parallel_state.py,
+      // get_data_parallel_group(with_context_parallel=True)): gradients are reduced and the
+      // distributed optimizer shards over it; cp is the faster coordinate in it.
+      return {c.tp + tp * (c.pp + pp * (c.dp / S)), c.cp + cp * (c.dp % S), S * cp};
     case Group::dp_replicate:
-      return {c.tp + tp * (c.pp + pp * (c.dp % S)), c.dp / S, dp / S};
+      return {c.tp + tp * (c.cp + cp * (c.pp + pp * (c.dp % S))), c.dp / S, dp / S};
     case Group::pp:
-      return {c.tp + tp * c.dp, c.pp, pp};
+      return {c.tp + tp * (c.cp + cp * c.dp), c.pp, pp};
     case Group::embedding:
-      if (pp > 1 && (c.pp == 0 || c.pp == pp - 1)) return {c.tp + tp * c.dp, c.pp == 0 ? 0 : 1, 2};
+      if (pp > 1 && (c.pp == 0 || c.pp == pp - 1))
+        return {c.tp + tp * (c.cp + cp * c.dp), c.pp == 0 ? 0 : 1, 2};
       return {world + world_rank_of(p, c), 0, 1};
     case Group::cp:
-      // The backend trains with cp = 1 (validate refuses more): each rank is its own cp group.
-      return {world + world_rank_of(p, c), 0, 1};
+      return {c.tp + tp * (c.dp + dp * c.pp), c.cp, cp};
   }
   return {};
 }
@@ -153,7 +159,7 @@ std::unique_ptr<ProcessGroups> make_emulated_groups(const ParallelSpec& p, int w
   auto g = std::make_unique<ProcessGroups>();
   g->coords = rank_coords(p, world_rank);
   g->world_rank = world_rank;
-  g->world_size = static_cast<int>(p.tp * p.dp * p.pp);
+  g->world_size = static_cast<int>(p.tp * p.cp * p.dp * p.pp);
   auto make = [&](Group grp) {
     const GroupSplit sp = group_split(p, g->coords, grp);
     return std::make_unique<EmulatedCommunicator>(grp, sp.key, sp.size, &g->log, device);
@@ -163,6 +169,7 @@ std::unique_ptr<ProcessGroups> make_emulated_groups(const ParallelSpec& p, int w
   g->pp = make(Group::pp);
   g->dp_replicate = make(Group::dp_replicate);
   g->embedding = make(Group::embedding);
+  g->cp = make(Group::cp);
   g->world_reduce = [](double*, int, ReduceOp) {};
   g->gather_to_root = [](const std::string& s) { return std::vector<std::string>{s}; };
   return g;

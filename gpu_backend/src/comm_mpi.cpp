@@ -279,7 +279,8 @@ std::unique_ptr<ProcessGroups> make_groups_over_mpi(const ParallelSpec& p,
   auto g = std::make_unique<ProcessGroups>();
   MPI_Comm_rank(MPI_COMM_WORLD, &g->world_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &g->world_size);
-  DISTPLAN_CHECK(g->world_size == p.tp * p.dp * p.pp, "MPI world size differs from tp*dp*pp");
+  DISTPLAN_CHECK(g->world_size == p.tp * p.cp * p.dp * p.pp,
+                 "MPI world size differs from tp*cp*dp*pp");
   const RankCoords c = rank_coords(p, g->world_rank);
   g->coords = c;
   // Colour = the coordinates the group does not span; key = the spanned one (its rank in it).
@@ -294,6 +295,7 @@ std::unique_ptr<ProcessGroups> make_groups_over_mpi(const ParallelSpec& p,
   g->pp = make(Group::pp);
   g->dp_replicate = make(Group::dp_replicate);
   g->embedding = make(Group::embedding);
+  g->cp = make(Group::cp);
   g->world_reduce = [](double* x, int n, ReduceOp op) {
     MPI_Allreduce(MPI_IN_PLACE, x, n, MPI_DOUBLE, op == ReduceOp::sum ? MPI_SUM : MPI_MAX,
                   MPI_COMM_WORLD);

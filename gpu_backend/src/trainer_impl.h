@@ -229,6 +229,26 @@ class Trainer {
                          Count out);
   void attention_fwd(const Vec& q, const Vec& k, const Vec& v, Vec& out, Vec* probs, Vec* lse);
 
+  // ---- context parallelism (ring_attention.cpp) ------------------------------------------------
+  // Rotary embedding of q or k (N,heads,d) at this rank's positions (global ones under cp).
+  void rope(Vec& x, Count heads, bool backward) const;
+  // One ring exchange on the cp group: `send` to rank `to`, `recv` from rank `from`, as one batch.
+  struct RingMessage {
+    Tensor* buf = nullptr;
+    P2PTag tag;
+    const char* what = "";
+  };
+  void ring_exchange(const std::vector<RingMessage>& send, int to,
+                     const std::vector<RingMessage>& recv, int from);
+  // Ring attention (cp_comm p2p) of layer unit `ui`: out and lse of this rank's rows; k and v are
+  // replaced by the KV block the ring ends with, which the backward starts from (as Transformer
+  // Engine saves it).
+  void ring_attention_forward(int ui, const Vec& q, Vec& k, Vec& v, Vec& out, Vec& lse);
+  // Its backward: KV travels the other way round the ring, with the KV gradients accumulating
+  // on their way home.
+  void ring_attention_backward(int ui, const Vec& dout, const Vec& q, const Vec& k, const Vec& v,
+                               const Vec& out, const Vec& lse, Vec& dq, Vec& dk, Vec& dv);
+
   // ---- one transformer layer ------------------------------------------------------------------
   bool flash() const;
   bool rotary() const;
@@ -354,6 +374,10 @@ class Trainer {
   TrackingAllocator alloc_;
   DType cb_ = DType::bf16, gb_ = DType::bf16;
   Count tp_ = 1, S_ = 1, pp_ = 1, v_ = 1, nmb_ = 1, N_ = 0, Nl_ = 0, h_ = 0, vocab_ = 0, vl_ = 0;
+  // Context parallelism: cp ranks, this rank's sequence rows (sl_ = s/cp) and their global
+  // positions (the load-balanced chunks r and 2cp-1-r; identity under cp = 1).
+  Count cp_ = 1, sl_ = 0;
+  std::vector<Count> positions_;
   Count a_l_ = 0, g_l_ = 0, d_ = 0, f_l_ = 0, mi_l_ = 0;
   int stage_ = 0;
   bool sp_ = false;

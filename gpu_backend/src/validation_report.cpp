@@ -30,7 +30,7 @@ std::string pct(const RelativeError& e) {
 }
 
 Count ranks_of(const Scenario& s) {
-  return s.parallel.tp * s.parallel.dp * s.parallel.pp;
+  return s.parallel.tp * s.parallel.cp * s.parallel.dp * s.parallel.pp;
 }
 
 json stage_collectives_json(const StageCollectives& c) {

@@ -2,8 +2,9 @@
 // between GPUs (unique id shared through MPI); emulated moves nothing but keeps every call's shape
 // and byte count, so one process can stand for rank r of a layout of any size.
 // Every call records the bytes handed to it under (group, op, what): the same keys as the
-// planner's Collective list (estimate.h). Groups follow Megatron-LM's rank order
-// rank = tp + TP*(dp + DP*pp) (DESIGN.md, "Ranks and groups").
+// planner's Collective list (estimate.h). Groups follow Megatron-Core's rank order "tp-cp-dp-pp"
+// rank = tp + TP*(cp + CP*(dp + DP*pp)) (DESIGN.md, "Ranks and groups"; planner/src/layout.cpp,
+// group_link).
 #pragma once
 
 #include <functional>
@@ -123,16 +124,19 @@ class Communicator {
 /// This rank's coordinates in the layout.
 struct RankCoords {
   int tp = 0, dp = 0, pp = 0;
+  int cp = 0;  // context-parallel rank (its two load-balanced sequence chunks)
 };
 [[nodiscard]] RankCoords rank_coords(const ParallelSpec& p, int world_rank) noexcept;
 [[nodiscard]] int world_rank_of(const ParallelSpec& p, RankCoords c) noexcept;
 
 /// How the world splits into one group: ranks with equal `colour` form it, ordered by `key` (this
-/// rank's index in it), `size` members. Megatron-LM order (DESIGN.md, "Ranks and groups"), with
-/// S = the ZeRO shard size (dp under ZeRO 0, else Scenario::shard_size()):
-/// dp = S consecutive dp ranks (the shard group), dp_replicate = the dp/S ranks holding the same
-/// shard (hybrid sharding), embedding = first and last stage at equal (tp, dp) when pp > 1
-/// (tied embeddings; a group of one elsewhere).
+/// rank's index in it), `size` members. Megatron-Core order (DESIGN.md, "Ranks and groups"), with
+/// S = the ZeRO shard size in dp ranks (dp under ZeRO 0, else Scenario::shard_size()):
+/// dp = the cp ranks of S consecutive dp ranks (S·cp ranks, cp fastest: Megatron-Core's
+/// data-and-context-parallel group, over which gradients are reduced and the optimizer sharded),
+/// dp_replicate = the dp/S ranks holding the same shard (hybrid sharding), cp = the cp ranks at
+/// equal (tp, dp, pp), embedding = first and last stage at equal (tp, cp, dp) when pp > 1 (tied
+/// embeddings; a group of one elsewhere).
 struct GroupSplit {
   int colour = 0, key = 0, size = 1;
 };
@@ -145,7 +149,7 @@ struct ProcessGroups {
   RankCoords coords;
   int world_rank = 0;
   int world_size = 1;
-  std::unique_ptr<Communicator> tp, dp, pp, dp_replicate, embedding;
+  std::unique_ptr<Communicator> tp, dp, pp, dp_replicate, embedding, cp;
   CommLog log;
   /// Sum (or max) of a few doubles over all ranks, for the loss and overflow flag; not recorded.
   std::function<void(double*, int, ReduceOp)> world_reduce;
@@ -159,7 +163,7 @@ struct ProcessGroups {
                                                                   int world_rank,
                                                                   Device device = Device::cpu);
 /// MPI groups (MPI_COMM_WORLD split by Megatron order); MPI must be initialised and the world size
-/// equal tp*dp*pp. Throws std::runtime_error when built without MPI.
+/// equal tp*cp*dp*pp. Throws std::runtime_error when built without MPI.
 [[nodiscard]] std::unique_ptr<ProcessGroups> make_mpi_groups(const ParallelSpec& p);
 [[nodiscard]] bool mpi_available() noexcept;
 /// NCCL groups on device buffers (unique ids shared through MPI); built only with CUDA, NCCL and

@@ -61,7 +61,7 @@ struct Measurement {
 };
 
 /// Trains `steps` steps of `s` as the calling rank. With CommBackend::mpi, MPI must be initialised
-/// with tp*dp*pp ranks; rank 0's result holds every rank's measurement, other ranks' only theirs.
+/// with tp*cp*dp*pp ranks; rank 0's result holds every rank's measurement, other ranks' only theirs.
 /// Throws InputError for layouts the backend does not implement (docs/gpu_backend.md, "Limits").
 [[nodiscard]] Measurement run(const Scenario& s, const RunOptions& opts);
 /// Throws InputError on /parallel/schedule for a pipeline whose exchanges can wait on each other
