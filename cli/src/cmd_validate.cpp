@@ -375,11 +375,6 @@ void check_host_resources(const Scenario& s, const Estimate& e, const ValidateOp
 // hold the plan against a different run, so it is refused at the field.
 void refuse_unvalidated_levers(const Scenario& s) {
   const ParallelSpec& p = s.parallel;
-  if (p.cp > 1) {
-    throw InputError("/parallel/cp",
-                     "the backend does not run context parallelism yet; validate a layout with "
-                     "cp = 1");
-  }
   if (p.offload_optimizer != Offload::none || p.offload_params != Offload::none) {
     throw InputError(p.offload_optimizer != Offload::none ? "/parallel/offload_optimizer"
                                                           : "/parallel/offload_params",
@@ -577,7 +572,7 @@ void install_validate(CLI::App& app) {
       }
     }
     refuse_unvalidated_levers(s);
-    backend::check_supported(s);
+    backend::check_supported_on(s, device_of(opts->device));
     if (opts->emulate_rank >= ranks_of(s))
       throw InputError("", fmt::format("--emulate-rank {} is not a rank of the layout (0..{})",
                                        opts->emulate_rank, ranks_of(s) - 1));

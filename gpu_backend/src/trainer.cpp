@@ -170,6 +170,16 @@ Measurement run(const Scenario& s, const RunOptions& opts) {
   return run_on_groups(s, opts, *groups);
 }
 
+void check_supported_on(const Scenario& s, Device device) {
+  check_supported(s);
+  if (device == Device::cuda && s.parallel.cp > 1) {
+    // The ring's steps run the CPU kernels (ring_attention.h) on host buffers.
+    throw InputError("/parallel/cp",
+                     "the CUDA device does not run context parallelism; validate cp > 1 on the "
+                     "CPU (--device cpu)");
+  }
+}
+
 void check_nccl_pipeline(const ParallelSpec& p) {
   // The V schedules add exchanges in both directions between the same pair of stages (chunk 0
   // down, chunk 1 up), which one NCCL stream would order against each other as it does
@@ -184,13 +194,7 @@ void check_nccl_pipeline(const ParallelSpec& p) {
 }
 
 Measurement run_on_groups(const Scenario& s, const RunOptions& opts, ProcessGroups& groups) {
-  check_supported(s);
-  if (opts.device == Device::cuda && s.parallel.cp > 1) {
-    // The ring's steps run the CPU kernels (ring_attention.h) and exchange host buffers.
-    throw InputError("/parallel/cp",
-                     "the CUDA device does not run context parallelism; validate cp > 1 on the "
-                     "CPU (--device cpu)");
-  }
+  check_supported_on(s, opts.device);
   if (opts.device == Device::cuda) dev::set_fp32_gemm_tf32(opts.tf32);
   Trainer trainer(s, opts, groups);
   return trainer.train();

@@ -76,8 +76,8 @@ std::string two_rank_scenario(const std::string& dir, const json& parallel = jso
               {"parallel", {{"tp", 1}, {"pp", 2}, {"dp", 1}, {"schedule", "1f1b"}}}};
   if (!parallel.is_null()) {
     doc["parallel"] = parallel;
-    doc["cluster"]["num_gpus"] =
-        parallel.value("tp", 1) * parallel.value("pp", 1) * parallel.value("dp", 1);
+    doc["cluster"]["num_gpus"] = parallel.value("tp", 1) * parallel.value("cp", 1) *
+                                 parallel.value("pp", 1) * parallel.value("dp", 1);
   }
   doc["model"]["tied_embeddings"] = tied;
   std::system(("mkdir -p " + dir).c_str());
@@ -231,6 +231,33 @@ TEST(ValidateCli, HybridShardingAndTiedEmbeddingsMatchThePlannersCollectives) {
   const CliResult r = run_cli("validate " + scenario + " --steps 1", "", dir);
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("/model/tied_embeddings"), std::string::npos) << r.err;
+}
+
+// Context parallelism (ring attention) with tensor parallelism, 4 ranks in the order tp, cp,
+// dp, pp: every collective, the cp ring's point-to-point KV and KV-gradient messages included,
+// and every memory category but the time-dependent total equal the planner's exactly.
+TEST(ValidateCli, ContextParallelRingMatchesThePlannerExactly) {
+  const std::string dir = ::testing::TempDir() + "/validate_cp";
+  const std::string scenario = two_rank_scenario(dir, {{"cp", 2}, {"tp", 2}});
+  const CliResult r = run_cli("validate " + scenario + " --steps 2 --timeout 60", "", dir);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json doc = json::parse(r.out);
+  const json& st = doc.at("relative_error").at("communication").at("stages").at(0);
+  ASSERT_TRUE(st.at("collectives").contains("cp/send_recv")) << st.dump();
+  for (const auto& [k, v] : st.at("collectives").items()) {
+    ASSERT_TRUE(v.is_number()) << k;
+    EXPECT_EQ(v.get<double>(), 0.0) << k;
+  }
+  const json& es = doc.at("relative_error").at("memory").at("stages").at(0);
+  for (const char* k : {"weights_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes",
+                        "buffers_bytes"})
+    EXPECT_EQ(es.at(k).get<double>(), 0.0) << k;
+  // The KV all-gather and Ulysses' all-to-all are planned, not trained: refused at their field.
+  const std::string other =
+      two_rank_scenario(dir + "/a2a", {{"cp", 2}, {"cp_comm", "a2a"}, {"tp", 2}});
+  const CliResult a = run_cli("validate " + other + " --steps 1", "", dir + "/a2a");
+  EXPECT_EQ(a.exit_code, 2);
+  EXPECT_NE(a.err.find("/parallel/cp_comm"), std::string::npos) << a.err;
 }
 
 TEST(ValidateCli, EmulatedRankMeasuresItsStageOnly) {
