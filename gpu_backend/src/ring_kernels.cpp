@@ -21,7 +21,7 @@ Count scores(const T* q, const T* k, std::vector<double>& sc, Count i, const Ste
              Count h, Count b, Count a, Count g, Count d) {
   const Count hk = h / (a / g);
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-  const Count n = st.causal ? std::min(i - st.q.begin + 1, st.kv.count) : st.kv.count;
+  const Count n = st.causal ? std::min(st.offset + i - st.q.begin + 1, st.kv.count) : st.kv.count;
   const T* qi = q + off(i, bi, h, b, a, d);
   for (Count j = 0; j < n; ++j) {
     const T* kj = k + off(st.kv.begin + j, bi, hk, b, g, d);
@@ -64,6 +64,12 @@ Step step_for_block(Count j, Count r, Count sl) noexcept {
   if (j == r) return {{0, sl}, {0, sl}, true};
   if (j < r) return {{0, sl}, {0, c}, false};
   return {{c, c}, {0, sl}, false};
+}
+
+Step all_gather_step(int chunk, Count r, Count cp, Count sl) noexcept {
+  const Count c = sl / 2;
+  const Count g = chunk == 0 ? r : 2 * cp - 1 - r;  // the chunk's global index
+  return {{chunk * c, c}, {0, (g + 1) * c}, true, g * c};
 }
 
 template <class T>

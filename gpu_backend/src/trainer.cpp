@@ -122,11 +122,11 @@ void check_supported(const Scenario& s) {
   if (s.parallel.zero_stage > 0 && s.parallel.dp % s.shard_size() != 0) {
     throw InputError("/parallel/fsdp_shard_size", "fsdp_shard_size must divide dp");
   }
-  if (s.parallel.cp > 1 && s.parallel.cp_comm != CpComm::p2p) {
-    // Only the ring runs; the KV all-gather and Ulysses' all-to-all are planned, not trained.
+  if (s.parallel.cp > 1 && s.parallel.cp_comm == CpComm::a2a) {
+    // The ring and the KV all-gather run; Ulysses' all-to-all is planned, not trained.
     throw InputError("/parallel/cp_comm",
-                     "the backend runs context parallelism as ring attention (cp_comm p2p) only; "
-                     "all_gather and a2a are planned and simulated, not validated");
+                     "the backend runs context parallelism as ring attention (p2p) or KV "
+                     "all-gather (all_gather); a2a is planned and simulated, not validated");
   }
   if (s.parallel.cp > 1 && s.training.attention != Attention::flash) {
     throw InputError("/training/attention",

@@ -229,7 +229,18 @@ class Trainer {
                          Count out);
   void attention_fwd(const Vec& q, const Vec& k, const Vec& v, Vec& out, Vec* probs, Vec* lse);
 
-  // ---- context parallelism (ring_attention.cpp) ------------------------------------------------
+  // ---- context parallelism (cp_attention.cpp, ring_attention.cpp) ------------------------------
+  // Attention of layer unit `ui` under cp > 1 by parallel.cp_comm. The forward may replace k and
+  // v by what the backward starts from (the ring's last block).
+  void cp_attention_forward(int ui, const Vec& q, Vec& k, Vec& v, Vec& out, Vec& lse);
+  void cp_attention_backward(int ui, const Vec& dout, const Vec& q, const Vec& k, const Vec& v,
+                             const Vec& out, const Vec& lse, Vec& dq, Vec& dk, Vec& dv);
+  // KV all-gather (cp_comm all_gather): the whole sequence's K and V in global row order, from a
+  // buffer holding every cp rank's packed local (K | V) in rank order.
+  void global_kv(const Vec& gathered, Count kn, Vec& k, Vec& v) const;
+  void all_gather_attention_forward(const Vec& q, const Vec& k, const Vec& v, Vec& out, Vec& lse);
+  void all_gather_attention_backward(const Vec& dout, const Vec& q, const Vec& k, const Vec& v,
+                                     const Vec& out, const Vec& lse, Vec& dq, Vec& dk, Vec& dv);
   // Rotary embedding of q or k (N,heads,d) at this rank's positions (global ones under cp).
   void rope(Vec& x, Count heads, bool backward) const;
   // One ring exchange on the cp group: `send` to rank `to`, `recv` from rank `from`, as one batch.

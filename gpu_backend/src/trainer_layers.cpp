@@ -130,7 +130,7 @@ Vec Trainer::layer_forward(int ui, const LayerParams& lp, LayerSaved& sv) {
   }
   Vec attn, probs, lse;
   if (cp_ > 1) {
-    ring_attention_forward(ui, q, k, v, attn, lse);  // k, v: the block the backward starts from
+    cp_attention_forward(ui, q, k, v, attn, lse);  // k, v: what the backward starts from
   } else {
     attention_fwd(q, k, v, attn, flash() ? nullptr : &probs, flash() ? &lse : nullptr);
   }
@@ -236,7 +236,7 @@ Vec Trainer::layer_backward(int ui, const LayerParams& lp, LayerSaved& sv, const
   const Vec q = rd(sv.q), k = rd(sv.k), v = rd(sv.v);
   Vec dq(q.size()), dk(k.size()), dv(v.size());
   if (cp_ > 1) {
-    ring_attention_backward(ui, dattn, q, k, v, rd(sv.attn), rd(sv.lse), dq, dk, dv);
+    cp_attention_backward(ui, dattn, q, k, v, rd(sv.attn), rd(sv.lse), dq, dk, dv);
   } else if (flash()) {
     const Vec out = rd(sv.attn), lse = rd(sv.lse);
     dev::flash_attention_backward(o_.device, dattn.data(), q.data(), k.data(), v.data(), out.data(),

@@ -1,8 +1,9 @@
-// Ring attention kernels (ring_attention.h) in double precision, with the ring simulated in one
-// process: every CP rank's merged output and log-sum-exp, and the summed gradients of every
-// rank's steps, equal the full-sequence causal flash attention (cpu_ops.h, itself checked by
-// finite differences in cpu_ops_test.cpp); the ring's own gradient equals a central finite
-// difference of its forward; the load-balanced chunks cover the sequence once.
+// Ring attention kernels (ring_attention.h) in double precision, with the ring and the KV
+// all-gather simulated in one process: every CP rank's merged output and log-sum-exp, and the
+// summed gradients of every rank's steps, equal the full-sequence causal flash attention
+// (cpu_ops.h, itself checked by finite differences in cpu_ops_test.cpp); the ring's own gradient
+// equals a central finite difference of its forward; the load-balanced chunks cover the sequence
+// once.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -79,7 +80,7 @@ TEST(RingAttention, LoadBalancedChunksCoverTheSequenceOnce) {
 // Rounding only: double sums in another order (1e-12 relative to values of order 1).
 constexpr double kTol = 1e-12;
 
-TEST(RingAttention, EveryRankEqualsFullSequenceAttentionForwardAndBackward) {
+TEST(RingAttention, RingAndAllGatherEqualFullSequenceAttentionForwardAndBackward) {
   const Shape sh{24, 2, 4, 2, 4};  // grouped KV heads: 2 query heads per KV head
   const auto qn = static_cast<std::size_t>(sh.s * sh.b * sh.a * sh.d);
   const auto kn = static_cast<std::size_t>(sh.s * sh.b * sh.g * sh.d);
@@ -90,6 +91,7 @@ TEST(RingAttention, EveryRankEqualsFullSequenceAttentionForwardAndBackward) {
                                sh.a, sh.g, sh.d);
   cpu::flash_attention_backward(dout.data(), q.data(), k.data(), v.data(), out.data(), lse.data(),
                                 dq.data(), dk.data(), dv.data(), sh.s, sh.b, sh.a, sh.g, sh.d);
+  V allg_dk, allg_dv;
   for (Count cp : {2, 3, 4}) {
     SCOPED_TRACE("cp = " + std::to_string(cp));
     const Count sl = sh.s / cp;
@@ -114,6 +116,32 @@ TEST(RingAttention, EveryRankEqualsFullSequenceAttentionForwardAndBackward) {
       dks[r].assign(kl[r].size(), 0.0);
       dvs[r].assign(vl[r].size(), 0.0);
     }
+    // The KV all-gather: each local chunk against the gathered keys up to its own end.
+    for (Count r = 0; r < cp; ++r) {
+      V o(ql[r].size(), 0.0), l(lses[r].size(), 0.0), dqa(ql[r].size(), 0.0), dka(kn, 0.0),
+          dva(kn, 0.0);
+      for (int chunk = 0; chunk < 2; ++chunk)
+        ring::block_forward(ql[r].data(), k.data(), v.data(), o.data(), l.data(), sl,
+                            ring::all_gather_step(chunk, r, cp, sl), sh.b, sh.a, sh.g, sh.d);
+      for (std::size_t e = 0; e < o.size(); ++e) ASSERT_NEAR(o[e], outs[r][e], kTol) << e;
+      for (std::size_t e = 0; e < l.size(); ++e) ASSERT_NEAR(l[e], lses[r][e], kTol) << e;
+      for (int chunk = 0; chunk < 2; ++chunk)
+        ring::block_backward(dol[r].data(), ql[r].data(), k.data(), v.data(), o.data(), l.data(),
+                             dqa.data(), dka.data(), dva.data(), sl,
+                             ring::all_gather_step(chunk, r, cp, sl), sh.b, sh.a, sh.g, sh.d);
+      const V wq = local_rows(dq, sh, sh.a, cp, r);
+      for (std::size_t e = 0; e < wq.size(); ++e) ASSERT_NEAR(dqa[e], wq[e], kTol) << e;
+      // dka, dva: this rank's share of the whole sequence's K and V gradients, summed below.
+      allg_dk.resize(kn, 0.0);
+      allg_dv.resize(kn, 0.0);
+      for (std::size_t e = 0; e < kn; ++e) allg_dk[e] += dka[e], allg_dv[e] += dva[e];
+    }
+    for (std::size_t e = 0; e < kn; ++e) {
+      ASSERT_NEAR(allg_dk[e], dk[e], kTol) << e;
+      ASSERT_NEAR(allg_dv[e], dv[e], kTol) << e;
+    }
+    allg_dk.clear();
+    allg_dv.clear();
     // Every rank's step on every block adds to the block's KV gradient (the ring carries it home).
     for (Count r = 0; r < cp; ++r)
       for (Count j = 0; j < cp; ++j)

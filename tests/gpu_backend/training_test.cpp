@@ -464,7 +464,9 @@ INSTANTIATE_TEST_SUITE_P(
         // their own; ZeRO-3 sharded over the cp ranks.
         Layout{"cp2_tp2_sp", J{{"cp", 2}, {"tp", 2}, {"sequence_parallel", true}}},
         Layout{"llama_cp4", J{{"cp", 4}}, "fp32", "flash", true},
-        Layout{"zero3_cp2", J{{"cp", 2}, {"zero_stage", 3}}}),
+        Layout{"zero3_cp2", J{{"cp", 2}, {"zero_stage", 3}}},
+        Layout{"llama_cp4_all_gather", J{{"cp", 4}, {"cp_comm", "all_gather"}}, "fp32", "flash",
+               true}),
     [](const auto& info) { return std::string(info.param.name); });
 
 INSTANTIATE_TEST_SUITE_P(
@@ -548,7 +550,15 @@ INSTANTIATE_TEST_SUITE_P(
         Layout{"zero1_cp2_dp2", J{{"cp", 2}, {"dp", 2}, {"zero_stage", 1}}},
         Layout{"recompute_full_cp2", J{{"cp", 2}, {"recompute", "full"}}},
         Layout{"bf16_llama_cp2_tp2", J{{"cp", 2}, {"tp", 2}}, "bf16", "flash", true},
-        Layout{"sgd_cp2", J{{"cp", 2}}, "fp32", "flash", false, false, "sgd"}),
+        Layout{"sgd_cp2", J{{"cp", 2}}, "fp32", "flash", false, false, "sgd"},
+        // cp_comm all_gather (the KV all-gather): alone, with tp and sequence parallelism, and
+        // Llama over cp = 4 with full recomputation (the gather replayed).
+        Layout{"cp2_all_gather", J{{"cp", 2}, {"cp_comm", "all_gather"}}},
+        Layout{"cp2_tp2_sp_all_gather",
+               J{{"cp", 2}, {"cp_comm", "all_gather"}, {"tp", 2}, {"sequence_parallel", true}}},
+        Layout{"llama_cp4_all_gather_recompute_full",
+               J{{"cp", 4}, {"cp_comm", "all_gather"}, {"recompute", "full"}}, "fp32", "flash",
+               true}),
     [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -32,11 +32,13 @@ struct Rows {
 };
 
 /// Rows of one step of the ring: this rank's query rows against the KV block's rows, with the
-/// causal mask (the diagonal block: key row j visible to query row i when j <= i, rows counted
-/// from each range's start) or none.
+/// causal mask (key row j visible to query row i when j <= offset + i, rows counted from each
+/// range's start: offset 0 is the diagonal block, offset > 0 a block whose first `offset` keys
+/// precede the first query) or none.
 struct Step {
   Rows q, kv;
   bool causal = false;
+  Count offset = 0;
 };
 
 /// The step of CP rank r on the KV block of rank j (Transformer Engine's three cases): j == r,
@@ -46,11 +48,17 @@ struct Step {
 /// and no row of the first chunk sees the block.
 [[nodiscard]] Step step_for_block(Count j, Count r, Count sl) noexcept;
 
-/// Attention of query rows st.q against key rows st.kv (both arrays have s rows): writes out and
-/// lse at the query rows only. Every query row must see at least one key.
+/// Attention of query rows st.q of q (s rows) against key rows st.kv of k and v (any number of
+/// rows): writes out and lse at the query rows only. Every query row must see at least one key.
 template <class T>
 void block_forward(const T* q, const T* k, const T* v, T* out, T* lse, Count s, const Step& st,
                    Count b, Count a, Count g, Count d);
+
+/// The KV all-gather's two steps for CP rank r (Transformer Engine AttnFuncWithCPAndKVAllGather;
+/// Llama 3, Grattafiori et al. 2024, sec. 3.3.2): local chunk 0 (global chunk r) and chunk 1
+/// (global chunk 2cp-1-r) each against the gathered keys in global order up to its own end, the
+/// last chunk of them under the causal mask.
+[[nodiscard]] Step all_gather_step(int chunk, Count r, Count cp, Count sl) noexcept;
 
 /// Merges one step's (out_step, lse_step) at `rows` into the running (out, lse):
 /// lse' = log(e^lse + e^lse_step), out' = out·e^(lse - lse') + out_step·e^(lse_step - lse')
