@@ -46,6 +46,15 @@ void Communicator::all_gather(const void* in, void* out, Count n, DType dtype,
   log_->record(group_, CollectiveOp::all_gather, what, n * size_ * bytes_of(dtype));
   do_all_gather(in, out, n, dtype);
 }
+void Communicator::all_to_all(const void* in, void* out, Count n, DType dtype,
+                              const std::string& what) {
+  log_->record(group_, CollectiveOp::all_to_all, what, n * size_ * bytes_of(dtype));
+  do_all_to_all(in, out, n, dtype);
+}
+void Communicator::do_all_to_all(const void*, void*, Count, DType) {
+  throw std::runtime_error(std::string("all-to-all is not implemented on the ") +
+                           std::string(to_string(group_)) + " group of this communicator");
+}
 void Communicator::send_recv(std::vector<P2POp> batch) {
   for (const P2POp& op : batch) {
     DISTPLAN_CHECK(op.peer >= 0 && op.peer < size_, "point-to-point peer outside the group");
@@ -141,6 +150,14 @@ class EmulatedCommunicator final : public Communicator {
     const auto bytes = static_cast<std::size_t>(n * bytes_of(dtype));
     move_bytes(device_, static_cast<char*>(out) + bytes * static_cast<std::size_t>(rank()), in,
                bytes);
+  }
+  void do_all_to_all(const void* in, void* out, Count n, DType dtype) override {
+    // This rank's own block stays; the others' blocks are zeros.
+    const auto bytes = static_cast<std::size_t>(n * bytes_of(dtype));
+    for (int j = 0; j < size(); ++j)
+      if (j != rank()) zero_bytes(device_, static_cast<char*>(out) + bytes * j, bytes);
+    move_bytes(device_, static_cast<char*>(out) + bytes * static_cast<std::size_t>(rank()),
+               static_cast<const char*>(in) + bytes * static_cast<std::size_t>(rank()), bytes);
   }
   void do_send_recv(std::vector<P2POp>& batch) override {
     for (const P2POp& op : batch)

@@ -87,6 +87,10 @@ class MpiCommunicator final : public Communicator {
     std::vector<char> mine(static_cast<const char*>(in), static_cast<const char*>(in) + bytes);
     MPI_Allgather(mine.data(), icount(bytes), MPI_BYTE, out, icount(bytes), MPI_BYTE, comm_);
   }
+  void do_all_to_all(const void* in, void* out, Count n, DType dtype) override {
+    const Count bytes = n * bytes_of(dtype);
+    MPI_Alltoall(in, icount(bytes), MPI_BYTE, out, icount(bytes), MPI_BYTE, comm_);
+  }
   // Each message is a header naming what it carries, then the payload. Messages between a pair
   // match in the order they were issued (MPI's non-overtaking rule, one tag per P2POp::stream:
   // stream 0, one order for all, as NCCL matches them), so a receive that the schedule pairs with

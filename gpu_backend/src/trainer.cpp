@@ -122,11 +122,16 @@ void check_supported(const Scenario& s) {
   if (s.parallel.zero_stage > 0 && s.parallel.dp % s.shard_size() != 0) {
     throw InputError("/parallel/fsdp_shard_size", "fsdp_shard_size must divide dp");
   }
-  if (s.parallel.cp > 1 && s.parallel.cp_comm == CpComm::a2a) {
-    // The ring and the KV all-gather run; Ulysses' all-to-all is planned, not trained.
-    throw InputError("/parallel/cp_comm",
-                     "the backend runs context parallelism as ring attention (p2p) or KV "
-                     "all-gather (all_gather); a2a is planned and simulated, not validated");
+  if (s.parallel.cp > 1 &&
+      s.training.seq_length %
+              (2 * s.parallel.cp * (s.parallel.sequence_parallel ? s.parallel.tp : 1)) !=
+          0) {
+    // Every variant takes its rows as Megatron-Core's get_batch_on_this_cp_rank cuts them: 2·cp
+    // load-balanced chunks (Transformer Engine's all-to-all reorders the same chunk ids).
+    throw InputError("/training/seq_length",
+                     "the backend cuts each sequence into 2*cp load-balanced chunks (times tp "
+                     "under sequence parallelism) for every cp_comm; seq_length must divide "
+                     "into them");
   }
   if (s.parallel.cp > 1 && s.training.attention != Attention::flash) {
     throw InputError("/training/attention",

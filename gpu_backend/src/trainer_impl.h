@@ -232,7 +232,7 @@ class Trainer {
   // ---- context parallelism (cp_attention.cpp, ring_attention.cpp) ------------------------------
   // Attention of layer unit `ui` under cp > 1 by parallel.cp_comm. The forward may replace k and
   // v by what the backward starts from (the ring's last block).
-  void cp_attention_forward(int ui, const Vec& q, Vec& k, Vec& v, Vec& out, Vec& lse);
+  void cp_attention_forward(int ui, Vec& q, Vec& k, Vec& v, Vec& out, Vec& lse);
   void cp_attention_backward(int ui, const Vec& dout, const Vec& q, const Vec& k, const Vec& v,
                              const Vec& out, const Vec& lse, Vec& dq, Vec& dk, Vec& dv);
   // KV all-gather (cp_comm all_gather): the whole sequence's K and V in global row order, from a
@@ -241,6 +241,17 @@ class Trainer {
   void all_gather_attention_forward(const Vec& q, const Vec& k, const Vec& v, Vec& out, Vec& lse);
   void all_gather_attention_backward(const Vec& dout, const Vec& q, const Vec& k, const Vec& v,
                                      const Vec& out, const Vec& lse, Vec& dq, Vec& dk, Vec& dv);
+  // DeepSpeed-Ulysses (cp_comm a2a): x (this rank's rows, `heads` heads) to every row of this
+  // rank's heads / cp heads in global order, the received all-to-all buffer kept in `recv`
+  // (tagged `tag`); and back.
+  Vec seq_to_heads(const Vec& x, Count heads, const char* what, Tensor& recv, MemoryTag tag);
+  Vec heads_to_seq(const Vec& y, Count heads, const char* what, Tensor* send_keep = nullptr,
+                   MemoryTag tag = MemoryTag::temporaries);
+  // The forward replaces q, k, v and lse by their head-sharded forms, which the layer saves
+  // (Transformer Engine saves the exchanged tensors) and the backward reads.
+  void a2a_attention_forward(Vec& q, Vec& k, Vec& v, Vec& out, Vec& lse);
+  void a2a_attention_backward(const Vec& dout, const Vec& q, const Vec& k, const Vec& v,
+                              const Vec& out, const Vec& lse, Vec& dq, Vec& dk, Vec& dv);
   // Rotary embedding of q or k (N,heads,d) at this rank's positions (global ones under cp).
   void rope(Vec& x, Count heads, bool backward) const;
   // One ring exchange on the cp group: `send` to rank `to`, `recv` from rank `from`, as one batch.

@@ -52,9 +52,7 @@ TEST(LeversCli, BadValuesNameTheirField) {
 }
 
 TEST(LeversCli, ValidateRefusesWhatTheBackendDoesNotTrainWith) {
-  // Context parallelism trains as ring attention (cp_comm p2p) on the CPU only.
-  EXPECT_EQ(error_path("validate", tiny({{"tp", 1}, {"cp", 2}, {"dp", 1}, {"cp_comm", "a2a"}})),
-            "/parallel/cp_comm");
+  // Context parallelism trains on the CPU only.
   EXPECT_EQ(error_path("validate", tiny({{"tp", 1}, {"cp", 2}, {"dp", 1}}), {"--device", "cuda"}),
             "/parallel/cp");
   EXPECT_EQ(

@@ -466,7 +466,10 @@ INSTANTIATE_TEST_SUITE_P(
         Layout{"llama_cp4", J{{"cp", 4}}, "fp32", "flash", true},
         Layout{"zero3_cp2", J{{"cp", 2}, {"zero_stage", 3}}},
         Layout{"llama_cp4_all_gather", J{{"cp", 4}, {"cp_comm", "all_gather"}}, "fp32", "flash",
-               true}),
+               true},
+        Layout{"cp2_tp2_sp_a2a",
+               J{{"cp", 2}, {"cp_comm", "a2a"}, {"tp", 2}, {"sequence_parallel", true}}},
+        Layout{"llama_cp2_a2a", J{{"cp", 2}, {"cp_comm", "a2a"}}, "fp32", "flash", true}),
     [](const auto& info) { return std::string(info.param.name); });
 
 INSTANTIATE_TEST_SUITE_P(
@@ -558,7 +561,16 @@ INSTANTIATE_TEST_SUITE_P(
                J{{"cp", 2}, {"cp_comm", "all_gather"}, {"tp", 2}, {"sequence_parallel", true}}},
         Layout{"llama_cp4_all_gather_recompute_full",
                J{{"cp", 4}, {"cp_comm", "all_gather"}, {"recompute", "full"}}, "fp32", "flash",
-               true}),
+               true},
+        // cp_comm a2a (DeepSpeed-Ulysses): cp2 (GPT: 4 heads, 2 per cp rank), cp4 with 4 heads
+        // (one per rank), with tp2 and sequence parallelism, Llama (grouped KV heads: 2, one per
+        // cp rank) with full recomputation (the all-to-alls replayed).
+        Layout{"cp2_a2a", J{{"cp", 2}, {"cp_comm", "a2a"}}},
+        Layout{"cp4_a2a", J{{"cp", 4}, {"cp_comm", "a2a"}}},
+        Layout{"cp2_tp2_sp_a2a",
+               J{{"cp", 2}, {"cp_comm", "a2a"}, {"tp", 2}, {"sequence_parallel", true}}},
+        Layout{"llama_cp2_a2a_recompute_full",
+               J{{"cp", 2}, {"cp_comm", "a2a"}, {"recompute", "full"}}, "fp32", "flash", true}),
     [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

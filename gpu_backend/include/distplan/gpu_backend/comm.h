@@ -97,6 +97,10 @@ class Communicator {
   void all_reduce(void* data, Count n, DType dtype, ReduceOp op, const std::string& what);
   void reduce_scatter(const void* in, void* out, Count n, DType dtype, const std::string& what);
   void all_gather(const void* in, void* out, Count n, DType dtype, const std::string& what);
+  /// All-to-all: `in` holds size() blocks of n elements, block j for rank j; block j of `out`
+  /// receives rank j's block for this rank. Recorded: the full buffer (n*size elements), the
+  /// planner's bytes_per_call for all_to_all (the local tensor exchanged).
+  void all_to_all(const void* in, void* out, Count n, DType dtype, const std::string& what);
   /// One step's point-to-point exchange, issued together: every send and receive of the batch is
   /// in flight at once (one NCCL group; MPI_Isend/MPI_Irecv + MPI_Waitall), so a send never waits
   /// on a receive of the same batch being posted first (docs/gpu_backend.md, "Pipeline messages").
@@ -112,6 +116,9 @@ class Communicator {
   virtual void do_all_reduce(void* data, Count n, DType dtype, ReduceOp op) = 0;
   virtual void do_reduce_scatter(const void* in, void* out, Count n, DType dtype) = 0;
   virtual void do_all_gather(const void* in, void* out, Count n, DType dtype) = 0;
+  /// Implemented by the MPI and emulated communicators (context parallelism's a2a runs on the CPU
+  /// only); others throw.
+  virtual void do_all_to_all(const void* in, void* out, Count n, DType dtype);
   virtual void do_send_recv(std::vector<P2POp>& batch) = 0;
 
  private:
