@@ -172,8 +172,7 @@ void Trainer::a2a_attention_forward(Vec& q, Vec& k, Vec& v, Vec& out, Vec& lse) 
 
 void Trainer::a2a_attention_backward(const Vec& dout, const Vec& q, const Vec& k, const Vec& v,
                                      const Vec& out, const Vec& lse, Vec& dq, Vec& dk, Vec& dv) {
-  const Count s = t_.seq_length, b = t_.micro_batch_size, ah = a_l_ / cp_, gh = g_l_ / cp_;
-  (void)b;
+  const Count s = t_.seq_length, ah = a_l_ / cp_, gh = g_l_ / cp_;
   // The layer kept its output by rows: exchanged again with its gradient (as Transformer Engine).
   Tensor orr, dor;
   const Vec oh = seq_to_heads(out, a_l_, kQo, orr, MemoryTag::buffers);

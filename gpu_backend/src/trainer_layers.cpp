@@ -130,7 +130,9 @@ Vec Trainer::layer_forward(int ui, const LayerParams& lp, LayerSaved& sv) {
   }
   Vec attn, probs, lse;
   if (cp_ > 1) {
-    cp_attention_forward(ui, q, k, v, attn, lse);  // k, v: what the backward starts from
+    // q, k, v become what the backward reads: the ring's last KV block (p2p), the head-sharded
+    // tensors (a2a).
+    cp_attention_forward(ui, q, k, v, attn, lse);
   } else {
     attention_fwd(q, k, v, attn, flash() ? nullptr : &probs, flash() ? &lse : nullptr);
   }
