@@ -84,7 +84,7 @@ constexpr Count kMaxRanksPerCore = 8;
 constexpr double kMaxHostMemoryShare = 0.8;
 
 Count ranks_of(const Scenario& s) {
-  return s.parallel.tp * s.parallel.dp * s.parallel.pp;
+  return s.parallel.tp * s.parallel.cp * s.parallel.dp * s.parallel.pp;
 }
 
 backend::Device device_of(const std::string& d) {
@@ -333,7 +333,7 @@ void check_host_resources(const Scenario& s, const Estimate& e, const ValidateOp
   const bool one = o.emulate_rank >= 0 || ranks_of(s) == 1;
   if (!one && !launches_locally(o)) return;  // the ranks run on other hosts
   const Count ranks = one ? 1 : ranks_of(s);
-  const Count per_stage = s.parallel.tp * s.parallel.dp;
+  const Count per_stage = s.parallel.tp * s.parallel.cp * s.parallel.dp;
   double bytes = 0;
   for (std::size_t st = 0; st < e.memory.stages.size(); ++st) {
     const StageMemory& m = e.memory.stages[st];
@@ -375,11 +375,6 @@ void check_host_resources(const Scenario& s, const Estimate& e, const ValidateOp
 // hold the plan against a different run, so it is refused at the field.
 void refuse_unvalidated_levers(const Scenario& s) {
   const ParallelSpec& p = s.parallel;
-  if (p.cp > 1) {
-    throw InputError("/parallel/cp",
-                     "the backend does not run context parallelism yet; validate a layout with "
-                     "cp = 1");
-  }
   if (p.offload_optimizer != Offload::none || p.offload_params != Offload::none) {
     throw InputError(p.offload_optimizer != Offload::none ? "/parallel/offload_optimizer"
                                                           : "/parallel/offload_params",
@@ -547,7 +542,7 @@ void install_validate(CLI::App& app) {
                 "accumulation)");
   cmd->add_flag("--rank-worker", opts->rank_worker,
                 "Run as one rank of an MPI job started by your own launcher (one process per "
-                "rank, world size = tp*dp*pp); rank 0 prints the comparison");
+                "rank, world size = tp*cp*dp*pp); rank 0 prints the comparison");
   cmd->add_option("--rank-worker-job", opts->rank_worker_job)->group("");
   cmd->add_option("--scenario-base64", opts->scenario_base64)->group("");
   cmd->callback([opts] {
@@ -577,7 +572,7 @@ void install_validate(CLI::App& app) {
       }
     }
     refuse_unvalidated_levers(s);
-    backend::check_supported(s);
+    backend::check_supported_on(s, device_of(opts->device));
     if (opts->emulate_rank >= ranks_of(s))
       throw InputError("", fmt::format("--emulate-rank {} is not a rank of the layout (0..{})",
                                        opts->emulate_rank, ranks_of(s) - 1));

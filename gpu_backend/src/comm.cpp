@@ -46,6 +46,15 @@ void Communicator::all_gather(const void* in, void* out, Count n, DType dtype,
   log_->record(group_, CollectiveOp::all_gather, what, n * size_ * bytes_of(dtype));
   do_all_gather(in, out, n, dtype);
 }
+void Communicator::all_to_all(const void* in, void* out, Count n, DType dtype,
+                              const std::string& what) {
+  log_->record(group_, CollectiveOp::all_to_all, what, n * size_ * bytes_of(dtype));
+  do_all_to_all(in, out, n, dtype);
+}
+void Communicator::do_all_to_all(const void*, void*, Count, DType) {
+  throw std::runtime_error(std::string("all-to-all is not implemented on the ") +
+                           std::string(to_string(group_)) + " group of this communicator");
+}
 void Communicator::send_recv(std::vector<P2POp> batch) {
   for (const P2POp& op : batch) {
     DISTPLAN_CHECK(op.peer >= 0 && op.peer < size_, "point-to-point peer outside the group");
@@ -55,17 +64,14 @@ void Communicator::send_recv(std::vector<P2POp> batch) {
   do_send_recv(batch);
 }
 
-void Communicator::all_to_all(const void* in, const std::vector<Count>& send_counts, void* out,
-                              const std::vector<Count>& recv_counts, DType dtype,
-                              const std::string& what) {
+void Communicator::all_to_all_v(const void* in, const std::vector<Count>& send_counts, void* out,
+                                const std::vector<Count>& recv_counts, DType dtype,
+                                Count recorded, const std::string& what) {
   DISTPLAN_CHECK(static_cast<int>(send_counts.size()) == size_ &&
                      static_cast<int>(recv_counts.size()) == size_,
                  "all_to_all needs one count per rank of the group");
-  Count others = 0;
-  for (int r = 0; r < size_; ++r)
-    if (r != rank_) others += send_counts[static_cast<std::size_t>(r)];
-  log_->record(group_, CollectiveOp::all_to_all, what, others * bytes_of(dtype));
-  do_all_to_all(in, send_counts, out, recv_counts, dtype);
+  log_->record(group_, CollectiveOp::all_to_all, what, recorded * bytes_of(dtype));
+  do_all_to_all_v(in, send_counts, out, recv_counts, dtype);
 }
 
 std::vector<Count> Communicator::exchange_counts(const std::vector<Count>& send) {
@@ -74,7 +80,7 @@ std::vector<Count> Communicator::exchange_counts(const std::vector<Count>& send)
   return do_exchange_counts(send);
 }
 
-void Communicator::do_all_to_all(const void* in, const std::vector<Count>& send_counts, void* out,
+void Communicator::do_all_to_all_v(const void* in, const std::vector<Count>& send_counts, void* out,
                                  const std::vector<Count>& recv_counts, DType dtype) {
   if (size_ != 1) {
     throw std::runtime_error("this communicator does not implement all_to_all (the " +
@@ -101,42 +107,48 @@ std::string to_string(const P2PTag& t) {
 }
 
 RankCoords rank_coords(const ParallelSpec& p, int world_rank) noexcept {
+  // Megatron-Core's order "tp-cp-dp-pp" (planner/src/layout.cpp, group_link).
   RankCoords c;
   c.tp = static_cast<int>(world_rank % p.tp);
-  c.dp = static_cast<int>((world_rank / p.tp) % p.dp);
-  c.pp = static_cast<int>(world_rank / (p.tp * p.dp));
+  c.cp = static_cast<int>((world_rank / p.tp) % p.cp);
+  c.dp = static_cast<int>((world_rank / (p.tp * p.cp)) % p.dp);
+  c.pp = static_cast<int>(world_rank / (p.tp * p.cp * p.dp));
   return c;
 }
 
 int world_rank_of(const ParallelSpec& p, RankCoords c) noexcept {
-  return static_cast<int>(c.tp + p.tp * (c.dp + p.dp * c.pp));
+  return static_cast<int>(c.tp + p.tp * (c.cp + p.cp * (c.dp + p.dp * c.pp)));
 }
 
 GroupSplit group_split(const ParallelSpec& p, RankCoords c, Group g) noexcept {
   const int tp = static_cast<int>(p.tp), dp = static_cast<int>(p.dp), pp = static_cast<int>(p.pp);
+  const int cp = static_cast<int>(p.cp);
   const int S =
       p.zero_stage == 0 || p.fsdp_shard_size <= 0 ? dp : static_cast<int>(p.fsdp_shard_size);
-  const int world = tp * dp * pp;
+  const int world = tp * cp * dp * pp;
   switch (g) {
     case Group::tp:
-      return {c.dp + dp * c.pp, c.tp, tp};
+      return {c.cp + cp * (c.dp + dp * c.pp), c.tp, tp};
     case Group::dp:
-      return {c.tp + tp * (c.pp + pp * (c.dp / S)), c.dp % S, S};
+      // Megatron-Core's data-and-context-parallel group (parallel_state.py,
+      // get_data_parallel_group(with_context_parallel=True)): gradients are reduced and the
+      // distributed optimizer shards over it; cp is the faster coordinate in it.
+      return {c.tp + tp * (c.pp + pp * (c.dp / S)), c.cp + cp * (c.dp % S), S * cp};
     case Group::dp_replicate:
-      return {c.tp + tp * (c.pp + pp * (c.dp % S)), c.dp / S, dp / S};
+      return {c.tp + tp * (c.cp + cp * (c.pp + pp * (c.dp % S))), c.dp / S, dp / S};
     case Group::pp:
-      return {c.tp + tp * c.dp, c.pp, pp};
+      return {c.tp + tp * (c.cp + cp * c.dp), c.pp, pp};
     case Group::embedding:
-      if (pp > 1 && (c.pp == 0 || c.pp == pp - 1)) return {c.tp + tp * c.dp, c.pp == 0 ? 0 : 1, 2};
+      if (pp > 1 && (c.pp == 0 || c.pp == pp - 1))
+        return {c.tp + tp * (c.cp + cp * c.dp), c.pp == 0 ? 0 : 1, 2};
       return {world + world_rank_of(p, c), 0, 1};
     case Group::cp:
-      // The backend trains with cp = 1 (validate refuses more): each rank is its own cp group.
-      return {world + world_rank_of(p, c), 0, 1};
+      return {c.tp + tp * (c.dp + dp * c.pp), c.cp, cp};
     case Group::ep:
     case Group::edp: {
       // MoE parallel folding inside the stage (GroupSplit's comment).
       const int ep = static_cast<int>(p.ep), etp = static_cast<int>(p.etp);
-      const int stage = tp * dp, i = c.tp + tp * c.dp;
+      const int stage = tp * cp * dp, i = c.tp + tp * (c.cp + cp * c.dp);
       const int etp_rank = i % etp, ep_rank = (i / etp) % ep, edp_rank = i / (etp * ep);
       const int edp = stage / (etp * ep);
       if (g == Group::ep) return {c.pp * stage + etp_rank + etp * edp_rank, ep_rank, ep};
@@ -185,6 +197,14 @@ class EmulatedCommunicator final : public Communicator {
     move_bytes(device_, static_cast<char*>(out) + bytes * static_cast<std::size_t>(rank()), in,
                bytes);
   }
+  void do_all_to_all(const void* in, void* out, Count n, DType dtype) override {
+    // This rank's own block stays; the others' blocks are zeros.
+    const auto bytes = static_cast<std::size_t>(n * bytes_of(dtype));
+    for (int j = 0; j < size(); ++j)
+      if (j != rank()) zero_bytes(device_, static_cast<char*>(out) + bytes * j, bytes);
+    move_bytes(device_, static_cast<char*>(out) + bytes * static_cast<std::size_t>(rank()),
+               static_cast<const char*>(in) + bytes * static_cast<std::size_t>(rank()), bytes);
+  }
   void do_send_recv(std::vector<P2POp>& batch) override {
     for (const P2POp& op : batch)
       if (op.dir == P2POp::Dir::recv)
@@ -202,7 +222,7 @@ std::unique_ptr<ProcessGroups> make_emulated_groups(const ParallelSpec& p, int w
   auto g = std::make_unique<ProcessGroups>();
   g->coords = rank_coords(p, world_rank);
   g->world_rank = world_rank;
-  g->world_size = static_cast<int>(p.tp * p.dp * p.pp);
+  g->world_size = static_cast<int>(p.tp * p.cp * p.dp * p.pp);
   auto make = [&](Group grp) {
     const GroupSplit sp = group_split(p, g->coords, grp);
     return std::make_unique<EmulatedCommunicator>(grp, sp.key, sp.size, &g->log, device);
@@ -212,6 +232,7 @@ std::unique_ptr<ProcessGroups> make_emulated_groups(const ParallelSpec& p, int w
   g->pp = make(Group::pp);
   g->dp_replicate = make(Group::dp_replicate);
   g->embedding = make(Group::embedding);
+  g->cp = make(Group::cp);
   g->ep = make(Group::ep);
   g->edp = make(Group::edp);
   g->world_reduce = [](double*, int, ReduceOp) {};

@@ -87,8 +87,12 @@ class MpiCommunicator final : public Communicator {
     std::vector<char> mine(static_cast<const char*>(in), static_cast<const char*>(in) + bytes);
     MPI_Allgather(mine.data(), icount(bytes), MPI_BYTE, out, icount(bytes), MPI_BYTE, comm_);
   }
-  void do_all_to_all(const void* in, const std::vector<Count>& send_counts, void* out,
-                     const std::vector<Count>& recv_counts, DType dtype) override {
+  void do_all_to_all(const void* in, void* out, Count n, DType dtype) override {
+    const Count bytes = n * bytes_of(dtype);
+    MPI_Alltoall(in, icount(bytes), MPI_BYTE, out, icount(bytes), MPI_BYTE, comm_);
+  }
+  void do_all_to_all_v(const void* in, const std::vector<Count>& send_counts, void* out,
+                       const std::vector<Count>& recv_counts, DType dtype) override {
     const Count b = bytes_of(dtype);
     std::vector<int> sc(send_counts.size()), sd(sc.size()), rc(sc.size()), rd(sc.size());
     Count so = 0, ro = 0;
@@ -298,7 +302,8 @@ std::unique_ptr<ProcessGroups> make_groups_over_mpi(const ParallelSpec& p,
   auto g = std::make_unique<ProcessGroups>();
   MPI_Comm_rank(MPI_COMM_WORLD, &g->world_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &g->world_size);
-  DISTPLAN_CHECK(g->world_size == p.tp * p.dp * p.pp, "MPI world size differs from tp*dp*pp");
+  DISTPLAN_CHECK(g->world_size == p.tp * p.cp * p.dp * p.pp,
+                 "MPI world size differs from tp*cp*dp*pp");
   const RankCoords c = rank_coords(p, g->world_rank);
   g->coords = c;
   // Colour = the coordinates the group does not span; key = the spanned one (its rank in it).
@@ -313,6 +318,7 @@ std::unique_ptr<ProcessGroups> make_groups_over_mpi(const ParallelSpec& p,
   g->pp = make(Group::pp);
   g->dp_replicate = make(Group::dp_replicate);
   g->embedding = make(Group::embedding);
+  g->cp = make(Group::cp);
   if (expert_groups) {
     g->ep = make(Group::ep);
     g->edp = make(Group::edp);

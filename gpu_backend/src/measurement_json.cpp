@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <set>
+#include <stdexcept>
 
 #include <nlohmann/json.hpp>
 
@@ -14,14 +15,14 @@ Group group_from(const std::string& s) {
   for (Group g : {Group::dp, Group::dp_replicate, Group::tp, Group::pp, Group::embedding, Group::cp,
                   Group::ep, Group::edp})
     if (to_string(g) == s) return g;
-  return Group::dp;
+  throw std::runtime_error("measurement: unknown group '" + s + "'");
 }
 CollectiveOp op_from(const std::string& s) {
   for (CollectiveOp o :
        {CollectiveOp::all_reduce, CollectiveOp::reduce_scatter, CollectiveOp::all_gather,
         CollectiveOp::send_recv, CollectiveOp::all_to_all})
     if (to_string(o) == s) return o;
-  return CollectiveOp::all_reduce;
+  throw std::runtime_error("measurement: unknown collective '" + s + "'");
 }
 sim::Op action_op_from(const std::string& s) {
   for (sim::Op o :
@@ -79,6 +80,7 @@ nlohmann::json to_json(const RankMeasurement& r) {
   }
   nlohmann::json out = {{"rank", r.rank},
                         {"tp", r.coords.tp},
+                        {"cp", r.coords.cp},
                         {"dp", r.coords.dp},
                         {"stage", r.coords.pp},
                         {"memory", mem},
@@ -100,6 +102,7 @@ RankMeasurement rank_measurement_from_json(const nlohmann::json& j) {
   RankMeasurement r;
   r.rank = j.at("rank").get<int>();
   r.coords.tp = j.at("tp").get<int>();
+  r.coords.cp = j.value("cp", 0);  // absent before context parallelism
   r.coords.dp = j.at("dp").get<int>();
   r.coords.pp = j.at("stage").get<int>();
   const auto& mem = j.at("memory");

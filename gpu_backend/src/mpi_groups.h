@@ -14,7 +14,7 @@ namespace distplan::backend {
 using MakeCommunicator =
     std::function<std::unique_ptr<Communicator>(Group group, MPI_Comm comm, CommLog* log)>;
 
-/// MPI must be initialised and the world size equal tp*dp*pp. `expert_groups`: also split the
+/// MPI must be initialised and the world size equal tp*cp*dp*pp. `expert_groups`: also split the
 /// MoE layers' ep and edp groups (ProcessGroups::ep, edp; null otherwise).
 [[nodiscard]] std::unique_ptr<ProcessGroups> make_groups_over_mpi(const ParallelSpec& p,
                                                                   const MakeCommunicator& make,

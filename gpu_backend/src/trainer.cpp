@@ -17,6 +17,7 @@
 #include "distplan/gpu_backend/cpu_ops.h"
 #include "distplan/gpu_backend/device_ops.h"
 #include "distplan/gpu_backend/gradient_dump.h"
+#include "distplan/gpu_backend/ring_attention.h"
 #include "distplan/gpu_backend/run.h"
 #include "distplan/gpu_backend/tensor.h"
 #include "distplan/planner/check.h"
@@ -41,14 +42,19 @@ Trainer::Trainer(const Scenario& s, const RunOptions& o, ProcessGroups& g)
   cb_ = t_.precision;
   gb_ = t_.grad_accumulation_dtype;
   tp_ = p_.tp;
-  S_ = p_.zero_stage == 0 ? 1 : s.shard_size();
+  // ZeRO shards over the data-and-context-parallel ranks (Scenario::zero_shard).
+  S_ = p_.zero_stage == 0 ? 1 : s.zero_shard();
   sp_ = p_.sequence_parallel && tp_ > 1;
   stage_ = g.coords.pp;
   pp_ = p_.pp;
   v_ = p_.virtual_stages;
   vee_ = v_shape(p_.schedule);
   nmb_ = s.num_microbatches();
-  N_ = t_.micro_batch_size * t_.seq_length;
+  cp_ = p_.cp;
+  sl_ = s.local_seq_length();
+  for (Count i = 0; i < sl_; ++i)
+    positions_.push_back(cp_ == 1 ? i : ring::global_position(i, sl_, cp_, g.coords.cp));
+  N_ = t_.micro_batch_size * sl_;
   Nl_ = sp_ ? N_ / tp_ : N_;
   h_ = m_.hidden_size;
   vocab_ = padded_vocab(s);
@@ -124,9 +130,25 @@ void check_supported(const Scenario& s) {
   if (s.parallel.zero_stage > 0 && s.parallel.dp % s.shard_size() != 0) {
     throw InputError("/parallel/fsdp_shard_size", "fsdp_shard_size must divide dp");
   }
-  if (s.parallel.sequence_parallel && s.training.seq_length % s.parallel.tp != 0) {
+  if (s.parallel.cp > 1 &&
+      s.training.seq_length %
+              (2 * s.parallel.cp * (s.parallel.sequence_parallel ? s.parallel.tp : 1)) !=
+          0) {
+    // Every variant takes its rows as Megatron-Core's get_batch_on_this_cp_rank cuts them: 2·cp
+    // load-balanced chunks (Transformer Engine's all-to-all reorders the same chunk ids).
     throw InputError("/training/seq_length",
-                     "sequence parallelism needs seq_length divisible by tp");
+                     "the backend cuts each sequence into 2*cp load-balanced chunks (times tp "
+                     "under sequence parallelism) for every cp_comm; seq_length must divide "
+                     "into them");
+  }
+  if (s.parallel.cp > 1 && s.training.attention != Attention::flash) {
+    throw InputError("/training/attention",
+                     "context parallelism splits flash attention across ranks; train with "
+                     "attention flash");
+  }
+  if (s.parallel.sequence_parallel && s.local_seq_length() % s.parallel.tp != 0) {
+    throw InputError("/training/seq_length",
+                     "sequence parallelism needs seq_length / cp divisible by tp");
   }
   check_moe_supported(s);
   const auto counts = stage_layer_counts(s);
@@ -163,6 +185,16 @@ Measurement run(const Scenario& s, const RunOptions& opts) {
   return run_on_groups(s, opts, *groups);
 }
 
+void check_supported_on(const Scenario& s, Device device) {
+  check_supported(s);
+  if (device == Device::cuda && s.parallel.cp > 1) {
+    // The ring's steps run the CPU kernels (ring_attention.h) on host buffers.
+    throw InputError("/parallel/cp",
+                     "the CUDA device does not run context parallelism; validate cp > 1 on the "
+                     "CPU (--device cpu)");
+  }
+}
+
 void check_nccl_pipeline(const ParallelSpec& p) {
   // The V schedules add exchanges in both directions between the same pair of stages (chunk 0
   // down, chunk 1 up), which one NCCL stream would order against each other as it does
@@ -177,7 +209,7 @@ void check_nccl_pipeline(const ParallelSpec& p) {
 }
 
 Measurement run_on_groups(const Scenario& s, const RunOptions& opts, ProcessGroups& groups) {
-  check_supported(s);
+  check_supported_on(s, opts.device);
   if (opts.device == Device::cuda) dev::set_fp32_gemm_tf32(opts.tf32);
   Trainer trainer(s, opts, groups);
   return trainer.train();

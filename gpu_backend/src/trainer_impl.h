@@ -238,6 +238,48 @@ class Trainer {
                          Count out);
   void attention_fwd(const Vec& q, const Vec& k, const Vec& v, Vec& out, Vec* probs, Vec* lse);
 
+  // ---- context parallelism (cp_attention.cpp, ring_attention.cpp) ------------------------------
+  // Attention of layer unit `ui` under cp > 1 by parallel.cp_comm. The forward may replace k and
+  // v by what the backward starts from (the ring's last block).
+  void cp_attention_forward(int ui, Vec& q, Vec& k, Vec& v, Vec& out, Vec& lse);
+  void cp_attention_backward(int ui, const Vec& dout, const Vec& q, const Vec& k, const Vec& v,
+                             const Vec& out, const Vec& lse, Vec& dq, Vec& dk, Vec& dv);
+  // KV all-gather (cp_comm all_gather): the whole sequence's K and V in global row order, from a
+  // buffer holding every cp rank's packed local (K | V) in rank order.
+  void global_kv(const Vec& gathered, Count kn, Vec& k, Vec& v) const;
+  void all_gather_attention_forward(const Vec& q, const Vec& k, const Vec& v, Vec& out, Vec& lse);
+  void all_gather_attention_backward(const Vec& dout, const Vec& q, const Vec& k, const Vec& v,
+                                     const Vec& out, const Vec& lse, Vec& dq, Vec& dk, Vec& dv);
+  // DeepSpeed-Ulysses (cp_comm a2a): x (this rank's rows, `heads` heads) to every row of this
+  // rank's heads / cp heads in global order, the received all-to-all buffer kept in `recv`
+  // (tagged `tag`); and back.
+  Vec seq_to_heads(const Vec& x, Count heads, const char* what, Tensor& recv, MemoryTag tag);
+  Vec heads_to_seq(const Vec& y, Count heads, const char* what, Tensor* send_keep = nullptr,
+                   MemoryTag tag = MemoryTag::temporaries);
+  // The forward replaces q, k, v and lse by their head-sharded forms, which the layer saves
+  // (Transformer Engine saves the exchanged tensors) and the backward reads.
+  void a2a_attention_forward(Vec& q, Vec& k, Vec& v, Vec& out, Vec& lse);
+  void a2a_attention_backward(const Vec& dout, const Vec& q, const Vec& k, const Vec& v,
+                              const Vec& out, const Vec& lse, Vec& dq, Vec& dk, Vec& dv);
+  // Rotary embedding of q or k (N,heads,d) at this rank's positions (global ones under cp).
+  void rope(Vec& x, Count heads, bool backward) const;
+  // One ring exchange on the cp group: `send` to rank `to`, `recv` from rank `from`, as one batch.
+  struct RingMessage {
+    Tensor* buf = nullptr;
+    P2PTag tag;
+    const char* what = "";
+  };
+  void ring_exchange(const std::vector<RingMessage>& send, int to,
+                     const std::vector<RingMessage>& recv, int from);
+  // Ring attention (cp_comm p2p) of layer unit `ui`: out and lse of this rank's rows; k and v are
+  // replaced by the KV block the ring ends with, which the backward starts from (as Transformer
+  // Engine saves it).
+  void ring_attention_forward(int ui, const Vec& q, Vec& k, Vec& v, Vec& out, Vec& lse);
+  // Its backward: KV travels the other way round the ring, with the KV gradients accumulating
+  // on their way home.
+  void ring_attention_backward(int ui, const Vec& dout, const Vec& q, const Vec& k, const Vec& v,
+                               const Vec& out, const Vec& lse, Vec& dq, Vec& dk, Vec& dv);
+
   // ---- one transformer layer ------------------------------------------------------------------
   bool flash() const;
   bool rotary() const;
@@ -382,6 +424,10 @@ class Trainer {
   TrackingAllocator alloc_;
   DType cb_ = DType::bf16, gb_ = DType::bf16;
   Count tp_ = 1, S_ = 1, pp_ = 1, v_ = 1, nmb_ = 1, N_ = 0, Nl_ = 0, h_ = 0, vocab_ = 0, vl_ = 0;
+  // Context parallelism: cp ranks, this rank's sequence rows (sl_ = s/cp) and their global
+  // positions (the load-balanced chunks r and 2cp-1-r; identity under cp = 1).
+  Count cp_ = 1, sl_ = 0;
+  std::vector<Count> positions_;
   Count a_l_ = 0, g_l_ = 0, d_ = 0, f_l_ = 0, mi_l_ = 0;
   int stage_ = 0;
   bool sp_ = false;

@@ -83,7 +83,7 @@ void Trainer::linear_bwd_weight(Unit& u, int wi, int bi, const Vec& dy, const Ve
 
 void Trainer::attention_fwd(const Vec& q, const Vec& k, const Vec& v, Vec& out, Vec* probs,
                             Vec* lse) {
-  const Count s = t_.seq_length, b = t_.micro_batch_size;
+  const Count s = sl_, b = t_.micro_batch_size;
   out.assign(q.size(), 0.0f);
   if (lse != nullptr) {
     lse->assign(static_cast<std::size_t>(b * a_l_ * s), 0.0f);
@@ -108,7 +108,7 @@ bool Trainer::rotary() const {
 
 Vec Trainer::layer_forward(int ui, const LayerParams& lp, LayerSaved& sv) {
   Unit& u = units_[static_cast<std::size_t>(ui)];
-  const Count s = t_.seq_length, b = t_.micro_batch_size, kvl = g_l_ * d_, ql = a_l_ * d_;
+  const Count kvl = g_l_ * d_, ql = a_l_ * d_;
   const Vec x = rd(sv.x);
   Vec ln1 = norm_fwd(u, lp.norm1_g, lp.norm1_b, x, Nl_);
   sv.ln1 = save_act(ln1);
@@ -123,13 +123,19 @@ Vec Trainer::layer_forward(int ui, const LayerParams& lp, LayerSaved& sv) {
     std::copy(r + ql + kvl, r + qkv_w, v.data() + n * kvl);
   }
   if (rotary()) {
-    dev::rotary_forward(o_.device, q.data(), s, b, a_l_, d_, 10000.0);
-    dev::rotary_forward(o_.device, k.data(), s, b, g_l_, d_, 10000.0);
+    rope(q, a_l_, false);
+    rope(k, g_l_, false);
     rnd(q, cb_);
     rnd(k, cb_);
   }
   Vec attn, probs, lse;
-  attention_fwd(q, k, v, attn, flash() ? nullptr : &probs, flash() ? &lse : nullptr);
+  if (cp_ > 1) {
+    // q, k, v become what the backward reads: the ring's last KV block (p2p), the head-sharded
+    // tensors (a2a).
+    cp_attention_forward(ui, q, k, v, attn, lse);
+  } else {
+    attention_fwd(q, k, v, attn, flash() ? nullptr : &probs, flash() ? &lse : nullptr);
+  }
   sv.q = save_act(q);
   sv.k = save_act(k);
   sv.v = save_act(v);
@@ -187,7 +193,7 @@ void Trainer::split_halves(const Vec& fc1, Vec& gate, Vec& up) const {
 Vec Trainer::layer_backward(int ui, const LayerParams& lp, LayerSaved& sv, const Vec& dy,
                             std::vector<std::function<void()>>& jobs) {
   Unit& u = units_[static_cast<std::size_t>(ui)];
-  const Count s = t_.seq_length, b = t_.micro_batch_size, kvl = g_l_ * d_, ql = a_l_ * d_;
+  const Count s = sl_, b = t_.micro_batch_size, kvl = g_l_ * d_, ql = a_l_ * d_;
   LayerSaved* S = &sv;
   // MLP (a MoE layer's in trainer_moe.cpp).
   Vec dln2;
@@ -243,7 +249,9 @@ Vec Trainer::layer_backward(int ui, const LayerParams& lp, LayerSaved& sv, const
   });
   const Vec q = rd(sv.q), k = rd(sv.k), v = rd(sv.v);
   Vec dq(q.size()), dk(k.size()), dv(v.size());
-  if (flash()) {
+  if (cp_ > 1) {
+    cp_attention_backward(ui, dattn, q, k, v, rd(sv.attn), rd(sv.lse), dq, dk, dv);
+  } else if (flash()) {
     const Vec out = rd(sv.attn), lse = rd(sv.lse);
     dev::flash_attention_backward(o_.device, dattn.data(), q.data(), k.data(), v.data(), out.data(),
                                   lse.data(), dq.data(), dk.data(), dv.data(), s, b, a_l_, g_l_,
@@ -262,8 +270,8 @@ Vec Trainer::layer_backward(int ui, const LayerParams& lp, LayerSaved& sv, const
                             dq.data(), dk.data(), dv.data(), s, b, a_l_, g_l_, d_);
   }
   if (rotary()) {
-    dev::rotary_backward(o_.device, dq.data(), s, b, a_l_, d_, 10000.0);
-    dev::rotary_backward(o_.device, dk.data(), s, b, g_l_, d_, 10000.0);
+    rope(dq, a_l_, true);
+    rope(dk, g_l_, true);
   }
   const Count qkv_w = ql + 2 * kvl;
   Vec dqkv(static_cast<std::size_t>(N_ * qkv_w));

@@ -100,7 +100,8 @@ moe::Exchange<float> Trainer::ep_exchange() {
   ex.rank = g_.ep->rank();
   ex.counts = [this](const std::vector<Count>& send) { return g_.ep->exchange_counts(send); };
   ex.rows = [this](const float* in, const std::vector<Count>& send_rows, float* out,
-                   const std::vector<Count>& recv_rows, Count width, const char* what) {
+                   const std::vector<Count>& recv_rows, Count width, Count token_rows,
+                   const char* what) {
     std::vector<Count> sc(send_rows.size()), rc(recv_rows.size());
     Count ns = 0, nr = 0;
     for (std::size_t r = 0; r < sc.size(); ++r) {
@@ -111,7 +112,7 @@ moe::Exchange<float> Trainer::ep_exchange() {
     Tensor sbuf(alloc_, {ns}, cb_, MemoryTag::temporaries);
     sbuf.write(in, ns);
     Tensor rbuf(alloc_, {nr}, cb_, MemoryTag::temporaries);
-    g_.ep->all_to_all(sbuf.data(), sc, rbuf.data(), rc, cb_, what);
+    g_.ep->all_to_all_v(sbuf.data(), sc, rbuf.data(), rc, cb_, token_rows * width, what);
     rbuf.read(out, nr);
   };
   return ex;
@@ -225,6 +226,11 @@ void check_moe_supported(const Scenario& s, Device device, CommBackend comm) {
     throw InputError("/parallel/ep",
                      "an emulated rank cannot stand for expert parallelism: the tokens it "
                      "receives depend on the other ranks' routing; run it under MPI");
+  }
+  if (p.cp > 1) {
+    throw InputError("/parallel/cp",
+                     "the backend does not run MoE layers with context parallelism; validate a "
+                     "MoE layout with cp = 1");
   }
   if (e.capacity_factor) {
     throw InputError("/model/moe/capacity_factor",

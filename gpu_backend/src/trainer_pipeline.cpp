@@ -13,12 +13,14 @@ std::int32_t Trainer::token(Count step, Count sample, Count j) const {
 }
 
 std::vector<std::int32_t> Trainer::batch_tokens(Count step, Count mb, Count shift) const {
-  const Count b = t_.micro_batch_size, s = t_.seq_length;
+  // This rank's rows of each sequence: all of it, or under cp its two chunks (positions_).
+  const Count b = t_.micro_batch_size;
   std::vector<std::int32_t> out(static_cast<std::size_t>(N_));
-  for (Count si = 0; si < s; ++si)
+  for (Count si = 0; si < sl_; ++si)
     for (Count bi = 0; bi < b; ++bi) {
       const Count sample = (g_.coords.dp * nmb_ + mb) * b + bi;
-      out[static_cast<std::size_t>(si * b + bi)] = token(step, sample, si + shift);
+      out[static_cast<std::size_t>(si * b + bi)] =
+          token(step, sample, positions_[static_cast<std::size_t>(si)] + shift);
     }
   return out;
 }
@@ -192,13 +194,15 @@ void Trainer::forward(Count step, Count mb, Count c) {
 }
 
 void Trainer::add_positions(Unit& u, Vec& e, bool fwd_dir) {
-  // Under SP this rank holds sequence positions [r*s/t, (r+1)*s/t).
-  const Count s0 = sp_ ? g_.coords.tp * (t_.seq_length / tp_) : 0;
-  const Count sl = sp_ ? t_.seq_length / tp_ : t_.seq_length;
+  // Under SP this rank holds rows [r*sl/t, (r+1)*sl/t) of its sl rows, at positions_.
+  const Count s0 = sp_ ? g_.coords.tp * (sl_ / tp_) : 0;
+  const Count sl = sp_ ? sl_ / tp_ : sl_;
   (void)fwd_dir;
   const Param& p = u.params[1];
   Vec pos(static_cast<std::size_t>(sl * h_));
-  unit_weights(u).read(pos.data(), sl * h_, p.offset + s0 * h_);
+  for (Count i = 0; i < sl; ++i)
+    unit_weights(u).read(pos.data() + i * h_, h_,
+                         p.offset + positions_[static_cast<std::size_t>(s0 + i)] * h_);
   cpu::add_position_forward(pos.data(), e.data(), sl, t_.micro_batch_size, h_);
 }
 
@@ -292,10 +296,14 @@ void Trainer::embedding_backward(ChunkState& st, const Vec& dx,
   jobs.push_back([this, ui, dx, ids] {
     Unit& u = units_[static_cast<std::size_t>(ui)];
     if (m_.position_embedding == PositionEmbedding::learned) {
-      const Count s0 = sp_ ? g_.coords.tp * (t_.seq_length / tp_) : 0;
-      const Count sl = sp_ ? t_.seq_length / tp_ : t_.seq_length;
+      const Count s0 = sp_ ? g_.coords.tp * (sl_ / tp_) : 0;
+      const Count sl = sp_ ? sl_ / tp_ : sl_;
+      Vec rows(static_cast<std::size_t>(sl * h_), 0.0f);
+      cpu::add_position_backward(dx.data(), rows.data(), sl, t_.micro_batch_size, h_);
       Vec dpos(static_cast<std::size_t>(u.params[1].numel()), 0.0f);
-      cpu::add_position_backward(dx.data(), dpos.data() + s0 * h_, sl, t_.micro_batch_size, h_);
+      for (Count i = 0; i < sl; ++i)
+        std::copy(rows.data() + i * h_, rows.data() + (i + 1) * h_,
+                  dpos.data() + positions_[static_cast<std::size_t>(s0 + i)] * h_);
       add_grad(u, 1, dpos);
     }
     // Backward of the reduce-scatter into the sequence-parallel region: an all-gather.
@@ -441,10 +449,11 @@ std::pair<double, bool> Trainer::train_step(Count step) {
     }
     const auto tu = Clock::now();
     const bool replicas = p_.zero_stage > 0 && g_.dp_replicate->size() > 1;
-    const bool reduces =
-        (p_.zero_stage <= 1 && sp_) || S_ > 1 || (p_.zero_stage == 0 && p_.dp > 1) || replicas;
+    // The dp group holds the data- and context-parallel ranks (comm.h, group_split).
+    const bool dp_group = g_.dp->size() > 1;
+    const bool reduces = (p_.zero_stage <= 1 && sp_) || dp_group || replicas;
     if (p_.zero_stage <= 1) sp_reduce_partials(u, u.grads);
-    if (S_ > 1 || (p_.zero_stage == 0 && p_.dp > 1)) {
+    if (dp_group) {
       const std::string what = std::string("gradients (") + unit_label(u.kind) + ")";
       if (p_.zero_stage == 0) {
         g_.dp->all_reduce(u.grads.data(), u.grads.numel(), gb_, ReduceOp::sum, what);

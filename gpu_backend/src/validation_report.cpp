@@ -30,7 +30,7 @@ std::string pct(const RelativeError& e) {
 }
 
 Count ranks_of(const Scenario& s) {
-  return s.parallel.tp * s.parallel.dp * s.parallel.pp;
+  return s.parallel.tp * s.parallel.cp * s.parallel.dp * s.parallel.pp;
 }
 
 json stage_collectives_json(const StageCollectives& c) {
@@ -159,11 +159,9 @@ ValidationReport compare(const Scenario& s, const Estimate& e, const Measurement
     for (const auto& [k, v] : first->communication) {
       const auto& [g, op, what] = k;
       mc.add(std::string(to_string(g)), std::string(to_string(op)), what, v.bytes, v.calls);
-      // The ep all-to-all records the bytes that left the rank (comm.h), already its wire bytes;
-      // the other collectives record their buffers.
-      if (g == Group::ep && op == CollectiveOp::all_to_all) {
-        mc.add_wire(v.bytes);
-      } else if (v.calls > 0) {
+      // Every collective records its buffer (the ep all-to-all its token-side buffer, comm.h);
+      // its wire share follows the planner's ring factors.
+      if (v.calls > 0) {
         mc.add_wire(ring_wire_bytes(op, v.bytes / v.calls, group_size(s, g)) * v.calls);
       }
     }

@@ -419,9 +419,11 @@ class Estimator {
         break;
       case CpComm::a2a: {
         const Bytes q = act_tokens() * m_.hidden_size / p_.tp * cb();
-        // q and the output (forward), dO and dQ (backward); k and v, then dK and dV.
+        // q and the output (forward); the output again with dO, then dQ (backward: Transformer
+        // Engine's AttnFuncWithCPAndQKVOA2A.backward exchanges [out, dout] before the attention
+        // backward, context_parallel.py); k and v, then dK and dV.
         x.calls[0] = {CollectiveOp::all_to_all, "cp all-to-all: queries and outputs", q,
-                      4 + 2 * replay, 2};
+                      5 + 2 * replay, 2};
         x.calls[1] = {CollectiveOp::all_to_all, "cp all-to-all: keys and values", kv / 2,
                       4 + 2 * replay, 2};
         break;

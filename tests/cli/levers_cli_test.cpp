@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -24,10 +25,13 @@ json tiny(const json& parallel, const json& training = json::object()) {
 }
 
 // Runs `distplan <command> FILE` and returns the error's path (exit 2 expected).
-std::string error_path(const std::string& command, const json& doc) {
+std::string error_path(const std::string& command, const json& doc,
+                       const std::vector<std::string>& extra = {}) {
   TempDir dir;
   const auto file = dir.write("scenario.json", doc.dump());
-  const CliResult r = run_cli({command, file.string()});
+  std::vector<std::string> args = {command, file.string()};
+  args.insert(args.end(), extra.begin(), extra.end());
+  const CliResult r = run_cli(args);
   EXPECT_EQ(r.exit_code, 2) << r.err << r.out;
   EXPECT_EQ(r.out, "");
   try {
@@ -48,7 +52,9 @@ TEST(LeversCli, BadValuesNameTheirField) {
 }
 
 TEST(LeversCli, ValidateRefusesWhatTheBackendDoesNotTrainWith) {
-  EXPECT_EQ(error_path("validate", tiny({{"tp", 1}, {"cp", 2}, {"dp", 1}})), "/parallel/cp");
+  // Context parallelism trains on the CPU only.
+  EXPECT_EQ(error_path("validate", tiny({{"tp", 1}, {"cp", 2}, {"dp", 1}}), {"--device", "cuda"}),
+            "/parallel/cp");
   EXPECT_EQ(
       error_path("validate", tiny({{"dp", 2}, {"zero_stage", 1}, {"offload_optimizer", "cpu"}})),
       "/parallel/offload_optimizer");

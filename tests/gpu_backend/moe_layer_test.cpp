@@ -231,7 +231,7 @@ class ThreadCommunicator final : public Communicator {
   void do_reduce_scatter(const void*, void*, Count, DType) override {}
   void do_all_gather(const void*, void*, Count, DType) override {}
   void do_send_recv(std::vector<P2POp>&) override {}
-  void do_all_to_all(const void* in, const std::vector<Count>& send, void* out,
+  void do_all_to_all_v(const void* in, const std::vector<Count>& send, void* out,
                      const std::vector<Count>& recv, DType dtype) override {
     const Count b = bytes_of(dtype);
     std::vector<std::vector<char>> mine(static_cast<std::size_t>(size()));
@@ -272,10 +272,10 @@ Exchange<float> over(Communicator& c) {
   ex.rank = c.rank();
   ex.counts = [&c](const std::vector<Count>& s) { return c.exchange_counts(s); };
   ex.rows = [&c](const float* in, const std::vector<Count>& sr, float* out,
-                 const std::vector<Count>& rr, Count width, const char* what) {
+                 const std::vector<Count>& rr, Count width, Count token_rows, const char* what) {
     std::vector<Count> s(sr.size()), r(rr.size());
     for (std::size_t i = 0; i < s.size(); ++i) s[i] = sr[i] * width, r[i] = rr[i] * width;
-    c.all_to_all(in, s, out, r, DType::fp32, what);
+    c.all_to_all_v(in, s, out, r, DType::fp32, token_rows * width, what);
   };
   return ex;
 }
@@ -366,11 +366,13 @@ TEST(MoeExpertParallel, TwoRanksComputeWhatOneDoesAndSendThePlannersBytes) {
   for (int r = 0; r < 2; ++r) {
     SCOPED_TRACE("rank " + std::to_string(r));
     EXPECT_EQ(sent_to_other[r], n);
+    EXPECT_EQ(sent_to_other[r] * h * 4, kHand);  // what crossed ranks: the wire share
     for (const char* what :
          {"dispatch (forward)", "combine (forward)", "combine (backward)", "dispatch (backward)"}) {
       const CommTotals t = logs[r].entries().at({Group::ep, CollectiveOp::all_to_all, what});
       EXPECT_EQ(t.calls, 1) << what;
-      EXPECT_EQ(t.bytes, kHand) << what;
+      // Recorded: the token-side buffer, all n * top_k copies, the planner's bytes per call.
+      EXPECT_EQ(t.bytes, 8 * 2 * 6 * 4) << what;
     }
   }
 }

@@ -3,7 +3,8 @@
 // pipeline parallelism): its losses equal one rank's over 5 steps, every parameter's gradient
 // after the first backward (router, shared and every routed expert) equals one rank's element by
 // element, the weights, gradients and optimizer states it measures equal the planner's per-GPU
-// counts (moe_memory.h), and the all-to-all bytes equal the routed copies that crossed ranks.
+// counts (moe_memory.h), and each all-to-all records its token-side buffer (the planner's bytes
+// per call); the copies that crossed ranks are measured apart (moe_routing).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -213,6 +214,8 @@ TEST_P(MoeLayoutMpiTest, TrainsLikeOneRankWithThePlannersExpertMemory) {
       if (std::get<0>(k) != Group::ep) continue;
       EXPECT_EQ(std::get<1>(k), CollectiveOp::all_to_all);
       EXPECT_EQ(v.calls, moe_layers * nmb) << std::get<2>(k);
+      // Recorded per call: the rank's token-side buffer, its tokens' top_k copies (hand count).
+      EXPECT_EQ(v.bytes, tokens * kTopK * kHidden * 4 * moe_layers * nmb) << std::get<2>(k);
       bytes[std::get<2>(k)] += v.bytes;
     }
     planner_bytes += ep_all_to_all_bytes(tokens, kTopK, kHidden, 4, p.ep) *
@@ -220,7 +223,8 @@ TEST_P(MoeLayoutMpiTest, TrainsLikeOneRankWithThePlannersExpertMemory) {
   }
   EXPECT_EQ(received, copies);
   ASSERT_EQ(bytes.size(), 4u);
-  for (const auto& [what, b] : bytes) EXPECT_EQ(b, crossed * kHidden * 4) << what;
+  // What crossed ranks is the routing's (moe_routing), against the planner's even split.
+  EXPECT_EQ(bytes.size(), 4u);
   std::printf(
       "%s: %lld of %lld routed copies crossed ranks (%.1f%%); all-to-all bytes per kind "
       "over all ranks: realised %lld, planner's even split %.0f\n",

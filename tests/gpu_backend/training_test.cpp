@@ -46,8 +46,8 @@ void PrintTo(const Layout& l, std::ostream* os) {
 }
 
 nlohmann::json tiny_scenario(const Layout& l) {
-  const Count ranks =
-      l.parallel.value("tp", 1) * l.parallel.value("pp", 1) * l.parallel.value("dp", 1);
+  const Count ranks = l.parallel.value("tp", 1) * l.parallel.value("cp", 1) *
+                      l.parallel.value("pp", 1) * l.parallel.value("dp", 1);
   nlohmann::json model = {{"num_layers", 4},
                           {"hidden_size", 64},
                           {"num_attention_heads", 4},
@@ -146,6 +146,15 @@ void expect_matches_planner(const Scenario& s, const Measurement& m) {
     EXPECT_NEAR(static_cast<double>(r.memory.peak_of(MemoryTag::buffers)),
                 static_cast<double>(sm.buffers_bytes),
                 0.10 * static_cast<double>(sm.buffers_bytes));
+    if (s.parallel.cp > 1) {
+      // Context parallelism (flash attention, every layer's tensors at s/cp tokens): the saved
+      // activations are the planner's cp-divided figure exactly, and the ring's KV and output
+      // buffers (never alive with the logits workspace, nor, under ZeRO 0 and 1, with a unit
+      // gradient buffer) its cp_attention_buffer_bytes, unless the logits are larger.
+      EXPECT_EQ(r.memory.peak_of(MemoryTag::activations), sm.activations_bytes);
+      if (s.parallel.zero_stage <= 1)
+        EXPECT_EQ(r.memory.peak_of(MemoryTag::buffers), sm.buffers_bytes);
+    }
     if (v_shape(s.parallel.schedule)) {
       // The V layouts (flash attention, no recomputation) hold exactly the planned activation
       // sets: the program's peak of (micro-batch, chunk) pairs, the embedding's and the head's on
@@ -157,7 +166,7 @@ void expect_matches_planner(const Scenario& s, const Measurement& m) {
     const auto& want = prog.programs[static_cast<std::size_t>(r.coords.pp)];
     ASSERT_EQ(r.actions.size(), want.size());
     for (std::size_t i = 0; i < want.size(); ++i) EXPECT_EQ(r.actions[i].action, want[i]) << i;
-    if (r.coords.tp == 0 && r.coords.dp == 0) {
+    if (r.coords.tp == 0 && r.coords.cp == 0 && r.coords.dp == 0) {
       auto& c = stage_comm[r.coords.pp];
       for (const auto& [k, v] : r.communication) {
         CommTotals& t = c[{std::get<0>(k), std::get<1>(k)}];
@@ -270,7 +279,7 @@ TEST_P(LayoutTest, TrainsLikeOneRankAndMatchesThePlanner) {
   const Layout& l = GetParam();
   const nlohmann::json doc = tiny_scenario(l);
   const Scenario s = scenario_from_json(doc);
-  const Count ranks = s.parallel.tp * s.parallel.dp * s.parallel.pp;
+  const Count ranks = s.parallel.tp * s.parallel.cp * s.parallel.dp * s.parallel.pp;
   // 16-bit layouts train on one repeated batch: the loss then falls steadily, and the
   // tolerance below can be tied to that fall.
   const bool fp32 = std::string(l.precision) == "fp32";
@@ -387,7 +396,7 @@ TEST_P(GradientTest, EveryParameterMatchesOneRankAfterTheFirstBackward) {
   const Layout& l = GetParam();
   const nlohmann::json doc = tiny_scenario(l);
   const Scenario s = scenario_from_json(doc);
-  const Count ranks = s.parallel.tp * s.parallel.dp * s.parallel.pp;
+  const Count ranks = s.parallel.tp * s.parallel.cp * s.parallel.dp * s.parallel.pp;
   const std::string dir = fresh_dir(l.name), ref_dir = fresh_dir(std::string(l.name) + "_ref");
   (void)run_layout(doc, std::string(l.name) + "_grad", ranks, false, 1, dir);
   Layout one = l;
@@ -448,7 +457,19 @@ INSTANTIATE_TEST_SUITE_P(
                false, true},
         Layout{"zero2_dp2_tp2_sp",
                J{{"dp", 2}, {"tp", 2}, {"sequence_parallel", true}, {"zero_stage", 2}}},
-        Layout{"hybrid_zero3_dp4_s2", J{{"dp", 4}, {"zero_stage", 3}, {"fsdp_shard_size", 2}}}),
+        Layout{"hybrid_zero3_dp4_s2", J{{"dp", 4}, {"zero_stage", 3}, {"fsdp_shard_size", 2}}},
+        // Context parallelism (ring attention): with tp and sequence parallelism (GPT, learned
+        // positions at the chunks' global positions); Llama (rotary, grouped KV heads) over 4
+        // ranks, where the KV gradients travel 3 hops and ranks see blocks before and after
+        // their own; ZeRO-3 sharded over the cp ranks.
+        Layout{"cp2_tp2_sp", J{{"cp", 2}, {"tp", 2}, {"sequence_parallel", true}}},
+        Layout{"llama_cp4", J{{"cp", 4}}, "fp32", "flash", true},
+        Layout{"zero3_cp2", J{{"cp", 2}, {"zero_stage", 3}}},
+        Layout{"llama_cp4_all_gather", J{{"cp", 4}, {"cp_comm", "all_gather"}}, "fp32", "flash",
+               true},
+        Layout{"cp2_tp2_sp_a2a",
+               J{{"cp", 2}, {"cp_comm", "a2a"}, {"tp", 2}, {"sequence_parallel", true}}},
+        Layout{"llama_cp2_a2a", J{{"cp", 2}, {"cp_comm", "a2a"}}, "fp32", "flash", true}),
     [](const auto& info) { return std::string(info.param.name); });
 
 INSTANTIATE_TEST_SUITE_P(
@@ -519,7 +540,37 @@ INSTANTIATE_TEST_SUITE_P(
         Layout{"sgd_zero3_dp2", J{{"dp", 2}, {"zero_stage", 3}}, "fp32", "flash", false, false,
                "sgd"},
         Layout{"sgd_hybrid_zero2_dp4_s2", J{{"dp", 4}, {"zero_stage", 2}, {"fsdp_shard_size", 2}},
-               "fp32", "flash", false, false, "sgd"}),
+               "fp32", "flash", false, false, "sgd"},
+        // Context parallelism, cp_comm p2p (ring attention, 2 cp chunks per rank): alone, with
+        // tp (4 ranks, rank order tp, cp, dp, pp), with tp and sequence parallelism, Llama
+        // (rotary at global positions, grouped KV heads) over cp = 4, a pipeline (stage 0 holds
+        // no logits: its buffers are the ring's alone), ZeRO-1 sharded over dp·cp, full
+        // recomputation (the ring replayed in the backward), bf16 storage, and SGD.
+        Layout{"cp2", J{{"cp", 2}}}, Layout{"cp2_tp2", J{{"cp", 2}, {"tp", 2}}},
+        Layout{"cp2_tp2_sp", J{{"cp", 2}, {"tp", 2}, {"sequence_parallel", true}}},
+        Layout{"llama_cp4", J{{"cp", 4}}, "fp32", "flash", true},
+        Layout{"cp2_pp2", J{{"cp", 2}, {"pp", 2}}},
+        Layout{"zero1_cp2_dp2", J{{"cp", 2}, {"dp", 2}, {"zero_stage", 1}}},
+        Layout{"recompute_full_cp2", J{{"cp", 2}, {"recompute", "full"}}},
+        Layout{"bf16_llama_cp2_tp2", J{{"cp", 2}, {"tp", 2}}, "bf16", "flash", true},
+        Layout{"sgd_cp2", J{{"cp", 2}}, "fp32", "flash", false, false, "sgd"},
+        // cp_comm all_gather (the KV all-gather): alone, with tp and sequence parallelism, and
+        // Llama over cp = 4 with full recomputation (the gather replayed).
+        Layout{"cp2_all_gather", J{{"cp", 2}, {"cp_comm", "all_gather"}}},
+        Layout{"cp2_tp2_sp_all_gather",
+               J{{"cp", 2}, {"cp_comm", "all_gather"}, {"tp", 2}, {"sequence_parallel", true}}},
+        Layout{"llama_cp4_all_gather_recompute_full",
+               J{{"cp", 4}, {"cp_comm", "all_gather"}, {"recompute", "full"}}, "fp32", "flash",
+               true},
+        // cp_comm a2a (DeepSpeed-Ulysses): cp2 (GPT: 4 heads, 2 per cp rank), cp4 with 4 heads
+        // (one per rank), with tp2 and sequence parallelism, Llama (grouped KV heads: 2, one per
+        // cp rank) with full recomputation (the all-to-alls replayed).
+        Layout{"cp2_a2a", J{{"cp", 2}, {"cp_comm", "a2a"}}},
+        Layout{"cp4_a2a", J{{"cp", 4}, {"cp_comm", "a2a"}}},
+        Layout{"cp2_tp2_sp_a2a",
+               J{{"cp", 2}, {"cp_comm", "a2a"}, {"tp", 2}, {"sequence_parallel", true}}},
+        Layout{"llama_cp2_a2a_recompute_full",
+               J{{"cp", 2}, {"cp_comm", "a2a"}, {"recompute", "full"}}, "fp32", "flash", true}),
     [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -76,8 +76,8 @@ std::string two_rank_scenario(const std::string& dir, const json& parallel = jso
               {"parallel", {{"tp", 1}, {"pp", 2}, {"dp", 1}, {"schedule", "1f1b"}}}};
   if (!parallel.is_null()) {
     doc["parallel"] = parallel;
-    doc["cluster"]["num_gpus"] =
-        parallel.value("tp", 1) * parallel.value("pp", 1) * parallel.value("dp", 1);
+    doc["cluster"]["num_gpus"] = parallel.value("tp", 1) * parallel.value("cp", 1) *
+                                 parallel.value("pp", 1) * parallel.value("dp", 1);
   }
   doc["model"]["tied_embeddings"] = tied;
   std::system(("mkdir -p " + dir).c_str());
@@ -231,6 +231,32 @@ TEST(ValidateCli, HybridShardingAndTiedEmbeddingsMatchThePlannersCollectives) {
   const CliResult r = run_cli("validate " + scenario + " --steps 1", "", dir);
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("/model/tied_embeddings"), std::string::npos) << r.err;
+}
+
+// Context parallelism with tensor parallelism, 4 ranks in the order tp, cp, dp, pp, for each
+// cp_comm (the ring, the KV all-gather, Ulysses' all-to-all): every collective, the cp group's
+// included, and every memory category but the time-dependent total equal the planner's exactly.
+TEST(ValidateCli, ContextParallelMatchesThePlannerExactly) {
+  const std::map<std::string, std::string> key = {
+      {"p2p", "cp/send_recv"}, {"all_gather", "cp/all_gather"}, {"a2a", "cp/all_to_all"}};
+  for (const auto& [comm, k] : key) {
+    SCOPED_TRACE(comm);
+    const std::string dir = ::testing::TempDir() + "/validate_cp_" + comm;
+    const std::string scenario = two_rank_scenario(dir, {{"cp", 2}, {"cp_comm", comm}, {"tp", 2}});
+    const CliResult r = run_cli("validate " + scenario + " --steps 2 --timeout 60", "", dir);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const json doc = json::parse(r.out);
+    const json& st = doc.at("relative_error").at("communication").at("stages").at(0);
+    ASSERT_TRUE(st.at("collectives").contains(k)) << st.dump();
+    for (const auto& [name, v] : st.at("collectives").items()) {
+      ASSERT_TRUE(v.is_number()) << name;
+      EXPECT_EQ(v.get<double>(), 0.0) << name;
+    }
+    const json& es = doc.at("relative_error").at("memory").at("stages").at(0);
+    for (const char* m : {"weights_bytes", "gradients_bytes", "optimizer_bytes",
+                          "activations_bytes", "buffers_bytes"})
+      EXPECT_EQ(es.at(m).get<double>(), 0.0) << m;
+  }
 }
 
 TEST(ValidateCli, EmulatedRankMeasuresItsStageOnly) {

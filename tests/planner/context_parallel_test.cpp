@@ -69,17 +69,20 @@ TEST(ContextParallel, UlyssesForwardVolumeIsFourNhOverP) {
   // DeepSpeed-Ulysses (Jacobs et al. 2023, sec. 3.2): with multi-head attention the forward
   // all-to-alls of q, k, v and the output send 4·N·h/P elements per GPU per layer (N tokens, P
   // ranks), of which 1/P stays on the GPU. A multi-head model (kv heads = heads) makes it exact.
+  // The backward (Transformer Engine's AttnFuncWithCPAndQKVOA2A) exchanges the output, dO, dQ,
+  // dK and dV: 5·N·h/P, so the step's all-to-alls are 9/4 of the forward's.
   json doc = cp_doc(1, 4, 2, "a2a");
   doc["model"] = {{"preset", "llama3.1-8b"}, {"num_kv_heads", 32}};
   const Estimate e = estimate(testing::scenario(doc));
   const double N = 32768, h = 4096, P = 4;
-  Bytes fwd = 0;
+  Bytes step = 0;
   for (const Collective& c : e.communication.collectives) {
     if (c.group != Group::cp) continue;
     EXPECT_EQ(c.op, CollectiveOp::all_to_all);
-    fwd += c.wire_bytes_per_gpu_per_step / 2;  // forward and backward alike
+    step += c.wire_bytes_per_gpu_per_step;
   }
-  const double per_layer_mb = static_cast<double>(fwd) / (32 * 4);
+  // Forward 4 and backward 5 tensors of N·h/P elements each.
+  const double per_layer_mb = static_cast<double>(step) * 4.0 / 9.0 / (32 * 4);
   EXPECT_DOUBLE_EQ(per_layer_mb, 4 * N * h / P * (P - 1) / P * 2);
 }
 

@@ -2,8 +2,9 @@
 // between GPUs (unique id shared through MPI); emulated moves nothing but keeps every call's shape
 // and byte count, so one process can stand for rank r of a layout of any size.
 // Every call records the bytes handed to it under (group, op, what): the same keys as the
-// planner's Collective list (estimate.h). Groups follow Megatron-LM's rank order
-// rank = tp + TP*(dp + DP*pp) (DESIGN.md, "Ranks and groups").
+// planner's Collective list (estimate.h). Groups follow Megatron-Core's rank order "tp-cp-dp-pp"
+// rank = tp + TP*(cp + CP*(dp + DP*pp)) (DESIGN.md, "Ranks and groups"; planner/src/layout.cpp,
+// group_link).
 #pragma once
 
 #include <functional>
@@ -96,6 +97,10 @@ class Communicator {
   void all_reduce(void* data, Count n, DType dtype, ReduceOp op, const std::string& what);
   void reduce_scatter(const void* in, void* out, Count n, DType dtype, const std::string& what);
   void all_gather(const void* in, void* out, Count n, DType dtype, const std::string& what);
+  /// All-to-all: `in` holds size() blocks of n elements, block j for rank j; block j of `out`
+  /// receives rank j's block for this rank. Recorded: the full buffer (n*size elements), the
+  /// planner's bytes_per_call for all_to_all (the local tensor exchanged).
+  void all_to_all(const void* in, void* out, Count n, DType dtype, const std::string& what);
   /// One step's point-to-point exchange, issued together: every send and receive of the batch is
   /// in flight at once (one NCCL group; MPI_Isend/MPI_Irecv + MPI_Waitall), so a send never waits
   /// on a receive of the same batch being posted first (docs/gpu_backend.md, "Pipeline messages").
@@ -106,10 +111,12 @@ class Communicator {
   void send_recv(std::vector<P2POp> batch);
   /// All-to-all with per-rank counts (MPI_Alltoallv): sends send_counts[r] elements to rank r
   /// (consecutive blocks of `in`, in rank order) and receives recv_counts[r] from rank r into
-  /// `out`. Recorded as all_to_all: the bytes sent to the other ranks, the share the planner's
-  /// ep_all_to_all_bytes counts (moe_memory.h); the block a rank keeps moves nothing.
-  void all_to_all(const void* in, const std::vector<Count>& send_counts, void* out,
-                  const std::vector<Count>& recv_counts, DType dtype, const std::string& what);
+  /// `out`. Recorded as all_to_all with `recorded` elements: the caller names the buffer the
+  /// planner counts (the MoE layer: its token-side buffer of tokens·top_k rows, which the
+  /// routing does not change; the rows that crossed ranks are measured apart, moe_routing).
+  void all_to_all_v(const void* in, const std::vector<Count>& send_counts, void* out,
+                    const std::vector<Count>& recv_counts, DType dtype, Count recorded,
+                    const std::string& what);
   /// Each rank sends `send` (size() blocks of equal length, block r to rank r) and receives the
   /// blocks addressed to it in rank order: the row counts of an all_to_all, metadata that is not
   /// recorded (as Megatron-Core's token dispatcher exchanges its tokens_per_expert).
@@ -121,12 +128,15 @@ class Communicator {
   virtual void do_all_reduce(void* data, Count n, DType dtype, ReduceOp op) = 0;
   virtual void do_reduce_scatter(const void* in, void* out, Count n, DType dtype) = 0;
   virtual void do_all_gather(const void* in, void* out, Count n, DType dtype) = 0;
+  /// Implemented by the MPI and emulated communicators (context parallelism's a2a runs on the CPU
+  /// only); others throw.
+  virtual void do_all_to_all(const void* in, void* out, Count n, DType dtype);
   virtual void do_send_recv(std::vector<P2POp>& batch) = 0;
   /// A group of one copies its own block; larger groups need a communicator that moves data
   /// (MPI). The emulated and NCCL communicators do not implement it (the backend refuses MoE
   /// there, check_moe_supported).
-  virtual void do_all_to_all(const void* in, const std::vector<Count>& send_counts, void* out,
-                             const std::vector<Count>& recv_counts, DType dtype);
+  virtual void do_all_to_all_v(const void* in, const std::vector<Count>& send_counts, void* out,
+                               const std::vector<Count>& recv_counts, DType dtype);
   virtual std::vector<Count> do_exchange_counts(const std::vector<Count>& send);
 
  private:
@@ -139,19 +149,22 @@ class Communicator {
 /// This rank's coordinates in the layout.
 struct RankCoords {
   int tp = 0, dp = 0, pp = 0;
+  int cp = 0;  // context-parallel rank (its two load-balanced sequence chunks)
 };
 [[nodiscard]] RankCoords rank_coords(const ParallelSpec& p, int world_rank) noexcept;
 [[nodiscard]] int world_rank_of(const ParallelSpec& p, RankCoords c) noexcept;
 
 /// How the world splits into one group: ranks with equal `colour` form it, ordered by `key` (this
-/// rank's index in it), `size` members. Megatron-LM order (DESIGN.md, "Ranks and groups"), with
-/// S = the ZeRO shard size (dp under ZeRO 0, else Scenario::shard_size()):
-/// dp = S consecutive dp ranks (the shard group), dp_replicate = the dp/S ranks holding the same
-/// shard (hybrid sharding), embedding = first and last stage at equal (tp, dp) when pp > 1
-/// (tied embeddings; a group of one elsewhere). The expert groups regroup a stage's tp*dp ranks in
-/// Megatron-Core's MoE parallel folding order (docs/layout.md): with i = tp + TP*dp the rank's
-/// index in its stage, i = etp_rank + etp*(ep_rank + ep*edp_rank); ep = the ep ranks of equal
-/// (etp_rank, edp_rank), edp = the edp ranks of equal (etp_rank, ep_rank).
+/// rank's index in it), `size` members. Megatron-Core order (DESIGN.md, "Ranks and groups"), with
+/// S = the ZeRO shard size in dp ranks (dp under ZeRO 0, else Scenario::shard_size()):
+/// dp = the cp ranks of S consecutive dp ranks (S·cp ranks, cp fastest: Megatron-Core's
+/// data-and-context-parallel group, over which gradients are reduced and the optimizer sharded),
+/// dp_replicate = the dp/S ranks holding the same shard (hybrid sharding), cp = the cp ranks at
+/// equal (tp, dp, pp), embedding = first and last stage at equal (tp, cp, dp) when pp > 1 (tied
+/// embeddings; a group of one elsewhere). The expert groups regroup a stage's tp*cp*dp ranks in
+/// Megatron-Core's MoE parallel folding order (docs/layout.md): with i = tp + TP*(cp + CP*dp) the
+/// rank's index in its stage, i = etp_rank + etp*(ep_rank + ep*edp_rank); ep = the ep ranks of
+/// equal (etp_rank, edp_rank), edp = the edp ranks of equal (etp_rank, ep_rank).
 struct GroupSplit {
   int colour = 0, key = 0, size = 1;
 };
@@ -164,7 +177,7 @@ struct ProcessGroups {
   RankCoords coords;
   int world_rank = 0;
   int world_size = 1;
-  std::unique_ptr<Communicator> tp, dp, pp, dp_replicate, embedding;
+  std::unique_ptr<Communicator> tp, dp, pp, dp_replicate, embedding, cp;
   /// The expert groups of MoE layers (group_split: Group::ep and Group::edp).
   std::unique_ptr<Communicator> ep, edp;
   CommLog log;
@@ -180,7 +193,7 @@ struct ProcessGroups {
                                                                   int world_rank,
                                                                   Device device = Device::cpu);
 /// MPI groups (MPI_COMM_WORLD split by Megatron order); MPI must be initialised and the world size
-/// equal tp*dp*pp. Throws std::runtime_error when built without MPI.
+/// equal tp*cp*dp*pp. Throws std::runtime_error when built without MPI.
 [[nodiscard]] std::unique_ptr<ProcessGroups> make_mpi_groups(const ParallelSpec& p);
 [[nodiscard]] bool mpi_available() noexcept;
 /// NCCL groups on device buffers (unique ids shared through MPI); built only with CUDA, NCCL and

@@ -61,14 +61,16 @@ void expert_backward(const T* dy, const T* x, const T* w_in, const T* w_out, con
 /// counts: each rank sends send[i] integers to rank i / m (m = send.size() / size) and returns
 /// what it receives in the same layout (metadata: how many rows per local expert).
 /// rows: sends send_rows[r] rows of `width` elements to rank r (consecutive blocks of `in`),
-/// receives recv_rows[r] from rank r into `out`; `what` names the call (dispatch or combine,
-/// forward or backward).
+/// receives recv_rows[r] from rank r into `out`; `token_rows`: the rows of this rank's token-side
+/// buffer (its tokens' top-k copies, sent in dispatch and received in combine: the buffer the
+/// planner counts); `what` names the call (dispatch or combine, forward or backward).
 template <class T>
 struct Exchange {
   int size = 1, rank = 0;
   std::function<std::vector<Count>(const std::vector<Count>& send)> counts;
   std::function<void(const T* in, const std::vector<Count>& send_rows, T* out,
-                     const std::vector<Count>& recv_rows, Count width, const char* what)>
+                     const std::vector<Count>& recv_rows, Count width, Count token_rows,
+                     const char* what)>
       rows;
 };
 /// One rank: every row stays here.

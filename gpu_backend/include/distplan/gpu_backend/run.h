@@ -72,8 +72,9 @@ struct Measurement {
 };
 
 /// Trains `steps` steps of `s` as the calling rank. With CommBackend::mpi, MPI must be initialised
-/// with tp*dp*pp ranks; rank 0's result holds every rank's measurement, other ranks' only theirs.
-/// Throws InputError for layouts the backend does not implement (docs/gpu_backend.md, "Limits").
+/// with tp*cp*dp*pp ranks; rank 0's result holds every rank's measurement, other ranks' only
+/// theirs. Throws InputError for layouts the backend does not implement (docs/gpu_backend.md,
+/// "Limits").
 [[nodiscard]] Measurement run(const Scenario& s, const RunOptions& opts);
 /// Throws InputError on /parallel/schedule for a pipeline whose exchanges can wait on each other
 /// under NCCL's rules (one stream per rank, each group complete as a whole, messages past the
@@ -99,5 +100,8 @@ void check_supported(const Scenario& s);
 /// plans them; this is the switch it calls once it does.
 void check_moe_supported(const Scenario& s, Device device = Device::cpu,
                          CommBackend comm = CommBackend::mpi);
+/// Throws InputError naming the field when the backend cannot run `s` on `device` (CUDA: no
+/// context parallelism).
+void check_supported_on(const Scenario& s, Device device);
 
 }  // namespace distplan::backend
