@@ -65,8 +65,8 @@ void Communicator::send_recv(std::vector<P2POp> batch) {
 }
 
 void Communicator::all_to_all_v(const void* in, const std::vector<Count>& send_counts, void* out,
-                                const std::vector<Count>& recv_counts, DType dtype,
-                                Count recorded, const std::string& what) {
+                                const std::vector<Count>& recv_counts, DType dtype, Count recorded,
+                                const std::string& what) {
   DISTPLAN_CHECK(static_cast<int>(send_counts.size()) == size_ &&
                      static_cast<int>(recv_counts.size()) == size_,
                  "all_to_all needs one count per rank of the group");
@@ -81,7 +81,7 @@ std::vector<Count> Communicator::exchange_counts(const std::vector<Count>& send)
 }
 
 void Communicator::do_all_to_all_v(const void* in, const std::vector<Count>& send_counts, void* out,
-                                 const std::vector<Count>& recv_counts, DType dtype) {
+                                   const std::vector<Count>& recv_counts, DType dtype) {
   if (size_ != 1) {
     throw std::runtime_error("this communicator does not implement all_to_all (the " +
                              std::string(to_string(group_)) + " group has " +

@@ -205,7 +205,8 @@ std::vector<T> block_forward(const BlockWeights<T>& w, const T* x, Count n, Bloc
   for (Count i = 0; i < S; ++i)
     std::copy(x + sv.sent_token[i] * h, x + (sv.sent_token[i] + 1) * h, xs.data() + i * h);
   sv.x_in.assign(static_cast<std::size_t>(R * h), T(0));
-  ex.rows(xs.data(), sv.send_rows, sv.x_in.data(), sv.recv_rows, h, sv.sent(), "dispatch (forward)");
+  ex.rows(xs.data(), sv.send_rows, sv.x_in.data(), sv.recv_rows, h, sv.sent(),
+          "dispatch (forward)");
   // Experts on contiguous runs of equal local expert.
   sv.fc1.assign(static_cast<std::size_t>(R * 2 * f), T(0));
   sv.act.assign(static_cast<std::size_t>(R * f), T(0));
@@ -220,7 +221,8 @@ std::vector<T> block_forward(const BlockWeights<T>& w, const T* x, Count n, Bloc
   }
   // Combine: the outputs return, weighted and summed per token.
   sv.y_back.assign(static_cast<std::size_t>(S * h), T(0));
-  ex.rows(y.data(), sv.recv_rows, sv.y_back.data(), sv.send_rows, h, sv.sent(), "combine (forward)");
+  ex.rows(y.data(), sv.recv_rows, sv.y_back.data(), sv.send_rows, h, sv.sent(),
+          "combine (forward)");
   std::vector<T> out(static_cast<std::size_t>(n * h), T(0));
   for (Count t = 0; t < n; ++t)
     for (Count j = 0; j < k; ++j) {

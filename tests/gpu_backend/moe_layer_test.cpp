@@ -232,7 +232,7 @@ class ThreadCommunicator final : public Communicator {
   void do_all_gather(const void*, void*, Count, DType) override {}
   void do_send_recv(std::vector<P2POp>&) override {}
   void do_all_to_all_v(const void* in, const std::vector<Count>& send, void* out,
-                     const std::vector<Count>& recv, DType dtype) override {
+                       const std::vector<Count>& recv, DType dtype) override {
     const Count b = bytes_of(dtype);
     std::vector<std::vector<char>> mine(static_cast<std::size_t>(size()));
     const char* p = static_cast<const char*>(in);
@@ -256,7 +256,7 @@ class ThreadCommunicator final : public Communicator {
     std::vector<Count> recv(send.size());
     const std::vector<Count> words(static_cast<std::size_t>(size()),
                                    2 * static_cast<Count>(send.size()) / size());
-    do_all_to_all(send.data(), words, recv.data(), words, DType::fp32);
+    do_all_to_all_v(send.data(), words, recv.data(), words, DType::fp32);
     return recv;
   }
 
