@@ -23,6 +23,7 @@
 #include "distplan/planner/error.h"
 #include "distplan/planner/layer_ops.h"
 #include "distplan/planner/layout.h"
+#include "distplan/simulator/simulate.h"
 #ifdef DISTPLAN_HAVE_CUDA
 #include "cuda_api.h"
 #endif
@@ -58,7 +59,9 @@ Trainer::Trainer(const Scenario& s, const RunOptions& o, ProcessGroups& g)
   d_ = m_.head_dim();
   f_l_ = m_.ffn_hidden_size / tp_;
   mi_l_ = (m_.mlp == Mlp::swiglu ? 2 : 1) * f_l_;
-  program_ = sim::make_schedule(p_.schedule, pp_, nmb_, v_);
+  // zb_auto's order comes from the planner's stage times, the same on every rank.
+  program_ = p_.schedule == Schedule::zb_auto ? sim::scenario_program(s, estimate(s))
+                                              : sim::make_schedule(p_.schedule, pp_, nmb_, v_);
   build_units();
   if (t_.precision == DType::fp16) loss_scale_ = 65536.0f;
 }
@@ -94,13 +97,6 @@ Measurement Trainer::train() {
 using trainer_detail::Trainer;
 
 void check_supported(const Scenario& s) {
-  if (s.parallel.schedule == Schedule::zb_auto) {
-    // Its order comes from the heuristic on the planner's stage times, which the trainer's ranks
-    // would each have to rebuild identically; not done.
-    throw InputError("/parallel/schedule",
-                     "the backend does not run zb_auto (its order depends on the stage times); "
-                     "simulate it, or train with zb_h1 or zb_h2");
-  }
   if (s.parallel.recompute == Recompute::selective_op) {
     // The trainer keeps Megatron-style saved tensors; torchtitan's per-op policy saves op outputs.
     throw InputError("/parallel/recompute",
@@ -157,8 +153,9 @@ void check_nccl_pipeline(const ParallelSpec& p) {
   // The V schedules add exchanges in both directions between the same pair of stages (chunk 0
   // down, chunk 1 up), which one NCCL stream would order against each other as it does
   // interleaved_1f1b's; none of them has run over NCCL.
+  // zb_auto's order (like ZB-H2's) has not run over NCCL either.
   if (p.pp > 1 && (p.schedule == Schedule::interleaved_1f1b || p.schedule == Schedule::zb_h2 ||
-                   v_shape(p.schedule))) {
+                   p.schedule == Schedule::zb_auto || v_shape(p.schedule))) {
     throw InputError("/parallel/schedule",
                      "multi-GPU runs over NCCL take gpipe, 1f1b and zb_h1 pipelines; this "
                      "schedule's point-to-point exchanges can wait on each other on one NCCL "

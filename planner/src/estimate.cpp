@@ -908,6 +908,10 @@ class Estimator {
         pipe = m * t_max - (2 * (m - p) - 1) * saving + (p - 1) * (fb + std::max(F, B) / 2 - W);
         break;
       }
+      case Schedule::dualpipe:
+        // Refused by validate (the planner does not model DualPipe's copies yet).
+        DISTPLAN_CHECK(false, "validate refuses dualpipe before the estimate");
+        break;
       case Schedule::zb_v:
       case Schedule::v_half:
       case Schedule::v_min: {

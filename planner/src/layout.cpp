@@ -57,6 +57,11 @@ Count inflight_chunks(Schedule schedule, Count pp, Count v, Count stage, Count m
       // while an F&B pair runs: the README's "PP + 1" activations per device (PP = 2p stages of
       // one chunk each; deepseek-ai/DualPipe README.md). Needs m >= 2p (validate).
       return 2 * pp + 1;
+    case Schedule::dualpipe:
+      // DualPipe (make_dualpipe): p chunks of one model stage alive after the warm-up on every
+      // stage, one more while an F&B pair runs: the README's "PP + 1" activations per device
+      // (deepseek-ai/DualPipe README.md; PP = p). Needs m >= 2p (validate).
+      return pp + 1;
     case Schedule::v_min: {
       // V-Min's block after the authors' reordering (make_v_min): 2 floor((p + 1)/3) + 2 chunks,
       // about a third of 1F1B's (README table "1/3x"); when p mod 3 = 2 stage 0 holds one fewer.

@@ -135,6 +135,7 @@ Seconds FastMemory::step_lower_bound(const Layout& l) const noexcept {
     case Schedule::v_half:
     case Schedule::v_min:
     case Schedule::dualpipe_v:
+    case Schedule::dualpipe:
     case Schedule::zb_auto:
       break;
   }

@@ -150,6 +150,12 @@ Candidates read_parallel(const json& p, FixedParallel& fixed) {
       });
     } else if (key == "schedule") {
       c.schedule = read_list<Schedule>(v, path, [](const json& x, const std::string& q) {
+        // Bidirectional DualPipe is refused by the planner (validate_scenario): nothing to search.
+        if (x.is_string() && x.get<std::string>() == "dualpipe") {
+          throw InputError(q,
+                           "the planner does not model dualpipe yet (two parameter copies per "
+                           "stage); search dualpipe_v, its V-shaped cut-in-half");
+        }
         return read_enum(x, q,
                          {Schedule::gpipe, Schedule::one_f_one_b, Schedule::interleaved_1f1b,
                           Schedule::zb_h1, Schedule::zb_h2, Schedule::zb_v, Schedule::v_half,
