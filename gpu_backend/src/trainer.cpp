@@ -97,6 +97,13 @@ Measurement Trainer::train() {
 using trainer_detail::Trainer;
 
 void check_supported(const Scenario& s) {
+  if (bidirectional(s.parallel.schedule)) {
+    // Two copies of every model stage, fed from both ends, with their gradients summed across
+    // stages s and pp - 1 - s: the trainer places one stage per chunk in one direction only.
+    throw InputError("/parallel/schedule",
+                     "the backend does not run dualpipe (bidirectional) yet; plan or simulate "
+                     "it, or train with dualpipe_v");
+  }
   if (s.parallel.recompute == Recompute::selective_op) {
     // The trainer keeps Megatron-style saved tensors; torchtitan's per-op policy saves op outputs.
     throw InputError("/parallel/recompute",

@@ -261,13 +261,25 @@ void validate_scenario(const Scenario& s) {
                        "num_ranks * 2); the step has {}",
                        2 * p.pp, m_mb));
     }
-    // Not modelled by the planner yet: each stage's two model-stage copies (both ends hold the
-    // embedding and the LM head), the gradient reduction between the two copies of a stage
-    // (stage s and p - 1 - s) and the step time. The simulator runs its program on given costs.
-    fail("/parallel/schedule",
-         "the planner does not model dualpipe yet (two parameter copies per stage and the "
-         "gradient sum between stage s and pp-1-s); its program (make_dualpipe) is simulated "
-         "on given stage costs only. Plan dualpipe_v, its V-shaped cut-in-half");
+    // Stage s holds model stages s and pp - 1 - s: equal model stages.
+    if (m.num_layers % p.pp != 0) {
+      fail("/parallel/pp",
+           fmt::format("dualpipe places model stages s and pp-1-s on stage s: num_layers={} must "
+                       "be a multiple of pp={}",
+                       m.num_layers, p.pp));
+    }
+    // Not modelled: the copies' gradient sum is taken once per step on full gradients (ZeRO
+    // 0/1); ZeRO-2/3 reduce per micro-batch. Tied embeddings would tie four matrices.
+    if (p.zero_stage >= 2) {
+      fail("/parallel/zero_stage",
+           "dualpipe is planned with ZeRO 0 or 1 (its two parameter copies sum their full "
+           "gradients once per step; per-micro-batch ZeRO-2/3 reductions are not modelled)");
+    }
+    if (m.tied_embeddings) {
+      fail("/model/tied_embeddings",
+           "dualpipe with tied embeddings is not modelled (both end stages hold an embedding "
+           "and an LM head copy)");
+    }
   }
   if (p.zb_memory_limit_microbatches > 0 && p.schedule != Schedule::zb_auto) {
     fail("/parallel/zb_memory_limit_microbatches",

@@ -24,7 +24,8 @@ json tiny_v() {
 }
 
 TEST(VScheduleCli, PlanAndSimulateAcceptTheVSchedules) {
-  for (const char* sched : {"zb_v", "v_half", "v_min", "dualpipe_v"}) {
+  // dualpipe: m = 8 >= 2 pp, even; 4 layers, two model stages of 1 layer per stage.
+  for (const char* sched : {"zb_v", "v_half", "v_min", "dualpipe_v", "dualpipe"}) {
     json doc = tiny_v();
     doc["parallel"]["schedule"] = sched;
     const TempDir dir;

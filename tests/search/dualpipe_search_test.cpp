@@ -55,8 +55,8 @@ TEST(DualPipeVSearch, TheSpaceProposesDualPipeVWhereTheVFits) {
 }
 
 TEST(DualPipeSearch, NamingTheBidirectionalDualPipeIsRefusedAtItsEntry) {
-  // The planner does not model dualpipe yet (validate_scenario refuses it): the search says so at
-  // the schedule list's entry instead of proposing layouts it cannot plan.
+  // dualpipe plans with ZeRO 0/1 and untied embeddings only: the search says it does not try it,
+  // at the schedule list's entry, instead of proposing layouts the planner refuses.
   nlohmann::json d = {
       {"model", "gpt3-1.3b"},
       {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", 24}, {"gpus_per_node", 8}}},

@@ -97,8 +97,7 @@ TEST(DualPipe, RefusesWhatTheSourceAsserts) {
   }
   EXPECT_NO_THROW((void)make_dualpipe(4, 8));
   EXPECT_NO_THROW((void)make_dualpipe(2, 4));
-  // Through the scenario, at the same path: odd pp, too few micro-batches, and a valid layout
-  // (the planner does not model DualPipe's copies yet: refused, not approximated).
+  // Through the scenario, at the same path: odd pp, too few or an odd number of micro-batches.
   auto doc = [](int pp, int gbs) {
     return nlohmann::json{
         {"model", {{"preset", "llama2-7b"}, {"num_layers", 12}}},
@@ -106,7 +105,7 @@ TEST(DualPipe, RefusesWhatTheSourceAsserts) {
         {"training", {{"seq_length", 256}, {"global_batch_size", gbs}, {"micro_batch_size", 1}}},
         {"parallel", {{"pp", pp}, {"schedule", "dualpipe"}}}};
   };
-  for (auto [pp, gbs] : {std::pair<int, int>{3, 12}, {4, 6}, {4, 9}, {4, 8}}) {
+  for (auto [pp, gbs] : {std::pair<int, int>{3, 12}, {4, 6}, {4, 9}}) {
     try {
       (void)estimate(scenario_from_json(doc(pp, gbs)));
       ADD_FAILURE() << "pp " << pp << " gbs " << gbs << " was planned";
@@ -114,15 +113,32 @@ TEST(DualPipe, RefusesWhatTheSourceAsserts) {
       EXPECT_EQ(e.path(), "/parallel/schedule") << pp << " " << gbs << ": " << e.what();
     }
   }
-  // Two chunks per stage: another virtual_stages is refused at its field.
-  auto bad = doc(4, 8);
-  bad["parallel"]["virtual_stages"] = 3;
-  try {
-    (void)scenario_from_json(bad);
-    ADD_FAILURE() << "virtual_stages 3 was accepted";
-  } catch (const InputError& e) {
-    EXPECT_EQ(e.path(), "/parallel/virtual_stages");
-  }
+  EXPECT_NO_THROW((void)estimate(scenario_from_json(doc(4, 8))));
+  // What the planner does not model is refused at its field: model stages of unequal size,
+  // ZeRO-2/3 (per-micro-batch reductions of two copies), tied embeddings (four matrices), and a
+  // virtual_stages other than the implied 2.
+  auto refused = [&](nlohmann::json d, const char* path) {
+    try {
+      (void)scenario_from_json(d);
+      ADD_FAILURE() << path << " was accepted";
+    } catch (const InputError& e) {
+      EXPECT_EQ(e.path(), path) << e.what();
+    }
+  };
+  auto d = doc(4, 8);
+  d["model"]["num_layers"] = 10;
+  refused(d, "/parallel/pp");
+  d = doc(4, 16);  // dp 2: m = 8
+  d["parallel"]["zero_stage"] = 2;
+  d["parallel"]["dp"] = 2;
+  d["cluster"]["num_gpus"] = 8;
+  refused(d, "/parallel/zero_stage");
+  d = doc(4, 8);
+  d["model"]["tied_embeddings"] = true;
+  refused(d, "/model/tied_embeddings");
+  d = doc(4, 8);
+  d["parallel"]["virtual_stages"] = 3;
+  refused(d, "/parallel/virtual_stages");
 }
 
 TEST(DualPipe, ProgramsRoundTripThroughScheduleFilesAndWrongDirectionsAreRefused) {
@@ -212,6 +228,83 @@ TEST(DualPipe, BothDirectionsCrossEveryLinkOnce) {
       EXPECT_NEAR(r.stages[s].send_seconds, 0.25 * static_cast<double>(m * (2 - ends)), 1e-12)
           << "p " << p << " stage " << s;
     }
+  }
+}
+
+nlohmann::json llama(const char* schedule, int pp, int gbs = 32, int zero = 1) {
+  return nlohmann::json{
+      {"model", {{"preset", "llama2-7b"}, {"num_layers", 16}}},
+      {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", 2 * pp}}},
+      {"training", {{"seq_length", 256}, {"global_batch_size", gbs}, {"micro_batch_size", 1}}},
+      {"parallel", {{"pp", pp}, {"dp", 2}, {"zero_stage", zero}, {"schedule", schedule}}}};
+}
+
+TEST(DualPipe, ParametersAreTwoModelStagesOfOneFOneB) {
+  // README: 2x parameters per device against 1F1B over the same PP stages on PP devices. By
+  // construction (dualpipe.py's example loads full_modules[rank] and full_modules[pp-1-rank]):
+  // stage s holds exactly 1F1B's stages s and p - 1 - s, the ends both an embedding and a head.
+  for (int p : {2, 4, 8}) {
+    const Estimate dual = estimate(scenario_from_json(llama("dualpipe", p)));
+    const Estimate one = estimate(scenario_from_json(llama("1f1b", p)));
+    for (int s = 0; s < p; ++s) {
+      const auto& d = dual.memory.stages[static_cast<std::size_t>(s)];
+      const auto& a = one.memory.stages[static_cast<std::size_t>(s)];
+      const auto& b = one.memory.stages[static_cast<std::size_t>(p - 1 - s)];
+      EXPECT_EQ(d.parameters, a.parameters + b.parameters) << "p " << p << " stage " << s;
+      EXPECT_EQ(d.weights_bytes, a.weights_bytes + b.weights_bytes) << "p " << p << " " << s;
+      EXPECT_EQ(d.num_layers, 2 * 16 / p);
+    }
+    // A stage with neither end: exactly twice (the README's column).
+    if (p > 2) {
+      EXPECT_EQ(dual.memory.stages[1].parameters, 2 * one.memory.stages[1].parameters);
+    }
+  }
+}
+
+TEST(DualPipe, CommunicationIsBothDirectionsAndTheMirrorSum) {
+  // Per step: stage s sends m/2 activations and m/2 gradients of each direction it does not end
+  // (the ends one direction's each way), and once its whole gradient to the stage holding the
+  // other copy of its model stages (ZeRO-1: the full gradients, 2 bytes each in bf16).
+  const Scenario s = scenario_from_json(llama("dualpipe", 4, 16));
+  const Estimate e = estimate(s);
+  const Count m = s.num_microbatches();
+  ASSERT_EQ(m, 8);
+  for (int st = 0; st < 4; ++st) {
+    Count acts = 0, grads = 0;
+    Bytes mirror = -1;
+    for (const Collective& c : stage_communication(s, st)) {
+      if (c.what == "activations (forward)") acts = c.calls_per_step;
+      if (c.what == "gradients (backward)") grads = c.calls_per_step;
+      if (c.what == "mirror stage gradients (DualPipe)") {
+        EXPECT_EQ(c.calls_per_step, 1);
+        mirror = c.bytes_per_call;
+      }
+    }
+    const Count ends = (st == 0) + (st == 3);
+    EXPECT_EQ(acts, m / 2 * (2 - ends)) << st;
+    EXPECT_EQ(grads, m / 2 * (2 - ends)) << st;
+    EXPECT_EQ(mirror, e.memory.stages[static_cast<std::size_t>(st)].gradients_bytes) << st;
+  }
+}
+
+TEST(DualPipe, PlannedStepAndActivationsMatchTheSimulation) {
+  // Llama-2-7B, tp 2, pp 4, dp 2, ZeRO-1, sequence parallel: the planner's closed form against
+  // the simulation of the same layout, and its in-flight sets and bytes (the order's peak).
+  nlohmann::json j = nlohmann::json::parse(R"({
+      "model": "llama2-7b",
+      "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16},
+      "training": {"seq_length": 4096, "global_batch_size": 64},
+      "parallel": {"tp": 2, "pp": 4, "zero_stage": 1, "sequence_parallel": true,
+                   "schedule": "dualpipe"}})");
+  const Scenario s = scenario_from_json(j);
+  const Estimate e = estimate(s);
+  const SimResult r = simulate(s, e);
+  std::printf("dualpipe llama2-7b: planned %.4f s, simulated %.4f s\n", e.time.step_seconds,
+              r.step_seconds);
+  EXPECT_NEAR(e.time.step_seconds / r.step_seconds, 1.0, 0.02);
+  for (std::size_t k = 0; k < r.stages.size(); ++k) {
+    EXPECT_EQ(e.memory.stages[k].inflight_chunks, r.stages[k].peak_inflight_chunks) << k;
+    EXPECT_EQ(e.memory.stages[k].activations_bytes, r.stages[k].peak_activation_bytes) << k;
   }
 }
 

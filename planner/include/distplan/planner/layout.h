@@ -55,6 +55,21 @@ struct StageChunk {
   return v_shape(schedule) ? 0 : pp - 1;
 }
 
+/// Whether `stage` holds the embedding (the first model stage): stage 0, and under DualPipe also
+/// stage p - 1 (its reverse direction's first stage).
+[[nodiscard]] constexpr bool holds_embedding(Schedule schedule, Count pp, Count stage) noexcept {
+  return stage == 0 || (bidirectional(schedule) && stage == pp - 1);
+}
+/// Whether `stage` holds the final norm and LM head: head_stage(), and under DualPipe both ends.
+[[nodiscard]] constexpr bool holds_head(Schedule schedule, Count pp, Count stage) noexcept {
+  return stage == head_stage(schedule, pp) || (bidirectional(schedule) && stage == 0);
+}
+/// Full passes through a stage per step, in micro-batches of the whole stage: m, but under
+/// DualPipe each micro-batch passes one of the stage's two model stages, m/2 of its whole.
+[[nodiscard]] constexpr Count stage_passes(Schedule schedule, Count num_microbatches) noexcept {
+  return bidirectional(schedule) ? num_microbatches / 2 : num_microbatches;
+}
+
 /// Peak (micro-batch, chunk) activation sets alive on `stage` for a schedule with closed form:
 /// GPipe m; 1F1B min(p - stage, m); ZB-H1 min(p, m); ZB-H2 min(2p - 1, m) (activations live
 /// until the weight pass);
