@@ -76,9 +76,9 @@ json make_scenario(FuzzedDataProvider& p) {
                      {"attention", p.ConsumeBool() ? "flash" : "standard"},
                      {"dropout", p.ConsumeFloatingPointInRange(0.0, 0.5)}};
   static const char* const kRecompute[] = {"none", "selective", "full"};
-  static const char* const kSchedules[] = {"gpipe",      "1f1b",   "interleaved_1f1b", "zb_h1",
-                                           "zb_h2",      "zb_v",   "v_half",           "v_min",
-                                           "dualpipe_v", "zb_auto"};
+  static const char* const kSchedules[] = {"gpipe",      "1f1b",    "interleaved_1f1b", "zb_h1",
+                                           "zb_h2",      "zb_v",    "v_half",           "v_min",
+                                           "dualpipe_v", "zb_auto", "dualpipe"};
   const int zero = p.ConsumeIntegralInRange(0, 3);
   doc["parallel"] = {{"tp", tp},
                      {"pp", pp},

@@ -24,6 +24,7 @@
 #include "distplan/planner/error.h"
 #include "distplan/planner/layer_ops.h"
 #include "distplan/planner/layout.h"
+#include "distplan/simulator/simulate.h"
 #ifdef DISTPLAN_HAVE_CUDA
 #include "cuda_api.h"
 #endif
@@ -64,7 +65,9 @@ Trainer::Trainer(const Scenario& s, const RunOptions& o, ProcessGroups& g)
   d_ = m_.head_dim();
   f_l_ = m_.ffn_hidden_size / tp_;
   mi_l_ = (m_.mlp == Mlp::swiglu ? 2 : 1) * f_l_;
-  program_ = sim::make_schedule(p_.schedule, pp_, nmb_, v_);
+  // zb_auto's order comes from the planner's stage times, the same on every rank.
+  program_ = p_.schedule == Schedule::zb_auto ? sim::scenario_program(s, estimate(s))
+                                              : sim::make_schedule(p_.schedule, pp_, nmb_, v_);
   build_units();
   if (t_.precision == DType::fp16) loss_scale_ = 65536.0f;
 }
@@ -101,19 +104,12 @@ Measurement Trainer::train() {
 using trainer_detail::Trainer;
 
 void check_supported(const Scenario& s) {
-  if (s.model.moe.enabled()) {
-    // The planner models experts (docs/moe.md); the trainer has no router, token all-to-all or
-    // expert GEMMs yet.
-    throw InputError("/model/moe",
-                     "the backend does not train Mixture-of-Experts layers yet (router, expert "
-                     "all-to-all and grouped expert GEMMs); plan, simulate or search the model");
-  }
-  if (s.parallel.schedule == Schedule::zb_auto) {
-    // Its order comes from the heuristic on the planner's stage times, which the trainer's ranks
-    // would each have to rebuild identically; not done.
+  if (bidirectional(s.parallel.schedule)) {
+    // Two copies of every model stage, fed from both ends, with their gradients summed across
+    // stages s and pp - 1 - s: the trainer places one stage per chunk in one direction only.
     throw InputError("/parallel/schedule",
-                     "the backend does not run zb_auto (its order depends on the stage times); "
-                     "simulate it, or train with zb_h1 or zb_h2");
+                     "the backend does not run dualpipe (bidirectional) yet; plan or simulate "
+                     "it, or train with dualpipe_v");
   }
   if (s.parallel.recompute == Recompute::selective_op) {
     // The trainer keeps Megatron-style saved tensors; torchtitan's per-op policy saves op outputs.
@@ -199,8 +195,9 @@ void check_nccl_pipeline(const ParallelSpec& p) {
   // The V schedules add exchanges in both directions between the same pair of stages (chunk 0
   // down, chunk 1 up), which one NCCL stream would order against each other as it does
   // interleaved_1f1b's; none of them has run over NCCL.
+  // zb_auto's order (like ZB-H2's) has not run over NCCL either.
   if (p.pp > 1 && (p.schedule == Schedule::interleaved_1f1b || p.schedule == Schedule::zb_h2 ||
-                   v_shape(p.schedule))) {
+                   p.schedule == Schedule::zb_auto || v_shape(p.schedule))) {
     throw InputError("/parallel/schedule",
                      "multi-GPU runs over NCCL take gpipe, 1f1b and zb_h1 pipelines; this "
                      "schedule's point-to-point exchanges can wait on each other on one NCCL "

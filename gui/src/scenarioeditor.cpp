@@ -46,10 +46,10 @@ constexpr std::array kFrameworks = {Framework::generic, Framework::megatron, Fra
 constexpr std::array kRecomputes = {Recompute::none, Recompute::selective, Recompute::full,
                                     Recompute::selective_op};
 constexpr std::array kSchedules = {
-    Schedule::gpipe,     Schedule::one_f_one_b, Schedule::interleaved_1f1b,
-    Schedule::zb_h1,     Schedule::zb_h2,       Schedule::zb_auto,
-    Schedule::zb_v,      Schedule::v_half,      Schedule::v_min,
-    Schedule::dualpipe_v};
+    Schedule::gpipe,      Schedule::one_f_one_b, Schedule::interleaved_1f1b,
+    Schedule::zb_h1,      Schedule::zb_h2,       Schedule::zb_auto,
+    Schedule::zb_v,       Schedule::v_half,      Schedule::v_min,
+    Schedule::dualpipe_v, Schedule::dualpipe};
 
 // Paths whose absence means "derived" rather than the resolved value: shown as their first item.
 const QString kDpPath = QStringLiteral("/parallel/dp");

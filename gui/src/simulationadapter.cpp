@@ -51,7 +51,8 @@ SimulationSummary simulateScenario(const Scenario& s, const Estimate& e) {
   TimelineData timeline;
   timeline.num_stages = static_cast<int>(s.parallel.pp);
   timeline.step_seconds = r.step_seconds;
-  timeline.v_shape = v_shape(s.parallel.schedule);
+  // Two chunks with a direction each: the V's down and up, DualPipe's forward and reverse.
+  timeline.v_shape = two_chunks(s.parallel.schedule);
   timeline.blocks.reserve(r.trace.size());
   std::map<std::pair<int, int>, std::uint16_t> labelIndex;
   for (const sim::TraceEvent& ev : r.trace) {
@@ -60,7 +61,8 @@ SimulationSummary simulateScenario(const Scenario& s, const Estimate& e) {
     b.kind = blockKind(ev);
     b.microbatch = ev.microbatch;
     b.chunk = std::max(0, ev.chunk);
-    // Under a V, chunk 1 (virtual stage 2p - 1 - s) carries the activations back up (layout.h).
+    // Under a V, chunk 1 (virtual stage 2p - 1 - s) carries the activations back up; under
+    // DualPipe chunk 1 is the reverse direction, stage p - 1 to 0 (layout.h).
     b.upward = timeline.v_shape && ev.chunk == 1;
     b.start_seconds = ev.start;
     b.end_seconds = ev.start + ev.duration;

@@ -53,6 +53,9 @@ Bytes ring_wire_bytes(CollectiveOp op, Bytes buffer_bytes, Count n) noexcept {
 
 namespace {
 
+// DualPipe's once-per-step exchange of gradients between the two copies of a model stage.
+constexpr std::string_view kMirrorGradients = "mirror stage gradients (DualPipe)";
+
 Count ceil_div(Count a, Count b) noexcept {
   return (a + b - 1) / b;
 }
@@ -470,7 +473,7 @@ class Estimator {
   template <typename Sink>
   void stage_collectives(int st, Sink& out) const {
     const StageUnits u = units(st);
-    const Count m = nmb_;
+    const Count m = stage_passes(p_.schedule, nmb_);  // whole-stage passes per step (layout.h)
     const Count v = p_.virtual_stages;
     const Count pp = p_.pp;
     const Count S = shard();
@@ -572,7 +575,7 @@ class Estimator {
     add(out, Group::tp, CollectiveOp::all_gather, "layer activations", act, c.all_gather * L * m);
     add(out, Group::tp, CollectiveOp::reduce_scatter, "layer activations", act,
         c.reduce_scatter * L * m);
-    if (st == 0) {
+    if (holds_embedding(p_.schedule, pp, st)) {
       // Vocab-parallel embedding: partial lookups summed (all-reduce, or reduce-scatter into the
       // sequence-parallel region).
       add(out, Group::tp,
@@ -583,7 +586,7 @@ class Estimator {
         add(out, Group::tp, CollectiveOp::all_gather, "embedding output gradient", act, m);
       }
     }
-    if (st == head_stage(p_.schedule, pp)) {
+    if (holds_head(p_.schedule, pp, st)) {
       if (p_.sequence_parallel) {
         // Gather the final norm's output for the vocab-parallel LM head; in backward, gather it
         // again and reduce-scatter its gradient.
@@ -610,7 +613,9 @@ class Estimator {
       const Bytes p2p = p2p_bytes();
       // Every chunk sends to the next virtual stage but the last; under a V the last is on
       // stage 0 and the turn at stage pp - 1 stays on the GPU (layout.h, virtual_stage_of).
-      const bool vee = v_shape(p_.schedule);
+      // DualPipe's two directions: the same count of m/2 passes each (stage 0 sends chunk 0's
+      // activations and chunk 1's gradients, stage pp - 1 the other way).
+      const bool vee = two_chunks(p_.schedule);
       const Count fwd_sends =
           vee ? m * (2 - (st == 0) - (st == pp - 1)) : (st == pp - 1 ? m * (v - 1) : m * v);
       const Count bwd_sends = vee ? fwd_sends : (st == 0 ? m * (v - 1) : m * v);
@@ -624,6 +629,16 @@ class Estimator {
         const Count bwd_recvs = vee ? bwd_sends : (st == pp - 1 ? m * (v - 1) : m * v);
         add(out, Group::tp, CollectiveOp::all_gather, "pipeline receives (scatter/gather)", act,
             fwd_recvs + bwd_recvs);
+      }
+      if (bidirectional(p_.schedule)) {
+        // DualPipe keeps two copies of every model stage (on stages s and pp - 1 - s): once per
+        // step each stage sends its gradients to the other copy's stage and adds what it
+        // receives (deepseek-ai/DualPipe examples/example_dualpipe.py sums p0.grad and the
+        // mirror's p1.grad), before the data-parallel reduction (ZeRO 0/1: full gradients).
+        Bytes grads = 0;
+        for (const Unit* x : {&u.layer, &u.embedding, &u.head})
+          grads += padded(x->params) * x->count * gb();
+        add(out, Group::pp, CollectiveOp::send_recv, kMirrorGradients, grads, 1);
       }
       if (m_.tied_embeddings && head_stage(p_.schedule, pp) != 0 && (st == 0 || st == pp - 1)) {
         add(out, Group::embedding, CollectiveOp::all_reduce, "tied embedding gradients",
@@ -713,7 +728,7 @@ class Estimator {
     Bytes best = -1;
     int busiest = 0;
     e.stage_costs.resize(static_cast<std::size_t>(pp));
-    const Count m = nmb_;
+    const Count m = stage_passes(p_.schedule, nmb_);  // whole-stage passes per step (layout.h)
     for (int st = 0; st < pp; ++st) {
       // Middle stages with as many layers as the previous middle stage cost exactly the same.
       if (st > 1 && st < pp - 1 &&
@@ -738,6 +753,9 @@ class Estimator {
           case Group::pp:
             if (c.what == "activations (forward)")
               k.p2p = c.seconds_per_step / static_cast<double>(c.calls_per_step);
+            // DualPipe's gradient sum between a model stage's two copies: reduced once per step
+            // like the data-parallel gradients (the simulator's DP stream).
+            if (c.what == kMirrorGradients) k.grad_reduce += c.seconds_per_step;
             break;
           case Group::dp:
           case Group::dp_replicate:
@@ -783,8 +801,8 @@ class Estimator {
       if (p_.recompute == Recompute::full) recompute = L * layer.forward;
       if (p_.recompute == Recompute::selective) recompute = L * layer.selective_recompute;
       if (p_.recompute == Recompute::selective_op) recompute = L * layer.selective_op_recompute;
-      if (st == 0) fwd += emb.forward, bwd_w += emb.backward_weight;
-      if (st == head_stage(p_.schedule, pp)) {
+      if (holds_embedding(p_.schedule, pp, st)) fwd += emb.forward, bwd_w += emb.backward_weight;
+      if (holds_head(p_.schedule, pp, st)) {
         fwd += head.forward, bwd_in += head.backward_input, bwd_w += head.backward_weight;
         gemm_f += head.gemm_forward, gemm_b += head.gemm_backward;
       }
@@ -981,6 +999,20 @@ class Estimator {
                                                   s_.assumptions.overlap_compute_slowdown);
         const double saving = std::max(0.0, (F + B + W) / 2 - fb);
         pipe = m * t_max - (2 * (m - p) - 1) * saving + (p - 1) * (fb + std::max(F, B) / 2 - W);
+        break;
+      }
+      case Schedule::dualpipe: {
+        // DualPipe (deepseek-ai/DualPipe dualpipe.py; make_dualpipe): m passes of a chunk (one
+        // model stage, half the stage: F/2, B/2, W/2) per stage and the overlapped pair F&B
+        // (overlap.h, the simulator's pair). The stages with the most pairs, m - p - 1 (the
+        // middle ones; the pairs of stage h = min(s, p-1-s) are m - 2p + p/2 + h + 1, one fewer
+        // on the middle two), idle most: the README's bubble (p/2 - 1)(F&B + B_full - 3W) of
+        // chunks when F = B (simulated, docs/simulator.md); max(F, B) in place of B otherwise,
+        // as for DualPipeV.
+        const double fb = overlapped_pair_seconds((F + B + W) / 2, ks.tp_communication / 2,
+                                                  s_.assumptions.overlap_compute_slowdown);
+        const double saving = std::max(0.0, (F + B + W) / 2 - fb);
+        pipe = m * t_max / 2 - (m - p - 1) * saving + (p / 2 - 1) * (fb + std::max(F, B) / 2 - W);
         break;
       }
       case Schedule::zb_v:

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "distplan/planner/dualpipe_order.h"
 #include "distplan/planner/layer_ops.h"
 #include "distplan/planner/moe.h"
 #include "distplan/planner/moe_memory.h"
@@ -11,6 +12,11 @@ namespace distplan {
 
 std::vector<Count> stage_layer_counts(const Scenario& s) {
   const Count pp = s.parallel.pp;
+  if (bidirectional(s.parallel.schedule)) {
+    // DualPipe: stage s holds model stages s and pp - 1 - s of num_layers / pp layers each
+    // (validate: pp divides num_layers, no explicit split).
+    return std::vector<Count>(static_cast<std::size_t>(pp), 2 * (s.model.num_layers / pp));
+  }
   if (!s.parallel.layers_per_stage.empty()) return s.parallel.layers_per_stage;
   std::vector<Count> layers(static_cast<std::size_t>(pp), s.model.num_layers / pp);
   // Remaining layers go to the middle stages first: the first stage also holds the embedding and
@@ -58,6 +64,11 @@ Count inflight_chunks(Schedule schedule, Count pp, Count v, Count stage, Count m
       // while an F&B pair runs: the README's "PP + 1" activations per device (PP = 2p stages of
       // one chunk each; deepseek-ai/DualPipe README.md). Needs m >= 2p (validate).
       return 2 * pp + 1;
+    case Schedule::dualpipe:
+      // DualPipe (make_dualpipe): p chunks of one model stage alive after the warm-up on every
+      // stage, one more while an F&B pair runs: the README's "PP + 1" activations per device
+      // (deepseek-ai/DualPipe README.md; PP = p). Needs m >= 2p (validate).
+      return pp + 1;
     case Schedule::v_min: {
       // V-Min's block after the authors' reordering (make_v_min): 2 floor((p + 1)/3) + 2 chunks,
       // about a third of 1F1B's (README table "1/3x"); when p mod 3 = 2 stage 0 holds one fewer.
@@ -93,6 +104,11 @@ Count forward_chunk_count(Count c, Count k, Count pp, Count v) noexcept {
 Bytes activation_peak_bytes(Schedule schedule, Count pp, Count v, Count stage, Count m,
                             Bytes chunk_bytes, Bytes first_bytes, Bytes last_bytes,
                             Count memory_limit) noexcept {
+  if (bidirectional(schedule)) {
+    // DualPipe's own order (dualpipe_order.h): both end stages hold a first and a last model
+    // stage; the callers pass their bytes for the stages that hold them.
+    return dualpipe_activation_peak(pp, m, stage, chunk_bytes, first_bytes, last_bytes).peak_bytes;
+  }
   // The first virtual stage is chunk 0 of stage 0 and the last is chunk v - 1 of stage pp - 1
   // (Megatron-LM's placement, virtual stage c * pp + s).
   const Bytes first = stage == 0 ? first_bytes : 0;

@@ -255,6 +255,11 @@ std::string format_plan_table(const Scenario& s, const Estimate& e) {
     line(
         "  (layers: chunk 0 of each stage; in the V its chunk 1 is virtual stage 2pp-1-stage, "
         "so stage 0 also holds the last layers and the LM head)");
+  } else if (bidirectional(s.parallel.schedule)) {
+    line(
+        "  (layers: chunk 0 of each stage, model stage s of the forward direction; its chunk 1 is "
+        "model stage pp-1-stage of the reverse one, a second copy; both ends hold the embedding "
+        "and the LM head)");
   } else if (s.parallel.virtual_stages > 1) {
     line(fmt::format("  (layers: the first chunk of each stage, +{} more chunks every {} layers)",
                      s.parallel.virtual_stages - 1,

@@ -660,17 +660,19 @@ Scenario read_scenario(const json& doc, std::initializer_list<std::string_view> 
       read_enum(r, "recompute", p.recompute, {"none", "selective", "full", "selective_op"});
       read_enum(r, "schedule", p.schedule,
                 {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_h2", "zb_v", "v_half", "v_min",
-                 "dualpipe_v", "zb_auto"});
+                 "dualpipe_v", "zb_auto", "dualpipe"});
       if (auto v = r.integer("virtual_stages", 1, 1024)) {
         p.virtual_stages = *v;
-        if (v_shape(p.schedule) && *v != 2) {
+        if (two_chunks(p.schedule) && *v != 2) {
           throw InputError("/parallel/virtual_stages",
-                           fmt::format("schedule {} places exactly two chunks on each stage (a V); "
+                           fmt::format("schedule {} places exactly two chunks on each stage; "
                                        "virtual_stages must be 2 or omitted, not {}",
                                        to_string(p.schedule), *v));
         }
-      } else if (v_shape(p.schedule)) {
-        p.virtual_stages = 2;  // implied by the V: chunks s and 2p - 1 - s on stage s
+      } else if (two_chunks(p.schedule)) {
+        // Implied by the V (chunks s and 2p - 1 - s on stage s) and by DualPipe (model stages s
+        // and p - 1 - s on stage s).
+        p.virtual_stages = 2;
       }
       if (auto v = r.integer("cp", 1, Count{1} << 16)) p.cp = *v;
       read_enum(r, "cp_comm", p.cp_comm, {"p2p", "all_gather", "a2a"});

@@ -108,6 +108,8 @@ std::string_view to_string(Schedule v) noexcept {
       return "v_min";
     case Schedule::dualpipe_v:
       return "dualpipe_v";
+    case Schedule::dualpipe:
+      return "dualpipe";
     case Schedule::zb_auto:
       return "zb_auto";
   }

@@ -222,13 +222,13 @@ void validate_scenario(const Scenario& s, bool refuse_unplanned) {
            "an explicit split cannot be combined with virtual_stages > 1");
     }
   }
-  if (v_shape(p.schedule) && p.virtual_stages != 2) {
+  if (two_chunks(p.schedule) && p.virtual_stages != 2) {
     fail("/parallel/virtual_stages",
-         fmt::format("schedule {} places exactly two chunks on each stage (a V); "
+         fmt::format("schedule {} places exactly two chunks on each stage; "
                      "virtual_stages must be 2, not {}",
                      to_string(p.schedule), p.virtual_stages));
   }
-  if (p.virtual_stages > 1 && p.schedule != Schedule::interleaved_1f1b && !v_shape(p.schedule)) {
+  if (p.virtual_stages > 1 && p.schedule != Schedule::interleaved_1f1b && !two_chunks(p.schedule)) {
     fail("/parallel/virtual_stages",
          fmt::format("virtual_stages={} needs schedule interleaved_1f1b (schedule is {})",
                      p.virtual_stages, to_string(p.schedule)));
@@ -244,6 +244,42 @@ void validate_scenario(const Scenario& s, bool refuse_unplanned) {
          fmt::format("{} needs at least 2*pp={} micro-batches per step (the V's warm-up and the "
                      "planner's activation peak assume it); the step has {}",
                      to_string(p.schedule), 2 * p.pp, m_mb));
+  }
+  if (bidirectional(p.schedule)) {
+    // deepseek-ai/DualPipe dualpipe.py: assert num_ranks % 2 == 0; num_chunks % 2 == 0 and
+    // num_chunks >= num_ranks * 2.
+    if (p.pp < 2 || p.pp % 2 != 0) {
+      fail("/parallel/schedule",
+           fmt::format("dualpipe needs an even number of pipeline stages (pp >= 2, DualPipe "
+                       "asserts num_ranks % 2 == 0); pp is {}",
+                       p.pp));
+    }
+    if (m_mb % 2 != 0 || m_mb < 2 * p.pp) {
+      fail("/parallel/schedule",
+           fmt::format("dualpipe needs an even number of micro-batches per step, at least "
+                       "2*pp={} (DualPipe asserts num_chunks % 2 == 0 and num_chunks >= "
+                       "num_ranks * 2); the step has {}",
+                       2 * p.pp, m_mb));
+    }
+    // Stage s holds model stages s and pp - 1 - s: equal model stages.
+    if (m.num_layers % p.pp != 0) {
+      fail("/parallel/pp",
+           fmt::format("dualpipe places model stages s and pp-1-s on stage s: num_layers={} must "
+                       "be a multiple of pp={}",
+                       m.num_layers, p.pp));
+    }
+    // Not modelled: the copies' gradient sum is taken once per step on full gradients (ZeRO
+    // 0/1); ZeRO-2/3 reduce per micro-batch. Tied embeddings would tie four matrices.
+    if (p.zero_stage >= 2) {
+      fail("/parallel/zero_stage",
+           "dualpipe is planned with ZeRO 0 or 1 (its two parameter copies sum their full "
+           "gradients once per step; per-micro-batch ZeRO-2/3 reductions are not modelled)");
+    }
+    if (m.tied_embeddings) {
+      fail("/model/tied_embeddings",
+           "dualpipe with tied embeddings is not modelled (both end stages hold an embedding "
+           "and an LM head copy)");
+    }
   }
   if (p.zb_memory_limit_microbatches > 0 && p.schedule != Schedule::zb_auto) {
     fail("/parallel/zb_memory_limit_microbatches",

@@ -475,6 +475,12 @@ Exported torchtitan(const Scenario& s, Exported out) {
       // pytorch/pytorch torch/distributed/pipelining/schedules.py).
       schedule = "DualPipeV";
       break;
+    case Schedule::dualpipe:
+      // torch.distributed.pipelining has ScheduleDualPipeV (the cut-in-half) but no
+      // bidirectional DualPipe.
+      schedule = "1F1B";
+      out.notes.push_back(schedule_note(s, "torchtitan (only its cut-in-half, DualPipeV)"));
+      break;
     case Schedule::v_half:
     case Schedule::v_min:
       schedule = "ZBVZeroBubble";

@@ -97,6 +97,14 @@ Bytes FastMemory::peak_bytes(const Layout& l) const noexcept {
   // the extra layers to the middle stages in order) and fewer or equal micro-batches in flight
   // (every schedule's count falls with the stage index), and every term grows with both: the
   // peak is on stage 0, 1 or pp - 1.
+  if (bidirectional(l.schedule)) {
+    // DualPipe: two model stages of num_layers / pp layers on every stage (stage_layer_counts),
+    // the embedding and LM head on both ends.
+    const Count k = 2 * (base_.model.num_layers / l.pp);
+    Bytes peak = std::max(stage_total(l, 0, k), stage_total(l, l.pp - 1, k));
+    if (l.pp > 2) peak = std::max(peak, stage_total(l, 1, k));
+    return std::max<Bytes>(0, peak);
+  }
   Bytes peak = std::max<Bytes>(0, stage_total(l, 0, layers_first_));
   if (l.pp > 1) {
     peak = std::max(peak, stage_total(l, l.pp - 1, layers_last_));
@@ -124,6 +132,12 @@ Seconds FastMemory::step_lower_bound(const Layout& l) const noexcept {
     return static_cast<double>(layers) * per_layer + (last ? head : 0.0);
   };
   double busiest = stage(layers_first_, l.pp == 1);
+  if (bidirectional(l.schedule)) {
+    // Two model stages per stage, the ends with the LM head (and embedding), m/2 whole-stage
+    // passes per step (layout.h, stage_passes).
+    return static_cast<double>(stage_passes(l.schedule, num_microbatches_)) *
+           stage(2 * (base_.model.num_layers / l.pp), true);
+  }
   if (l.pp > 1) {
     busiest = std::max(busiest, stage(layers_last_, true));
     busiest = std::max(busiest, stage(layers_second_, l.pp == 2));
@@ -151,6 +165,7 @@ Seconds FastMemory::step_lower_bound(const Layout& l) const noexcept {
     case Schedule::v_half:
     case Schedule::v_min:
     case Schedule::dualpipe_v:
+    case Schedule::dualpipe:
     case Schedule::zb_auto:
       break;
   }

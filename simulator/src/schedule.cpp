@@ -52,7 +52,17 @@ std::string action_to_string(const Action& a) {
 }
 
 Count SchedulePrograms::virtual_stage(Count stage, Count chunk) const noexcept {
+  if (bidirectional) return dualpipe_model_stage(stages, stage, chunk);
   return virtual_stage_of(v_shape, stages, stage, chunk);
+}
+
+StageChunk SchedulePrograms::locate(Count vs, Count chunk) const noexcept {
+  if (bidirectional) return dualpipe_locate(stages, vs, chunk);
+  return locate_virtual_stage(v_shape, stages, vs);
+}
+
+bool SchedulePrograms::runs(Count mb, Count chunk) const noexcept {
+  return !bidirectional || dualpipe_direction(microbatches, mb) == chunk;
 }
 
 namespace {
@@ -302,18 +312,19 @@ bool steps_overlap(Schedule kind) noexcept {
   // its sends before returning), so its step ends when the last stage does.
   // zb_auto as the paper runs its automatic schedules (post-validation, Sec. 4; Table 5 counts
   // their longest stage span).
+  // DualPipe likewise (dualpipe.py waits for its last exchanges before returning).
   return kind == Schedule::zb_h2 || kind == Schedule::zb_auto ||
          (v_shape(kind) && kind != Schedule::dualpipe_v);
 }
 
 SchedulePrograms make_schedule(Schedule kind, Count p, Count m, Count v) {
-  if (v_shape(kind) && v != 2) {
+  if (two_chunks(kind) && v != 2) {
     throw InputError("/parallel/virtual_stages",
                      fmt::format("schedule {} places two chunks on each stage; virtual_stages "
                                  "must be 2, not {}",
                                  to_string(kind), v));
   }
-  if (v != 1 && kind != Schedule::interleaved_1f1b && !v_shape(kind)) {
+  if (v != 1 && kind != Schedule::interleaved_1f1b && !two_chunks(kind)) {
     throw InputError("/parallel/virtual_stages",
                      fmt::format("virtual_stages = {} needs schedule interleaved_1f1b", v));
   }
@@ -336,6 +347,8 @@ SchedulePrograms make_schedule(Schedule kind, Count p, Count m, Count v) {
       return make_v_min(p, m);
     case Schedule::dualpipe_v:
       return make_dualpipe_v(p, m);
+    case Schedule::dualpipe:
+      return make_dualpipe(p, m);
     case Schedule::zb_auto:
       break;  // needs the stage times: make_zb_auto
   }
@@ -390,6 +403,14 @@ void check_program(const SchedulePrograms& prog) {
                                      "[0, {}); its dependency can never be met",
                                      s, i, name, a.chunk, v));
       }
+      if (!prog.runs(a.microbatch, a.chunk)) {
+        throw InputError(
+            where(s, i),
+            fmt::format("stage {} action {} ({}): micro-batch {} runs in direction "
+                        "{} (DualPipe: the first m/2 in chunk 0, the rest in chunk "
+                        "1), not through chunk {}",
+                        s, i, name, a.microbatch, dualpipe_direction(m, a.microbatch), a.chunk));
+      }
       std::uint8_t& st = seen[slot(a)];
       auto fail = [&](const std::string& what) {
         throw InputError(where(s, i), fmt::format("stage {} action {} ({}): {}", s, i, name, what));
@@ -430,6 +451,7 @@ void check_program(const SchedulePrograms& prog) {
       const std::uint8_t st = seen[k];
       const Action a{Op::forward, static_cast<std::int32_t>(k % static_cast<std::size_t>(m)),
                      static_cast<std::int32_t>(k / static_cast<std::size_t>(m))};
+      if (!prog.runs(a.microbatch, a.chunk)) continue;
       std::string missing;
       if (!(st & kF))
         missing = "forward";
@@ -452,12 +474,21 @@ void check_program(const SchedulePrograms& prog) {
   std::vector<std::uint8_t> queued(P, 1);
   std::deque<std::size_t> work;
   for (std::size_t s = 0; s < P; ++s) work.push_back(s);
-  const Count last_virtual = p * v - 1;
-  if (prog.v_shape && v != 2) {
-    throw InputError("/virtual_stages", "a V-shape placement has exactly two chunks per stage");
+  const Count last_virtual = prog.path_length() - 1;
+  if ((prog.v_shape || prog.bidirectional) && v != 2) {
+    throw InputError("/virtual_stages",
+                     "a V-shape or bidirectional placement has exactly two "
+                     "chunks per stage");
   }
-  // Stage and chunk of virtual stage vs (the placement map in layout.h).
-  auto at = [&](Count vs) { return locate_virtual_stage(prog.v_shape, p, vs); };
+  if (prog.v_shape && prog.bidirectional)
+    throw InputError("/placement", "a placement is a V or bidirectional, not both");
+  if (prog.bidirectional && (p % 2 != 0 || m % 2 != 0)) {
+    throw InputError("/stages", fmt::format("a bidirectional placement needs an even number of "
+                                            "stages and micro-batches (p = {}, m = {})",
+                                            p, m));
+  }
+  // Stage and chunk of virtual stage vs on the path of chunk c's micro-batches (layout.h).
+  auto at = [&](Count vs, Count c) { return prog.locate(vs, c); };
   auto index = [&](StageChunk sc, std::int32_t mb) {
     return static_cast<std::size_t>(sc.stage) * pairs + static_cast<std::size_t>(sc.chunk * m + mb);
   };
@@ -465,10 +496,10 @@ void check_program(const SchedulePrograms& prog) {
     const Count vs = prog.virtual_stage(static_cast<Count>(s), a.chunk);
     switch (a.op) {
       case Op::forward:
-        return vs == 0 || fwd_done[index(at(vs - 1), a.microbatch)] != 0;
+        return vs == 0 || fwd_done[index(at(vs - 1, a.chunk), a.microbatch)] != 0;
       case Op::backward:
       case Op::backward_input:
-        return vs == last_virtual || bwd_done[index(at(vs + 1), a.microbatch)] != 0;
+        return vs == last_virtual || bwd_done[index(at(vs + 1, a.chunk), a.microbatch)] != 0;
       case Op::backward_weight:
         return true;
     }
@@ -490,10 +521,10 @@ void check_program(const SchedulePrograms& prog) {
       const Count vs = prog.virtual_stage(static_cast<Count>(s), a.chunk);
       if (a.op == Op::forward) {
         fwd_done[k] = 1;
-        if (vs < last_virtual) wake(static_cast<std::size_t>(at(vs + 1).stage));
+        if (vs < last_virtual) wake(static_cast<std::size_t>(at(vs + 1, a.chunk).stage));
       } else if (a.op != Op::backward_weight) {
         bwd_done[k] = 1;
-        if (vs > 0) wake(static_cast<std::size_t>(at(vs - 1).stage));
+        if (vs > 0) wake(static_cast<std::size_t>(at(vs - 1, a.chunk).stage));
       }
     };
     while (pc[s] < actions.size() && runnable(s, actions[pc[s]])) {
@@ -518,8 +549,8 @@ void check_program(const SchedulePrograms& prog) {
     // A pair whose forward could run waits for its backward's gradient.
     const Action& a = here.overlap_next && runnable(s, here) ? prog.programs[s][pc[s] + 1] : here;
     const Count vs = prog.virtual_stage(static_cast<Count>(s), a.chunk);
-    const Count from = a.op == Op::forward ? (vs > 0 ? at(vs - 1).stage : 0)
-                                           : (vs < last_virtual ? at(vs + 1).stage : 0);
+    const Count from = a.op == Op::forward ? (vs > 0 ? at(vs - 1, a.chunk).stage : 0)
+                                           : (vs < last_virtual ? at(vs + 1, a.chunk).stage : 0);
     stuck +=
         fmt::format("stage {} waits at action {} ({}) for the {} of stage {}", s, pc[s],
                     action_to_string(a), a.op == Op::forward ? "activation" : "gradient", from);

@@ -105,11 +105,14 @@ SchedulePrograms schedule_from_json(const nlohmann::json& doc) {
         throw InputError(path, "must be a positive integer");
       (key == "microbatches" ? m : v) = value.get<Count>();
     } else if (key == "placement") {
-      if (!value.is_string() || (value != "interleaved" && value != "v"))
+      if (!value.is_string() ||
+          (value != "interleaved" && value != "v" && value != "bidirectional"))
         throw InputError(path,
                          "must be \"interleaved\" (chunk c of stage s is virtual stage "
-                         "c*p + s) or \"v\" (chunks s and 2p - 1 - s)");
+                         "c*p + s), \"v\" (chunks s and 2p - 1 - s) or \"bidirectional\" "
+                         "(DualPipe: model stages s and p - 1 - s)");
       prog.v_shape = value == "v";
+      prog.bidirectional = value == "bidirectional";
     } else if (key == "schema" || key == "name" || key == "description") {
       if (!value.is_string()) throw InputError(path, "must be a string");
     } else if (key == "stages") {
@@ -213,6 +216,7 @@ nlohmann::json schedule_to_json(const SchedulePrograms& prog) {
                         {"virtual_stages", prog.virtual_stages},
                         {"stages", std::move(stages)}};
   if (prog.v_shape) out["placement"] = "v";
+  if (prog.bidirectional) out["placement"] = "bidirectional";
   return out;
 }
 

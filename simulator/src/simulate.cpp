@@ -141,7 +141,7 @@ struct Run {
     m = prog.microbatches;
     v = prog.virtual_stages;
     pairs = static_cast<std::size_t>(m * v);
-    last_virtual = p * v - 1;
+    last_virtual = prog.path_length() - 1;
     const auto P = static_cast<std::size_t>(p);
     ws.queue.clear();
     ws.queue.reserve(4 * P + 16);
@@ -341,7 +341,7 @@ struct Run {
   void send(std::size_t s, bool forward, const Action& a, EventTime now) {
     StageState& st = ws.stages[s];
     const Count vs = prog.virtual_stage(static_cast<Count>(s), a.chunk);
-    const StageChunk to = locate_virtual_stage(prog.v_shape, p, forward ? vs + 1 : vs - 1);
+    const StageChunk to = prog.locate(forward ? vs + 1 : vs - 1, a.chunk);
     const auto dest = static_cast<std::size_t>(to.stage);
     // The V's turn (virtual stage p - 1 to p) stays on the GPU: no send (PyTorch's "V-schedule
     // special case", set_local_fwd_input / set_local_bwd_input in schedules.py).
@@ -551,7 +551,32 @@ std::vector<StageTimes> stage_times(const Scenario& s, const Estimate& e, const 
   return times;
 }
 
+SchedulePrograms program_for(const Scenario& s, const std::vector<StageTimes>& times, Count m) {
+  if (s.parallel.schedule != Schedule::zb_auto)
+    return make_schedule(s.parallel.schedule, s.parallel.pp, m, s.parallel.virtual_stages);
+  // The heuristic orders the passes for these times, with the activations of one micro-batch
+  // held from its forward to its weight pass (docs/simulator.md, "Memory").
+  std::vector<ZbAutoStage> stages(times.size());
+  Seconds p2p = 0;
+  for (std::size_t i = 0; i < stages.size(); ++i) {
+    const StageTimes& t = times[i];
+    stages[i] = ZbAutoStage{t.forward,
+                            t.backward_input,
+                            t.backward_weight,
+                            1,
+                            0,
+                            -1,
+                            static_cast<double>(s.parallel.zb_memory_limit())};
+    p2p = std::max(p2p, t.p2p);
+  }
+  return make_zb_auto(m, stages, p2p);
+}
+
 }  // namespace
+
+SchedulePrograms scenario_program(const Scenario& s, const Estimate& e) {
+  return program_for(s, stage_times(s, e, SimOptions{}), s.num_microbatches());
+}
 
 SimResult simulate(const Scenario& s, const Estimate& e, const SimOptions& opts) {
   const Count p = s.parallel.pp, v = s.parallel.virtual_stages, m = s.num_microbatches();
@@ -566,6 +591,14 @@ SimResult simulate(const Scenario& s, const Estimate& e, const SimOptions& opts)
   SchedulePrograms generated;
   const SchedulePrograms* prog = opts.program;
   if (prog) {
+    if (prog->bidirectional != bidirectional(s.parallel.schedule)) {
+      throw InputError(
+          "/placement",
+          fmt::format("the schedule program's placement is {}bidirectional but "
+                      "schedule {} is {}",
+                      prog->bidirectional ? "" : "not ", to_string(s.parallel.schedule),
+                      bidirectional(s.parallel.schedule) ? "DualPipe's" : "not"));
+    }
     if (prog->v_shape != v_shape(s.parallel.schedule)) {
       throw InputError(
           "/placement",
@@ -583,26 +616,8 @@ SimResult simulate(const Scenario& s, const Estimate& e, const SimOptions& opts)
     check_program(*prog);
   }
   const std::vector<StageTimes> times = stage_times(s, e, opts);
-  if (!prog && s.parallel.schedule == Schedule::zb_auto) {
-    // The heuristic orders the passes for these times, with the activations of one micro-batch
-    // held from its forward to its weight pass (docs/simulator.md, "Memory").
-    std::vector<ZbAutoStage> stages(static_cast<std::size_t>(p));
-    Seconds p2p = 0;
-    for (std::size_t i = 0; i < stages.size(); ++i) {
-      const StageTimes& t = times[i];
-      stages[i] = ZbAutoStage{t.forward,
-                              t.backward_input,
-                              t.backward_weight,
-                              1,
-                              0,
-                              -1,
-                              static_cast<double>(s.parallel.zb_memory_limit())};
-      p2p = std::max(p2p, t.p2p);
-    }
-    generated = make_zb_auto(m, stages, p2p);
-    prog = &generated;
-  } else if (!prog) {
-    generated = make_schedule(s.parallel.schedule, p, m, v);
+  if (!prog) {
+    generated = program_for(s, times, m);
     prog = &generated;
   }
 

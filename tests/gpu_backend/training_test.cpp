@@ -24,6 +24,7 @@
 #include "distplan/planner/layout.h"
 #include "distplan/planner/scenario_json.h"
 #include "distplan/simulator/schedule.h"
+#include "distplan/simulator/simulate.h"
 
 namespace distplan::backend {
 namespace {
@@ -131,8 +132,8 @@ Measurement run_layout(const nlohmann::json& doc, const std::string& name, Count
 
 void expect_matches_planner(const Scenario& s, const Measurement& m) {
   const Estimate e = estimate(s);
-  const sim::SchedulePrograms prog = sim::make_schedule(
-      s.parallel.schedule, s.parallel.pp, s.num_microbatches(), s.parallel.virtual_stages);
+  // zb_auto's program is the heuristic's order for the planner's stage times.
+  const sim::SchedulePrograms prog = sim::scenario_program(s, e);
   std::map<int, std::map<std::pair<Group, CollectiveOp>, CommTotals>> stage_comm;
   for (const RankMeasurement& r : m.ranks) {
     const StageMemory& sm = e.memory.stages[static_cast<std::size_t>(r.coords.pp)];
@@ -204,8 +205,7 @@ void expect_matches_planner(const Scenario& s, const Measurement& m) {
 // overlap, then the optimizer; every slice carries the action's micro-batch and chunk.
 void expect_trace_is_the_program(const Scenario& s, const Measurement& m) {
   const nlohmann::json doc = nlohmann::json::parse(timeline_trace_json(m));
-  const sim::SchedulePrograms prog = sim::make_schedule(
-      s.parallel.schedule, s.parallel.pp, s.num_microbatches(), s.parallel.virtual_stages);
+  const sim::SchedulePrograms prog = sim::scenario_program(s, estimate(s));
   std::map<int, std::vector<sim::Action>> actions;
   std::map<int, int> optimizer, processes;
   std::map<int, double> end;
@@ -485,6 +485,8 @@ INSTANTIATE_TEST_SUITE_P(
         Layout{"pp2_interleaved",
                J{{"pp", 2}, {"schedule", "interleaved_1f1b"}, {"virtual_stages", 2}}},
         Layout{"pp2_zb_h1", J{{"pp", 2}, {"schedule", "zb_h1"}}},
+        // zb_auto: the Zero Bubble heuristic's order for the planner's stage times (limit pp).
+        Layout{"pp2_zb_auto", J{{"pp", 2}, {"schedule", "zb_auto"}}},
         // The V schedules (m = 4 = 2p): stage 0 holds virtual stages 0 and 3, so the embedding
         // and the LM head; the turn at stage 1 stays on it. DualPipeV's F&B pairs run one pass
         // after the other, in the program's order.

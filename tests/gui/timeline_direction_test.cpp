@@ -1,6 +1,7 @@
 // The timeline shows which way each pass's chunk runs under a V schedule: chunk 0 (virtual stage
-// s) from stage 0 to the last stage, chunk 1 (virtual stage 2p - 1 - s) back to stage 0; the
-// blocks carry the direction from the simulator's chunk map and the widget paints them.
+// s) from stage 0 to the last stage, chunk 1 (virtual stage 2p - 1 - s) back to stage 0; under
+// DualPipe chunk 0 is the forward direction and chunk 1 the reverse one. The blocks carry the
+// direction from the simulator's chunk map and the widget paints them.
 #include <QtTest>
 #include <nlohmann/json.hpp>
 
@@ -24,8 +25,11 @@ class TimelineDirectionTest : public QObject {
 #ifndef DISTPLAN_GUI_HAVE_SIMULATOR
     QSKIP("built without the simulator");
 #else
-    for (const char* sched : {"zb_v", "dualpipe_v", "interleaved_1f1b"}) {
+    for (const char* sched : {"zb_v", "dualpipe_v", "interleaved_1f1b", "dualpipe"}) {
       const bool vee = std::string(sched) != "interleaved_1f1b";
+      // DualPipe: each micro-batch runs in one direction only, chunk 0 from stage 0 down, chunk 1
+      // from stage 3 up: 4 micro-batches x 4 stages each way.
+      const bool dual = std::string(sched) == "dualpipe";
       const nlohmann::json j = {
           {"model", {{"preset", "llama2-7b"}, {"num_layers", 8}}},
           {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", 4}}},
@@ -42,14 +46,14 @@ class TimelineDirectionTest : public QObject {
         (b.upward ? up : down) += 1;
       }
       // 8 micro-batches x 4 stages per chunk.
-      QCOMPARE(up, vee ? 32 : 0);
-      QCOMPARE(down, vee ? 32 : 64);
+      QCOMPARE(up, dual ? 16 : vee ? 32 : 0);
+      QCOMPARE(down, dual ? 16 : vee ? 32 : 64);
       TimelineWidget w;
       w.resize(800, 300);
       w.setTimeline(d);
       QImage image(w.size(), QImage::Format_ARGB32);
       w.render(&image);  // paints both directions' blocks and labels
-      QVERIFY(w.blockCount(BlockKind::forward) == 64);
+      QVERIFY(w.blockCount(BlockKind::forward) == (dual ? 32 : 64));
     }
 #endif
   }

@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "distplan/planner/error.h"
 #include "distplan/planner/scenario_json.h"
 #include "distplan/search/export.h"
 #include "distplan/search/search_json.h"
@@ -51,6 +52,27 @@ TEST(DualPipeVSearch, TheSpaceProposesDualPipeVWhereTheVFits) {
     EXPECT_EQ(24 % (2 * l.pp), 0) << l.pp;  // 24 layers, two equal chunks per stage
   }
   EXPECT_GT(found, 0u);
+}
+
+TEST(DualPipeSearch, NamingTheBidirectionalDualPipeIsRefusedAtItsEntry) {
+  // dualpipe plans with ZeRO 0/1 and untied embeddings only: the search says it does not try it,
+  // at the schedule list's entry, instead of proposing layouts the planner refuses.
+  nlohmann::json d = {
+      {"model", "gpt3-1.3b"},
+      {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", 24}, {"gpus_per_node", 8}}},
+      {"training", {{"seq_length", 2048}, {"global_batch_size", 96}}},
+      {"parallel", {{"schedule", nlohmann::json::array({"1f1b", "dualpipe"})}}}};
+  try {
+    (void)request_from_json(d);
+    FAIL() << "dualpipe was accepted by the search";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.path(), "/parallel/schedule/1");
+  }
+  // Nor does the default space propose it.
+  d["parallel"].erase("schedule");
+  RejectCounts rejected{};
+  for (const Layout& l : enumerate_layouts(request_from_json(d).space, rejected))
+    EXPECT_NE(l.schedule, Schedule::dualpipe);
 }
 
 }  // namespace

@@ -154,5 +154,35 @@ TEST(PlanEqualsSimulation, VScheduleStagesWithEmbeddingAndHeadOnStageZero) {
   }
 }
 
+// DualPipe on even p up to 8: both end stages hold an embedding (dropout mask) and an LM head,
+// each in the other direction's chunk.
+TEST(PlanEqualsSimulation, DualPipeStagesWithEmbeddingAndHeadOnBothEnds) {
+  for (int p = 2; p <= 8; p += 2) {
+    for (int m : {2 * p, 2 * p + 6}) {
+      const nlohmann::json j = {{"model", {{"preset", "llama2-7b"}, {"num_layers", 2 * p}}},
+                                {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", p}}},
+                                {"training",
+                                 {{"seq_length", 256},
+                                  {"global_batch_size", m},
+                                  {"micro_batch_size", 1},
+                                  {"dropout", 0.1}}},
+                                {"parallel", {{"pp", p}, {"schedule", "dualpipe"}}}};
+      const Scenario s = scenario_from_json(j);
+      const Estimate e = estimate(s);
+      const SimResult r = simulate(s, e);
+      for (std::size_t end : {std::size_t{0}, static_cast<std::size_t>(p - 1)}) {
+        ASSERT_GT(e.memory.stages[end].embedding_activation_bytes, 0);
+        ASSERT_GT(e.memory.stages[end].head_activation_bytes, 0);
+      }
+      for (std::size_t k = 0; k < r.stages.size(); ++k) {
+        EXPECT_EQ(e.memory.stages[k].inflight_chunks, r.stages[k].peak_inflight_chunks)
+            << "p " << p << " m " << m << " stage " << k;
+        EXPECT_EQ(e.memory.stages[k].activations_bytes, r.stages[k].peak_activation_bytes)
+            << "p " << p << " m " << m << " stage " << k;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace distplan::sim

@@ -34,10 +34,40 @@ struct StageChunk {
   if (v_placement) return vs < pp ? StageChunk{vs, 0} : StageChunk{2 * pp - 1 - vs, 1};
   return StageChunk{vs % pp, vs / pp};
 }
+/// DualPipe's bidirectional placement (deepseek-ai/DualPipe dualpipe.py: rank r holds
+/// modules (stage r, stage p - 1 - r)): chunk 0 of stage s is model stage s of the forward
+/// direction, chunk 1 is model stage p - 1 - s of the reverse direction. A micro-batch runs in one
+/// direction only, through p model stages: the first m/2 in chunk 0 from stage 0, the others in
+/// chunk 1 from stage p - 1 (dualpipe_direction).
+[[nodiscard]] constexpr Count dualpipe_model_stage(Count pp, Count stage, Count chunk) noexcept {
+  return chunk == 0 ? stage : pp - 1 - stage;
+}
+[[nodiscard]] constexpr StageChunk dualpipe_locate(Count pp, Count model_stage,
+                                                   Count chunk) noexcept {
+  return StageChunk{chunk == 0 ? model_stage : pp - 1 - model_stage, chunk};
+}
+[[nodiscard]] constexpr Count dualpipe_direction(Count microbatches, Count microbatch) noexcept {
+  return microbatch < microbatches / 2 ? 0 : 1;
+}
 /// The stage holding the first virtual stage (embedding) is always 0; the one holding the last
 /// (final norm, LM head, loss) is p - 1, or 0 under a V.
 [[nodiscard]] constexpr Count head_stage(Schedule schedule, Count pp) noexcept {
   return v_shape(schedule) ? 0 : pp - 1;
+}
+
+/// Whether `stage` holds the embedding (the first model stage): stage 0, and under DualPipe also
+/// stage p - 1 (its reverse direction's first stage).
+[[nodiscard]] constexpr bool holds_embedding(Schedule schedule, Count pp, Count stage) noexcept {
+  return stage == 0 || (bidirectional(schedule) && stage == pp - 1);
+}
+/// Whether `stage` holds the final norm and LM head: head_stage(), and under DualPipe both ends.
+[[nodiscard]] constexpr bool holds_head(Schedule schedule, Count pp, Count stage) noexcept {
+  return stage == head_stage(schedule, pp) || (bidirectional(schedule) && stage == 0);
+}
+/// Full passes through a stage per step, in micro-batches of the whole stage: m, but under
+/// DualPipe each micro-batch passes one of the stage's two model stages, m/2 of its whole.
+[[nodiscard]] constexpr Count stage_passes(Schedule schedule, Count num_microbatches) noexcept {
+  return bidirectional(schedule) ? num_microbatches / 2 : num_microbatches;
 }
 
 /// Peak (micro-batch, chunk) activation sets alive on `stage` for a schedule with closed form:

@@ -131,14 +131,14 @@ struct StageUnitParams {
   StageUnitParams u;
   u.layer = layer_params;
   u.layers = layers;
-  if (stage == 0) {
+  if (holds_embedding(schedule, pp, stage)) {
     Count emb = padded_vocab * h / tp;  // vocab-parallel embedding (Shoeybi et al. 2019, sec. 3)
     if (m.position_embedding == PositionEmbedding::learned) emb += m.max_position_embeddings * h;
     u.embedding = emb;
     u.embeddings = 1;
   }
   const Count head_st = head_stage(schedule, pp);
-  if (stage == head_st) {
+  if (holds_head(schedule, pp, stage)) {
     Count head = m.norm == Norm::layernorm ? 2 * h : h;  // final norm
     // Untied: the LM head's own weight. Tied across stages: Megatron-LM keeps a copy of the word
     // embedding on the last stage and all-reduces its gradient with the first; on the embedding's
@@ -163,6 +163,9 @@ struct StageUnitParams {
     peers += (stage > 0 ? 1 : 0) + (stage < l.pp - 1 ? 1 : 0);
     // Tied embeddings: the first and last stage all-reduce the word-embedding gradient.
     if (tied_embeddings && (stage == 0 || stage == l.pp - 1)) peers += 1;
+    // DualPipe: the stage holding the other copy of its model stages, when not a neighbour.
+    const Count mirror = l.pp - 1 - stage;
+    if (bidirectional(l.schedule) && (mirror > stage + 1 || mirror < stage - 1)) peers += 1;
   }
   return peers * fw.nccl_channels * fw.nccl_buffer_bytes;
 }
@@ -293,9 +296,10 @@ inline void stage_memory(const Scenario& base, const MemoryLayout& l, const Stag
 
   // Activations: per micro-batch through this GPU's layers, times what is in flight.
   const Bytes token_h = act_tokens * h;
-  sm.embedding_activation_bytes =
-      st == 0 && t.dropout > 0 ? (sp ? token_h / tp : token_h) : 0;  // embedding dropout mask
-  sm.head_activation_bytes = st == head_stage(l.schedule, pp)
+  sm.embedding_activation_bytes = holds_embedding(l.schedule, pp, st) && t.dropout > 0
+                                      ? (sp ? token_h / tp : token_h)
+                                      : 0;  // embedding dropout mask
+  sm.head_activation_bytes = holds_head(l.schedule, pp, st)
                                  ? 2 * (sp ? token_h * cb / tp : token_h * cb)
                                  : 0;  // final norm, LM head
   sm.activation_bytes_per_microbatch =
@@ -317,7 +321,7 @@ inline void stage_memory(const Scenario& base, const MemoryLayout& l, const Stag
   // ZeRO-2/3 unit buffers live while a unit's gradient is reduced or its parameters are gathered.
   // The two are never alive together, so the category's peak is the larger.
   Bytes logits_ws = 0;
-  if (st == head_stage(l.schedule, pp)) {
+  if (holds_head(l.schedule, pp, st)) {
     // Logits in the compute dtype (unless freed before the loss's backward) plus their fp32
     // copies for the vocab-parallel loss (one, the softmax, unless the framework's loss keeps
     // more), per loss chunk.

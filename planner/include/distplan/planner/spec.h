@@ -47,7 +47,8 @@ enum class Schedule {
   v_half,
   v_min,
   dualpipe_v,
-  zb_auto
+  zb_auto,
+  dualpipe
 };
 /// V-shape schedules (Qi et al. 2024, "Pipeline Parallelism with Controllable Memory"): two
 /// chunks per stage, virtual stages s and 2p - 1 - s on stage s (down, then up). They imply
@@ -55,6 +56,16 @@ enum class Schedule {
 [[nodiscard]] constexpr bool v_shape(Schedule s) noexcept {
   return s == Schedule::zb_v || s == Schedule::v_half || s == Schedule::v_min ||
          s == Schedule::dualpipe_v;
+}
+/// DualPipe (DeepSeek-AI, deepseek-ai/DualPipe dualpipe/dualpipe.py): bidirectional, stage s
+/// holds model stage s (chunk 0, forward direction) and model stage p - 1 - s (chunk 1, reverse
+/// direction), a copy of each; half the micro-batches enter at stage 0, half at stage p - 1.
+[[nodiscard]] constexpr bool bidirectional(Schedule s) noexcept {
+  return s == Schedule::dualpipe;
+}
+/// Schedules with exactly two chunks per stage (virtual_stages = 2): the V shapes and DualPipe.
+[[nodiscard]] constexpr bool two_chunks(Schedule s) noexcept {
+  return v_shape(s) || bidirectional(s);
 }
 
 [[nodiscard]] std::string_view to_string(Mlp v) noexcept;
@@ -169,7 +180,7 @@ struct GpuSpec {
   double memory_efficiency = 0.7;  // achieved / nominal HBM bandwidth of elementwise kernels
   double flash_forward_efficiency = 0.62;   // flash attention forward, achieved / dense peak
   double flash_backward_efficiency = 0.52;  // flash attention backward, achieved / dense peak
-  BytesPerSecond pcie_bandwidth = 0;  // host link per GPU, one direction (0: offload refused)
+  BytesPerSecond pcie_bandwidth = 0;        // host link per GPU, one direction (0: offload refused)
   bool operator==(const GpuSpec&) const = default;
 };
 
@@ -185,7 +196,7 @@ struct ClusterSpec {
   // runtime_reserve_bytes below zero: computed from training.framework's profile (docs/memory.md,
   // "Runtime and allocator"); the reader sets it when a framework is named and no reserve is given.
   static constexpr Bytes kRuntimeFromProfile = -1;
-  Bytes host_memory_bytes = 0;       // host memory per node (0: not given, not checked)
+  Bytes host_memory_bytes = 0;        // host memory per node (0: not given, not checked)
   BytesPerSecond nvme_bandwidth = 0;  // the node's NVMe, one direction (0: nvme offload refused)
   bool operator==(const ClusterSpec&) const = default;
 };
@@ -215,7 +226,7 @@ struct ParallelSpec {
   Recompute recompute = Recompute::none;
   Schedule schedule = Schedule::one_f_one_b;
   Count virtual_stages = 1;
-  std::vector<Count> layers_per_stage;  // explicit split, one entry per stage; empty = even
+  std::vector<Count> layers_per_stage;        // explicit split, one entry per stage; empty = even
   Offload offload_optimizer = Offload::none;  // fp32 master weights, moments, fp32 gradients
   Offload offload_params = Offload::none;     // the compute-dtype parameter shard (ZeRO-3)
   /// zb_auto: saved activations each stage may hold, in micro-batches of that stage (the Zero
@@ -249,11 +260,11 @@ struct Assumptions {
   bool overlap_p2p = false;                      // pipeline sends overlap compute
   bool p2p_scatter_gather = false;               // send 1/t of the activation per TP rank
   bool overlap_param_gather_after_step = false;  // ZeRO-1/2 gather hides behind the next forward
-  bool tree_all_reduce = true;  // inter-node all-reduce latency as NCCL's tree when it is lower
-  Count zero3_prefetch_layers = 1;               // gathered units kept live beyond the current one
-  bool overlap_grad_reduce = true;               // DP gradient reduction overlaps the last backward
-  bool overlap_param_gather = true;              // ZeRO-3 gathers overlap compute (prefetch)
-  Count vocab_pad_multiple = 1;                  // vocab padded to a multiple of this × tp
+  bool tree_all_reduce = true;      // inter-node all-reduce latency as NCCL's tree when it is lower
+  Count zero3_prefetch_layers = 1;  // gathered units kept live beyond the current one
+  bool overlap_grad_reduce = true;  // DP gradient reduction overlaps the last backward
+  bool overlap_param_gather = true;  // ZeRO-3 gathers overlap compute (prefetch)
+  Count vocab_pad_multiple = 1;      // vocab padded to a multiple of this × tp
   // Dropless MoE: routed tokens on the busiest GPU over the even share (docs/moe.md, "Memory").
   double moe_load_imbalance = 1.0;
   // training.framework's memory profile; the reader fills it and applies the JSON's overrides.

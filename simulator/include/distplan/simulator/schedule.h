@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "distplan/planner/layout.h"
 #include "distplan/planner/spec.h"
 #include "distplan/planner/units.h"
 #include "distplan/planner/zb_auto.h"
@@ -36,19 +37,32 @@ struct Action {
   bool operator==(const Action&) const = default;
 };
 
-/// One program per stage. Invariants (check_program): every (micro-batch, chunk) pair appears on
-/// every stage with one forward and either one backward or one backward_input followed later by
-/// one backward_weight; every backward follows its forward; the program cannot deadlock.
+/// One program per stage. Invariants (check_program): every (micro-batch, chunk) pair that runs
+/// (all of them; under DualPipe's bidirectional placement those whose chunk is the micro-batch's
+/// direction, dualpipe_direction in layout.h) appears on every stage with one forward and either
+/// one backward or one backward_input followed later by one backward_weight; every backward follows
+/// its forward; the program cannot deadlock.
 struct SchedulePrograms {
   Count stages = 0;                           // p
   Count virtual_stages = 1;                   // v
   Count microbatches = 0;                     // m
   bool v_shape = false;                       // chunk placement: V (v = 2) or interleaved
+  bool bidirectional = false;                 // DualPipe's two directions (v = 2)
   std::vector<std::vector<Action>> programs;  // [stage][position]
   bool operator==(const SchedulePrograms&) const = default;
 
   /// Virtual stage of chunk `chunk` on `stage` (layout.h, virtual_stage_of).
   [[nodiscard]] Count virtual_stage(Count stage, Count chunk) const noexcept;
+  /// Stage and chunk of virtual stage `vs` on the path of a micro-batch run by chunk `chunk`
+  /// (the chunk matters only under the bidirectional placement).
+  [[nodiscard]] StageChunk locate(Count vs, Count chunk) const noexcept;
+  /// Virtual stages a micro-batch passes: p v, or p under the bidirectional placement.
+  [[nodiscard]] Count path_length() const noexcept {
+    return bidirectional ? stages : stages * virtual_stages;
+  }
+  /// Whether micro-batch `mb` runs through chunk `chunk` (always, but under the bidirectional
+  /// placement: its direction's chunk only).
+  [[nodiscard]] bool runs(Count mb, Count chunk) const noexcept;
 
   [[nodiscard]] std::size_t num_actions() const noexcept {
     std::size_t n = 0;
@@ -110,6 +124,21 @@ struct SchedulePrograms {
 ///   7. p - r - 1 (W, B chunk 0 split);  8. the r + 1 remaining W, first in first out.
 /// Backward passes outside steps 3, 6 and 7 are whole (B and W together). Needs m >= 2p.
 [[nodiscard]] SchedulePrograms make_dualpipe_v(Count p, Count m);
+
+/// DualPipe (DeepSeek-AI, deepseek-ai/DualPipe dualpipe/dualpipe.py, commit 3da1bbe):
+/// bidirectional, stage s holds model stages s (chunk 0) and p - 1 - s (chunk 1); micro-batches
+/// 0 .. m/2 - 1 enter at stage 0, m/2 .. m - 1 at stage p - 1 (layout.h, dualpipe_locate).
+/// With h = min(s, p - 1 - s), n = p/2 and "phase 0" chunk 0 on the first half of the stages and
+/// chunk 1 on the second, stage s runs the source's eight steps:
+///   1. 2(n - h - 1) F phase 0;  2. h + 1 (F phase 0, F phase 1);
+///   3. n - h - 1 (B phase 1 split, the oldest W, F phase 1);
+///   4. m/2 - p + h + 1 (F0 & B1, F1 & B0) overlapped pairs (the middle stages' first F0, B1 not
+///      overlapped); 5. n - h - 1 (B phase 1, F1 & B0);
+///   6. h + 1 (B phase 1, B phase 0), split from the middle one on (its W deferred);
+///   7. n - h - 1 (the oldest W, B phase 0 split);  8. the h + 1 remaining W, first in first out.
+/// Needs p even and m even with m >= 2p (the source's assertions; InputError at
+/// /parallel/schedule otherwise).
+[[nodiscard]] SchedulePrograms make_dualpipe(Count p, Count m);
 
 /// zb_auto (Qi et al. 2023, Sec. 3.1): the order of the paper's heuristic (zb_auto_schedule in
 /// distplan/planner/zb_auto.h) for these per-stage times and memory limits; its steps overlap.

@@ -137,6 +137,11 @@ struct SimResult {
 /// 500 MB of simulation (a 1F1B step with p = 64 and m = 4096 has 2^18).
 inline constexpr double kMaxPasses = 16777216.0;
 
+/// The program the scenario's schedule runs: make_schedule, or for zb_auto the paper's heuristic
+/// on the estimate's stage times (the order simulate() times and the CPU backend executes; every
+/// rank builds the same one from the same scenario).
+[[nodiscard]] SchedulePrograms scenario_program(const Scenario& s, const Estimate& e);
+
 /// Simulates one step. `e` supplies the per-stage costs (e.stage_costs, unless opts.costs) and the
 /// activation bytes per micro-batch (e.memory.stages). Throws InputError for a custom program that
 /// does not fit the scenario or fails check_program, a schedule the scenario cannot build, or a
