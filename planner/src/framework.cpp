@@ -71,6 +71,13 @@ FrameworkProfile framework_profile(Framework f) noexcept {
       p.reduce_buckets = 1;
       p.prefetch_bucket_elements = 50'000'000;
       p.loss_fp32_copies = 2;
+      // BF16_Optimizer keeps the bf16 .grad beside its fp32 gradients and upcasts them one
+      // parameter at a time (runtime/bf16_optimizer.py, update_hp_grads, at microsoft/DeepSpeed
+      // 15293139f, Feb 2022, and unchanged at 38327e07f, Feb 2025); the pipeline engine keeps
+      // every in-flight micro-batch's output (runtime/pipe/engine.py, pipe_buffers['outputs']).
+      p.keeps_compute_dtype_gradients = true;
+      p.gradient_upcast_transient = true;
+      p.pipeline_output_buffers = true;
       return p;
     }
     case Framework::fsdp2: {
@@ -98,6 +105,9 @@ void read_framework_profile(const nlohmann::json& doc, const std::string& path,
   constexpr Count kMaxElements = Count{1} << 40;
   if (auto v = r.boolean("fp32_gradients_with_bf16")) p.fp32_gradients_with_bf16 = *v;
   if (auto v = r.boolean("sharded_params_are_master")) p.sharded_params_are_master = *v;
+  if (auto v = r.boolean("keeps_compute_dtype_gradients")) p.keeps_compute_dtype_gradients = *v;
+  if (auto v = r.boolean("gradient_upcast_transient")) p.gradient_upcast_transient = *v;
+  if (auto v = r.boolean("pipeline_output_buffers")) p.pipeline_output_buffers = *v;
   if (auto v = r.integer("reduce_bucket_elements", 0, kMaxElements)) p.reduce_bucket_elements = *v;
   if (auto v = r.integer("reduce_buckets", 1, 16)) p.reduce_buckets = *v;
   if (auto v = r.integer("prefetch_bucket_elements", 0, kMaxElements))
@@ -118,6 +128,9 @@ void read_framework_profile(const nlohmann::json& doc, const std::string& path,
 nlohmann::json framework_profile_json(const FrameworkProfile& p) {
   return {{"fp32_gradients_with_bf16", p.fp32_gradients_with_bf16},
           {"sharded_params_are_master", p.sharded_params_are_master},
+          {"keeps_compute_dtype_gradients", p.keeps_compute_dtype_gradients},
+          {"gradient_upcast_transient", p.gradient_upcast_transient},
+          {"pipeline_output_buffers", p.pipeline_output_buffers},
           {"reduce_bucket_elements", p.reduce_bucket_elements},
           {"reduce_buckets", p.reduce_buckets},
           {"prefetch_bucket_elements", p.prefetch_bucket_elements},

@@ -31,6 +31,27 @@ struct FrameworkProfile {
   // separate master copy.
   bool sharded_params_are_master = false;
 
+  // Compute-dtype gradients (`.grad` of the bf16/fp16 parameters) stay allocated beside the fp32
+  // gradient buffer, unsharded: DeepSpeed's BF16_Optimizer accumulates each backward's bf16
+  // `.grad` into its flat fp32 gradients (update_hp_grads(clear_lp_grads=False)) and frees them
+  // only at the start of the next backward (clear_lp_grads), in the pipeline engine
+  // (runtime/pipe/engine.py, _exec_backward_pass) and in engine.backward alike. Applies where the
+  // gradients are fp32, the compute dtype is not and ZeRO stage <= 1 (BF16_Optimizer's layout).
+  bool keeps_compute_dtype_gradients = false;
+  // The same accumulation upcasts one parameter's gradient at a time (`lp.grad.to(fp32)` in
+  // BF16_Optimizer.update_hp_grads): a transient of 4 bytes per element of the stage's largest
+  // parameter tensor (the word embedding on the stages that hold it), after a backward, when the
+  // recompute working set is freed. Same conditions as keeps_compute_dtype_gradients.
+  bool gradient_upcast_transient = false;
+  // A pipeline engine that keeps each in-flight micro-batch's stage output until that
+  // micro-batch's backward: DeepSpeed's PipelineEngine stores it in pipe_buffers['outputs']
+  // (runtime/pipe/engine.py, _exec_forward_pass; freed in _exec_backward_pass), partitioned over
+  // the tensor-parallel group when tp > 1 (PartitionedTensor, `pipeline.pipe_partitioned`, on by
+  // default): tokens x h x cb / tp per micro-batch on every stage that sends activations, with
+  // one chunk per stage (DeepSpeed's TrainSchedule has no virtual stages).
+  // Megatron-LM frees the output's storage once sent (deallocate_output_tensor): no term there.
+  bool pipeline_output_buffers = false;
+
   // --- Buckets (elements; 0 = none beyond the gradient buffer) --------------------------------
   // DeepSpeed ZeRO-1/2 `reduce_bucket_size` (default 5e8 elements): the contiguous gradient
   // bucket (ipg_buffer in runtime/zero/stage_1_and_2.py) in the compute dtype, `reduce_buckets`

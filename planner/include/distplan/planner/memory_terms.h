@@ -150,6 +150,34 @@ struct StageUnitParams {
   return u;
 }
 
+/// Elements per TP rank of the stage's largest parameter tensor: the word embedding on the stage
+/// that holds it (and the LM head's matrix on the last stage), else a layer's largest linear
+/// weight (the fused qkv, or the MLP's first linear: gate and up fused under SwiGLU, as
+/// Megatron-LM fuses them). DeepSpeed's BF16_Optimizer upcasts one such gradient at a time
+/// (FrameworkProfile::gradient_upcast_transient).
+[[nodiscard]] inline Count largest_parameter_elements(const ModelSpec& m, Count tp,
+                                                      const StageUnitParams& u,
+                                                      Count padded_vocab) noexcept {
+  const Count h = m.hidden_size;
+  Count largest = 0;
+  if (u.layers > 0) {
+    const Count qkv = (m.q_hidden() + 2 * m.kv_hidden()) * h / tp;
+    const Count fc1 = (m.mlp == Mlp::swiglu ? 2 : 1) * m.ffn_hidden_size * h / tp;
+    largest = std::max(qkv, fc1);
+  }
+  const Count word = padded_vocab * h / tp;
+  if (u.embeddings > 0 || (u.heads > 0 && u.head >= word)) largest = std::max(largest, word);
+  return largest;
+}
+
+/// Whether the stage's gradients follow DeepSpeed's BF16_Optimizer layout, where the profile's
+/// keeps_compute_dtype_gradients and gradient_upcast_transient apply: fp32 gradients of a
+/// lower-precision model, unsharded (ZeRO stage <= 1).
+[[nodiscard]] inline bool fp32_gradients_beside_compute(const TrainingSpec& t,
+                                                        int zero_stage) noexcept {
+  return t.precision != DType::fp32 && t.grad_accumulation_dtype == DType::fp32 && zero_stage <= 1;
+}
+
 /// NCCL buffer bytes of one rank of `stage`: NCCL_BUFFSIZE per channel and peer connection of
 /// every communicator it joins (ring neighbours: min(n - 1, 2); pipeline neighbours: one each).
 [[nodiscard]] inline Bytes nccl_buffer_bytes(const FrameworkProfile& fw, const MemoryLayout& l,
@@ -175,16 +203,28 @@ struct StageUnitParams {
 /// `sm` holds every category but the runtime; this fills the runtime, the transient and the
 /// totals.
 inline void framework_terms(const Scenario& base, const MemoryLayout& l, const StageUnitParams& u,
-                            const LayerActivation& act, int st, StageMemory& sm) noexcept {
+                            const LayerActivation& act, int st, Count padded_vocab,
+                            StageMemory& sm) noexcept {
   const FrameworkProfile& fw = base.assumptions.framework_profile;
   const Bytes cb = bytes_of(base.training.precision);
   // Inside a layer's backward: the gradients of its largest activation (an op's output and input
   // gradients together), and the framework's gradient or prefetch buckets, which live while the
   // backward reduces gradients or gathers parameters.
   Bytes transient = u.layers > 0 ? fw.backward_gradient_tensors * act.largest_elements * cb : 0;
-  if (l.shard > 1 && (l.zero_stage == 1 || l.zero_stage == 2))
+  // BF16_Optimizer (the compute-dtype gradients kept beside unsharded fp32 ones) has no reduce
+  // bucket: it all-reduces its flat fp32 gradient buffer (pipe/engine.py, _bf16_reduce_grads).
+  const bool bf16_optimizer = fw.keeps_compute_dtype_gradients &&
+                              fp32_gradients_beside_compute(base.training, l.zero_stage);
+  if (l.shard > 1 && (l.zero_stage == 1 || l.zero_stage == 2) && !bf16_optimizer)
     transient += fw.reduce_buckets * fw.reduce_bucket_elements * cb;
   if (l.shard > 1 && l.zero_stage == 3) transient += fw.prefetch_bucket_elements * cb;
+  // After a backward (its recompute working set freed): BF16_Optimizer's fp32 upcast of one
+  // parameter's gradient, the largest one (runtime/bf16_optimizer.py, update_hp_grads). The
+  // stage's peak is the larger of the two moments; the working set is already in activations.
+  if (fw.gradient_upcast_transient && fp32_gradients_beside_compute(base.training, l.zero_stage)) {
+    const Bytes upcast = 4 * largest_parameter_elements(base.model, l.tp, u, padded_vocab);
+    transient = std::max(transient, upcast - sm.working_bytes);
+  }
   sm.transient_bytes = transient;
   const Bytes states = sm.weights_bytes + sm.gradients_bytes + sm.optimizer_bytes;
   const Bytes churn = sm.activations_bytes + sm.buffers_bytes + sm.transient_bytes;
@@ -268,6 +308,10 @@ inline void stage_memory(const Scenario& base, const MemoryLayout& l, const Stag
   // gathered units have them (buffers, below).
   if (l.zero_stage < 3) sm.weights_bytes += u.layers * l.fp8_layer_state;
   sm.gradients_bytes = (l.zero_stage >= 2 ? sharded : full) * gb;
+  // DeepSpeed's BF16_Optimizer: the compute-dtype .grad stays beside the fp32 gradients
+  // (FrameworkProfile::keeps_compute_dtype_gradients, runtime/bf16_optimizer.py).
+  if (fw.keeps_compute_dtype_gradients && fp32_gradients_beside_compute(t, l.zero_stage))
+    sm.gradients_bytes += full * cb;
   sm.optimizer_bytes = (l.zero_stage >= 1 ? sharded : full) * opt_k;
   // Routed experts: their own units, ZeRO-sharded over the expert data-parallel group
   // (moe_memory.h, expert_state_bytes; docs/moe.md, "Memory").
@@ -312,6 +356,15 @@ inline void stage_memory(const Scenario& base, const MemoryLayout& l, const Stag
   sm.activations_bytes = activation_peak_bytes(
       l.schedule, pp, v, st, l.num_microbatches, (u.layers / v) * act.kept,
       sm.embedding_activation_bytes, sm.head_activation_bytes, l.zb_memory_limit);
+  // A pipeline engine that keeps each in-flight micro-batch's stage output until its backward
+  // (DeepSpeed's pipe_buffers['outputs'], partitioned over the TP group:
+  // FrameworkProfile::pipeline_output_buffers); every stage that sends activations. DeepSpeed's
+  // engine runs one chunk per stage (TrainSchedule): not counted with virtual stages.
+  if (fw.pipeline_output_buffers && pp > 1 && v == 1 && st != head_stage(l.schedule, pp)) {
+    const Bytes output = token_h * cb / tp;
+    sm.activation_bytes_per_microbatch += output;
+    sm.activations_bytes += sm.inflight_chunks * output;
+  }
   // The layer whose backward runs rebuilds what recomputation dropped: one layer's working set,
   // counted on top of everything else in flight (docs/memory.md).
   sm.working_bytes = u.layers > 0 ? act.working : 0;
@@ -372,7 +425,7 @@ inline void stage_memory(const Scenario& base, const MemoryLayout& l, const Stag
   // with that layer's ZeRO-3 gathered units (docs/memory.md, "Context parallel").
   const Bytes cp_ws = u.layers > 0 ? cp_attention_buffer_bytes(m, l, act_tokens, cb) : 0;
   sm.buffers_bytes = std::max(logits_ws, zero_ws + cp_ws);
-  framework_terms(base, l, u, act, st, sm);
+  framework_terms(base, l, u, act, st, vocab, sm);
 }
 
 }  // namespace distplan
