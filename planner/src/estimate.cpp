@@ -539,13 +539,18 @@ class Estimator {
           add(out, Group::edp, CollectiveOp::all_gather, "parameters (experts)", ew, n);
           break;
       }
-      // Token all-to-alls per layer and micro-batch: dispatch and combine forward, their
-      // gradients backward (a full-recompute replay repeats the forward pair).
-      const Count replay = p_.recompute == Recompute::full ? 2 : 0;
-      add(out, Group::ep, CollectiveOp::all_to_all, "expert dispatch and combine (forward)",
-          moe_.all_to_all_bytes, (2 + replay) * n * m);
-      add(out, Group::ep, CollectiveOp::all_to_all, "expert dispatch and combine (backward)",
-          moe_.all_to_all_bytes, 2 * n * m);
+      // Token all-to-alls per layer and micro-batch (Megatron-Core's MoEAlltoAllTokenDispatcher,
+      // the names the training backend records): dispatch and combine forward, their gradients
+      // backward; a full-recompute replay repeats the forward pair.
+      const Count forward = p_.recompute == Recompute::full ? 2 : 1;
+      add(out, Group::ep, CollectiveOp::all_to_all, "dispatch (forward)", moe_.all_to_all_bytes,
+          forward * n * m);
+      add(out, Group::ep, CollectiveOp::all_to_all, "combine (forward)", moe_.all_to_all_bytes,
+          forward * n * m);
+      add(out, Group::ep, CollectiveOp::all_to_all, "combine (backward)", moe_.all_to_all_bytes,
+          n * m);
+      add(out, Group::ep, CollectiveOp::all_to_all, "dispatch (backward)", moe_.all_to_all_bytes,
+          n * m);
     }
 
     // Sequence parallel: parameters replicated across TP ranks (norms, row-parallel biases,

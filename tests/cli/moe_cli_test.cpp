@@ -32,7 +32,7 @@ const json kMixtral = {{"architectures", {"MixtralForCausalLM"}},
                        {"tie_word_embeddings", false},
                        {"vocab_size", 32000}};
 
-TEST(MoeCli, MixtralConfigPlansWithItsExpertsAndValidateRefusesIt) {
+TEST(MoeCli, MixtralConfigPlansWithItsExpertsAndValidateRefusesItsBf16) {
   TempDir dir;
   const auto cfg = dir.write("config.json", kMixtral.dump());
   const CliResult r = run_cli({"plan", "--hf-config", cfg.string()});
@@ -51,10 +51,11 @@ TEST(MoeCli, MixtralConfigPlansWithItsExpertsAndValidateRefusesIt) {
     }
   }
   EXPECT_TRUE(edp) << plan["communication"].dump();
-  // The CPU backend does not train experts: validate refuses at the model's moe field.
+  // The CPU backend trains MoE layers in fp32 storage only: validate refuses Mixtral's bf16 at
+  // its field, before any rank starts.
   const CliResult v = run_cli({"validate", "--hf-config", cfg.string()});
   EXPECT_EQ(v.exit_code, 2) << v.out;
-  EXPECT_EQ(json::parse(v.err)["error"]["path"], "/model/moe") << v.err;
+  EXPECT_EQ(json::parse(v.err)["error"]["path"], "/training/precision") << v.err;
 }
 
 TEST(MoeCli, MixtralPresetPlansWithExpertParallelism) {
