@@ -41,6 +41,11 @@ SummaryView::SummaryView(QWidget* parent) : QWidget(parent) {
   details_ = new QLabel(this);
   details_->setWordWrap(true);
   layout->addWidget(details_);
+  levers_ = new QLabel(this);
+  levers_->setObjectName(QStringLiteral("levers"));
+  levers_->setTextFormat(Qt::RichText);
+  levers_->setWordWrap(true);
+  layout->addWidget(levers_);
 
   auto* box = new QGroupBox(tr("What lowers the peak (double-click to apply)"), this);
   auto* v = new QVBoxLayout(box);
@@ -135,6 +140,42 @@ void SummaryView::refresh() {
           .arg(p.zero_stage)
           .arg(estimate_.num_microbatches)
           .arg(locale.toString(estimate_.compute.model_flops_per_step / 1e9, 'f', 0)));
+  levers_->setText(leversText());
+}
+
+// The memory levers in use, each with what the plan says it costs or holds (display only).
+QString SummaryView::leversText() const {
+  const ParallelSpec& p = scenario_.parallel;
+  const QLocale locale(QLocale::English);
+  QStringList parts;
+  if (p.cp > 1) {
+    parts << tr("context parallel cp %1 (%2)")
+                 .arg(p.cp)
+                 .arg(QString::fromStdString(std::string(to_string(p.cp_comm))));
+  }
+  if (p.ep > 1 || p.etp > 1) parts << tr("expert parallel ep %1 · etp %2").arg(p.ep).arg(p.etp);
+  if (scenario_.training.fp8 != Fp8Recipe::none) {
+    parts << tr("FP8 GEMMs (%1 recipe)")
+                 .arg(QString::fromStdString(std::string(to_string(scenario_.training.fp8))));
+  }
+  if (p.offload_optimizer != Offload::none || p.offload_params != Offload::none) {
+    const MemoryEstimate& m = estimate_.memory;
+    const OffloadEstimate& o = estimate_.offload;
+    QString host = tr("offload: optimizer to %1, parameters to %2 · host memory %3 per node")
+                       .arg(QString::fromStdString(std::string(to_string(p.offload_optimizer))),
+                            QString::fromStdString(std::string(to_string(p.offload_params))),
+                            formatGiB(m.host_bytes_per_node));
+    if (m.host_capacity_bytes > 0) host += tr(" of %1").arg(formatGiB(m.host_capacity_bytes));
+    if (!m.host_fits) host += tr(" <span style='color:#b00020'>(does not fit)</span>");
+    if (m.nvme_bytes_per_node > 0)
+      host += tr(" · NVMe %1 per node").arg(formatGiB(m.nvme_bytes_per_node));
+    host += tr(" · PCIe %1 per GPU per step (%2 ms before overlap), CPU optimizer %3 ms")
+                .arg(formatGiB(o.pcie_bytes_per_gpu_per_step))
+                .arg(locale.toString(o.pcie_seconds * 1e3, 'f', 1))
+                .arg(locale.toString(o.cpu_optimizer_seconds * 1e3, 'f', 1));
+    parts << host;
+  }
+  return parts.join(QStringLiteral("<br>"));
 }
 
 }  // namespace distplan::gui

@@ -30,6 +30,8 @@ class SummaryView : public QWidget {
   [[nodiscard]] const std::vector<FitSuggestion>& suggestions() const { return suggestions_; }
   /// The text of the figure named `key` ("step", "tokens", "mfu", "bubble", "memory", "fits").
   [[nodiscard]] QString figureText(const QString& key) const;
+  /// The levers line: cp, ep, FP8 and offload with the plan's host memory and PCIe traffic.
+  [[nodiscard]] QString leversText() const;
 
  signals:
   /// A suggestion was double-clicked: its index in suggestions().
@@ -45,6 +47,7 @@ class SummaryView : public QWidget {
   double simStep_ = 0, simTokens_ = 0, simMfu_ = 0, simBubble_ = 0;
   QHash<QString, QLabel*> figures_;
   QLabel* details_ = nullptr;
+  QLabel* levers_ = nullptr;
   QTableWidget* suggestionTable_ = nullptr;
 };
 

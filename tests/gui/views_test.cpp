@@ -5,6 +5,7 @@
 #include <vector>
 
 #include <QFile>
+#include <QLabel>
 #include <QSignalSpy>
 #include <QSortFilterProxyModel>
 #include <QTableView>
@@ -153,6 +154,25 @@ class ViewsTest : public QObject {
                 .contains(QString::number(e.time.step_seconds * 1e3, 'f', 1)));
     QVERIFY(
         w.summaryView()->figureText(QStringLiteral("fits")).contains(e.memory.fits ? "yes" : "no"));
+  }
+
+  // The levers line shows what the plan computes for offload (host memory per node, PCIe traffic)
+  // and names cp and FP8 once a person picks them in the editor.
+  void summaryShowsTheLeversWithThePlansFigures() {
+    MainWindow w(false);
+    loadDefault(w);
+    auto* levers = w.summaryView()->findChild<QLabel*>(QStringLiteral("levers"));
+    QVERIFY(levers != nullptr);
+    QVERIFY(levers->text().isEmpty());  // the default scenario uses none
+    QVERIFY(chooseText(w, "/parallel/offload_optimizer", QStringLiteral("cpu")));
+    const Estimate& e = w.session()->estimate();
+    QVERIFY(e.memory.host_bytes_per_node > 0);
+    QVERIFY2(levers->text().contains(formatGiB(e.memory.host_bytes_per_node)),
+             qPrintable(levers->text()));
+    QVERIFY2(levers->text().contains(formatGiB(e.offload.pcie_bytes_per_gpu_per_step)),
+             qPrintable(levers->text()));
+    QVERIFY(chooseText(w, "/training/precision", QStringLiteral("fp8")));
+    QVERIFY2(levers->text().contains(QStringLiteral("FP8")), qPrintable(levers->text()));
   }
 
   void searchFillsSortsAndLoadsAPlan() {
