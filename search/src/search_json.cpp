@@ -152,18 +152,11 @@ Candidates read_parallel(const json& p, FixedParallel& fixed) {
       });
     } else if (key == "schedule") {
       c.schedule = read_list<Schedule>(v, path, [](const json& x, const std::string& q) {
-        // Bidirectional DualPipe plans with ZeRO 0/1 and untied embeddings only (validate), rules
-        // the search's space does not apply per schedule: not searched.
-        if (x.is_string() && x.get<std::string>() == "dualpipe") {
-          throw InputError(q,
-                           "the search does not try dualpipe (it plans with ZeRO 0/1 and untied "
-                           "embeddings only, which the search does not enforce per schedule); "
-                           "plan it, or search dualpipe_v, its V-shaped cut-in-half");
-        }
-        return read_enum(x, q,
-                         {Schedule::gpipe, Schedule::one_f_one_b, Schedule::interleaved_1f1b,
-                          Schedule::zb_h1, Schedule::zb_h2, Schedule::zb_v, Schedule::v_half,
-                          Schedule::v_min, Schedule::dualpipe_v, Schedule::zb_auto});
+        return read_enum(
+            x, q,
+            {Schedule::gpipe, Schedule::one_f_one_b, Schedule::interleaved_1f1b, Schedule::zb_h1,
+             Schedule::zb_h2, Schedule::zb_v, Schedule::v_half, Schedule::v_min,
+             Schedule::dualpipe_v, Schedule::dualpipe, Schedule::zb_auto});
       });
     } else if (key == "layers_per_stage") {
       throw InputError(path, "the search uses equal pipeline stages; omit layers_per_stage");

@@ -36,6 +36,12 @@ std::string_view to_string(Reject r) noexcept {
       return "cp_needs_flash";
     case Reject::ep_divides_experts:
       return "ep_divides_experts";
+    case Reject::dualpipe_pp:
+      return "dualpipe_pp";
+    case Reject::dualpipe_microbatches:
+      return "dualpipe_microbatches";
+    case Reject::dualpipe_not_planned:
+      return "dualpipe_not_planned";
     case Reject::moe_not_planned:
       return "moe_not_planned";
     case Reject::tp_within_node:
@@ -283,6 +289,8 @@ void inner_lists(const Space& space, const Outer& o, RejectCounts& rejected, Inn
 
   // zb_auto is searched only when named in parallel.schedule: its heuristic runs for every layout
   // whose peak the lean path cannot bound (docs/search.md), a hundred times an estimate's cost.
+  // dualpipe is opt-in too: the default space stays as it was (dualpipe_v, its cut-in-half with
+  // one parameter copy, is in it).
   static constexpr Schedule kAllSchedules[] = {
       Schedule::one_f_one_b, Schedule::gpipe, Schedule::interleaved_1f1b,
       Schedule::zb_h1,       Schedule::zb_h2, Schedule::zb_v,
@@ -299,6 +307,23 @@ void inner_lists(const Space& space, const Outer& o, RejectCounts& rejected, Inn
       }
       if (m % o.pp != 0) {
         bump(rejected, Reject::interleaved_microbatches);
+        return;
+      }
+    } else if (bidirectional(s)) {
+      // DualPipe: validate_scenario's rules (deepseek-ai/DualPipe dualpipe.py asserts
+      // num_ranks % 2 == 0, num_chunks % 2 == 0 and num_chunks >= 2 num_ranks; stage s holds
+      // model stages s and pp - 1 - s, equal; untied embeddings; ZeRO 0/1 in for_each_inner).
+      if (!allowed(pin.virtual_stages, Count{2})) return;
+      if (b.model.tied_embeddings) {
+        bump(rejected, Reject::dualpipe_not_planned);
+        return;
+      }
+      if (o.pp < 2 || o.pp % 2 != 0 || layers % o.pp != 0) {
+        bump(rejected, Reject::dualpipe_pp);
+        return;
+      }
+      if (m % 2 != 0 || m < 2 * o.pp) {
+        bump(rejected, Reject::dualpipe_microbatches);
         return;
       }
     } else if (v_shape(s)) {
@@ -441,12 +466,20 @@ std::uint64_t count_layouts(const Space& space, std::uint64_t stop_above) {
   std::uint64_t total = 0;
   walk_outer(space, scratch, [&](const Outer& o) {
     detail::inner_lists(space, o, scratch, lists);
-    std::uint64_t zero = 0;  // (ZeRO stage, shard) pairs, as for_each_inner walks them
-    for (int z : lists.zero_stages) zero += z == 0 ? 1 : lists.shard_sizes.size();
-    std::uint64_t schedules = 0;
-    for (Schedule sched : lists.schedules)
-      schedules += detail::is_interleaved(sched) ? lists.virtual_stages.size() : 1;
-    total += schedules * zero * lists.recompute.size() * lists.sequence_parallel.size();
+    std::uint64_t zero = 0;    // (ZeRO stage, shard) pairs, as for_each_inner walks them
+    std::uint64_t zero01 = 0;  // the pairs of ZeRO 0/1 (dualpipe's)
+    for (int z : lists.zero_stages) {
+      const std::uint64_t pairs = z == 0 ? 1 : lists.shard_sizes.size();
+      zero += pairs;
+      if (z <= 1) zero01 += pairs;
+    }
+    std::uint64_t pairs = 0;  // (schedule, v, ZeRO stage, shard)
+    for (Schedule sched : lists.schedules) {
+      pairs += bidirectional(sched)            ? zero01
+               : detail::is_interleaved(sched) ? lists.virtual_stages.size() * zero
+                                               : zero;
+    }
+    total += pairs * lists.recompute.size() * lists.sequence_parallel.size();
     return total <= stop_above;
   });
   return total;

@@ -4,11 +4,16 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <string>
+#include <vector>
 
 #include "distplan/planner/error.h"
+#include "distplan/planner/estimate.h"
 #include "distplan/planner/scenario_json.h"
+#include "distplan/planner/validate.h"
 #include "distplan/search/export.h"
+#include "distplan/search/search.h"
 #include "distplan/search/search_json.h"
 #include "distplan/search/space.h"
 
@@ -54,25 +59,96 @@ TEST(DualPipeVSearch, TheSpaceProposesDualPipeVWhereTheVFits) {
   EXPECT_GT(found, 0u);
 }
 
-TEST(DualPipeSearch, NamingTheBidirectionalDualPipeIsRefusedAtItsEntry) {
-  // dualpipe plans with ZeRO 0/1 and untied embeddings only: the search says it does not try it,
-  // at the schedule list's entry, instead of proposing layouts the planner refuses.
-  nlohmann::json d = {
-      {"model", "gpt3-1.3b"},
-      {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", 24}, {"gpus_per_node", 8}}},
-      {"training", {{"seq_length", 2048}, {"global_batch_size", 96}}},
-      {"parallel", {{"schedule", nlohmann::json::array({"1f1b", "dualpipe"})}}}};
-  try {
-    (void)request_from_json(d);
-    FAIL() << "dualpipe was accepted by the search";
-  } catch (const InputError& e) {
-    EXPECT_EQ(e.path(), "/parallel/schedule/1");
+// Bidirectional DualPipe is searched when parallel.schedule names it. Oracle: the rules of
+// validate_scenario (deepseek-ai/DualPipe dualpipe.py: num_ranks % 2 == 0, num_chunks % 2 == 0,
+// num_chunks >= 2 num_ranks; stage s holds model stages s and pp - 1 - s; ZeRO 0/1; untied
+// embeddings) applied by hand to the 1f1b layouts of the same space: the dualpipe layouts are
+// exactly those, with two chunks per stage.
+nlohmann::json dualpipe_doc(nlohmann::json schedules) {
+  // llama2-7b: 32 layers, untied embeddings.
+  return {{"model", "llama2-7b"},
+          {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", 16}, {"gpus_per_node", 8}}},
+          {"training", {{"seq_length", 2048}, {"global_batch_size", 64}}},
+          {"parallel", {{"schedule", std::move(schedules)}}}};
+}
+
+TEST(DualPipeSearch, NamedItIsProposedExactlyWhereItsRulesHold) {
+  const Space sp = request_from_json(dualpipe_doc({"1f1b", "dualpipe"})).space;
+  RejectCounts rejected{};
+  const std::vector<Layout> all = enumerate_layouts(sp, rejected);
+  std::vector<Layout> dual;
+  std::vector<Layout> expected;
+  for (const Layout& l : all) {
+    if (l.schedule == Schedule::dualpipe) {
+      dual.push_back(l);
+      continue;
+    }
+    ASSERT_EQ(l.schedule, Schedule::one_f_one_b);
+    const Count m = 64 / (l.dp * l.micro_batch_size);
+    if (l.pp >= 2 && l.pp % 2 == 0 && 32 % l.pp == 0 && m % 2 == 0 && m >= 2 * l.pp &&
+        l.zero_stage <= 1) {
+      Layout d = l;
+      d.schedule = Schedule::dualpipe;
+      d.virtual_stages = 2;
+      expected.push_back(d);
+    }
   }
-  // Nor does the default space propose it.
-  d["parallel"].erase("schedule");
+  ASSERT_FALSE(expected.empty());
+  std::sort(dual.begin(), dual.end());
+  std::sort(expected.begin(), expected.end());
+  EXPECT_EQ(dual, expected);
+  // The others are counted under their reasons: pp = 1 (odd), m < 2 pp at pp = 16 with large
+  // micro-batches, ZeRO-2/3.
+  EXPECT_GT(rejected[static_cast<int>(Reject::dualpipe_pp)], 0u);
+  EXPECT_GT(rejected[static_cast<int>(Reject::dualpipe_microbatches)], 0u);
+  EXPECT_GT(rejected[static_cast<int>(Reject::dualpipe_not_planned)], 0u);
+  // count_layouts walks the same space by multiplication.
+  EXPECT_EQ(count_layouts(sp), all.size());
+}
+
+TEST(DualPipeSearch, ItsPlansPassValidationAndEqualTheEstimate) {
+  const Space sp = request_from_json(dualpipe_doc({"dualpipe"})).space;
+  Options opt;
+  opt.top_k = kMaxTopK;
+  opt.simulate_top = 0;
+  opt.simulate_within = 0;
+  opt.suggest = false;
+  const Result r = run(sp, opt);
+  ASSERT_FALSE(r.plans.empty());
+  // Every feasible layout is kept (top_k above their number), none pruned by a bound.
+  EXPECT_EQ(r.plans.size(), r.feasible);
+  for (const Plan& p : r.plans) {
+    EXPECT_EQ(p.layout.schedule, Schedule::dualpipe);
+    const Scenario s = make_scenario(sp.base, p.layout);
+    ASSERT_NO_THROW(validate_scenario(s));
+    const Estimate e = estimate(s);
+    EXPECT_EQ(p.analytic.step_seconds, e.time.step_seconds);
+    EXPECT_EQ(p.analytic.peak_bytes, e.memory.peak_reserved_bytes);
+  }
+}
+
+TEST(DualPipeSearch, TiedEmbeddingsAreNotProposed) {
+  nlohmann::json d = dualpipe_doc({"1f1b", "dualpipe"});
+  d["model"] = {{"preset", "llama2-7b"}, {"tied_embeddings", true}};
+  RejectCounts rejected{};
+  std::size_t n = 0;
+  for (const Layout& l : enumerate_layouts(request_from_json(d).space, rejected)) {
+    EXPECT_NE(l.schedule, Schedule::dualpipe);
+    ++n;
+  }
+  EXPECT_GT(n, 0u);
+  EXPECT_GT(rejected[static_cast<int>(Reject::dualpipe_not_planned)], 0u);
+}
+
+TEST(DualPipeSearch, NotNamedItIsNeverProposed) {
+  nlohmann::json d = dualpipe_doc({"1f1b"});
+  d.erase("parallel");
   RejectCounts rejected{};
   for (const Layout& l : enumerate_layouts(request_from_json(d).space, rejected))
     EXPECT_NE(l.schedule, Schedule::dualpipe);
+  EXPECT_EQ(rejected[static_cast<int>(Reject::dualpipe_pp)], 0u);
+  EXPECT_EQ(rejected[static_cast<int>(Reject::dualpipe_microbatches)], 0u);
+  EXPECT_EQ(rejected[static_cast<int>(Reject::dualpipe_not_planned)], 0u);
 }
 
 }  // namespace

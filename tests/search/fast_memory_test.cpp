@@ -21,7 +21,7 @@ Space space_of(nlohmann::json model, int gpus, int batch, int seq, nlohmann::jso
 
 /// Every layout of the space: FastMemory's peak equals estimate()'s, byte for byte, and its
 /// step-time bound is below estimate()'s step time.
-void expect_agreement(Space sp) {
+void expect_agreement(Space sp, std::size_t min_checked = 1000) {
   sp.constraints.tp_within_node = false;
   sp.constraints.zero_needs_dp = false;
   sp.constraints.sequence_parallel_needs_tp = false;
@@ -46,11 +46,22 @@ void expect_agreement(Space sp) {
       ++checked;
     });
   }
-  EXPECT_GT(checked, 1000u);
+  EXPECT_GT(checked, min_checked);
 }
 
 TEST(FastMemory, AgreesWithEstimateOnLlama70B) {
   expect_agreement(space_of("llama2-70b", 64, 512, 4096));
+}
+
+TEST(FastMemory, AgreesWithEstimateOnDualPipe) {
+  // Bidirectional DualPipe, searched when named: two model stages and two parameter copies per
+  // stage, the embedding and LM head on both ends (layout.h, stage_unit_params).
+  nlohmann::json doc = {
+      {"model", "llama2-70b"},
+      {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", 64}, {"gpus_per_node", 8}}},
+      {"training", {{"seq_length", 4096}, {"global_batch_size", 512}}},
+      {"parallel", {{"schedule", nlohmann::json::array({"dualpipe"})}}}};
+  expect_agreement(request_from_json(doc).space, 100);
 }
 
 TEST(FastMemory, AgreesWithEstimateOnUnevenStages) {

@@ -78,6 +78,9 @@ enum class Reject : int {
   cp_needs_flash,                 // cp only with flash attention
   ep_divides_experts,             // MoE: ep divides num_experts and tp·cp·dp (expert folding)
   moe_not_planned,                // MoE: a lever the planner refuses for MoE (docs/moe.md)
+  dualpipe_pp,                    // dualpipe: pp even (>= 2) and a multiple of pp layers
+  dualpipe_microbatches,          // dualpipe: an even number of micro-batches, at least 2 pp
+  dualpipe_not_planned,           // dualpipe: ZeRO-2/3 or tied embeddings (validate refuses)
   // Constraints (liftable).
   tp_within_node,
   pp_divides_layers,
@@ -183,11 +186,16 @@ void for_each_inner(const Space& space, const Outer& o, RejectCounts& rejected, 
   for (Schedule sched : lists.schedules) {
     l.schedule = sched;
     const auto& vs = detail::is_interleaved(sched) ? lists.virtual_stages
-                     : v_shape(sched)              ? kTwo
+                     : two_chunks(sched)           ? kTwo
                                                    : kOne;
+    const bool zero01_only = bidirectional(sched);  // dualpipe: ZeRO 0/1 (validate_scenario)
     for (Count v : vs) {
       l.virtual_stages = v;
       for (int z : lists.zero_stages) {
+        if (zero01_only && z >= 2) {
+          ++rejected[static_cast<int>(Reject::dualpipe_not_planned)];
+          continue;
+        }
         l.zero_stage = z;
         const std::size_t num_shards = z == 0 ? 1 : lists.shard_sizes.size();
         for (std::size_t si = 0; si < num_shards; ++si) {
