@@ -19,6 +19,8 @@
 #include "mainwindow.h"
 #include "plansession.h"
 #include "scenarioeditor.h"
+#include "timelineview.h"
+#include "timelinewidget.h"
 
 using namespace distplan;
 using namespace distplan::gui;
@@ -119,6 +121,28 @@ class MoeEditorTest : public QObject {
         QStringList({QStringLiteral("combine (backward)"), QStringLiteral("combine (forward)"),
                      QStringLiteral("dispatch (backward)"), QStringLiteral("dispatch (forward)")}));
     QVERIFY(edpRows > 0);
+
+    // The timeline shows the all-to-all share the planner put inside each stage's passes.
+    if (!PlanSession::simulatorAvailable()) QSKIP("built without the simulator");
+    w.session()->simulateNow();
+    QVERIFY(w.session()->hasSimulation());
+    TimelineWidget* t = w.timelineView()->timeline();
+    QCOMPARE(t->timeline().moe_all_to_all_seconds.size(), e.stage_costs.size());
+    for (std::size_t i = 0; i < e.stage_costs.size(); ++i) {
+      QVERIFY(e.stage_costs[i].ep_communication > 0);
+      QCOMPARE(t->timeline().moe_all_to_all_seconds[i], e.stage_costs[i].ep_communication);
+    }
+    const QString ms = QString::number(e.stage_costs[0].ep_communication * 1e3, 'f', 3);
+    QVERIFY2(w.timelineView()->infoText().contains(QStringLiteral("MoE all-to-all ") + ms),
+             qPrintable(w.timelineView()->infoText()));
+    bool sawForward = false;
+    for (const TimelineBlock& b : t->timeline().blocks) {
+      if (b.kind != BlockKind::forward) continue;
+      sawForward = true;
+      QVERIFY(t->blockDescription(b).contains(ms + QStringLiteral(" ms per micro-batch")));
+      break;
+    }
+    QVERIFY(sawForward);
   }
 
   void capacityFactorClearedIsDroplessNull() {
@@ -156,6 +180,9 @@ class MoeEditorTest : public QObject {
       emit f->editingFinished();
     }
     QCOMPARE(w.editor()->document(), before);
+    if (PlanSession::simulatorAvailable()) w.session()->simulateNow();
+    QVERIFY(w.timelineView()->timeline()->timeline().moe_all_to_all_seconds.empty());
+    QVERIFY(!w.timelineView()->infoText().contains(QStringLiteral("MoE")));
     QVERIFY(!w.editor()->document()["model"].is_object() ||
             !w.editor()->document()["model"].contains("moe"));
   }
