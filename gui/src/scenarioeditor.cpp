@@ -129,7 +129,7 @@ QString shortDump(const json& v) {
 
 }  // namespace
 
-void setDocumentValue(json& doc, const std::string& path, const json& value) {
+void setDocumentValue(json& doc, const std::string& path, const json& value, bool keepNull) {
   const std::vector<std::string> tokens = pointerTokens(path);
   if (tokens.empty()) return;
   json* node = &doc;
@@ -137,12 +137,12 @@ void setDocumentValue(json& doc, const std::string& path, const json& value) {
     if (node->is_string()) {
       *node = json{{"preset", node->get<std::string>()}};  // a preset name keeps its preset
     } else if (!node->is_object()) {
-      if (value.is_null()) return;
+      if (value.is_null() && !keepNull) return;
       *node = json::object();
     }
     const auto it = node->find(tokens[i]);
     if (it == node->end()) {
-      if (value.is_null()) return;
+      if (value.is_null() && !keepNull) return;
       node = &(*node)[tokens[i]];
     } else {
       node = &*it;
@@ -150,10 +150,10 @@ void setDocumentValue(json& doc, const std::string& path, const json& value) {
   }
   if (node->is_string()) *node = json{{"preset", node->get<std::string>()}};
   if (!node->is_object()) {
-    if (value.is_null()) return;
+    if (value.is_null() && !keepNull) return;
     *node = json::object();
   }
-  if (value.is_null()) {
+  if (value.is_null() && !keepNull) {
     node->erase(tokens.back());
   } else {
     (*node)[tokens.back()] = value;
@@ -178,6 +178,7 @@ ScenarioEditor::ScenarioEditor(QWidget* parent) : QWidget(parent) {
     layout->addWidget(box);
   };
   group(tr("Model"), &ScenarioEditor::buildModelGroup);
+  group(tr("Mixture of Experts"), &ScenarioEditor::buildMoeGroup);
   group(tr("GPU and cluster"), &ScenarioEditor::buildClusterGroup);
   group(tr("Training"), &ScenarioEditor::buildTrainingGroup);
   group(tr("Parallel layout"), &ScenarioEditor::buildParallelGroup);
@@ -219,10 +220,12 @@ QWidget* ScenarioEditor::addRow(QFormLayout* form, const QString& label, QWidget
 }
 
 ValueField* ScenarioEditor::addValue(QFormLayout* form, const QString& label, const QString& path,
-                                     FieldUnit unit, const QString& unitText) {
+                                     FieldUnit unit, const QString& unitText, bool connectEdit) {
   auto* field = new ValueField(unit, this);
-  connect(field, &ValueField::valueEdited, this,
-          [this, path](const json& value) { editValue(path, value); });
+  if (connectEdit) {
+    connect(field, &ValueField::valueEdited, this,
+            [this, path](const json& value) { editValue(path, value); });
+  }
   addRow(form, unitText.isEmpty() ? label : tr("%1 (%2)").arg(label, unitText), field, path,
          Kind::value);
   return field;
@@ -298,6 +301,45 @@ void ScenarioEditor::buildModelGroup(QFormLayout* form) {
            FieldUnit::plain);
   addCheck(form, tr("Tied embeddings"), QStringLiteral("/model/tied_embeddings"));
   addCheck(form, tr("Linear biases"), QStringLiteral("/model/bias"));
+}
+
+void ScenarioEditor::buildMoeGroup(QFormLayout* form) {
+  // The model's experts (docs/moe.md) and the expert-parallel layout. Empty fields on a dense
+  // model write nothing: the document gains /model/moe only when the person types a value.
+  const QString moe = QStringLiteral("/model/moe/");
+  addValue(form, tr("Experts"), moe + QStringLiteral("num_experts"), FieldUnit::plain);
+  addValue(form, tr("Experts per token (top-k)"), moe + QStringLiteral("top_k"), FieldUnit::plain);
+  addValue(form, tr("Expert FFN hidden size"), moe + QStringLiteral("expert_ffn_hidden_size"),
+           FieldUnit::plain);
+  addValue(form, tr("Shared experts"), moe + QStringLiteral("num_shared_experts"),
+           FieldUnit::plain);
+  addValue(form, tr("Shared expert FFN hidden size"),
+           moe + QStringLiteral("shared_expert_ffn_hidden_size"), FieldUnit::plain);
+  // Empty = dropless (JSON null), written as an explicit null where the model has experts so that
+  // a preset's capacity factor is overridden rather than restored.
+  ValueField* capacity = addValue(form, tr("Capacity factor (empty: dropless)"),
+                                  moe + QStringLiteral("capacity_factor"), FieldUnit::plain, {},
+                                  /*connect=*/false);
+  const QString capacityPath = moe + QStringLiteral("capacity_factor");
+  connect(capacity, &ValueField::valueEdited, this, [this, capacityPath](const json& value) {
+    const bool hasExperts =
+        lookup(resolved_, "/model/moe") && lookup(resolved_, "/model/moe")->is_object();
+    if (value.is_null() && hasExperts) {
+      setDocumentValue(doc_, capacityPath.toStdString(), value, /*keepNull=*/true);
+      refresh();
+      emit edited();
+      return;
+    }
+    editValue(capacityPath, value);
+  });
+  QComboBox* router = addChoice(form, tr("Router"), moe + QStringLiteral("router"), {});
+  router->addItem(tr("as the preset or default"), QString());
+  router->addItem(QStringLiteral("softmax"), QStringLiteral("softmax"));
+  router->addItem(QStringLiteral("sigmoid"), QStringLiteral("sigmoid"));
+  addCheck(form, tr("Router bias"), moe + QStringLiteral("router_bias"));
+  addValue(form, tr("Expert parallel (ep)"), QStringLiteral("/parallel/ep"), FieldUnit::plain);
+  addValue(form, tr("Expert tensor parallel (etp)"), QStringLiteral("/parallel/etp"),
+           FieldUnit::plain);
 }
 
 void ScenarioEditor::buildClusterGroup(QFormLayout* form) {
@@ -441,6 +483,11 @@ json ScenarioEditor::shownValue(const QString& path, bool* inDocument) const {
   }
   *inDocument = false;
   if (path == kDpPath || path == kGradDtypePath) return nullptr;  // derived: shown as such
+  // ep and etp are left out of the resolved JSON at their default; the scenario holds them (not
+  // shown when the layout is a search request's placeholder).
+  const bool layout = resolvedScenario_ && resolved_.contains("parallel");
+  if (layout && path == QStringLiteral("/parallel/ep")) return resolvedScenario_->parallel.ep;
+  if (layout && path == QStringLiteral("/parallel/etp")) return resolvedScenario_->parallel.etp;
   if (const json* v = lookup(resolved_, p)) return *v;
   return nullptr;
 }
@@ -552,6 +599,7 @@ void ScenarioEditor::refreshOtherFields() {
   // Sections the editor's widgets cover; anything else is listed whole.
   static const QSet<QString> sections = {QString(),
                                          QStringLiteral("/model"),
+                                         QStringLiteral("/model/moe"),
                                          QStringLiteral("/cluster"),
                                          QStringLiteral("/cluster/gpu"),
                                          QStringLiteral("/cluster/gpu/peak_flops"),

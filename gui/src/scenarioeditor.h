@@ -71,7 +71,7 @@ class ScenarioEditor : public QWidget {
   QWidget* addRow(QFormLayout* form, const QString& label, QWidget* editor, const QString& path,
                   Kind kind);
   ValueField* addValue(QFormLayout* form, const QString& label, const QString& path, FieldUnit unit,
-                       const QString& unitText = {});
+                       const QString& unitText = {}, bool connectEdit = true);
   QComboBox* addChoice(QFormLayout* form, const QString& label, const QString& path,
                        const QStringList& values);
   QComboBox* addIntChoice(QFormLayout* form, const QString& label, const QString& path);
@@ -79,6 +79,7 @@ class ScenarioEditor : public QWidget {
   QComboBox* addPreset(QFormLayout* form, const QString& label, const QString& path, bool model);
 
   void buildModelGroup(QFormLayout* form);
+  void buildMoeGroup(QFormLayout* form);
   void buildClusterGroup(QFormLayout* form);
   void buildTrainingGroup(QFormLayout* form);
   void buildParallelGroup(QFormLayout* form);
@@ -105,7 +106,8 @@ class ScenarioEditor : public QWidget {
 
 /// Sets `value` at JSON pointer `path` in `doc`, creating objects on the way; a preset name on the
 /// way (`"model": "llama2-7b"`) becomes `{"preset": "llama2-7b"}` so the preset stays. Null
-/// removes the key.
-void setDocumentValue(nlohmann::json& doc, const std::string& path, const nlohmann::json& value);
+/// removes the key, unless `keepNull` (then null is written: a JSON null the planner reads).
+void setDocumentValue(nlohmann::json& doc, const std::string& path, const nlohmann::json& value,
+                      bool keepNull = false);
 
 }  // namespace distplan::gui

@@ -77,6 +77,14 @@ SimulationSummary simulateScenario(const Scenario& s, const Estimate& e) {
     b.label = it->second;
     timeline.blocks.push_back(b);
   }
+  // The MoE all-to-all share the planner put inside the passes (shown, never recomputed here).
+  bool hasMoe = false;
+  for (const StageCosts& c : e.stage_costs) hasMoe = hasMoe || c.ep_communication > 0;
+  if (hasMoe) {
+    for (const StageCosts& c : e.stage_costs) {
+      timeline.moe_all_to_all_seconds.push_back(c.ep_communication);
+    }
+  }
   indexTimeline(timeline);  // here, on the worker: the UI thread only paints
   out.timeline = std::make_shared<const TimelineData>(std::move(timeline));
   return out;

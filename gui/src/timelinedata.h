@@ -41,6 +41,10 @@ struct TimelineData {
   bool v_shape = false;  // chunks placed in a V: each pass shows its chunk's direction
   std::vector<TimelineBlock> blocks;
   std::vector<QString> labels;  // shared by the blocks (a few kinds), not one string per block
+  /// Per stage: the planner's MoE token all-to-all seconds per micro-batch, forward + backward
+  /// (Estimate::stage_costs[].ep_communication), already inside the passes' durations; empty for
+  /// a dense model.
+  std::vector<double> moe_all_to_all_seconds;
   // Filled by indexTimeline (on the simulation's worker, not the UI thread).
   std::vector<TimelineLane> lanes;  // 2 per stage: compute, communication
   std::array<int, 6> kindCounts{};  // blocks per BlockKind

@@ -1,5 +1,7 @@
 #include "timelineview.h"
 
+#include <algorithm>
+
 #include <QHBoxLayout>
 #include <QLabel>
 #include <QPushButton>
@@ -55,6 +57,18 @@ void TimelineView::setTimeline(std::shared_ptr<const TimelineData> data, double 
                      .arg(shown.num_stages)
                      .arg(passes)
                      .arg(timeline_->blockCount(BlockKind::communication)));
+  if (!shown.moe_all_to_all_seconds.empty()) {
+    const double most =
+        *std::max_element(shown.moe_all_to_all_seconds.begin(), shown.moe_all_to_all_seconds.end());
+    info_->setText(info_->text() +
+                   tr(" · MoE all-to-all %1 ms per micro-batch (forward + backward, busiest "
+                      "stage, inside the passes)")
+                       .arg(most * 1e3, 0, 'f', 3));
+  }
+}
+
+QString TimelineView::infoText() const {
+  return info_->text();
 }
 
 void TimelineView::setMessage(const QString& message) {

@@ -24,6 +24,8 @@ class TimelineView : public QWidget {
   /// Shown instead of a chart when there is nothing to simulate.
   void setMessage(const QString& message);
   [[nodiscard]] TimelineWidget* timeline() const { return timeline_; }
+  /// The line above the chart (step, bubble, counts, the MoE all-to-all share); tests read it.
+  [[nodiscard]] QString infoText() const;
 
  private:
   TimelineWidget* timeline_ = nullptr;

@@ -297,26 +297,36 @@ const TimelineBlock* TimelineWidget::blockAt(QPointF pos) const {
   return nullptr;
 }
 
+QString TimelineWidget::blockDescription(const TimelineBlock& b) const {
+  QString what = b.label < data_->labels.size() ? data_->labels[b.label] : kindName(b.kind);
+  if (b.microbatch >= 0) what += tr(", micro-batch %1").arg(b.microbatch);
+  if (data_->v_shape && b.kind != BlockKind::communication && b.microbatch >= 0) {
+    what += b.upward ? tr(", chunk %1, from the last stage back to stage 0").arg(b.chunk)
+                     : tr(", chunk %1, from stage 0 to the last stage").arg(b.chunk);
+  } else if (b.chunk > 0) {
+    what += tr(", chunk %1").arg(b.chunk);
+  }
+  QString text = tr("Stage %1: %2\n%3 – %4 ms (%5 ms)")
+                     .arg(b.stage)
+                     .arg(what)
+                     .arg(b.start_seconds * 1e3, 0, 'f', 3)
+                     .arg(b.end_seconds * 1e3, 0, 'f', 3)
+                     .arg((b.end_seconds - b.start_seconds) * 1e3, 0, 'f', 3);
+  const auto stage = static_cast<std::size_t>(b.stage);
+  const bool pass = b.kind == BlockKind::forward || b.kind == BlockKind::backward;
+  if (pass && b.stage >= 0 && stage < data_->moe_all_to_all_seconds.size()) {
+    text += tr("\nMoE all-to-all (dispatch + combine) inside this stage's forward and backward: "
+               "%1 ms per micro-batch")
+                .arg(data_->moe_all_to_all_seconds[stage] * 1e3, 0, 'f', 3);
+  }
+  return text;
+}
+
 bool TimelineWidget::event(QEvent* event) {
   if (event->type() == QEvent::ToolTip) {
     auto* help = static_cast<QHelpEvent*>(event);
     if (const TimelineBlock* b = blockAt(help->pos())) {
-      QString what = b->label < data_->labels.size() ? data_->labels[b->label] : kindName(b->kind);
-      if (b->microbatch >= 0) what += tr(", micro-batch %1").arg(b->microbatch);
-      if (data_->v_shape && b->kind != BlockKind::communication && b->microbatch >= 0) {
-        what += b->upward ? tr(", chunk %1, from the last stage back to stage 0").arg(b->chunk)
-                          : tr(", chunk %1, from stage 0 to the last stage").arg(b->chunk);
-      } else if (b->chunk > 0) {
-        what += tr(", chunk %1").arg(b->chunk);
-      }
-      QToolTip::showText(help->globalPos(),
-                         tr("Stage %1: %2\n%3 – %4 ms (%5 ms)")
-                             .arg(b->stage)
-                             .arg(what)
-                             .arg(b->start_seconds * 1e3, 0, 'f', 3)
-                             .arg(b->end_seconds * 1e3, 0, 'f', 3)
-                             .arg((b->end_seconds - b->start_seconds) * 1e3, 0, 'f', 3),
-                         this);
+      QToolTip::showText(help->globalPos(), blockDescription(*b), this);
     } else {
       QToolTip::hideText();
       event->ignore();

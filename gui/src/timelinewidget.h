@@ -38,6 +38,10 @@ class TimelineWidget : public QWidget {
   void zoom(double factor, double anchorSeconds);
   void fit();
 
+  /// The tooltip text of `b`: stage, pass, times and, for a pass of a MoE model, the planner's
+  /// all-to-all seconds inside it.
+  [[nodiscard]] QString blockDescription(const TimelineBlock& b) const;
+
   [[nodiscard]] static QColor kindColor(BlockKind kind);
   [[nodiscard]] static QString kindName(BlockKind kind);
 
