@@ -32,14 +32,14 @@ struct StageMemory {
   Bytes buffers_bytes = 0;
   Bytes runtime_bytes = 0;
   Bytes transient_bytes = 0;  // inside a layer's backward: activation gradients, framework buckets
-  Bytes total_bytes = 0;  // GPU memory: the categories above
+  Bytes total_bytes = 0;      // GPU memory: the categories above
   // What PyTorch's caching allocator has handed out at the peak (max_memory_allocated), and what
   // the device holds then: the allocator's segments plus the runtime outside it (nvidia-smi).
   // generic: allocated = total - runtime, reserved = total (docs/memory.md).
   Bytes allocated_bytes = 0;
   Bytes reserved_bytes = 0;
-  Bytes host_bytes = 0;   // offloaded model states and pinned swap buffers in host memory
-  Bytes nvme_bytes = 0;   // model states swapped to NVMe
+  Bytes host_bytes = 0;  // offloaded model states and pinned swap buffers in host memory
+  Bytes nvme_bytes = 0;  // model states swapped to NVMe
   bool operator==(const StageMemory&) const = default;
 };
 

@@ -26,8 +26,8 @@ namespace distplan {
 /// whose memory, communication and time it does not yet plan (validate.h) is accepted, so the
 /// backend can train it (docs/gpu_backend.md, "Mixture of Experts"). Everything else is
 /// validated as scenario_from_json does.
-[[nodiscard]] Scenario scenario_for_training(const nlohmann::json& doc,
-                                             std::initializer_list<std::string_view> extra_keys = {});
+[[nodiscard]] Scenario scenario_for_training(
+    const nlohmann::json& doc, std::initializer_list<std::string_view> extra_keys = {});
 
 /// parse_json_text + scenario_from_json, for callers that hold text (no JSON types needed).
 [[nodiscard]] Scenario scenario_from_text(std::string_view text,
