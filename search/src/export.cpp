@@ -334,6 +334,29 @@ Exported deepspeed(const Scenario& s, Exported out) {
     out.notes.push_back(
         "sequence parallelism is a model-code choice (Megatron-DeepSpeed --sequence-parallel)");
   }
+  if (s.model.moe.enabled()) {
+    // DeepSpeed-MoE (deepspeed/moe/layer.py, MoE): the experts and their expert-parallel size are
+    // arguments of the layer in the model code; the JSON config has no MoE field.
+    const MoeSpec& e = s.model.moe;
+    out.to_add.push_back(fmt::format(
+        "the MoE layers in the model code: deepspeed.moe.layer.MoE(hidden_size={}, expert=<a "
+        "SwiGLU MLP of width {}>, num_experts={}, ep_size={}, k={}, {}) in each of the model's MoE "
+        "layers",
+        s.model.hidden_size, e.expert_ffn_hidden_size, e.num_experts, p.ep, e.top_k,
+        e.capacity_factor ? fmt::format("capacity_factor={}", *e.capacity_factor)
+                          : std::string("drop_tokens=False (dropless)")));
+    if (e.num_shared_experts > 0) {
+      out.notes.push_back(fmt::format(
+          "DeepSpeed-MoE has no shared experts; the plan's {} shared expert(s) of width {} are a "
+          "dense MLP beside the MoE layer in the model code (use_residual adds one of the MoE's "
+          "own width)",
+          e.num_shared_experts, e.shared_expert_ffn_hidden_size));
+    }
+    if (e.router == Router::sigmoid) {
+      out.notes.push_back(
+          "DeepSpeed-MoE's gates are softmax top-k; the plan's sigmoid router is model code");
+    }
+  }
   if (t.fp8 != Fp8Recipe::none) {
     out.notes.push_back(fmt::format(
         "FP8 ({} scaling) is Transformer Engine in the model code (te.fp8_autocast); DeepSpeed's "
@@ -398,6 +421,16 @@ Count torchtitan_ffn(const TorchtitanFlavor& f) {
 
 // The [model] section: the Llama-3 flavor with this model's shape, or what to register.
 std::string torchtitan_model(const ModelSpec& m, Exported& out) {
+  if (m.moe.enabled()) {
+    // torchtitan's llama3 is dense; its MoE models (qwen3, llama4, deepseek_v3) have their own
+    // model code and flavors, none of which this exporter matches by shape.
+    out.notes.push_back(fmt::format(
+        "torchtitan's llama3 model is dense: this MoE model ({} routed experts of width {}, "
+        "top-{}, {} shared) needs one of torchtitan's MoE models (qwen3, llama4, deepseek_v3) "
+        "with a \"distplan_custom\" flavor of this shape",
+        m.moe.num_experts, m.moe.expert_ffn_hidden_size, m.moe.top_k, m.moe.num_shared_experts));
+    return "\n[model]\nname = \"distplan_custom_moe\"\nflavor = \"distplan_custom\"\n";
+  }
   const bool llama_architecture = m.mlp == Mlp::swiglu && m.norm == Norm::rmsnorm &&
                                   m.position_embedding == PositionEmbedding::rotary && !m.bias &&
                                   !m.qkv_bias && !m.tied_embeddings && m.explicit_head_dim == 0 &&
@@ -572,6 +605,8 @@ Exported torchtitan(const Scenario& s, Exported out) {
   o << "fsdp_reshard_after_forward = " << toml_string(reshard) << '\n';
   o << "tensor_parallel_degree = " << p.tp << '\n';
   o << "pipeline_parallel_degree = " << p.pp << '\n';
+  // torchtitan's MoE models shard their routed experts over expert_parallel_degree ranks.
+  if (s.model.moe.enabled()) o << "expert_parallel_degree = " << p.ep << '\n';
   if (p.cp > 1) {
     o << "context_parallel_degree = " << p.cp << '\n';
     o << "context_parallel_rotate_method = "

@@ -1,5 +1,6 @@
 // Megatron-LM's MoE arguments (megatron_moe_args, docs/exports.md): every flag exists in the
 // named version with a valid value, and the values are the released configs' numbers.
+#include <algorithm>
 #include <map>
 #include <string>
 #include <vector>
@@ -8,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "distplan/planner/presets.h"
+#include "distplan/planner/scenario_json.h"
 #include "distplan/search/export.h"
 
 namespace distplan::search {
@@ -60,6 +62,44 @@ TEST(ExportMoe, MixtralMegatronArguments) {
   EXPECT_FALSE(a.contains("--moe-shared-expert-intermediate-size"));
   EXPECT_FALSE(a.contains("--moe-router-enable-expert-bias"));
   EXPECT_FALSE(a.contains("--moe-expert-capacity-factor"));
+}
+
+// The DeepSpeed and torchtitan exports of a MoE layout carry its experts, never a dense model of
+// the same width: Mixtral-8x7B (8 experts, top-2, width 14336) on 32 GPUs with ep = 8.
+Scenario mixtral_on_32() {
+  return scenario_from_json(nlohmann::json::parse(R"({
+    "model": "mixtral-8x7b",
+    "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 32, "gpus_per_node": 8},
+    "training": {"seq_length": 4096, "global_batch_size": 256, "micro_batch_size": 1},
+    "parallel": {"tp": 1, "pp": 4, "dp": 8, "ep": 8, "zero_stage": 1}})"));
+}
+
+TEST(ExportMoe, DeepSpeedNamesTheExpertsTheModelCodeHolds) {
+  const Exported e = export_scenario(mixtral_on_32(), ExportFormat::deepspeed);
+  const auto it = std::find_if(e.to_add.begin(), e.to_add.end(), [](const std::string& a) {
+    return a.find("deepspeed.moe.layer.MoE(") != std::string::npos;
+  });
+  ASSERT_NE(it, e.to_add.end());
+  for (const char* part : {"hidden_size=4096", "width 14336", "num_experts=8", "ep_size=8", "k=2",
+                           "drop_tokens=False"})
+    EXPECT_NE(it->find(part), std::string::npos) << part << " in " << *it;
+}
+
+TEST(ExportMoe, TorchtitanSetsExpertParallelAndNoDenseLlama) {
+  const Exported e = export_scenario(mixtral_on_32(), ExportFormat::torchtitan);
+  EXPECT_NE(e.text.find("expert_parallel_degree = 8\n"), std::string::npos) << e.text;
+  EXPECT_EQ(e.text.find("name = \"llama3\""), std::string::npos) << e.text;
+  bool says_moe = false;
+  for (const std::string& n : e.notes)
+    says_moe |= n.find("8 routed experts of width 14336") != std::string::npos;
+  EXPECT_TRUE(says_moe);
+  // A dense model keeps llama3 and gets no expert degree.
+  Scenario dense = mixtral_on_32();
+  dense.model = *find_model_preset("llama2-7b");
+  dense.parallel.ep = 1;
+  const Exported d = export_scenario(dense, ExportFormat::torchtitan);
+  EXPECT_EQ(d.text.find("expert_parallel_degree"), std::string::npos);
+  EXPECT_NE(d.text.find("name = \"llama3\""), std::string::npos);
 }
 
 // DeepSeek-V3 config.json: n_routed_experts 256, num_experts_per_tok 8, moe_intermediate_size
