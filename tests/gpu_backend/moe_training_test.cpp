@@ -245,7 +245,9 @@ TEST_P(MoeLayoutMpiTest, TrainsLikeOneRankWithThePlannersExpertMemory) {
       EXPECT_EQ(edp_reduce.bytes, moe_layers * routed * 4);
     }
     for (const auto& [k, v] : r.communication)
-      if (std::get<0>(k) == Group::dp) EXPECT_NE(std::get<2>(k), "gradients (experts)");
+      if (std::get<0>(k) == Group::dp) {
+        EXPECT_NE(std::get<2>(k), "gradients (experts)");
+      }
   }
 }
 
@@ -301,7 +303,9 @@ TEST_P(MoeGradientMpiTest, EveryParameterMatchesOneRankAfterTheFirstBackward) {
     double largest = 0;
     for (const auto& [i, g] : entries) largest = std::max(largest, std::abs(double(g.front())));
     const bool bias = parameter_name(param).find("router bias") != std::string::npos;
-    if (!bias) ASSERT_GT(largest, 0) << "a parameter without gradient cannot tell layouts apart";
+    if (!bias) {
+      ASSERT_GT(largest, 0) << "a parameter without gradient cannot tell layouts apart";
+    }
     const auto it = got.find(param);
     ASSERT_NE(it, got.end()) << "no rank holds its gradient";
     ASSERT_EQ(it->second.size(), entries.size()) << "elements no rank holds";

@@ -153,8 +153,9 @@ void expect_matches_planner(const Scenario& s, const Measurement& m) {
       // buffers (never alive with the logits workspace, nor, under ZeRO 0 and 1, with a unit
       // gradient buffer) its cp_attention_buffer_bytes, unless the logits are larger.
       EXPECT_EQ(r.memory.peak_of(MemoryTag::activations), sm.activations_bytes);
-      if (s.parallel.zero_stage <= 1)
+      if (s.parallel.zero_stage <= 1) {
         EXPECT_EQ(r.memory.peak_of(MemoryTag::buffers), sm.buffers_bytes);
+      }
     }
     if (v_shape(s.parallel.schedule)) {
       // The V layouts (flash attention, no recomputation) hold exactly the planned activation
@@ -299,7 +300,9 @@ TEST_P(LayoutTest, TrainsLikeOneRankAndMatchesThePlanner) {
   for (std::size_t i = 0; i < 5; ++i) EXPECT_NEAR(m.losses[i], ref.losses[i], tol) << "step " << i;
   // The comparison can see training: 5 steps move the loss by far more than the tolerance (for
   // 16-bit layouts that holds by construction).
-  if (fp32) EXPECT_GT(moved, 20 * tol) << "the tolerance is too loose to tell training from none";
+  if (fp32) {
+    EXPECT_GT(moved, 20 * tol) << "the tolerance is too loose to tell training from none";
+  }
   ASSERT_EQ(static_cast<Count>(m.ranks.size()), ranks);
   expect_matches_planner(s, m);
   expect_trace_is_the_program(s, m);

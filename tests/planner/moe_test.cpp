@@ -324,7 +324,9 @@ TEST(MoeLayout, ExpertParallelSizesAreCheckedAtTheirPath) {
   EXPECT_EQ(to_json(p)["ep"], 4);
   EXPECT_EQ(to_json(p)["etp"], 2);
   Scenario s;
-  s.parallel = {.tp = 4, .dp = 8};
+  s.parallel = ParallelSpec{};
+  s.parallel.tp = 4;
+  s.parallel.dp = 8;
   s.parallel.ep = 8;
   s.parallel.etp = 2;
   EXPECT_EQ(s.expert_data_parallel(), 2);  // 4 x 8 ranks = etp 2 x ep 8 x edp 2

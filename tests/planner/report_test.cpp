@@ -67,7 +67,9 @@ TEST(FitSuggestions, SameGpusFirstEachWithItsTimeCost) {
   // Full recompute on the same GPUs costs time (the forward runs twice): its cost is positive.
   const Scenario s = testing::scenario(too_big());
   for (const auto& f : fit_suggestions(s, estimate(s))) {
-    if (f.change == "full recompute") EXPECT_GT(f.time_cost_seconds, 0);
+    if (f.change == "full recompute") {
+      EXPECT_GT(f.time_cost_seconds, 0);
+    }
   }
   const std::string t = format_plan_table(s, estimate(s));
   EXPECT_NE(t.find("ms/step"), std::string::npos);

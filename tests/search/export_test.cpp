@@ -389,8 +389,9 @@ TEST(Export, ALayoutThatDoesNotFitSaysSoFirst) {
     const Exported e = export_scenario(big, f);
     EXPECT_FALSE(e.fits);
     EXPECT_GT(e.peak_bytes, e.capacity_bytes);
-    if (f != ExportFormat::deepspeed)
+    if (f != ExportFormat::deepspeed) {
       EXPECT_EQ(e.text.rfind("# WARNING: this layout does not fit", 0), 0u);
+    }
     const Exported g = export_scenario(ok, f);
     EXPECT_TRUE(g.fits);
     EXPECT_EQ(g.text.find("WARNING"), std::string::npos);

@@ -190,7 +190,9 @@ TEST(VShape, VHalfAndVMinTradeBubbleForMemory) {
       const double half = bubble(Schedule::v_half), third = bubble(Schedule::v_min);
       EXPECT_GT(half, 0.0);
       EXPECT_LE(half, 0.56 * B) << "p " << p << " m " << m;
-      if (p <= 8 || m >= 8 * p) EXPECT_LE(half, B / 2) << "p " << p << " m " << m;
+      if (p <= 8 || m >= 8 * p) {
+        EXPECT_LE(half, B / 2) << "p " << p << " m " << m;
+      }
       EXPECT_NEAR(third, 2.0 * B / 3.0, 0.025) << "p " << p << " m " << m;
     }
   }

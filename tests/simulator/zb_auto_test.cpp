@@ -87,8 +87,12 @@ TEST(ZbAuto, KeepsItsLimitAndBeatsTheHandSchedulesWithTheirMemory) {
             EXPECT_EQ(inflight_chunks(Schedule::zb_auto, p, 1, st.stage, m, limit),
                       std::min(limit, m));
           }
-          if (limit == p) EXPECT_LE(z.bubble_fraction, h1.bubble_fraction + 1e-12) << label;
-          if (limit == 2 * p) EXPECT_LE(z.bubble_fraction, h2.bubble_fraction + 1e-12) << label;
+          if (limit == p) {
+            EXPECT_LE(z.bubble_fraction, h1.bubble_fraction + 1e-12) << label;
+          }
+          if (limit == 2 * p) {
+            EXPECT_LE(z.bubble_fraction, h2.bubble_fraction + 1e-12) << label;
+          }
         }
       }
     }
