@@ -18,11 +18,7 @@ export LSAN_OPTIONS="suppressions=$PWD/.ci/lsan.supp:print_suppressions=0"
 # "<unknown module>" that no suppression can name. They run with address and UB checks on and leak
 # detection off; every other test runs with leak detection.
 mpi_tests='LayoutTest|GradientTest|ValidateCli|Guidance.ValidateTable|CommP2P|Mpi|mpi'
-# Known open finding: Pp2/RendezvousSchedule.*gpipe (threads as ranks) has once reported a 56-byte
-# leak of a caching-allocator node under load, and passes when run alone; until its race is found
-# a failing test gets one rerun, and its first report stays in the log.
-ctest --test-dir "$build" --output-on-failure -j"$jobs" --timeout 300 -E "$mpi_tests" \
-  --repeat until-pass:2
+ctest --test-dir "$build" --output-on-failure -j"$jobs" --timeout 300 -E "$mpi_tests"
 ASAN_OPTIONS="$ASAN_OPTIONS:detect_leaks=0" \
   ctest --test-dir "$build" --output-on-failure -j"$jobs" --timeout 300 -R "$mpi_tests"
 echo "sanitize: no findings"

@@ -94,6 +94,8 @@ const float* Tensor::f32() const {
 
 void Tensor::read(float* out, Count n, Count offset) const {
   DISTPLAN_CHECK(offset >= 0 && offset + n <= numel_, "read out of range");
+  // An empty read (an expert that received no tokens) may come with a null `out`.
+  if (n == 0) return;
   if (alloc_ != nullptr && alloc_->device() == Device::cuda) {
 #ifdef DISTPLAN_HAVE_CUDA
     cuda::read_as_float(data_, static_cast<int>(dtype_), offset, n, out);
@@ -114,6 +116,7 @@ void Tensor::read(float* out, Count n, Count offset) const {
 
 void Tensor::write(const float* in, Count n, Count offset) {
   DISTPLAN_CHECK(offset >= 0 && offset + n <= numel_, "write out of range");
+  if (n == 0) return;
   if (alloc_ != nullptr && alloc_->device() == Device::cuda) {
 #ifdef DISTPLAN_HAVE_CUDA
     cuda::write_from_float(data_, static_cast<int>(dtype_), offset, n, in);

@@ -28,6 +28,7 @@
 #include "distplan/planner/moe.h"
 #include "distplan/planner/moe_memory.h"
 #include "distplan/planner/scenario_json.h"
+#include "worker_launch.h"
 
 namespace distplan::backend {
 namespace {
@@ -92,11 +93,6 @@ J dense_scenario(const MoeLayout& l) {
   return doc;
 }
 
-std::string mpirun_env() {
-  return "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader "
-         "OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1 ";
-}
-
 // One rank in process (emulated groups, ep = 1), more under mpirun with the worker.
 Measurement run_moe(const J& doc, const std::string& name, Count ranks, Count steps,
                     const std::string& dump_dir = "") {
@@ -107,20 +103,9 @@ Measurement run_moe(const J& doc, const std::string& name, Count ranks, Count st
     o.dump_gradients = dump_dir;
     return run(scenario_for_training(doc), o);
   }
-  const std::string in = ::testing::TempDir() + "/" + name + ".json";
-  std::ofstream(in) << doc.dump();
-  const std::string out = ::testing::TempDir() + "/" + name + ".out.json";
-  std::ostringstream cmd;
-  cmd << mpirun_env() << "timeout 180 mpirun -np " << ranks << " --oversubscribe "
-      << DISTPLAN_BACKEND_WORKER << " " << in << " --steps " << steps
-      << (dump_dir.empty() ? "" : " --dump-gradients " + dump_dir) << " --out " << out << " > "
-      << out << ".log 2>&1";
-  const int rc = std::system(cmd.str().c_str());
-  EXPECT_EQ(rc, 0) << cmd.str();
-  std::ifstream f(out);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return measurement_from_json(nlohmann::json::parse(ss.str()));
+  const std::string args = "--steps " + std::to_string(steps) +
+                           (dump_dir.empty() ? "" : " --dump-gradients " + dump_dir);
+  return testing_support::run_worker(doc, name, static_cast<int>(ranks), args);
 }
 
 MoeLayout one_rank(const MoeLayout& l) {

@@ -64,6 +64,10 @@ struct Wire {
   std::condition_variable cv;
   std::deque<std::shared_ptr<Batch>> stream[2];
   std::deque<std::shared_ptr<Entry>> sends[2], recvs[2];  // index: the sending rank
+  // Matched sends' buffers, per sending rank. progress() runs on either thread, but a buffer
+  // belongs to its sender's allocator (not thread-safe, as each rank owns its own), so only the
+  // sender drops them, in release().
+  std::vector<std::shared_ptr<void>> matched[2];
   int arrived = 0, generation = 0;
   std::vector<double> partial, reduced;
   int reduce_arrived = 0, reduce_generation = 0;
@@ -88,7 +92,7 @@ struct Wire {
           } else {
             std::memcpy(rcv->data, snd->data, snd->bytes);
           }
-          snd->keep.reset();
+          matched[snd->from].push_back(std::move(snd->keep));
           snd->done = rcv->done = true;
         }
       }
@@ -101,11 +105,15 @@ struct Wire {
     }
     cv.notify_all();
   }
+  // Drops rank `rank`'s matched send buffers; called on that rank's thread only.
+  void release(int rank) { matched[rank].clear(); }
   // Waits for `done`; a deadlock is an exception. Before it unwinds rank `rank`'s trainer, the
   // send buffers that rank handed over are dropped here: they belong to that trainer's allocator.
   template <class Pred>
   void wait(std::unique_lock<std::mutex>& lk, Pred done, const std::string& what, int rank) {
-    if (cv.wait_for(lk, kDeadlock, done)) return;
+    const bool ok = cv.wait_for(lk, kDeadlock, done);
+    release(rank);
+    if (ok) return;
     for (const auto& b : stream[rank])
       for (const auto& e : b->ops)
         if (e->send && e->from == rank) e->keep.reset();
@@ -154,6 +162,7 @@ class RendezvousCommunicator final : public Communicator {
     }
     w_->stream[rank()].push_back(b);
     w_->progress();
+    w_->release(rank());
     if (!receives) return;
     w_->wait(
         lk, [&] { return b->complete(); },

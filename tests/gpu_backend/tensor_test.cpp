@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <vector>
 
 #include "distplan/gpu_backend/memory.h"
 #include "distplan/gpu_backend/tensor.h"
@@ -51,6 +52,21 @@ TEST(TensorDtype, WriteRoundsToStorageAndReadsBack) {
     EXPECT_EQ(back[i], round_to(DType::bf16, v[i]));
     EXPECT_NEAR(back[i], v[i], std::abs(v[i]) * 0.004);  // bf16 relative step 2^-8
   }
+}
+
+// An expert that receives no tokens reads and writes zero rows through the `data()` of an empty
+// vector, which may be null; that must be a no-op (memcpy with a null pointer is undefined even for
+// zero bytes, and the sanitizer build fails on it).
+TEST(TensorCopy, EmptyReadAndWriteAcceptANullPointer) {
+  TrackingAllocator alloc;
+  Tensor t(alloc, {4}, DType::fp32, MemoryTag::temporaries);
+  t.fill_from(std::vector<float>{1, 2, 3, 4});
+  t.read(nullptr, 0, 4);
+  t.write(nullptr, 0, 0);
+  Tensor h(alloc, {2}, DType::bf16, MemoryTag::temporaries);
+  h.read(nullptr, 0, 0);
+  h.write(nullptr, 0, 2);
+  EXPECT_EQ(t.to_vector(), (std::vector<float>{1, 2, 3, 4}));
 }
 
 }  // namespace

@@ -25,6 +25,7 @@
 #include "distplan/planner/scenario_json.h"
 #include "distplan/simulator/schedule.h"
 #include "distplan/simulator/simulate.h"
+#include "worker_launch.h"
 
 namespace distplan::backend {
 namespace {
@@ -82,12 +83,6 @@ nlohmann::json tiny_scenario(const Layout& l) {
           {"parallel", l.parallel}};
 }
 
-std::string write_temp(const nlohmann::json& doc, const std::string& name) {
-  const std::string path = ::testing::TempDir() + "/" + name + ".json";
-  std::ofstream(path) << doc.dump();
-  return path;
-}
-
 // SGD's learning rate in these tests. Adam normalises the gradient away (a gradient scaled by 2
 // takes the same steps), SGD does not: with this rate 5 SGD steps move the tiny model's loss by far
 // more than the fp32 tolerance, so a wrongly scaled gradient shows in the losses.
@@ -112,22 +107,11 @@ Measurement run_layout(const nlohmann::json& doc, const std::string& name, Count
     o.dump_gradients = dump_dir;
     return run(scenario_from_json(doc), o);
   }
-  const std::string in = write_temp(doc, name);
-  const std::string out = ::testing::TempDir() + "/" + name + ".out.json";
-  std::ostringstream cmd;
-  cmd << "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader "
-         "OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1 "
-      << "timeout 120 mpirun -np " << ranks << " --oversubscribe " << DISTPLAN_BACKEND_WORKER << " "
-      << in << " --steps " << steps << " --lr " << learning_rate_of(doc)
-      << (repeat_batch ? " --repeat-batch" : "")
-      << (dump_dir.empty() ? "" : " --dump-gradients " + dump_dir) << " --out " << out << " > "
-      << out << ".log 2>&1";
-  const int rc = std::system(cmd.str().c_str());
-  EXPECT_EQ(rc, 0) << cmd.str();
-  std::ifstream f(out);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return measurement_from_json(nlohmann::json::parse(ss.str()));
+  std::ostringstream args;
+  args << "--steps " << steps << " --lr " << learning_rate_of(doc)
+       << (repeat_batch ? " --repeat-batch" : "")
+       << (dump_dir.empty() ? "" : " --dump-gradients " + dump_dir);
+  return testing_support::run_worker(doc, name, static_cast<int>(ranks), args.str(), 120);
 }
 
 void expect_matches_planner(const Scenario& s, const Measurement& m) {
