@@ -199,14 +199,15 @@ void swiglu_backward(const T* dy, const T* gate, const T* up, T* dgate, T* dup, 
   }
 }
 
-namespace {
 template <class T>
-void rotate(T* x, Count s, Count b, Count heads, Count d, double theta, double sign) {
+void rotary_at(T* x, const Count* pos, Count s, Count b, Count heads, Count d, double theta,
+               double sign) {
   const Count half = d / 2;
   for (Count si = 0; si < s; ++si)
     for (Count i = 0; i < half; ++i) {
-      const double ang = static_cast<double>(si) *
-                         std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(d));
+      const double at = static_cast<double>(pos != nullptr ? pos[si] : si);
+      const double ang =
+          at * std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(d));
       const double c = std::cos(ang), sn = sign * std::sin(ang);
       for (Count bi = 0; bi < b; ++bi)
         for (Count h = 0; h < heads; ++h) {
@@ -217,15 +218,14 @@ void rotate(T* x, Count s, Count b, Count heads, Count d, double theta, double s
         }
     }
 }
-}  // namespace
 
 template <class T>
 void rotary_forward(T* x, Count s, Count b, Count heads, Count d, double theta) {
-  rotate(x, s, b, heads, d, theta, 1.0);
+  rotary_at(x, nullptr, s, b, heads, d, theta, 1.0);
 }
 template <class T>
 void rotary_backward(T* dx, Count s, Count b, Count heads, Count d, double theta) {
-  rotate(dx, s, b, heads, d, theta, -1.0);
+  rotary_at(dx, nullptr, s, b, heads, d, theta, -1.0);
 }
 
 namespace {
@@ -471,6 +471,7 @@ bool has_overflow(const float* x, Count n) {
   template void swiglu_forward<T>(const T*, const T*, T*, Count);                                  \
   template void swiglu_backward<T>(const T*, const T*, const T*, T*, T*, Count);                   \
   template void rotary_forward<T>(T*, Count, Count, Count, Count, double);                         \
+  template void rotary_at<T>(T*, const Count*, Count, Count, Count, Count, double, double);        \
   template void rotary_backward<T>(T*, Count, Count, Count, Count, double);                        \
   template void attention_forward<T>(const T*, const T*, const T*, T*, T*, Count, Count, Count,    \
                                      Count, Count);                                                \

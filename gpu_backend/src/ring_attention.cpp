@@ -5,6 +5,7 @@
 // and keeps the buffers the planner counts (memory_terms.h, cp_attention_buffer_bytes).
 #include <limits>
 
+#include "distplan/gpu_backend/cpu_ops.h"
 #include "distplan/gpu_backend/ring_attention.h"
 #include "trainer_impl.h"
 
@@ -38,7 +39,7 @@ void Trainer::rope(Vec& x, Count heads, bool backward) const {
   }
   // Each chunk keeps its global positions (Megatron-Core slices the rotary table by the same
   // chunk ids, get_pos_emb_on_this_cp_rank).
-  ring::rotary_at(x.data(), positions_.data(), sl_, b, heads, d_, 10000.0, backward ? -1.0 : 1.0);
+  cpu::rotary_at(x.data(), positions_.data(), sl_, b, heads, d_, 10000.0, backward ? -1.0 : 1.0);
 }
 
 void Trainer::ring_exchange(const std::vector<RingMessage>& send, int to,

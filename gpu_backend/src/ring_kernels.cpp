@@ -39,26 +39,6 @@ Count global_position(Count i, Count sl, Count cp, Count r) noexcept {
   return i < c ? r * c + i : (2 * cp - 1 - r) * c + (i - c);
 }
 
-template <class T>
-void rotary_at(T* x, const Count* pos, Count s, Count b, Count heads, Count d, double theta,
-               double sign) {
-  // cpu_ops.cpp's rotate with the row's position in place of its index: same angles, same order.
-  const Count half = d / 2;
-  for (Count si = 0; si < s; ++si)
-    for (Count i = 0; i < half; ++i) {
-      const double ang = static_cast<double>(pos[si]) *
-                         std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(d));
-      const double c = std::cos(ang), sn = sign * std::sin(ang);
-      for (Count bi = 0; bi < b; ++bi)
-        for (Count h = 0; h < heads; ++h) {
-          T* p = x + ((si * b + bi) * heads + h) * d;
-          const double x1 = p[i], x2 = p[i + half];
-          p[i] = static_cast<T>(x1 * c - x2 * sn);
-          p[i + half] = static_cast<T>(x1 * sn + x2 * c);
-        }
-    }
-}
-
 Step step_for_block(Count j, Count r, Count sl) noexcept {
   const Count c = sl / 2;
   if (j == r) return {{0, sl}, {0, sl}, true};
@@ -159,7 +139,6 @@ void block_backward(const T* dout, const T* q, const T* k, const T* v, const T* 
 }
 
 #define DISTPLAN_RING_INSTANTIATE(T)                                                              \
-  template void rotary_at<T>(T*, const Count*, Count, Count, Count, Count, double, double);       \
   template void block_forward<T>(const T*, const T*, const T*, T*, T*, Count, const Step&, Count, \
                                  Count, Count, Count);                                            \
   template void merge<T>(T*, T*, const T*, const T*, Count, Rows, Count, Count, Count);           \

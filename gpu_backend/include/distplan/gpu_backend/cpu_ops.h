@@ -74,6 +74,11 @@ void rotary_forward(T* x, Count s, Count b, Count heads, Count d, double theta);
 /// The inverse rotation applied to a gradient.
 template <class T>
 void rotary_backward(T* dx, Count s, Count b, Count heads, Count d, double theta);
+/// Both of the above with row i at position pos[i] (context parallelism's load-balanced chunks) or
+/// at i when pos is null; sign +1 rotates, -1 applies the inverse rotation (the backward).
+template <class T>
+void rotary_at(T* x, const Count* pos, Count s, Count b, Count heads, Count d, double theta,
+               double sign);
 
 // --- causal attention core -------------------------------------------------------------------
 // q (s,b,a,d), k and v (s,b,g,d), out (s,b,a,d). Softmax scale 1/sqrt(d).

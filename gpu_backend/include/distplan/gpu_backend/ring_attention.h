@@ -20,12 +20,6 @@ namespace distplan::backend::ring {
 /// chunks r and 2cp-1-r of length sl/2 each).
 [[nodiscard]] Count global_position(Count i, Count sl, Count cp, Count r) noexcept;
 
-/// Rotary embedding (cpu_ops.h's pairing and angles) of x (s,b,heads,d) with row i at position
-/// pos[i]; sign -1 applies the inverse rotation (the backward).
-template <class T>
-void rotary_at(T* x, const Count* pos, Count s, Count b, Count heads, Count d, double theta,
-               double sign);
-
 /// A range of sequence rows.
 struct Rows {
   Count begin = 0, count = 0;
