@@ -119,6 +119,14 @@ void check_supported(const Scenario& s) {
   }
   if (s.training.dropout > 0)
     throw InputError("/training/dropout", "the backend trains without dropout");
+  if (s.model.position_embedding == PositionEmbedding::alibi) {
+    throw InputError("/model/position_embedding",
+                     "the backend has no ALiBi attention bias; plan or simulate the model");
+  }
+  if (s.model.embedding_norm) {
+    throw InputError("/model/embedding_norm",
+                     "the backend has no norm after the embedding; plan or simulate the model");
+  }
   if (s.model.tied_embeddings && s.parallel.zero_stage >= 2) {
     throw InputError("/model/tied_embeddings",
                      "the backend implements tied embeddings with ZeRO 0 and 1 only");

@@ -37,7 +37,8 @@ QStringList enumNames(const std::array<Enum, N>& values) {
 
 constexpr std::array kMlps = {Mlp::gelu, Mlp::swiglu};
 constexpr std::array kNorms = {Norm::layernorm, Norm::rmsnorm};
-constexpr std::array kPositions = {PositionEmbedding::learned, PositionEmbedding::rotary};
+constexpr std::array kPositions = {PositionEmbedding::learned, PositionEmbedding::rotary,
+                                   PositionEmbedding::alibi};
 constexpr std::array kDTypes = {DType::fp32, DType::fp16, DType::bf16};
 constexpr std::array kOptimizers = {Optimizer::adamw, Optimizer::adam, Optimizer::sgd};
 constexpr std::array kAttentions = {Attention::flash, Attention::standard};
@@ -301,6 +302,7 @@ void ScenarioEditor::buildModelGroup(QFormLayout* form) {
            FieldUnit::plain);
   addCheck(form, tr("Tied embeddings"), QStringLiteral("/model/tied_embeddings"));
   addCheck(form, tr("Linear biases"), QStringLiteral("/model/bias"));
+  addCheck(form, tr("Embedding norm"), QStringLiteral("/model/embedding_norm"));
 }
 
 void ScenarioEditor::buildMoeGroup(QFormLayout* form) {

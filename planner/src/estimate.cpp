@@ -99,13 +99,9 @@ class Estimator {
   }
 
   [[nodiscard]] Count embedding_replicated() const noexcept {
-    return m_.position_embedding == PositionEmbedding::learned
-               ? m_.max_position_embeddings * m_.hidden_size
-               : 0;
+    return m_.embedding_extra_parameters();
   }
-  [[nodiscard]] Count head_replicated() const noexcept {
-    return m_.norm == Norm::layernorm ? 2 * m_.hidden_size : m_.hidden_size;
-  }
+  [[nodiscard]] Count head_replicated() const noexcept { return m_.norm_parameters(); }
 
   // Parameters of a layer that every TP rank holds whole.
   static Count replicated_parameters(const LayerTable& table) noexcept {
@@ -666,7 +662,7 @@ class Estimator {
   // these (they differ in pp, dp, ZeRO, schedule, recompute), so each thread keeps the last two
   // (SP off and on); any change of an input recomputes them.
   struct OpCosts {
-    std::array<double, 32> key{};
+    std::array<double, 33> key{};
     bool valid = false;
     PassCosts layer, embedding, head;
   };
@@ -674,7 +670,7 @@ class Estimator {
     const ModelSpec& m = m_;
     // A MoE model's table differs from a dense one's of the same shape (planner_layer_table):
     // its experts and shared experts are in the key.
-    const std::array<double, 32> key = {
+    const std::array<double, 33> key = {
         r.fp8_peak,
         static_cast<double>(m.moe.num_experts),
         static_cast<double>(m.moe.num_shared_experts * m.moe.shared_expert_ffn_hidden_size),
@@ -706,7 +702,8 @@ class Estimator {
         static_cast<double>(r.element_bytes),
         static_cast<double>(m.max_position_embeddings),
         static_cast<double>(m.explicit_head_dim),
-        static_cast<double>(m.qk_norm)};
+        static_cast<double>(m.qk_norm),
+        static_cast<double>(m.embedding_norm)};
     thread_local std::array<OpCosts, 2> memo;
     OpCosts& c = memo[p_.sequence_parallel ? 1 : 0];
     if (!c.valid || c.key != key) {

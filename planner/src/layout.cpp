@@ -226,8 +226,8 @@ Count model_parameters(const ModelSpec& m, const LayerTable& table) noexcept {
   const Count h = m.hidden_size;
   Count n = m.num_layers * layer_parameters(table);
   n += m.vocab_size * h;  // token embedding
-  if (m.position_embedding == PositionEmbedding::learned) n += m.max_position_embeddings * h;
-  n += m.norm == Norm::layernorm ? 2 * h : h;     // final norm
+  n += m.embedding_extra_parameters();
+  n += m.norm_parameters();                       // final norm
   if (!m.tied_embeddings) n += m.vocab_size * h;  // LM head
   return n;
 }

@@ -94,8 +94,8 @@ ParameterCount count_parameters(const ModelSpec& m) noexcept {
   const Count dense_layers = m.num_layers - moe_layers;
 
   Count outer = m.vocab_size * h;  // token embedding
-  if (m.position_embedding == PositionEmbedding::learned) outer += m.max_position_embeddings * h;
-  const Count final_norm = m.norm == Norm::layernorm ? 2 * h : h;
+  outer += m.embedding_extra_parameters();
+  const Count final_norm = m.norm_parameters();
   outer += final_norm;
   if (!m.tied_embeddings) outer += m.vocab_size * h;  // LM head
 

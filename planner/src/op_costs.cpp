@@ -253,6 +253,16 @@ PassCosts layer_pass_costs(const LayerTable& table, const ModelSpec& m, const Tr
   return c;
 }
 
+namespace {
+// A norm over `bytes` of hidden states outside the layers (the embedding norm, the final norm):
+// the forward reads and writes them, the backward reads the input and the output gradient and
+// writes the input gradient, in two kernels (the weight gradient's reduction is the second).
+void add_norm_costs(PassCosts& c, const DeviceRates& r, double bytes) noexcept {
+  c.forward += memory_seconds(r, 2 * bytes, 1);
+  c.backward_input += memory_seconds(r, 3 * bytes, 2);
+}
+}  // namespace
+
 PassCosts embedding_pass_costs(const ModelSpec& m, const TrainingSpec& t, Count tp, bool sp,
                                const DeviceRates& r) noexcept {
   PassCosts c;
@@ -264,6 +274,7 @@ PassCosts embedding_pass_costs(const ModelSpec& m, const TrainingSpec& t, Count 
   const double pos = m.position_embedding == PositionEmbedding::learned ? 1.0 : 0.0;
   c.forward = memory_seconds(r, T * h * 2 * e + pos * T_sp * h * 3 * e, 1 + pos);
   c.backward_weight = memory_seconds(r, T * h * 2 * e + pos * T_sp * h * 2 * e, 1 + pos);
+  if (m.embedding_norm) add_norm_costs(c, r, T_sp * h * e);
   return c;
 }
 
@@ -276,9 +287,7 @@ PassCosts head_pass_costs(const ModelSpec& m, const TrainingSpec& t, Count padde
   const double h = static_cast<double>(m.hidden_size);
   const double T_sp = sp ? T / tpd : T;
   const double Vt = static_cast<double>(padded_vocab) / tpd;
-  // Final norm.
-  c.forward += memory_seconds(r, T_sp * h * 2 * e, 1);
-  c.backward_input += memory_seconds(r, T_sp * h * 3 * e, 2);
+  add_norm_costs(c, r, T_sp * h * e);  // final norm
   // Vocab-parallel LM head.
   const Dim dT(T), dV(Vt), dh(h);
   const double f = gemm_time(r, dT, dV, h, 1);

@@ -68,7 +68,7 @@ void read_model_fields(ObjectReader& r, ModelSpec& m) {
   if (auto v = r.integer("vocab_size", 1, Count{1} << 26)) m.vocab_size = *v;
   read_enum(r, "mlp", m.mlp, {"gelu", "swiglu"});
   read_enum(r, "norm", m.norm, {"layernorm", "rmsnorm"});
-  read_enum(r, "position_embedding", m.position_embedding, {"learned", "rotary"});
+  read_enum(r, "position_embedding", m.position_embedding, {"learned", "rotary", "alibi"});
   if (auto v = r.integer("max_position_embeddings", 1, Count{1} << 24))
     m.max_position_embeddings = *v;
   if (auto v = r.number("rope_theta", 1.0, 1e12, false)) m.rope_theta = *v;
@@ -76,6 +76,7 @@ void read_model_fields(ObjectReader& r, ModelSpec& m) {
   if (auto v = r.boolean("tied_embeddings")) m.tied_embeddings = *v;
   if (auto v = r.boolean("bias")) m.bias = *v;
   if (auto v = r.boolean("qkv_bias")) m.qkv_bias = *v;
+  if (auto v = r.boolean("embedding_norm")) m.embedding_norm = *v;
   detail::read_moe_mla_fields(r, m);
 }
 
@@ -350,9 +351,9 @@ constexpr UnsupportedField kUnsupportedFields[] = {
 
 // Families whose config.json distplan maps field by field (docs/scenario.md; MoE and MLA
 // families: docs/moe.md).
-constexpr std::string_view kMappedTypes[] = {"llama",     "mistral",     "qwen2",      "gpt2",
-                                             "gpt_neox",  "qwen3",       "mixtral",    "qwen2_moe",
-                                             "qwen3_moe", "deepseek_v2", "deepseek_v3"};
+constexpr std::string_view kMappedTypes[] = {
+    "llama", "mistral", "qwen2",     "gpt2",      "gpt_neox",    "bloom",
+    "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3"};
 
 // A present field that turns the feature on: not null, not false, not 0, not "".
 bool enabled(const json& v) {
@@ -378,12 +379,13 @@ void refuse_unmodelled(const json& cfg, const std::string& path, const std::stri
     bool mapped = false;
     for (std::string_view t : kMappedTypes) mapped |= model_type == t;
     if (!mapped) {
-      throw InputError(path + "/model_type",
-                       fmt::format("model_type '{}' is not mapped by distplan (mapped: llama, "
-                                   "mistral, qwen2, qwen3, gpt2, gpt_neox, mixtral, qwen2_moe, "
-                                   "qwen3_moe, deepseek_v2, deepseek_v3); give the model's "
-                                   "fields instead of hf_config",
-                                   model_type.substr(0, 64)));
+      throw InputError(
+          path + "/model_type",
+          fmt::format("model_type '{}' is not mapped by distplan (mapped: llama, "
+                      "mistral, qwen2, qwen3, gpt2, gpt_neox, bloom, mixtral, qwen2_moe, "
+                      "qwen3_moe, deepseek_v2, deepseek_v3); give the model's "
+                      "fields instead of hf_config",
+                      model_type.substr(0, 64)));
     }
   }
   auto flag = [&](const char* key, const char* what) {
@@ -433,6 +435,10 @@ ModelSpec model_from_hf_config(const json& cfg, std::string_view path_view) {
   //   GPT-NeoX: num_hidden_layers, hidden_size, num_attention_heads, intermediate_size,
   //     vocab_size, max_position_embeddings, tie_word_embeddings (default false), rotary, GeLU,
   //     LayerNorm, biases.
+  //   BLOOM (configuration_bloom.py, modeling_bloom.py): n_layer, hidden_size (older files:
+  //     n_embed), n_head, vocab_size; an MLP of 4 * hidden_size whatever n_inner says (BloomMLP),
+  //     GeLU, LayerNorm, biases, ALiBi, a LayerNorm of the word embeddings
+  //     (word_embeddings_layernorm), tied embeddings (the default of tie_word_embeddings).
   auto get_int = [&](std::initializer_list<const char*> keys) -> std::optional<Count> {
     for (const char* k : keys) {
       auto it = cfg.find(k);
@@ -454,12 +460,31 @@ ModelSpec model_from_hf_config(const json& cfg, std::string_view path_view) {
   refuse_unmodelled(cfg, path, model_type);
   const bool gpt2 = model_type == "gpt2" || cfg.contains("n_embd");
   const bool neox = model_type == "gpt_neox";
+  const bool bloom = model_type == "bloom";
   ModelSpec m;
   model_type = model_type.substr(0, 32);
   // Only printable ASCII of model_type reaches the name (tables go to terminals).
   std::erase_if(model_type, [](char c) { return c < 0x20 || c > 0x7E; });
   m.name = model_type.empty() ? "hf_config" : "hf:" + model_type;
-  if (gpt2) {
+  if (bloom) {
+    if (auto it = cfg.find("apply_residual_connection_post_layernorm");
+        it != cfg.end() && enabled(*it)) {
+      throw InputError(path + "/apply_residual_connection_post_layernorm",
+                       "a residual taken after the norm is not modelled by distplan");
+    }
+    m.num_layers = require({"n_layer", "num_hidden_layers"});
+    m.hidden_size = require({"hidden_size", "n_embed"});
+    m.num_attention_heads = require({"n_head", "num_attention_heads"});
+    m.num_kv_heads = m.num_attention_heads;
+    m.ffn_hidden_size = 4 * m.hidden_size;
+    m.vocab_size = require({"vocab_size"});
+    m.mlp = Mlp::gelu;
+    m.norm = Norm::layernorm;
+    m.position_embedding = PositionEmbedding::alibi;
+    m.embedding_norm = true;
+    m.tied_embeddings = true;
+    m.bias = true;
+  } else if (gpt2) {
     m.num_layers = require({"n_layer"});
     m.hidden_size = require({"n_embd"});
     m.num_attention_heads = require({"n_head"});
@@ -807,6 +832,7 @@ json to_json(const ModelSpec& m) {
   // Rotary models need no table length; 0 (unset) is not a valid input, so it is left out and the
   // echo reads back to the same model.
   if (m.max_position_embeddings > 0) j["max_position_embeddings"] = m.max_position_embeddings;
+  if (m.embedding_norm) j["embedding_norm"] = true;
   detail::put_moe_mla_fields(m, j);
   return j;
 }

@@ -11,7 +11,15 @@ std::string_view to_string(Norm v) noexcept {
   return v == Norm::layernorm ? "layernorm" : "rmsnorm";
 }
 std::string_view to_string(PositionEmbedding v) noexcept {
-  return v == PositionEmbedding::learned ? "learned" : "rotary";
+  switch (v) {
+    case PositionEmbedding::learned:
+      return "learned";
+    case PositionEmbedding::rotary:
+      return "rotary";
+    case PositionEmbedding::alibi:
+      return "alibi";
+  }
+  return "?";
 }
 std::string_view to_string(DType v) noexcept {
   switch (v) {

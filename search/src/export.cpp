@@ -80,6 +80,12 @@ Exported megatron(const Scenario& s, Exported out) {
   // An explicit head width (Qwen3): Megatron-LM's --kv-channels, else hidden / heads.
   if (m.explicit_head_dim > 0) arg("--kv-channels", m.explicit_head_dim);
   if (m.qk_norm) flag("--qk-layernorm");  // with --normalization RMSNorm: RMSNorm of q and k
+  if (m.embedding_norm) {
+    // Megatron-DeepSpeed has --embed-layernorm (BLOOM); Megatron-LM has no such option.
+    out.to_add.emplace_back(
+        "a norm after the word embedding (Megatron-LM has none; Megatron-DeepSpeed: "
+        "--embed-layernorm)");
+  }
   if (m.num_kv_heads != m.num_attention_heads) {
     flag("--group-query-attention");
     arg("--num-query-groups", m.num_kv_heads);
@@ -88,8 +94,17 @@ Exported megatron(const Scenario& s, Exported out) {
   arg("--max-position-embeddings", m.position_embedding == PositionEmbedding::learned
                                        ? m.max_position_embeddings
                                        : t.seq_length);
-  arg("--position-embedding-type",
-      m.position_embedding == PositionEmbedding::rotary ? "rope" : "learned_absolute");
+  // ALiBi: Megatron-LM has no such bias (Megatron-DeepSpeed: --position-embedding-type alibi);
+  // "none" keeps Megatron-LM from adding positions of its own.
+  arg("--position-embedding-type", m.position_embedding == PositionEmbedding::rotary ? "rope"
+                                   : m.position_embedding == PositionEmbedding::learned
+                                       ? "learned_absolute"
+                                       : "none");
+  if (m.position_embedding == PositionEmbedding::alibi) {
+    out.to_add.emplace_back(
+        "ALiBi attention biases (Megatron-LM has none; Megatron-DeepSpeed: "
+        "--position-embedding-type alibi)");
+  }
   if (m.position_embedding == PositionEmbedding::rotary) {
     // Megatron-LM parses --rotary-base as an integer.
     if (m.rope_theta == static_cast<double>(static_cast<Count>(m.rope_theta))) {
@@ -434,7 +449,7 @@ std::string torchtitan_model(const ModelSpec& m, Exported& out) {
   const bool llama_architecture = m.mlp == Mlp::swiglu && m.norm == Norm::rmsnorm &&
                                   m.position_embedding == PositionEmbedding::rotary && !m.bias &&
                                   !m.qkv_bias && !m.tied_embeddings && m.explicit_head_dim == 0 &&
-                                  !m.qk_norm;
+                                  !m.qk_norm && !m.embedding_norm;
   std::string flavor;
   for (const TorchtitanFlavor& f : kTorchtitanLlama3) {
     if (llama_architecture && m.hidden_size == f.dim && m.num_layers == f.n_layers &&
@@ -456,8 +471,8 @@ std::string torchtitan_model(const ModelSpec& m, Exported& out) {
     } else {
       out.notes.push_back(
           "torchtitan's llama3 model is SwiGLU, RMSNorm, rotary, bias-free and untied, with head "
-          "width hidden / heads and no q/k norms; this model is not, so it needs its own model "
-          "code in torchtitan");
+          "width hidden / heads, no q/k or embedding norms; this model is not, so it needs its "
+          "own model code in torchtitan");
     }
   }
   return fmt::format("\n[model]\nname = \"llama3\"\nflavor = {}\n", toml_string(flavor));

@@ -132,14 +132,14 @@ struct StageUnitParams {
   u.layer = layer_params;
   u.layers = layers;
   if (holds_embedding(schedule, pp, stage)) {
-    Count emb = padded_vocab * h / tp;  // vocab-parallel embedding (Shoeybi et al. 2019, sec. 3)
-    if (m.position_embedding == PositionEmbedding::learned) emb += m.max_position_embeddings * h;
-    u.embedding = emb;
+    // Vocab-parallel embedding (Shoeybi et al. 2019, sec. 3); positions and the embedding norm
+    // whole on every TP rank.
+    u.embedding = padded_vocab * h / tp + m.embedding_extra_parameters();
     u.embeddings = 1;
   }
   const Count head_st = head_stage(schedule, pp);
   if (holds_head(schedule, pp, stage)) {
-    Count head = m.norm == Norm::layernorm ? 2 * h : h;  // final norm
+    Count head = m.norm_parameters();  // final norm
     // Untied: the LM head's own weight. Tied across stages: Megatron-LM keeps a copy of the word
     // embedding on the last stage and all-reduces its gradient with the first; on the embedding's
     // own stage (pp = 1, or a V) the one matrix serves both.
@@ -340,9 +340,15 @@ inline void stage_memory(const Scenario& base, const MemoryLayout& l, const Stag
 
   // Activations: per micro-batch through this GPU's layers, times what is in flight.
   const Bytes token_h = act_tokens * h;
-  sm.embedding_activation_bytes = holds_embedding(l.schedule, pp, st) && t.dropout > 0
-                                      ? (sp ? token_h / tp : token_h)
-                                      : 0;  // embedding dropout mask
+  sm.embedding_activation_bytes = 0;
+  if (holds_embedding(l.schedule, pp, st)) {
+    const Bytes local_h = sp ? token_h / tp : token_h;  // in the sequence-parallel region under SP
+    if (t.dropout > 0) sm.embedding_activation_bytes += local_h;  // embedding dropout mask
+    // The embedding norm keeps its input in the compute dtype, as a layer's norms do (Korthikanti
+    // et al. 2022, sec. 4.1: 2sbh bytes per LayerNorm); it sits outside the layers that
+    // recomputation checkpoints.
+    if (base.model.embedding_norm) sm.embedding_activation_bytes += local_h * cb;
+  }
   sm.head_activation_bytes = holds_head(l.schedule, pp, st)
                                  ? 2 * (sp ? token_h * cb / tp : token_h * cb)
                                  : 0;  // final norm, LM head

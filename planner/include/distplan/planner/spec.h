@@ -14,7 +14,9 @@ namespace distplan {
 
 enum class Mlp { gelu, swiglu };
 enum class Norm { layernorm, rmsnorm };
-enum class PositionEmbedding { learned, rotary };
+// ALiBi (Press et al. 2022): a per-head linear bias added to the attention scores; no parameters,
+// nothing saved for the backward, its cost inside the softmax (or the flash kernel).
+enum class PositionEmbedding { learned, rotary, alibi };
 enum class DType { fp32, fp16, bf16 };
 enum class Optimizer { adamw, adam, sgd };
 enum class Attention { flash, standard };
@@ -142,6 +144,9 @@ struct ModelSpec {
   // 0: hidden_size / num_attention_heads.
   Count explicit_head_dim = 0;
   bool qk_norm = false;  // RMSNorm over each query and key head (Qwen3; weights of head_dim)
+  // A norm of the word embedding's output before the first layer (BLOOM's
+  // word_embeddings_layernorm; Megatron-DeepSpeed --embed-layernorm), of the model's norm kind.
+  bool embedding_norm = false;
   MoeSpec moe;
   MlaSpec mla;
   Count mtp_layers = 0;  // multi-token prediction modules (DeepSeek-V3), counted apart
@@ -151,6 +156,16 @@ struct ModelSpec {
     return explicit_head_dim > 0 ? explicit_head_dim : hidden_size / num_attention_heads;
   }
   [[nodiscard]] Count q_hidden() const noexcept { return head_dim() * num_attention_heads; }
+  /// Parameters of one norm over the hidden size: LayerNorm's weight and bias, RMSNorm's weight.
+  [[nodiscard]] Count norm_parameters() const noexcept {
+    return norm == Norm::layernorm ? 2 * hidden_size : hidden_size;
+  }
+  /// The embedding's own parameters besides the word table: learned positions, embedding norm.
+  [[nodiscard]] Count embedding_extra_parameters() const noexcept {
+    return (position_embedding == PositionEmbedding::learned ? max_position_embeddings * hidden_size
+                                                             : 0) +
+           (embedding_norm ? norm_parameters() : 0);
+  }
   [[nodiscard]] Count kv_hidden() const noexcept { return head_dim() * num_kv_heads; }
 };
 
