@@ -165,27 +165,9 @@ TEST(ContextParallel, RefusesWhatIsNotModelled) {
 // README's long-context example: its scenario block, planned, prints its table block.
 // DISTPLAN_WRITE_DOCS=1 rewrites the table.
 TEST(ContextParallel, ReadmeExampleIsWhatThePlannerPrints) {
-  const std::string path = std::string(DISTPLAN_SOURCE_DIR) + "/README.md";
-  std::stringstream ss;
-  ss << std::ifstream(path).rdbuf();
-  std::string text = ss.str();
-  auto block = [&](const std::string& marker, const std::string& fence) {
-    const auto m = text.find(marker);
-    EXPECT_NE(m, std::string::npos) << marker;
-    const auto from = text.find(fence, m) + fence.size();
-    return std::make_pair(from, text.find("```\n", from));
-  };
-  const auto [js, je] = block("<!-- long-context example: scenario -->", "```json\n");
-  const Scenario s = scenario_from_text(text.substr(js, je - js));
+  const Scenario s = scenario_from_text(testing::readme_scenario("long-context"));
   const std::string want = format_plan_table(s, estimate(s));
-  const auto [ts, te] = block("<!-- long-context example: table -->", "```\n");
-  const char* w = std::getenv("DISTPLAN_WRITE_DOCS");
-  if (w && std::string(w) == "1") {
-    text.replace(ts, te - ts, want);
-    std::ofstream(path) << text;
-    return;
-  }
-  EXPECT_EQ(text.substr(ts, te - ts), want) << "README's long-context example drifted";
+  testing::check_readme_table("long-context", want, "ContextParallel.ReadmeExample*");
   EXPECT_EQ(s.parallel.cp, 4);
   EXPECT_TRUE(estimate(s).memory.fits);
 }

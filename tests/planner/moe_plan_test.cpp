@@ -246,29 +246,11 @@ TEST(MoePlan, UnmodelledPartsAreRefusedAtTheirField) {
 // README's MoE example: its scenario block, planned, prints its table block (what
 // `distplan plan --format table` prints). DISTPLAN_WRITE_DOCS=1 rewrites the table.
 TEST(MoePlan, ReadmeExampleIsWhatThePlannerPrints) {
-  const std::string path = std::string(DISTPLAN_SOURCE_DIR) + "/README.md";
-  std::stringstream ss;
-  ss << std::ifstream(path).rdbuf();
-  std::string text = ss.str();
-  auto block = [&](const std::string& marker, const std::string& fence) {
-    const auto m = text.find(marker);
-    EXPECT_NE(m, std::string::npos) << marker;
-    const auto from = text.find(fence, m) + fence.size();
-    return std::make_pair(from, text.find("```\n", from));
-  };
-  const auto [js, je] = block("<!-- moe example: scenario -->", "```json\n");
-  const Scenario s = scenario_from_text(text.substr(js, je - js));
+  const Scenario s = scenario_from_text(testing::readme_scenario("moe"));
   validate_scenario(s);
   const Estimate e = estimate(s);
   const std::string want = format_plan_table(s, e);
-  const auto [ts, te] = block("<!-- moe example: table -->", "```\n");
-  const char* w = std::getenv("DISTPLAN_WRITE_DOCS");
-  if (w && std::string(w) == "1") {
-    text.replace(ts, te - ts, want);
-    std::ofstream(path) << text;
-    return;
-  }
-  EXPECT_EQ(text.substr(ts, te - ts), want) << "README's MoE example drifted";
+  testing::check_readme_table("moe", want, "MoePlan.ReadmeExample*");
   EXPECT_EQ(s.model.name, "mixtral-8x7b");
   EXPECT_EQ(s.cluster.num_gpus, 32);
   EXPECT_GT(s.parallel.ep, 1);

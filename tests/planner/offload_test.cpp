@@ -216,28 +216,10 @@ TEST(Offload, RefusesWhatIsNotModelled) {
 // README's offload example: its scenario block, planned, prints its table block (the lines up to
 // the communication table). DISTPLAN_WRITE_DOCS=1 rewrites the table.
 TEST(Offload, ReadmeExampleIsWhatThePlannerPrints) {
-  const std::string path = std::string(DISTPLAN_SOURCE_DIR) + "/README.md";
-  std::stringstream ss;
-  ss << std::ifstream(path).rdbuf();
-  std::string text = ss.str();
-  auto block = [&](const std::string& marker, const std::string& fence) {
-    const auto m = text.find(marker);
-    EXPECT_NE(m, std::string::npos) << marker;
-    const auto from = text.find(fence, m) + fence.size();
-    return std::make_pair(from, text.find("```\n", from));
-  };
-  const auto [js, je] = block("<!-- offload example: scenario -->", "```json\n");
-  const Scenario s = scenario_from_text(text.substr(js, je - js));
+  const Scenario s = scenario_from_text(testing::readme_scenario("offload"));
   const std::string table = format_plan_table(s, estimate(s));
   const std::string want = table.substr(0, table.find("\nCommunication per GPU"));
-  const auto [ts, te] = block("<!-- offload example: table -->", "```\n");
-  const char* w = std::getenv("DISTPLAN_WRITE_DOCS");
-  if (w && std::string(w) == "1") {
-    text.replace(ts, te - ts, want);
-    std::ofstream(path) << text;
-    return;
-  }
-  EXPECT_EQ(text.substr(ts, te - ts), want) << "README's offload example drifted from the planner";
+  testing::check_readme_table("offload", want, "Offload.ReadmeExample*");
   const Estimate e = estimate(s);
   EXPECT_TRUE(e.memory.fits);
   EXPECT_TRUE(e.memory.host_fits);

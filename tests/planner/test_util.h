@@ -54,4 +54,25 @@ inline void check_doc_block(const std::string& file, const std::string& begin,
       << "--gtest_filter='" << filter << "' rewrites it";
 }
 
+/// The scenario of a README example: the ```json block after `<!-- NAME example: scenario -->`.
+inline std::string readme_scenario(const std::string& name) {
+  std::stringstream ss;
+  ss << std::ifstream(std::string(DISTPLAN_SOURCE_DIR) + "/README.md").rdbuf();
+  const std::string text = ss.str();
+  const std::string begin = "<!-- " + name + " example: scenario -->\n```json\n";
+  const auto b = text.find(begin);
+  EXPECT_NE(b, std::string::npos) << "README.md: no '" << begin << "'";
+  if (b == std::string::npos) return "{}";
+  const auto from = b + begin.size();
+  return text.substr(from, text.find("```\n", from) - from);
+}
+
+/// Checks (or, with DISTPLAN_WRITE_DOCS=1, rewrites) the table block of a README example, the
+/// ``` block after `<!-- NAME example: table -->`.
+inline void check_readme_table(const std::string& name, const std::string& want,
+                               const std::string& filter) {
+  check_doc_block("README.md", "<!-- " + name + " example: table -->\n```\n", "```\n", want,
+                  filter);
+}
+
 }  // namespace distplan::testing

@@ -21,16 +21,9 @@
 namespace distplan::sim {
 namespace {
 
+using testing::chunk_costs;
 using testing::pipeline;
 using testing::uniform_estimate;
-
-// Costs of one chunk (one model stage, half a device's layers): F, B (input gradient), W, and
-// the F&B pair.
-SimOptions chunk_costs(double f, double b, double w, double fb, double p2p = 0) {
-  SimOptions o;
-  o.costs = CostOverride{2 * f, 2 * b, 2 * w, p2p, 2 * fb};
-  return o;
-}
 
 TEST(DualPipe, ProgramsPassTheCheckerAndCountAsTheSource) {
   for (Count p = 2; p <= 8; p += 2) {

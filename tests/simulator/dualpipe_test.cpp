@@ -21,15 +21,9 @@
 namespace distplan::sim {
 namespace {
 
+using testing::chunk_costs;
 using testing::pipeline;
 using testing::uniform_estimate;
-
-// Costs of one chunk (half a stage): F, B (input gradient), W, and the F&B pair.
-SimOptions chunk_costs(double f, double b, double w, double fb, double p2p = 0) {
-  SimOptions o;
-  o.costs = CostOverride{2 * f, 2 * b, 2 * w, p2p, 2 * fb};
-  return o;
-}
 
 TEST(DualPipeV, ProgramsPassTheCheckerAndCountAsTheSource) {
   for (Count p = 1; p <= 8; ++p) {

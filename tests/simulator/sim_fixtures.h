@@ -42,4 +42,12 @@ inline SimOptions with_costs(Seconds f, Seconds b, std::optional<Seconds> w = st
   return o;
 }
 
+/// Costs of one DualPipe / DualPipeV chunk (half of a device's layers): F, B (input gradient), W
+/// and the overlapped F&B pair, as the stage costs of a device holding two such chunks.
+inline SimOptions chunk_costs(double f, double b, double w, double fb, double p2p = 0) {
+  SimOptions o;
+  o.costs = CostOverride{2 * f, 2 * b, 2 * w, p2p, 2 * fb};
+  return o;
+}
+
 }  // namespace distplan::sim::testing
