@@ -53,9 +53,6 @@ Bytes ring_wire_bytes(CollectiveOp op, Bytes buffer_bytes, Count n) noexcept {
 
 namespace {
 
-// DualPipe's once-per-step exchange of gradients between the two copies of a model stage.
-constexpr std::string_view kMirrorGradients = "mirror stage gradients (DualPipe)";
-
 Count ceil_div(Count a, Count b) noexcept {
   return (a + b - 1) / b;
 }

@@ -40,6 +40,8 @@ struct Layout {
   bool llama = false;
   bool tied = false;  // model.tied_embeddings
   const char* optimizer = "adamw";
+  // training.global_batch_size: DualPipe needs at least 2 pp micro-batches per data-parallel rank.
+  int global_batch = 4;
 };
 
 // Test names and failure messages show the layout's name.
@@ -74,7 +76,7 @@ nlohmann::json tiny_scenario(const Layout& l) {
           {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", ranks}, {"gpus_per_node", 8}}},
           {"training",
            {{"seq_length", 32},
-            {"global_batch_size", 4},
+            {"global_batch_size", l.global_batch},
             {"micro_batch_size", 1},
             {"precision", l.precision},
             {"grad_accumulation_dtype", l.precision},
@@ -141,10 +143,11 @@ void expect_matches_planner(const Scenario& s, const Measurement& m) {
         EXPECT_EQ(r.memory.peak_of(MemoryTag::buffers), sm.buffers_bytes);
       }
     }
-    if (v_shape(s.parallel.schedule)) {
-      // The V layouts (flash attention, no recomputation) hold exactly the planned activation
-      // sets: the program's peak of (micro-batch, chunk) pairs, the embedding's and the head's on
-      // stage 0, and the LM head's logits buffers there.
+    if (two_chunks(s.parallel.schedule)) {
+      // The V and DualPipe layouts (flash attention, no recomputation) hold exactly the planned
+      // activation sets: the program's peak of (micro-batch, chunk) pairs, the embedding's and
+      // the head's where they sit (stage 0 under a V, both end stages under DualPipe), and the
+      // LM head's logits buffers there.
       EXPECT_EQ(r.memory.peak_of(MemoryTag::activations), sm.activations_bytes);
       EXPECT_EQ(r.memory.peak_of(MemoryTag::buffers), sm.buffers_bytes);
     }
@@ -456,7 +459,16 @@ INSTANTIATE_TEST_SUITE_P(
                true},
         Layout{"cp2_tp2_sp_a2a",
                J{{"cp", 2}, {"cp_comm", "a2a"}, {"tp", 2}, {"sequence_parallel", true}}},
-        Layout{"llama_cp2_a2a", J{{"cp", 2}, {"cp_comm", "a2a"}}, "fp32", "flash", true}),
+        Layout{"llama_cp2_a2a", J{{"cp", 2}, {"cp_comm", "a2a"}}, "fp32", "flash", true},
+        // DualPipe: every parameter has two copies (stages s and pp - 1 - s), each of which must
+        // hold the whole gradient after the mirror exchange: Llama over pp2, GPT over pp4 (one
+        // layer per model stage) and ZeRO-1 shards over dp2.
+        Layout{"llama_pp2_dualpipe", J{{"pp", 2}, {"schedule", "dualpipe"}}, "fp32", "flash", true},
+        Layout{"pp4_dualpipe", J{{"pp", 4}, {"schedule", "dualpipe"}}, "fp32", "flash", false,
+               false, "adamw", 8},
+        Layout{"zero1_dp2_pp2_dualpipe",
+               J{{"dp", 2}, {"pp", 2}, {"schedule", "dualpipe"}, {"zero_stage", 1}}, "fp32",
+               "flash", false, false, "adamw", 8}),
     [](const auto& info) { return std::string(info.param.name); });
 
 INSTANTIATE_TEST_SUITE_P(
@@ -481,6 +493,19 @@ INSTANTIATE_TEST_SUITE_P(
         Layout{"pp2_v_half", J{{"pp", 2}, {"schedule", "v_half"}}},
         Layout{"pp2_v_min", J{{"pp", 2}, {"schedule", "v_min"}}},
         Layout{"pp2_dualpipe_v", J{{"pp", 2}, {"schedule", "dualpipe_v"}}},
+        // DualPipe (m = 2p): stage s holds model stage s of direction 0 and pp - 1 - s of
+        // direction 1, so both end stages hold an embedding and an LM head; the two copies of
+        // each model stage sum their gradients once per step (the mirror exchange), before the
+        // data-parallel reduction (here ZeRO-1 over dp2).
+        Layout{"pp2_dualpipe", J{{"pp", 2}, {"schedule", "dualpipe"}}},
+        Layout{"pp4_dualpipe", J{{"pp", 4}, {"schedule", "dualpipe"}}, "fp32", "flash", false,
+               false, "adamw", 8},
+        Layout{"zero1_dp2_pp2_dualpipe",
+               J{{"dp", 2}, {"pp", 2}, {"schedule", "dualpipe"}, {"zero_stage", 1}}, "fp32",
+               "flash", false, false, "adamw", 8},
+        // SGD: a copy that missed its mirror's gradient takes half the step, visible in the loss.
+        Layout{"sgd_pp4_dualpipe", J{{"pp", 4}, {"schedule", "dualpipe"}}, "fp32", "flash", false,
+               false, "sgd", 8},
         Layout{"zero1_dp2", J{{"dp", 2}, {"zero_stage", 1}}},
         Layout{"zero2_dp2", J{{"dp", 2}, {"zero_stage", 2}}},
         Layout{"zero3_dp2", J{{"dp", 2}, {"zero_stage", 3}}},
