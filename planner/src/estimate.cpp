@@ -518,9 +518,7 @@ class Estimator {
     // their own, reduced (and ZeRO-sharded) over the expert data-parallel group apart from the
     // dense part; validation keeps ZeRO-3 and hybrid sharding away from MoE models.
     if (moe_.enabled() && u.layer.count > 0) {
-      const Count edp = group(Group::edp).size;
-      const Count unit =
-          p_.zero_stage == 0 ? moe_.expert_params : ceil_div(moe_.expert_params, edp) * edp;
+      const Count unit = expert_unit_elements();
       const Bytes eg = unit * gb(), ew = unit * cb();
       const Count n = u.layer.count;
       switch (p_.zero_stage) {
@@ -640,6 +638,9 @@ class Estimator {
         Bytes grads = 0;
         for (const Unit* x : {&u.layer, &u.embedding, &u.head})
           grads += padded(x->params) * x->count * gb();
+        // A MoE layer's routed experts on this rank are a unit of their own; the mirror stage
+        // holds the same experts (same ep rank) of the same layers.
+        if (moe_.enabled()) grads += expert_unit_elements() * u.layer.count * gb();
         add(out, Group::pp, CollectiveOp::send_recv, kMirrorGradients, grads, 1);
       }
       if (m_.tied_embeddings && head_stage(p_.schedule, pp) != 0 && (st == 0 || st == pp - 1)) {
@@ -647,6 +648,13 @@ class Estimator {
             vocab_ * m_.hidden_size / p_.tp * gb(), 1);
       }
     }
+  }
+
+  // Elements of one MoE layer's routed-experts unit on a rank: its expert parameters, padded to
+  // a multiple of the expert data-parallel group under ZeRO (the unit is sharded over it).
+  [[nodiscard]] Count expert_unit_elements() const {
+    const Count edp = group(Group::edp).size;
+    return p_.zero_stage == 0 ? moe_.expert_params : ceil_div(moe_.expert_params, edp) * edp;
   }
 
   // Bytes one GPU sends per pipeline transfer: the activation, or its 1/t share when it is
