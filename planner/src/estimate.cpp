@@ -634,14 +634,17 @@ class Estimator {
         // DualPipe keeps two copies of every model stage (on stages s and pp - 1 - s): once per
         // step each stage sends its gradients to the other copy's stage and adds what it
         // receives (deepseek-ai/DualPipe examples/example_dualpipe.py sums p0.grad and the
-        // mirror's p1.grad), before the data-parallel reduction (ZeRO 0/1: full gradients).
-        Bytes grads = 0;
+        // mirror's p1.grad, parameter by parameter), before the data-parallel reduction (ZeRO
+        // 0/1: full gradients). One send per unit, as the data-parallel reduction goes.
         for (const Unit* x : {&u.layer, &u.embedding, &u.head})
-          grads += padded(x->params) * x->count * gb();
+          add(out, Group::pp, CollectiveOp::send_recv, kMirrorGradients, padded(x->params) * gb(),
+              x->count);
         // A MoE layer's routed experts on this rank are a unit of their own; the mirror stage
         // holds the same experts (same ep rank) of the same layers.
-        if (moe_.enabled()) grads += expert_unit_elements() * u.layer.count * gb();
-        add(out, Group::pp, CollectiveOp::send_recv, kMirrorGradients, grads, 1);
+        if (moe_.enabled()) {
+          add(out, Group::pp, CollectiveOp::send_recv, kMirrorGradients,
+              expert_unit_elements() * gb(), u.layer.count);
+        }
       }
       if (m_.tied_embeddings && head_stage(p_.schedule, pp) != 0 && (st == 0 || st == pp - 1)) {
         add(out, Group::embedding, CollectiveOp::all_reduce, "tied embedding gradients",
