@@ -105,6 +105,14 @@ Measurement Trainer::train() {
 using trainer_detail::Trainer;
 
 void check_supported(const Scenario& s) {
+  if (bidirectional(s.parallel.schedule) &&
+      (s.model.tied_embeddings || s.parallel.zero_stage >= 2)) {
+    // validate_scenario refuses both for DualPipe (not planned); a Scenario built in code could
+    // still carry them, and the trainer's mirror exchange assumes untied, unsharded gradients.
+    throw InputError(s.model.tied_embeddings ? "/model/tied_embeddings" : "/parallel/zero_stage",
+                     "the backend runs dualpipe with untied embeddings and ZeRO 0 or 1, as the "
+                     "planner plans it");
+  }
   if (s.parallel.recompute == Recompute::selective_op) {
     // The trainer keeps Megatron-style saved tensors; torchtitan's per-op policy saves op outputs.
     throw InputError("/parallel/recompute",
