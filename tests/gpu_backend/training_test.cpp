@@ -20,6 +20,7 @@
 #include "distplan/gpu_backend/gradient_dump.h"
 #include "distplan/gpu_backend/measurement_json.h"
 #include "distplan/gpu_backend/run.h"
+#include "distplan/planner/error.h"
 #include "distplan/planner/estimate.h"
 #include "distplan/planner/layout.h"
 #include "distplan/planner/scenario_json.h"
@@ -293,6 +294,30 @@ TEST_P(LayoutTest, TrainsLikeOneRankAndMatchesThePlanner) {
   ASSERT_EQ(static_cast<Count>(m.ranks.size()), ranks);
   expect_matches_planner(s, m);
   expect_trace_is_the_program(s, m);
+}
+
+// DualPipe runs as the planner plans it (untied embeddings, ZeRO 0 or 1); a Scenario built in
+// code with tied embeddings or ZeRO-2 is refused at the field, and multi-GPU NCCL runs refuse the
+// schedule (pipeline_rendezvous_test.cpp: it deadlocks under NCCL's matching).
+TEST(Training, DualPipeRefusesWhatItIsNotPlannedFor) {
+  const Layout l{"dualpipe", J{{"pp", 2}, {"schedule", "dualpipe"}}};
+  const Scenario ok = scenario_from_json(tiny_scenario(l));
+  EXPECT_NO_THROW(check_supported(ok));
+  EXPECT_THROW(check_nccl_pipeline(ok.parallel), InputError);
+  auto field_of = [](const Scenario& s) {
+    try {
+      check_supported(s);
+    } catch (const InputError& e) {
+      return e.path();
+    }
+    return std::string("accepted");
+  };
+  Scenario tied = ok;
+  tied.model.tied_embeddings = true;
+  EXPECT_EQ(field_of(tied), "/model/tied_embeddings");
+  Scenario zero2 = ok;
+  zero2.parallel.zero_stage = 2;
+  EXPECT_EQ(field_of(zero2), "/parallel/zero_stage");
 }
 
 // The CUDA device (tensors in device memory, GEMMs in cuBLAS, the other ops through the device
