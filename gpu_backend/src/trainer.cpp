@@ -50,6 +50,7 @@ Trainer::Trainer(const Scenario& s, const RunOptions& o, ProcessGroups& g)
   pp_ = p_.pp;
   v_ = p_.virtual_stages;
   vee_ = v_shape(p_.schedule);
+  bidir_ = bidirectional(p_.schedule);
   nmb_ = s.num_microbatches();
   cp_ = p_.cp;
   sl_ = s.local_seq_length();
@@ -104,12 +105,13 @@ Measurement Trainer::train() {
 using trainer_detail::Trainer;
 
 void check_supported(const Scenario& s) {
-  if (bidirectional(s.parallel.schedule)) {
-    // Two copies of every model stage, fed from both ends, with their gradients summed across
-    // stages s and pp - 1 - s: the trainer places one stage per chunk in one direction only.
-    throw InputError("/parallel/schedule",
-                     "the backend does not run dualpipe (bidirectional) yet; plan or simulate "
-                     "it, or train with dualpipe_v");
+  if (bidirectional(s.parallel.schedule) &&
+      (s.model.tied_embeddings || s.parallel.zero_stage >= 2)) {
+    // validate_scenario refuses both for DualPipe (not planned); a Scenario built in code could
+    // still carry them, and the trainer's mirror exchange assumes untied, unsharded gradients.
+    throw InputError(s.model.tied_embeddings ? "/model/tied_embeddings" : "/parallel/zero_stage",
+                     "the backend runs dualpipe with untied embeddings and ZeRO 0 or 1, as the "
+                     "planner plans it");
   }
   if (s.parallel.recompute == Recompute::selective_op) {
     // The trainer keeps Megatron-style saved tensors; torchtitan's per-op policy saves op outputs.
@@ -203,9 +205,11 @@ void check_nccl_pipeline(const ParallelSpec& p) {
   // The V schedules add exchanges in both directions between the same pair of stages (chunk 0
   // down, chunk 1 up), which one NCCL stream would order against each other as it does
   // interleaved_1f1b's; none of them has run over NCCL.
-  // zb_auto's order (like ZB-H2's) has not run over NCCL either.
+  // zb_auto's order (like ZB-H2's) has not run over NCCL either. DualPipe sends both ways
+  // between every pair of neighbours (direction 0 down, direction 1 up) and deadlocks in the
+  // rendezvous model as the V schedules do (pipeline_rendezvous_test.cpp).
   if (p.pp > 1 && (p.schedule == Schedule::interleaved_1f1b || p.schedule == Schedule::zb_h2 ||
-                   p.schedule == Schedule::zb_auto || v_shape(p.schedule))) {
+                   p.schedule == Schedule::zb_auto || two_chunks(p.schedule))) {
     throw InputError("/parallel/schedule",
                      "multi-GPU runs over NCCL take gpipe, 1f1b and zb_h1 pipelines; this "
                      "schedule's point-to-point exchanges can wait on each other on one NCCL "

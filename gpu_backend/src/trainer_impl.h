@@ -362,7 +362,12 @@ class Trainer {
   // Whether action `a` starts by receiving from a neighbouring stage.
   bool receives_first(const sim::Action& a) const;
   // Virtual stage of this stage's chunk c (layout.h: interleaved, or a V under v_shape()).
+  // Under DualPipe each direction is a pipeline of pp model stages: chunk c of this stage is
+  // virtual stage c * pp + dualpipe_model_stage(pp, stage, c), so the two directions' tags and
+  // neighbours never mix.
   Count vstage(Count c) const;
+  // Virtual stages of one pipeline a micro-batch runs through: pp * v, or pp under DualPipe.
+  Count pipeline_length() const;
   // The stage holding virtual stage vs, where a chunk's input comes from or its output goes.
   int stage_of(Count vs) const;
   // The V's turn (virtual stage p - 1 to p) stays on the stage: the output waits here, keyed by
@@ -379,7 +384,7 @@ class Trainer {
 
   void add_positions(Unit& u, Vec& e, bool fwd_dir);
 
-  void head_forward(ChunkState& st, const Vec& x, Count step, Count mb);
+  void head_forward(const Chunk& ch, ChunkState& st, const Vec& x, Count step, Count mb);
 
   // d loss / d logits of the LM head. Reads no parameter, so it runs before the head's ZeRO-3
   // gather and frees the logits workspace first: the two are never alive together
@@ -388,9 +393,11 @@ class Trainer {
 
   // Backward of the LM head from d loss / d logits: returns the gradient of the final norm's
   // input (Nl,h).
-  Vec head_backward(ChunkState& st, const Vec& dlogits, std::vector<std::function<void()>>& jobs);
+  Vec head_backward(const Chunk& ch, ChunkState& st, const Vec& dlogits,
+                    std::vector<std::function<void()>>& jobs);
 
-  void embedding_backward(ChunkState& st, const Vec& dx, std::vector<std::function<void()>>& jobs);
+  void embedding_backward(const Chunk& ch, ChunkState& st, const Vec& dx,
+                          std::vector<std::function<void()>>& jobs);
 
   // Backward (or its input half) of one (micro-batch, chunk).
   void backward(Count mb, Count c, bool split);
@@ -399,6 +406,11 @@ class Trainer {
 
   // ---- the step -------------------------------------------------------------------------------
   std::pair<double, bool> train_step(Count step);
+
+  // DualPipe (trainer_dualpipe.cpp): once per step, before the data-parallel reduction, the
+  // gradients of this stage's two model stages are exchanged with the stage holding their other
+  // copies (pp - 1 - stage) and summed, so both copies take the same optimizer step.
+  void mirror_gradients();
 
   // The reduced gradient this rank holds (the optimizer's range of every unit, as
   // optimizer_step reads it), element by element with its parameter and index in the unsharded
@@ -432,6 +444,8 @@ class Trainer {
   int stage_ = 0;
   bool sp_ = false;
   bool vee_ = false;  // V placement: chunk 0 at virtual stage s, chunk 1 at 2p - 1 - s
+  // DualPipe's bidirectional placement: chunk c is direction c's model stage (vstage()).
+  bool bidir_ = false;
   sim::SchedulePrograms program_;
   std::vector<Unit> units_;
   std::vector<Chunk> chunks_;

@@ -86,11 +86,13 @@ void Trainer::build_units() {
       for (int st = 0; st < stage_; ++st) first += counts[static_cast<std::size_t>(st)];
       ch.first_layer = first;
     } else {
-      ch.first_layer = vs * per_chunk;
+      // Interleaved and V: virtual stage vs of the one pipeline; DualPipe: model stage vs mod pp
+      // of direction vs / pp (vstage()).
+      ch.first_layer = (vs % pipeline_length()) * per_chunk;
     }
     ch.num_layers = per_chunk;
-    ch.first = vs == 0;
-    ch.last = vs == pp_ * v_ - 1;
+    ch.first = vs % pipeline_length() == 0;
+    ch.last = vs % pipeline_length() == pipeline_length() - 1;
     if (ch.first) {
       Unit u;
       u.kind = 1;

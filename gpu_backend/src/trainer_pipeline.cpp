@@ -76,8 +76,10 @@ void Trainer::exchange(Tensor* in, int peer, P2PTag t) {
 int Trainer::stream_of(const P2PTag& t) const {
   // Under a V, stage s sends stage s + 1 chunk 0's activations and chunk 1's gradients, each in
   // micro-batch order, but the two interleave differently on the two stages' programs: each kind
-  // is its own stream. The other schedules keep one order for all (NCCL's).
-  if (!vee_) return 0;
+  // is its own stream. DualPipe likewise: from stage s to s + 1 go direction 0's activations and
+  // direction 1's gradients, each in micro-batch order (and the reverse way the other two).
+  // The other schedules keep one order for all (NCCL's).
+  if (!vee_ && !bidir_) return 0;
   return t.kind == P2PTag::Kind::activation ? 1 : 2;
 }
 
@@ -95,10 +97,16 @@ bool Trainer::receives_first(const sim::Action& a) const {
 }
 
 Count Trainer::vstage(Count c) const {
+  if (bidir_) return c * pp_ + dualpipe_model_stage(pp_, stage_, c);
   return virtual_stage_of(vee_, pp_, stage_, c);
 }
 
+Count Trainer::pipeline_length() const {
+  return bidir_ ? pp_ : pp_ * v_;
+}
+
 int Trainer::stage_of(Count vs) const {
+  if (bidir_) return static_cast<int>(dualpipe_locate(pp_, vs % pp_, vs / pp_).stage);
   return static_cast<int>(locate_virtual_stage(vee_, pp_, vs).stage);
 }
 
@@ -183,7 +191,7 @@ void Trainer::forward(Count step, Count mb, Count c) {
   }
   if (ch.last) {
     acquire_in_pass(pass, pi);
-    head_forward(st, x, step, mb);
+    head_forward(ch, st, x, step, mb);
     release(pass[pi]);
   } else if (const int to = stage_of(vstage(c) + 1); to == stage_) {
     keep_local(x, tag(false, mb, vstage(c) + 1));
@@ -206,8 +214,7 @@ void Trainer::add_positions(Unit& u, Vec& e, bool fwd_dir) {
   cpu::add_position_forward(pos.data(), e.data(), sl, t_.micro_batch_size, h_);
 }
 
-void Trainer::head_forward(ChunkState& st, const Vec& x, Count step, Count mb) {
-  const Chunk& ch = chunks_.back();
+void Trainer::head_forward(const Chunk& ch, ChunkState& st, const Vec& x, Count step, Count mb) {
   Unit& u = units_[static_cast<std::size_t>(ch.head)];
   const bool ln = m_.norm == Norm::layernorm;
   HeadSaved hs;
@@ -259,9 +266,8 @@ Vec Trainer::head_loss_grad(ChunkState& st) {
   return dlogits;
 }
 
-Vec Trainer::head_backward(ChunkState& st, const Vec& dlogits,
+Vec Trainer::head_backward(const Chunk& ch, ChunkState& st, const Vec& dlogits,
                            std::vector<std::function<void()>>& jobs) {
-  const Chunk& ch = chunks_.back();
   const int ui = ch.head;
   Unit& u = units_[static_cast<std::size_t>(ui)];
   const bool ln = m_.norm == Norm::layernorm;
@@ -289,9 +295,9 @@ Vec Trainer::head_backward(ChunkState& st, const Vec& dlogits,
   return dx;
 }
 
-void Trainer::embedding_backward(ChunkState& st, const Vec& dx,
+void Trainer::embedding_backward(const Chunk& ch, ChunkState& st, const Vec& dx,
                                  std::vector<std::function<void()>>& jobs) {
-  const int ui = chunks_.front().embedding;
+  const int ui = ch.embedding;
   auto ids = st.ids;
   jobs.push_back([this, ui, dx, ids] {
     Unit& u = units_[static_cast<std::size_t>(ui)];
@@ -341,7 +347,7 @@ void Trainer::backward(Count mb, Count c, bool split) {
   if (ch.last) {
     const Vec dlogits = head_loss_grad(st);
     acquire_in_pass(pass, pi);
-    dy = head_backward(st, dlogits, jobs);
+    dy = head_backward(ch, st, dlogits, jobs);
     flush(jobs, pass[pi]);
     release(pass[pi++]);
   } else if (const int from = stage_of(vstage(c) + 1); from == stage_) {
@@ -364,7 +370,7 @@ void Trainer::backward(Count mb, Count c, bool split) {
   }
   if (ch.first) {
     acquire_in_pass(pass, pi);
-    embedding_backward(st, dy, jobs);
+    embedding_backward(ch, st, dy, jobs);
     flush(jobs, pass[pi]);
     release(pass[pi]);
   } else if (const int to = stage_of(vstage(c) - 1); to == stage_) {
@@ -427,6 +433,7 @@ std::pair<double, bool> Trainer::train_step(Count step) {
   flush_sends();
   g_.pp->barrier();
   const auto t0 = Clock::now();
+  if (bidir_) mirror_gradients();
   // Tied embeddings (pp > 1): the first stage's word embedding and the last stage's copy sum
   // their gradients over the embedding group, once per step (Megatron-LM's
   // _allreduce_word_embedding_grads), before the data-parallel reduction.

@@ -53,9 +53,6 @@ Bytes ring_wire_bytes(CollectiveOp op, Bytes buffer_bytes, Count n) noexcept {
 
 namespace {
 
-// DualPipe's once-per-step exchange of gradients between the two copies of a model stage.
-constexpr std::string_view kMirrorGradients = "mirror stage gradients (DualPipe)";
-
 Count ceil_div(Count a, Count b) noexcept {
   return (a + b - 1) / b;
 }
@@ -517,9 +514,7 @@ class Estimator {
     // their own, reduced (and ZeRO-sharded) over the expert data-parallel group apart from the
     // dense part; validation keeps ZeRO-3 and hybrid sharding away from MoE models.
     if (moe_.enabled() && u.layer.count > 0) {
-      const Count edp = group(Group::edp).size;
-      const Count unit =
-          p_.zero_stage == 0 ? moe_.expert_params : ceil_div(moe_.expert_params, edp) * edp;
+      const Count unit = expert_unit_elements();
       const Bytes eg = unit * gb(), ew = unit * cb();
       const Count n = u.layer.count;
       switch (p_.zero_stage) {
@@ -635,17 +630,30 @@ class Estimator {
         // DualPipe keeps two copies of every model stage (on stages s and pp - 1 - s): once per
         // step each stage sends its gradients to the other copy's stage and adds what it
         // receives (deepseek-ai/DualPipe examples/example_dualpipe.py sums p0.grad and the
-        // mirror's p1.grad), before the data-parallel reduction (ZeRO 0/1: full gradients).
-        Bytes grads = 0;
+        // mirror's p1.grad, parameter by parameter), before the data-parallel reduction (ZeRO
+        // 0/1: full gradients). One send per unit, as the data-parallel reduction goes.
         for (const Unit* x : {&u.layer, &u.embedding, &u.head})
-          grads += padded(x->params) * x->count * gb();
-        add(out, Group::pp, CollectiveOp::send_recv, kMirrorGradients, grads, 1);
+          add(out, Group::pp, CollectiveOp::send_recv, kMirrorGradients, padded(x->params) * gb(),
+              x->count);
+        // A MoE layer's routed experts on this rank are a unit of their own; the mirror stage
+        // holds the same experts (same ep rank) of the same layers.
+        if (moe_.enabled()) {
+          add(out, Group::pp, CollectiveOp::send_recv, kMirrorGradients,
+              expert_unit_elements() * gb(), u.layer.count);
+        }
       }
       if (m_.tied_embeddings && head_stage(p_.schedule, pp) != 0 && (st == 0 || st == pp - 1)) {
         add(out, Group::embedding, CollectiveOp::all_reduce, "tied embedding gradients",
             vocab_ * m_.hidden_size / p_.tp * gb(), 1);
       }
     }
+  }
+
+  // Elements of one MoE layer's routed-experts unit on a rank: its expert parameters, padded to
+  // a multiple of the expert data-parallel group under ZeRO (the unit is sharded over it).
+  [[nodiscard]] Count expert_unit_elements() const {
+    const Count edp = group(Group::edp).size;
+    return p_.zero_stage == 0 ? moe_.expert_params : ceil_div(moe_.expert_params, edp) * edp;
   }
 
   // Bytes one GPU sends per pipeline transfer: the activation, or its 1/t share when it is

@@ -35,11 +35,14 @@ namespace {
 
 using J = nlohmann::json;
 
+constexpr Count kGlobalBatch = 4;
+
 struct MoeLayout {
   const char* name;
   J parallel;
   const char* router = "softmax";
   bool router_bias = false;
+  Count global_batch = kGlobalBatch;  // DualPipe needs 2 pp micro-batches per dp rank
 };
 
 void PrintTo(const MoeLayout& l, std::ostream* os) {
@@ -49,7 +52,7 @@ void PrintTo(const MoeLayout& l, std::ostream* os) {
 // The model's sizes, named for the hand counts below.
 constexpr Count kLayers = 4, kHidden = 64, kHeads = 4, kKvHeads = 2, kFfn = 128, kVocab = 512;
 constexpr Count kExperts = 4, kTopK = 2, kExpertFfn = 32, kSharedFfn = 32, kFirstDense = 1;
-constexpr Count kSeq = 32, kGlobalBatch = 4;
+constexpr Count kSeq = 32;
 
 J moe_scenario(const MoeLayout& l) {
   const Count ranks =
@@ -76,7 +79,7 @@ J moe_scenario(const MoeLayout& l) {
           {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", ranks}, {"gpus_per_node", 8}}},
           {"training",
            {{"seq_length", kSeq},
-            {"global_batch_size", kGlobalBatch},
+            {"global_batch_size", l.global_batch},
             {"micro_batch_size", 1},
             {"precision", "fp32"},
             {"grad_accumulation_dtype", "fp32"},
@@ -253,6 +256,10 @@ INSTANTIATE_TEST_SUITE_P(
 // shared expert, each routed expert, attention, embedding, head) equals one rank's element by
 // element, within GradientTest's bound (training_test.cpp: 1e-5 of the parameter's largest
 // gradient plus 1e-7; fp32 sums in other orders differ by rounding only).
+const MoeLayout kDualPipe{"ep2_dp2_pp2_dualpipe",
+                          J{{"dp", 2}, {"pp", 2}, {"ep", 2}, {"schedule", "dualpipe"}}, "softmax",
+                          false, 8};
+
 class MoeGradientMpiTest : public ::testing::TestWithParam<MoeLayout> {};
 
 std::map<std::uint64_t, std::map<Count, std::vector<float>>> read_dumps(const std::string& dir) {
@@ -312,8 +319,43 @@ INSTANTIATE_TEST_SUITE_P(
     Layouts, MoeGradientMpiTest,
     ::testing::Values(MoeLayout{"ep2_dp4_zero1", J{{"dp", 4}, {"ep", 2}, {"zero_stage", 1}}},
                       MoeLayout{"ep2_tp2_sp_dp2",
-                                J{{"tp", 2}, {"dp", 2}, {"ep", 2}, {"sequence_parallel", true}}}),
+                                J{{"tp", 2}, {"dp", 2}, {"ep", 2}, {"sequence_parallel", true}}},
+                      // DualPipe: each MoE layer's routed experts have two copies too (stages s
+                      // and pp - 1 - s, the same ep rank), summed by the mirror exchange.
+                      kDualPipe),
     [](const auto& info) { return std::string(info.param.name); });
+
+// DualPipe's mirror exchange sends the stage's whole gradient once per step: every gradient
+// buffer the rank holds (ZeRO-0: its gradient memory, routed experts included), one pipeline
+// send per unit, which is the planner's kMirrorGradients entries for the stage. At pp = 2 each
+// stage holds the whole model: the embedding, the LM head, and per layer its unit and its routed
+// experts' unit. Every layer is a MoE layer
+// here: the planner counts a MoE model's layers alike (its MoE estimate is not yet per layer,
+// moe_json.h), so a dense first layer would differ from it by that layer's MLP.
+TEST(MoeTraining, DualPipeMirrorSendsTheStagesWholeGradientAsPlanned) {
+  J doc = moe_scenario(kDualPipe);
+  doc["model"]["moe"]["first_dense_layers"] = 0;
+  const Scenario s = scenario_for_training(doc);
+  const Count ranks = s.parallel.dp * s.parallel.pp;
+  const Measurement m = run_moe(doc, "dualpipe_mirror", ranks, 1);
+  ASSERT_EQ(static_cast<Count>(m.ranks.size()), ranks);
+  for (const RankMeasurement& r : m.ranks) {
+    SCOPED_TRACE("rank " + std::to_string(r.rank));
+    CommTotals sent;
+    for (const auto& [k, v] : r.communication)
+      if (std::get<2>(k) == kMirrorGradients) sent.bytes += v.bytes, sent.calls += v.calls;
+    EXPECT_EQ(sent.calls, 2 + 2 * kLayers);
+    EXPECT_EQ(sent.bytes, r.memory.peak_of(MemoryTag::gradients));
+    CommTotals planned;
+    for (const Collective& c : stage_communication(s, static_cast<int>(r.coords.pp))) {
+      if (c.what != kMirrorGradients) continue;
+      planned.bytes += c.bytes_per_call * c.calls_per_step;
+      planned.calls += c.calls_per_step;
+    }
+    EXPECT_EQ(sent.bytes, planned.bytes);
+    EXPECT_EQ(sent.calls, planned.calls);
+  }
+}
 
 // What the backend does not train is refused at its field.
 TEST(MoeTraining, RefusesWhatItDoesNotImplement) {

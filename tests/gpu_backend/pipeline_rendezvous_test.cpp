@@ -363,7 +363,9 @@ INSTANTIATE_TEST_SUITE_P(
         // The V schedules, one with split backward passes and DualPipeV's F&B pairs (v_half and
         // v_min deadlock here as well; left out for the suite's time, 8 s each).
         Case{J{{"pp", 2}, {"schedule", "zb_v"}}, false},
-        Case{J{{"pp", 2}, {"schedule", "dualpipe_v"}}, false}));
+        Case{J{{"pp", 2}, {"schedule", "dualpipe_v"}}, false},
+        // DualPipe: both directions cross between the two stages (m = 4 = 2p).
+        Case{J{{"pp", 2}, {"schedule", "dualpipe"}}, false}));
 
 }  // namespace
 }  // namespace distplan::backend

@@ -20,6 +20,7 @@
 #include "distplan/gpu_backend/gradient_dump.h"
 #include "distplan/gpu_backend/measurement_json.h"
 #include "distplan/gpu_backend/run.h"
+#include "distplan/planner/error.h"
 #include "distplan/planner/estimate.h"
 #include "distplan/planner/layout.h"
 #include "distplan/planner/scenario_json.h"
@@ -40,6 +41,8 @@ struct Layout {
   bool llama = false;
   bool tied = false;  // model.tied_embeddings
   const char* optimizer = "adamw";
+  // training.global_batch_size: DualPipe needs at least 2 pp micro-batches per data-parallel rank.
+  int global_batch = 4;
 };
 
 // Test names and failure messages show the layout's name.
@@ -74,7 +77,7 @@ nlohmann::json tiny_scenario(const Layout& l) {
           {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", ranks}, {"gpus_per_node", 8}}},
           {"training",
            {{"seq_length", 32},
-            {"global_batch_size", 4},
+            {"global_batch_size", l.global_batch},
             {"micro_batch_size", 1},
             {"precision", l.precision},
             {"grad_accumulation_dtype", l.precision},
@@ -141,10 +144,11 @@ void expect_matches_planner(const Scenario& s, const Measurement& m) {
         EXPECT_EQ(r.memory.peak_of(MemoryTag::buffers), sm.buffers_bytes);
       }
     }
-    if (v_shape(s.parallel.schedule)) {
-      // The V layouts (flash attention, no recomputation) hold exactly the planned activation
-      // sets: the program's peak of (micro-batch, chunk) pairs, the embedding's and the head's on
-      // stage 0, and the LM head's logits buffers there.
+    if (two_chunks(s.parallel.schedule)) {
+      // The V and DualPipe layouts (flash attention, no recomputation) hold exactly the planned
+      // activation sets: the program's peak of (micro-batch, chunk) pairs, the embedding's and
+      // the head's where they sit (stage 0 under a V, both end stages under DualPipe), and the
+      // LM head's logits buffers there.
       EXPECT_EQ(r.memory.peak_of(MemoryTag::activations), sm.activations_bytes);
       EXPECT_EQ(r.memory.peak_of(MemoryTag::buffers), sm.buffers_bytes);
     }
@@ -290,6 +294,30 @@ TEST_P(LayoutTest, TrainsLikeOneRankAndMatchesThePlanner) {
   ASSERT_EQ(static_cast<Count>(m.ranks.size()), ranks);
   expect_matches_planner(s, m);
   expect_trace_is_the_program(s, m);
+}
+
+// DualPipe runs as the planner plans it (untied embeddings, ZeRO 0 or 1); a Scenario built in
+// code with tied embeddings or ZeRO-2 is refused at the field, and multi-GPU NCCL runs refuse the
+// schedule (pipeline_rendezvous_test.cpp: it deadlocks under NCCL's matching).
+TEST(Training, DualPipeRefusesWhatItIsNotPlannedFor) {
+  const Layout l{"dualpipe", J{{"pp", 2}, {"schedule", "dualpipe"}}};
+  const Scenario ok = scenario_from_json(tiny_scenario(l));
+  EXPECT_NO_THROW(check_supported(ok));
+  EXPECT_THROW(check_nccl_pipeline(ok.parallel), InputError);
+  auto field_of = [](const Scenario& s) {
+    try {
+      check_supported(s);
+    } catch (const InputError& e) {
+      return e.path();
+    }
+    return std::string("accepted");
+  };
+  Scenario tied = ok;
+  tied.model.tied_embeddings = true;
+  EXPECT_EQ(field_of(tied), "/model/tied_embeddings");
+  Scenario zero2 = ok;
+  zero2.parallel.zero_stage = 2;
+  EXPECT_EQ(field_of(zero2), "/parallel/zero_stage");
 }
 
 // The CUDA device (tensors in device memory, GEMMs in cuBLAS, the other ops through the device
@@ -456,7 +484,16 @@ INSTANTIATE_TEST_SUITE_P(
                true},
         Layout{"cp2_tp2_sp_a2a",
                J{{"cp", 2}, {"cp_comm", "a2a"}, {"tp", 2}, {"sequence_parallel", true}}},
-        Layout{"llama_cp2_a2a", J{{"cp", 2}, {"cp_comm", "a2a"}}, "fp32", "flash", true}),
+        Layout{"llama_cp2_a2a", J{{"cp", 2}, {"cp_comm", "a2a"}}, "fp32", "flash", true},
+        // DualPipe: every parameter has two copies (stages s and pp - 1 - s), each of which must
+        // hold the whole gradient after the mirror exchange: Llama over pp2, GPT over pp4 (one
+        // layer per model stage) and ZeRO-1 shards over dp2.
+        Layout{"llama_pp2_dualpipe", J{{"pp", 2}, {"schedule", "dualpipe"}}, "fp32", "flash", true},
+        Layout{"pp4_dualpipe", J{{"pp", 4}, {"schedule", "dualpipe"}}, "fp32", "flash", false,
+               false, "adamw", 8},
+        Layout{"zero1_dp2_pp2_dualpipe",
+               J{{"dp", 2}, {"pp", 2}, {"schedule", "dualpipe"}, {"zero_stage", 1}}, "fp32",
+               "flash", false, false, "adamw", 8}),
     [](const auto& info) { return std::string(info.param.name); });
 
 INSTANTIATE_TEST_SUITE_P(
@@ -481,6 +518,19 @@ INSTANTIATE_TEST_SUITE_P(
         Layout{"pp2_v_half", J{{"pp", 2}, {"schedule", "v_half"}}},
         Layout{"pp2_v_min", J{{"pp", 2}, {"schedule", "v_min"}}},
         Layout{"pp2_dualpipe_v", J{{"pp", 2}, {"schedule", "dualpipe_v"}}},
+        // DualPipe (m = 2p): stage s holds model stage s of direction 0 and pp - 1 - s of
+        // direction 1, so both end stages hold an embedding and an LM head; the two copies of
+        // each model stage sum their gradients once per step (the mirror exchange), before the
+        // data-parallel reduction (here ZeRO-1 over dp2).
+        Layout{"pp2_dualpipe", J{{"pp", 2}, {"schedule", "dualpipe"}}},
+        Layout{"pp4_dualpipe", J{{"pp", 4}, {"schedule", "dualpipe"}}, "fp32", "flash", false,
+               false, "adamw", 8},
+        Layout{"zero1_dp2_pp2_dualpipe",
+               J{{"dp", 2}, {"pp", 2}, {"schedule", "dualpipe"}, {"zero_stage", 1}}, "fp32",
+               "flash", false, false, "adamw", 8},
+        // SGD: a copy that missed its mirror's gradient takes half the step, visible in the loss.
+        Layout{"sgd_pp4_dualpipe", J{{"pp", 4}, {"schedule", "dualpipe"}}, "fp32", "flash", false,
+               false, "sgd", 8},
         Layout{"zero1_dp2", J{{"dp", 2}, {"zero_stage", 1}}},
         Layout{"zero2_dp2", J{{"dp", 2}, {"zero_stage", 2}}},
         Layout{"zero3_dp2", J{{"dp", 2}, {"zero_stage", 3}}},

@@ -233,6 +233,31 @@ TEST(ValidateCli, HybridShardingAndTiedEmbeddingsMatchThePlannersCollectives) {
   EXPECT_NE(r.err.find("/model/tied_embeddings"), std::string::npos) << r.err;
 }
 
+// DualPipe through the CLI (pp = 2, m = 4 = 2p): accepted, every stage's collectives (the
+// pipeline sends of both directions and the mirror exchange) and its weights, gradients,
+// optimizer states (two model stages per stage), activations and buffers equal the planner's.
+TEST(ValidateCli, DualPipeMatchesThePlannerExactly) {
+  const std::string dir = ::testing::TempDir() + "/validate_dualpipe";
+  const std::string scenario = two_rank_scenario(dir, {{"pp", 2}, {"schedule", "dualpipe"}});
+  const CliResult r = run_cli("validate " + scenario + " --steps 2 --timeout 60", "", dir);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json doc = json::parse(r.out);
+  const json& stages = doc.at("relative_error").at("communication").at("stages");
+  ASSERT_EQ(stages.size(), 2u);
+  for (const json& st : stages) {
+    ASSERT_TRUE(st.at("collectives").contains("pp/send_recv")) << st.dump();
+    for (const auto& [name, v] : st.at("collectives").items()) {
+      ASSERT_TRUE(v.is_number()) << name;
+      EXPECT_EQ(v.get<double>(), 0.0) << name;
+    }
+  }
+  for (const json& es : doc.at("relative_error").at("memory").at("stages")) {
+    for (const char* m : {"weights_bytes", "gradients_bytes", "optimizer_bytes",
+                          "activations_bytes", "buffers_bytes"})
+      EXPECT_EQ(es.at(m).get<double>(), 0.0) << m;
+  }
+}
+
 // Context parallelism with tensor parallelism, 4 ranks in the order tp, cp, dp, pp, for each
 // cp_comm (the ring, the KV all-gather, Ulysses' all-to-all): every collective, the cp group's
 // included, and every memory category but the time-dependent total equal the planner's exactly.

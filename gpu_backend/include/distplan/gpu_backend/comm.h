@@ -70,8 +70,9 @@ struct P2POp {
   std::string what;  // sends: the CommLog entry
   std::shared_ptr<void> keep_alive;
   /// Messages between a pair match in issue order within a stream. Stream 0 is the one NCCL has
-  /// (every message in one order); the V schedules send activations and gradients each in their
-  /// own order (stream 1 + kind), which the MPI path keeps apart (its own MPI tag per stream).
+  /// (every message in one order); the V schedules and DualPipe send activations and gradients
+  /// each in their own order (stream 1 + kind), which the MPI path keeps apart (its own MPI tag
+  /// per stream).
   int stream = 0;
 };
 

@@ -73,6 +73,10 @@ enum class Link { intra_node, inter_node };
 /// (nccl-tests' bus-bandwidth factors; docs/communication.md).
 [[nodiscard]] Bytes ring_wire_bytes(CollectiveOp op, Bytes buffer_bytes, Count group_size) noexcept;
 
+/// What DualPipe's once-per-step exchange of gradients between the two copies of a model stage
+/// is called (stage_communication lists it; the training backend records its send under it).
+inline constexpr std::string_view kMirrorGradients = "mirror stage gradients (DualPipe)";
+
 struct Collective {
   Group group = Group::dp;
   CollectiveOp op = CollectiveOp::all_reduce;
