@@ -246,13 +246,15 @@ Exported megatron(const Scenario& s, Exported out) {
     flag("--overlap-param-gather");
   }
 
-  out.to_add = {
-      fmt::format("the tokenizer (--tokenizer-type, --tokenizer-model; its vocabulary must be {})",
-                  m.vocab_size),
-      "the data (--data-path, --split)",
-      "the run length and learning-rate schedule (--train-iters, --lr, --min-lr, "
-      "--lr-decay-style, --lr-warmup-iters), --weight-decay, --clip-grad",
-      "checkpoints (--save, --load, --save-interval)"};
+  // What every run adds, before what this model needs beyond Megatron-LM (added above).
+  out.to_add.insert(
+      out.to_add.begin(),
+      {fmt::format("the tokenizer (--tokenizer-type, --tokenizer-model; its vocabulary must be {})",
+                   m.vocab_size),
+       "the data (--data-path, --split)",
+       "the run length and learning-rate schedule (--train-iters, --lr, --min-lr, "
+       "--lr-decay-style, --lr-warmup-iters), --weight-decay, --clip-grad",
+       "checkpoints (--save, --load, --save-interval)"});
 
   std::ostringstream o;
   o << fit_warning(out);
