@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include <Eigen/Core>
@@ -246,6 +247,19 @@ void causal_scores(const T* q, const T* k, std::vector<double>& sc, Count i, Cou
   (void)s;
 }
 
+// Query row i's causal softmax, unnormalised: sc[j] = exp(score_j - max) for j <= i (the stable
+// form both attention cores share); returns the max and the sum of sc.
+template <class T>
+std::pair<double, double> causal_exp_row(const T* q, const T* k, std::vector<double>& sc, Count i,
+                                         Count bi, Count h, Count s, Count b, Count a, Count g,
+                                         Count d) {
+  causal_scores(q, k, sc, i, bi, h, s, b, a, g, d);
+  const double mx = *std::max_element(sc.begin(), sc.begin() + i + 1);
+  double sum = 0;
+  for (Count j = 0; j <= i; ++j) sum += (sc[j] = std::exp(sc[j] - mx));
+  return {mx, sum};
+}
+
 }  // namespace
 
 template <class T>
@@ -256,10 +270,7 @@ void attention_forward(const T* q, const T* k, const T* v, T* out, T* probs, Cou
     for (Count h = 0; h < a; ++h) {
       const Count hk = h / (a / g);
       for (Count i = 0; i < s; ++i) {
-        causal_scores(q, k, sc, i, bi, h, s, b, a, g, d);
-        const double mx = *std::max_element(sc.begin(), sc.begin() + i + 1);
-        double sum = 0;
-        for (Count j = 0; j <= i; ++j) sum += (sc[j] = std::exp(sc[j] - mx));
+        const double sum = causal_exp_row(q, k, sc, i, bi, h, s, b, a, g, d).second;
         T* p = probs + ((bi * a + h) * s + i) * s;
         for (Count j = 0; j < s; ++j) p[j] = j <= i ? static_cast<T>(sc[j] / sum) : T(0);
         T* o = out + qoff(i, bi, h, b, a, d);
@@ -338,10 +349,7 @@ void flash_attention_forward(const T* q, const T* k, const T* v, T* out, T* lse,
     for (Count h = 0; h < a; ++h) {
       const Count hk = h / (a / g);
       for (Count i = 0; i < s; ++i) {
-        causal_scores(q, k, sc, i, bi, h, s, b, a, g, d);
-        const double mx = *std::max_element(sc.begin(), sc.begin() + i + 1);
-        double sum = 0;
-        for (Count j = 0; j <= i; ++j) sum += (sc[j] = std::exp(sc[j] - mx));
+        const auto [mx, sum] = causal_exp_row(q, k, sc, i, bi, h, s, b, a, g, d);
         lse[(bi * a + h) * s + i] = static_cast<T>(mx + std::log(sum));
         T* o = out + qoff(i, bi, h, b, a, d);
         for (Count e = 0; e < d; ++e) {
