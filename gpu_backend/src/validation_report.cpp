@@ -25,6 +25,18 @@ json to_json(const RelativeError& e) {
   return e ? json(*e) : json(nullptr);
 }
 
+// The plan's figure for each category of one stage, as measured on the CPU (no device runtime).
+std::map<std::string, Bytes> predicted_bytes(const StageMemory& ps) {
+  return {{"weights", ps.weights_bytes},
+          {"gradients", ps.gradients_bytes},
+          {"optimizer", ps.optimizer_bytes},
+          {"activations", ps.activations_bytes},
+          {"buffers", ps.buffers_bytes},
+          {"runtime", ps.runtime_bytes},
+          {"total", ps.total_bytes - ps.runtime_bytes},
+          {"reserved", ps.reserved_bytes - ps.runtime_bytes}};
+}
+
 std::string pct(const RelativeError& e) {
   return e ? fmt::format("{:+.2f} %", 100 * *e) : std::string("n/a");
 }
@@ -114,22 +126,18 @@ ValidationReport compare(const Scenario& s, const Estimate& e, const Measurement
     }
     if (!present) continue;
     r.peak_bytes = std::max(r.peak_bytes, ms.bytes["total"]);
-    const StageMemory& ps = e.memory.stages[static_cast<std::size_t>(st)];
-    const std::map<std::string, Bytes> predicted = {
-        {"weights", ps.weights_bytes},
-        {"gradients", ps.gradients_bytes},
-        {"optimizer", ps.optimizer_bytes},
-        {"activations", ps.activations_bytes},
-        {"buffers", ps.buffers_bytes},
-        {"runtime", ps.runtime_bytes},
-        {"total", ps.total_bytes - ps.runtime_bytes},
-        {"reserved", ps.reserved_bytes - ps.runtime_bytes}};
+    const std::map<std::string, Bytes> predicted =
+        predicted_bytes(e.memory.stages[static_cast<std::size_t>(st)]);
     StageMemoryError es;
     es.stage = st;
     for (const char* c : kCategories) {
       // Host memory has no device runtime: runtime is not measured, and the measured total (the
-      // tracked joint peak) is compared with the predicted total less the runtime reserve.
-      if (std::string(c) == "runtime") {
+      // tracked joint peak) is compared with the predicted total less the runtime reserve. The
+      // generic profile has no allocator model (its reserved is its total): nothing to compare
+      // the allocator replay's reserved bytes with.
+      const bool reserved_unmodelled =
+          std::string(c) == "reserved" && !s.assumptions.framework_profile.models_allocator;
+      if (std::string(c) == "runtime" || reserved_unmodelled) {
         es.by_category[c] = std::nullopt;
         continue;
       }
@@ -354,16 +362,8 @@ std::string to_table(const ValidationReport& r) {
   for (std::size_t i = 0; i < r.memory.size(); ++i) {
     const StageMemoryMeasured& ms = r.memory[i];
     const StageMemoryError& es = r.memory_error[i];
-    const StageMemory& ps = e.memory.stages[static_cast<std::size_t>(ms.stage)];
-    const std::map<std::string, Bytes> predicted = {
-        {"weights", ps.weights_bytes},
-        {"gradients", ps.gradients_bytes},
-        {"optimizer", ps.optimizer_bytes},
-        {"activations", ps.activations_bytes},
-        {"buffers", ps.buffers_bytes},
-        {"runtime", ps.runtime_bytes},
-        {"total", ps.total_bytes - ps.runtime_bytes},
-        {"reserved", ps.reserved_bytes - ps.runtime_bytes}};
+    const std::map<std::string, Bytes> predicted =
+        predicted_bytes(e.memory.stages[static_cast<std::size_t>(ms.stage)]);
     auto measured = [&](const std::string& k) {
       const auto it = ms.bytes.find(k);
       return it == ms.bytes.end() ? 0.0 : static_cast<double>(it->second);
@@ -385,6 +385,10 @@ std::string to_table(const ValidationReport& r) {
   }
   t << "  (temporaries: activation gradients and collective staging that live inside one op;\n"
        "   the planner has no such category, the measured total includes them)\n";
+  if (!r.scenario.assumptions.framework_profile.models_allocator) {
+    t << "  (reserved: the generic profile has no allocator model; set training.framework to\n"
+         "   compare the allocator replay's reserved bytes with the plan's)\n";
+  }
 
   t << "\nCollectives per GPU per step (bytes handed)    predicted       measured   rel. error\n";
   for (std::size_t i = 0; i < r.collectives_error.size(); ++i) {

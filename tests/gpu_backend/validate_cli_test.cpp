@@ -131,7 +131,8 @@ TEST(ValidateCli, TwoRankLayoutReportsPredictedAndMeasured) {
     // The caching-allocator replay reserves at least the joint peak of the tensors it served.
     EXPECT_GE(ms[i].at("reserved_bytes").get<long long>(),
               ms[i].at("total_bytes").get<long long>());
-    EXPECT_TRUE(es[i].at("reserved_bytes").is_number());
+    // The generic profile (this scenario's) has no allocator model: reserved is not compared.
+    EXPECT_TRUE(es[i].at("reserved_bytes").is_null());
   }
   // Point-to-point traffic of both stages equals the planner's, byte for byte.
   for (const json& st : doc.at("relative_error").at("communication").at("stages"))
