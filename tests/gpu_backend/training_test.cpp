@@ -320,6 +320,27 @@ TEST(Training, DualPipeRefusesWhatItIsNotPlannedFor) {
   EXPECT_EQ(field_of(zero2), "/parallel/zero_stage");
 }
 
+// BLOOM's ALiBi and embedding norm are planned but not trained: the backend refuses each at its
+// field rather than train a model without them.
+TEST(Training, RefusesTheBloomFeaturesItDoesNotTrain) {
+  const Scenario ok = scenario_from_json(tiny_scenario(Layout{"single", J{{"tp", 1}}}));
+  EXPECT_NO_THROW(check_supported(ok));
+  auto field_of = [](const Scenario& s) {
+    try {
+      check_supported(s);
+    } catch (const InputError& e) {
+      return e.path();
+    }
+    return std::string("accepted");
+  };
+  Scenario alibi = ok;
+  alibi.model.position_embedding = PositionEmbedding::alibi;
+  EXPECT_EQ(field_of(alibi), "/model/position_embedding");
+  Scenario norm = ok;
+  norm.model.embedding_norm = true;
+  EXPECT_EQ(field_of(norm), "/model/embedding_norm");
+}
+
 // The CUDA device (tensors in device memory, GEMMs in cuBLAS, the other ops through the device
 // dispatch) trains the single-rank model like the CPU oracle within `tol` of its losses and
 // measures the same bytes per category. Skips itself without a GPU.
