@@ -296,6 +296,16 @@ TEST_P(LayoutTest, TrainsLikeOneRankAndMatchesThePlanner) {
   expect_trace_is_the_program(s, m);
 }
 
+// The JSON path check_supported refuses `s` at, or "accepted".
+std::string refused_field(const Scenario& s) {
+  try {
+    check_supported(s);
+  } catch (const InputError& e) {
+    return e.path();
+  }
+  return "accepted";
+}
+
 // DualPipe runs as the planner plans it (untied embeddings, ZeRO 0 or 1); a Scenario built in
 // code with tied embeddings or ZeRO-2 is refused at the field, and multi-GPU NCCL runs refuse the
 // schedule (pipeline_rendezvous_test.cpp: it deadlocks under NCCL's matching).
@@ -304,20 +314,12 @@ TEST(Training, DualPipeRefusesWhatItIsNotPlannedFor) {
   const Scenario ok = scenario_from_json(tiny_scenario(l));
   EXPECT_NO_THROW(check_supported(ok));
   EXPECT_THROW(check_nccl_pipeline(ok.parallel), InputError);
-  auto field_of = [](const Scenario& s) {
-    try {
-      check_supported(s);
-    } catch (const InputError& e) {
-      return e.path();
-    }
-    return std::string("accepted");
-  };
   Scenario tied = ok;
   tied.model.tied_embeddings = true;
-  EXPECT_EQ(field_of(tied), "/model/tied_embeddings");
+  EXPECT_EQ(refused_field(tied), "/model/tied_embeddings");
   Scenario zero2 = ok;
   zero2.parallel.zero_stage = 2;
-  EXPECT_EQ(field_of(zero2), "/parallel/zero_stage");
+  EXPECT_EQ(refused_field(zero2), "/parallel/zero_stage");
 }
 
 // BLOOM's ALiBi and embedding norm are planned but not trained: the backend refuses each at its
@@ -325,20 +327,12 @@ TEST(Training, DualPipeRefusesWhatItIsNotPlannedFor) {
 TEST(Training, RefusesTheBloomFeaturesItDoesNotTrain) {
   const Scenario ok = scenario_from_json(tiny_scenario(Layout{"single", J{{"tp", 1}}}));
   EXPECT_NO_THROW(check_supported(ok));
-  auto field_of = [](const Scenario& s) {
-    try {
-      check_supported(s);
-    } catch (const InputError& e) {
-      return e.path();
-    }
-    return std::string("accepted");
-  };
   Scenario alibi = ok;
   alibi.model.position_embedding = PositionEmbedding::alibi;
-  EXPECT_EQ(field_of(alibi), "/model/position_embedding");
+  EXPECT_EQ(refused_field(alibi), "/model/position_embedding");
   Scenario norm = ok;
   norm.model.embedding_norm = true;
-  EXPECT_EQ(field_of(norm), "/model/embedding_norm");
+  EXPECT_EQ(refused_field(norm), "/model/embedding_norm");
 }
 
 // The CUDA device (tensors in device memory, GEMMs in cuBLAS, the other ops through the device
