@@ -31,11 +31,23 @@ FrameworkProfile pytorch_runtime() noexcept {
   // CUDA context of a PyTorch process with lazy module loading (CUDA >= 11.7, the default since
   // PyTorch 1.13): about 0.5 GiB on A100/H100 as nvidia-smi shows it beside an empty allocator.
   p.cuda_context_bytes = Bytes{512} << 20;
-  // NCCL_BUFFSIZE default 4 MiB (NCCL docs, "Environment Variables"); NVLink nodes run 16
-  // channels per communicator in NCCL's topology search on A100/H100 systems (NCCL_MIN_NCHANNELS /
-  // NCCL_MAX_NCHANNELS bound it).
+  // NCCL's per-connection buffers at their defaults (NVIDIA/nccl v2.12.12, src/init.cc and
+  // src/include/devcomm.h): SIMPLE NCCL_BUFFSIZE 1 << 22; LL 8 lines x 512 threads x 8 steps x
+  // 16 bytes; LL128 120 elements x 640 threads x 8 steps x 8 bytes. Unchanged through 2.28.
   p.nccl_buffer_bytes = Bytes{4} << 20;
+  p.nccl_ll_buffer_bytes = Bytes{8} * 512 * 8 * 16;
+  p.nccl_ll128_buffer_bytes = Bytes{120} * 640 * 8 * 8;
+  // NVLink nodes run 16 channels per communicator in NCCL's topology search on A100/H100
+  // systems (NCCL_MIN_NCHANNELS / NCCL_MAX_NCHANNELS bound it).
   p.nccl_channels = 16;
+  // Fitted: NVIDIA/nccl issue #964 measured 544 MiB per 2-rank communicator on 4 x A100 (NVLink,
+  // PyTorch, after a 4 MB all-reduce); its ring and tree buffers are 2 receive connections x 16
+  // channels x 10 MiB = 320 MiB, leaving 224 MiB. The same issue's 688 MiB for 4-rank groups
+  // checks it (predicted 704 MiB: data/reference/nccl_communicator_memory.json).
+  p.nccl_communicator_bytes = Bytes{224} << 20;
+  // PyTorch frameworks run a collective on the default group at start-up (Megatron-LM's
+  // pretrain() all-reduces its start time; DeepSpeed's engine and torchtitan build on it).
+  p.nccl_world_group = true;
   // cuBLAS workspace: PyTorch's default CUBLAS_WORKSPACE_CONFIG on Hopper, ":4096:8" = 32 MiB
   // (aten/src/ATen/cuda/CublasHandlePool.cpp), allocated through the caching allocator.
   p.cublas_workspace_bytes = Bytes{32} << 20;
@@ -60,6 +72,12 @@ FrameworkProfile framework_profile(Framework f) noexcept {
       // (core/tensor_parallel/cross_entropy.py) upcasts once and works in place.
       FrameworkProfile p = pytorch_runtime();
       p.loss_fp32_copies = 1;
+      // NCCL groups: clip_grad_norm all-reduces the norm over the model-parallel group
+      // (core/optimizer/clip_grads.py); pipeline messages go through batch_isend_irecv over the
+      // pipeline group (core/pipeline_parallel/p2p_communication.py), whose first call creates a
+      // communicator of the whole group (PyTorch docs, torch.distributed.batch_isend_irecv).
+      p.nccl_model_parallel_group = true;
+      p.nccl_pipeline_group = true;
       return p;
     }
     case Framework::deepspeed: {
@@ -78,6 +96,16 @@ FrameworkProfile framework_profile(Framework f) noexcept {
       p.keeps_compute_dtype_gradients = true;
       p.gradient_upcast_transient = true;
       p.pipeline_output_buffers = true;
+      // NCCL groups of the pipeline engine (runtime/pipe/topology.py creates its own groups;
+      // same commit): send/recv between neighbours (runtime/pipe/p2p.py, torch >= 1.8: one
+      // communicator per rank pair in ProcessGroupNCCL), the loss broadcast over the pipeline
+      // group (engine.py, _aggregate_total_loss), the model-parallel all-reduce (engine.py at
+      // start-up, and the gradient norm), and the slice group that gathers partitioned stage
+      // tensors (PartitionedTensor.full), beside the model's own tensor-parallel group.
+      p.nccl_model_parallel_group = true;
+      p.nccl_pipeline_group = true;
+      p.nccl_pipeline_pairs = true;
+      p.nccl_pipeline_slice_group = true;
       return p;
     }
     case Framework::fsdp2: {
@@ -90,6 +118,11 @@ FrameworkProfile framework_profile(Framework f) noexcept {
       p.sharded_params_are_master = true;
       p.loss_fp32_copies = 3;
       p.loss_keeps_logits = false;
+      // A 1-D device mesh over every rank reuses the default group (DeviceMesh): the data-parallel
+      // group is the world group, not a second one. Pipeline stages exchange through
+      // batch_isend_irecv over the pipeline group (torch.distributed.pipelining).
+      p.nccl_world_group = false;
+      p.nccl_pipeline_group = true;
       return p;
     }
   }
@@ -118,7 +151,15 @@ void read_framework_profile(const nlohmann::json& doc, const std::string& path,
   if (auto v = r.integer("backward_gradient_tensors", 0, 16)) p.backward_gradient_tensors = *v;
   if (auto v = r.integer("cuda_context_bytes", 0, kMaxBytes)) p.cuda_context_bytes = *v;
   if (auto v = r.integer("nccl_buffer_bytes", 0, kMaxBytes)) p.nccl_buffer_bytes = *v;
+  if (auto v = r.integer("nccl_ll_buffer_bytes", 0, kMaxBytes)) p.nccl_ll_buffer_bytes = *v;
+  if (auto v = r.integer("nccl_ll128_buffer_bytes", 0, kMaxBytes)) p.nccl_ll128_buffer_bytes = *v;
   if (auto v = r.integer("nccl_channels", 0, 256)) p.nccl_channels = *v;
+  if (auto v = r.integer("nccl_communicator_bytes", 0, kMaxBytes)) p.nccl_communicator_bytes = *v;
+  if (auto v = r.boolean("nccl_world_group")) p.nccl_world_group = *v;
+  if (auto v = r.boolean("nccl_model_parallel_group")) p.nccl_model_parallel_group = *v;
+  if (auto v = r.boolean("nccl_pipeline_group")) p.nccl_pipeline_group = *v;
+  if (auto v = r.boolean("nccl_pipeline_pairs")) p.nccl_pipeline_pairs = *v;
+  if (auto v = r.boolean("nccl_pipeline_slice_group")) p.nccl_pipeline_slice_group = *v;
   if (auto v = r.integer("cublas_workspace_bytes", 0, kMaxBytes)) p.cublas_workspace_bytes = *v;
   if (auto v = r.number("allocator_fragmentation", 0, 4, false)) p.allocator_fragmentation = *v;
   if (auto v = r.boolean("models_allocator")) p.models_allocator = *v;
@@ -140,7 +181,15 @@ nlohmann::json framework_profile_json(const FrameworkProfile& p) {
           {"backward_gradient_tensors", p.backward_gradient_tensors},
           {"cuda_context_bytes", p.cuda_context_bytes},
           {"nccl_buffer_bytes", p.nccl_buffer_bytes},
+          {"nccl_ll_buffer_bytes", p.nccl_ll_buffer_bytes},
+          {"nccl_ll128_buffer_bytes", p.nccl_ll128_buffer_bytes},
           {"nccl_channels", p.nccl_channels},
+          {"nccl_communicator_bytes", p.nccl_communicator_bytes},
+          {"nccl_world_group", p.nccl_world_group},
+          {"nccl_model_parallel_group", p.nccl_model_parallel_group},
+          {"nccl_pipeline_group", p.nccl_pipeline_group},
+          {"nccl_pipeline_pairs", p.nccl_pipeline_pairs},
+          {"nccl_pipeline_slice_group", p.nccl_pipeline_slice_group},
           {"cublas_workspace_bytes", p.cublas_workspace_bytes},
           {"allocator_fragmentation", p.allocator_fragmentation},
           {"models_allocator", p.models_allocator}};

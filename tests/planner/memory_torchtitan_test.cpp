@@ -102,10 +102,8 @@ TEST(SelectiveOp, TorchtitanLlama3_8bPeakReservedWithinTolerance) {
     const Scenario s = testing::scenario(d);
     const Estimate e = estimate(s);
     const StageMemory& st = e.memory.stages.at(static_cast<size_t>(e.memory.peak_stage));
-    // torchtitan logs the caching allocator's peak: the device's reserved less the CUDA context
-    // and NCCL buffers outside it (the cuBLAS workspace is inside).
-    const Bytes outside = st.runtime_bytes - s.assumptions.framework_profile.cublas_workspace_bytes;
-    const auto reserved = static_cast<double>(st.reserved_bytes - outside);
+    // torchtitan logs the caching allocator's peak.
+    const auto reserved = static_cast<double>(testing::allocator_reserved_bytes(s, st));
     const double measured = c["measured_gib"].get<double>() * unit;
     const double err = (reserved - measured) / measured;
     EXPECT_LE(std::abs(err), tol) << c["num_gpus"] << " GPUs: " << reserved / unit << " GiB";

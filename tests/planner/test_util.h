@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "distplan/planner/estimate.h"
 #include "distplan/planner/presets.h"
 #include "distplan/planner/scenario_json.h"
 
@@ -32,6 +33,14 @@ inline Scenario scenario(const nlohmann::json& doc) {
 /// Compares the text between `begin` and `end` in a repository file with `want`, the text the
 /// code produces; with DISTPLAN_WRITE_DOCS=1 it replaces that text instead. `filter` is the
 /// gtest filter named in the failure message (the tests that rewrite the block).
+/// What the caching allocator reserves on one stage (torch.cuda.max_memory_reserved(), what
+/// torchtitan and Megatron-LM log): the stage's reserved bytes less the CUDA context and NCCL's
+/// buffers outside the allocator (the cuBLAS workspace is inside).
+inline Bytes allocator_reserved_bytes(const Scenario& s, const StageMemory& st) {
+  const Bytes outside = st.runtime_bytes - s.assumptions.framework_profile.cublas_workspace_bytes;
+  return st.reserved_bytes - outside;
+}
+
 inline void check_doc_block(const std::string& file, const std::string& begin,
                             const std::string& end, const std::string& want,
                             const std::string& filter) {

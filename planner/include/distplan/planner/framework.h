@@ -87,10 +87,30 @@ struct FrameworkProfile {
   // CUDA context with PyTorch's kernels (module lazy loading, CUDA >= 11.7): not seen by
   // torch.cuda.memory_reserved(), seen by nvidia-smi.
   Bytes cuda_context_bytes = 0;
-  // NCCL: NCCL_BUFFSIZE (4 MiB, NCCL environment-variable docs) per channel and peer connection
-  // of each communicator the rank belongs to.
+  // NCCL (docs/memory.md, "NCCL communicators"). NCCL <= 2.21 connects every channel's ring and
+  // tree when a communicator is created (src/init.cc, initTransportsRank) and each receive
+  // connection holds the buffers of the three protocols (src/transport/p2p.cc, p2pRecvSetup),
+  // rounded up to CUDA's IPC granularity of 2 MiB: SIMPLE NCCL_BUFFSIZE, LL NCCL_LL_BUFFSIZE,
+  // LL128 NCCL_LL128_BUFFSIZE (src/init.cc and src/include/devcomm.h defaults).
   Bytes nccl_buffer_bytes = 0;
+  Bytes nccl_ll_buffer_bytes = 0;
+  Bytes nccl_ll128_buffer_bytes = 0;
   Count nccl_channels = 0;
+  // Per communicator beside its ring and tree buffers. Fitted, see framework.cpp.
+  Bytes nccl_communicator_bytes = 0;
+  // Process groups that get a communicator of their own beside the layout's tp, dp, cp, ep and
+  // pipeline groups (a group used by a collective gets one at its first use):
+  // the default (world) group, used by a collective at start-up;
+  bool nccl_world_group = false;
+  // the model-parallel group (tp x pp ranks), whose all-reduce sums the gradient norm;
+  bool nccl_model_parallel_group = false;
+  // the whole pipeline group as one communicator (batched send/receive or a loss broadcast over
+  // it) — else only a pair communicator per pipeline neighbour (plain send/recv);
+  bool nccl_pipeline_group = false;
+  // a pair communicator per pipeline neighbour (torch.distributed.send/recv: one per peer pair);
+  bool nccl_pipeline_pairs = false;
+  // a second tp-sized group of the pipeline engine for its partitioned stage tensors.
+  bool nccl_pipeline_slice_group = false;
 
   // --- Caching allocator ------------------------------------------------------------------
   // cuBLAS workspace, allocated through PyTorch's caching allocator (CUBLAS_WORKSPACE_CONFIG

@@ -178,24 +178,50 @@ struct StageUnitParams {
   return t.precision != DType::fp32 && t.grad_accumulation_dtype == DType::fp32 && zero_stage <= 1;
 }
 
-/// NCCL buffer bytes of one rank of `stage`: NCCL_BUFFSIZE per channel and peer connection of
-/// every communicator it joins (ring neighbours: min(n - 1, 2); pipeline neighbours: one each).
+/// NCCL's buffers of one receive connection on one channel: the three protocols' buffers in one
+/// allocation rounded up to CUDA's IPC granularity (NVIDIA/nccl src/transport/p2p.cc,
+/// p2pRecvSetup: ALIGN_SIZE(recvSize, CUDA_IPC_MIN), 2 MiB).
+[[nodiscard]] inline Bytes nccl_connection_bytes(const FrameworkProfile& fw) noexcept {
+  constexpr Bytes kIpcGranularity = Bytes{2} << 20;
+  const Bytes b = fw.nccl_buffer_bytes + fw.nccl_ll_buffer_bytes + fw.nccl_ll128_buffer_bytes;
+  return (b + kIpcGranularity - 1) / kIpcGranularity * kIpcGranularity;
+}
+
+/// One rank's memory in a communicator of `n` ranks: on every channel a ring receive connection
+/// and the tree's (a chain inside a node: parent and child, min(n - 1, 2)), all connected when
+/// the communicator is created (src/init.cc, initTransportsRank), `extra` receive connections
+/// more (an all-to-all's peers), and the per-communicator remainder.
+[[nodiscard]] inline Bytes nccl_communicator_bytes(const FrameworkProfile& fw, Count n,
+                                                   Count extra = 0) noexcept {
+  if (n <= 1) return 0;
+  const Count receives = 1 + std::min<Count>(n - 1, 2) + extra;
+  return fw.nccl_communicator_bytes + receives * fw.nccl_channels * nccl_connection_bytes(fw);
+}
+
+/// NCCL memory of one rank of `stage`: a communicator for every process group it runs a
+/// collective or a send/receive in (docs/memory.md, "NCCL communicators").
 [[nodiscard]] inline Bytes nccl_buffer_bytes(const FrameworkProfile& fw, const MemoryLayout& l,
                                              bool tied_embeddings, int stage) noexcept {
-  auto ring = [](Count n) -> Count { return n > 1 ? std::min<Count>(n - 1, 2) : 0; };
-  Count peers = ring(l.tp) + ring(l.dp);
+  auto comm = [&](Count n, Count extra = 0) { return nccl_communicator_bytes(fw, n, extra); };
+  Bytes bytes = comm(l.tp) + comm(l.dp) + comm(l.cp);
   // MoE: the all-to-all connects to every other rank of the ep group; the experts' gradients
-  // are reduced on a ring over the expert data-parallel group.
-  if (l.expert_params > 0) peers += (l.ep - 1) + ring(l.edp);
+  // are reduced over the expert data-parallel group.
+  if (l.expert_params > 0)
+    bytes += comm(l.ep, std::max<Count>(0, l.ep - 1 - std::min<Count>(l.ep - 1, 2))) + comm(l.edp);
   if (l.pp > 1) {
-    peers += (stage > 0 ? 1 : 0) + (stage < l.pp - 1 ? 1 : 0);
+    const Count neighbours = (stage > 0 ? 1 : 0) + (stage < l.pp - 1 ? 1 : 0);
+    if (fw.nccl_pipeline_group) bytes += comm(l.pp);
+    if (fw.nccl_pipeline_pairs || !fw.nccl_pipeline_group) bytes += neighbours * comm(2);
     // Tied embeddings: the first and last stage all-reduce the word-embedding gradient.
-    if (tied_embeddings && (stage == 0 || stage == l.pp - 1)) peers += 1;
+    if (tied_embeddings && (stage == 0 || stage == l.pp - 1)) bytes += comm(2);
     // DualPipe: the stage holding the other copy of its model stages, when not a neighbour.
     const Count mirror = l.pp - 1 - stage;
-    if (bidirectional(l.schedule) && (mirror > stage + 1 || mirror < stage - 1)) peers += 1;
+    if (bidirectional(l.schedule) && (mirror > stage + 1 || mirror < stage - 1)) bytes += comm(2);
+    if (fw.nccl_pipeline_slice_group) bytes += comm(l.tp);
   }
-  return peers * fw.nccl_channels * fw.nccl_buffer_bytes;
+  if (fw.nccl_model_parallel_group) bytes += comm(l.tp * l.pp);
+  if (fw.nccl_world_group) bytes += comm(l.tp * l.pp * l.dp * l.cp);
+  return bytes;
 }
 
 /// The framework's terms of one stage (docs/memory.md, "Framework profiles", "Runtime and
