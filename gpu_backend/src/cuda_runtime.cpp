@@ -328,24 +328,6 @@ std::size_t sz(int a, int b) {
 
 }  // namespace
 
-void linear_forward_host(const float* x, const float* w, const float* bias, float* y, int N, int I,
-                         int O) {
-  Staged xd(x, sz(N, I)), wd(w, sz(O, I)), yd(nullptr, sz(N, O));
-  if (bias != nullptr) {
-    Staged bd(bias, sz(O, 1));
-    linear_forward(Type::fp32, xd.get(), wd.get(), bd.get(), yd.get(), N, I, O);
-  } else {
-    linear_forward(Type::fp32, xd.get(), wd.get(), nullptr, yd.get(), N, I, O);
-  }
-  yd.to_host(y);
-}
-
-void linear_backward_input_host(const float* dy, const float* w, float* dx, int N, int I, int O) {
-  Staged dyd(dy, sz(N, O)), wd(w, sz(O, I)), dxd(nullptr, sz(N, I));
-  linear_backward_input(Type::fp32, dyd.get(), wd.get(), dxd.get(), N, I, O);
-  dxd.to_host(dx);
-}
-
 void linear_backward_weight_host(const float* dy, const float* x, float* dw, float* dbias, int N,
                                  int I, int O) {
   Staged dyd(dy, sz(N, O)), xd(x, sz(N, I)), dwd(dw, sz(O, I));

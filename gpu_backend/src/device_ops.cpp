@@ -219,20 +219,6 @@ void attention_backward([[maybe_unused]] Device d, const float* dout, const floa
   cpu::attention_backward(dout, q, k, v, probs, dq, dk, dv, s, b, a, g, hd);
 }
 
-void embedding_forward([[maybe_unused]] Device d, const std::int32_t* ids, const float* table,
-                       float* out, Count N, Count C, Count vocab_start, Count V) {
-#ifdef DISTPLAN_HAVE_CUDA
-  if (on_cuda(d)) {
-    I32 idd(ids, N);
-    F td(table, V * C), od(nullptr, N * C);
-    cuda::embedding_forward(idd.get(), td.get(), od.get(), ii(N), ii(C), ii(vocab_start), ii(V));
-    od.out(out);
-    return;
-  }
-#endif
-  cpu::embedding_forward(ids, table, out, N, C, vocab_start, V);
-}
-
 void embedding_backward([[maybe_unused]] Device d, const std::int32_t* ids, const float* dout,
                         float* dtable, Count N, Count C, Count vocab_start, Count V) {
 #ifdef DISTPLAN_HAVE_CUDA
@@ -394,28 +380,94 @@ void rotary_backward([[maybe_unused]] Device d, float* dx, Count s, Count b, Cou
   cpu::rotary_backward(dx, s, b, heads, hd, theta);
 }
 
-void linear_forward([[maybe_unused]] Device d, const float* x, const float* w, const float* bias,
-                    float* y, Count N, Count I, Count O) {
-#ifdef DISTPLAN_HAVE_CUDA
-  if (on_cuda(d)) return cuda::linear_forward_host(x, w, bias, y, ii(N), ii(I), ii(O));
-#endif
-  cpu::linear_forward(x, w, bias, y, N, I, O);
-}
-
-void linear_backward_input([[maybe_unused]] Device d, const float* dy, const float* w, float* dx,
-                           Count N, Count I, Count O) {
-#ifdef DISTPLAN_HAVE_CUDA
-  if (on_cuda(d)) return cuda::linear_backward_input_host(dy, w, dx, ii(N), ii(I), ii(O));
-#endif
-  cpu::linear_backward_input(dy, w, dx, N, I, O);
-}
-
 void linear_backward_weight([[maybe_unused]] Device d, const float* dy, const float* x, float* dw,
                             float* dbias, Count N, Count I, Count O) {
 #ifdef DISTPLAN_HAVE_CUDA
   if (on_cuda(d)) return cuda::linear_backward_weight_host(dy, x, dw, dbias, ii(N), ii(I), ii(O));
 #endif
   cpu::linear_backward_weight(dy, x, dw, dbias, N, I, O);
+}
+
+namespace {
+// The host copy of W for the CPU oracle.
+std::vector<float> weight_slice(const Tensor& w, Count off, Count n) {
+  DISTPLAN_CHECK(off >= 0 && n >= 0 && off + n <= w.numel(), "weight slice out of range");
+  std::vector<float> h(static_cast<std::size_t>(n));
+  w.read(h.data(), n, off);
+  return h;
+}
+#ifdef DISTPLAN_HAVE_CUDA
+const void* device_slice(const Tensor& w, Count off, Count n) {
+  DISTPLAN_CHECK(off >= 0 && n >= 0 && off + n <= w.numel(), "weight slice out of range");
+  return static_cast<const char*>(w.data()) + off * bytes_of(w.dtype());
+}
+using U16 = Staged<std::uint16_t>;
+#endif
+}  // namespace
+
+void linear_forward([[maybe_unused]] Device d, const float* x, const Tensor& w, Count w_offset,
+                    const float* bias, float* y, Count N, Count I, Count O) {
+#ifdef DISTPLAN_HAVE_CUDA
+  if (on_cuda(d)) {
+    const void* wd = device_slice(w, w_offset, O * I);
+    const cuda::Type t = cuda_type(w.dtype());
+    F xd(x, N * I), yd(nullptr, N * O);
+    F bd(bias, bias != nullptr ? O : 0);
+    const float* bp = bias != nullptr ? bd.get() : nullptr;
+    if (t == cuda::Type::fp32) {
+      cuda::linear_forward(t, xd.get(), wd, bp, yd.get(), ii(N), ii(I), ii(O));
+    } else {
+      U16 xc(nullptr, N * I), yc(nullptr, N * O);
+      cuda::cast(cuda::Type::fp32, xd.get(), t, xc.get(), zz(N * I));
+      cuda::linear_forward(t, xc.get(), wd, bp, yc.get(), ii(N), ii(I), ii(O));
+      cuda::cast(t, yc.get(), cuda::Type::fp32, yd.get(), zz(N * O));
+    }
+    yd.out(y);
+    return;
+  }
+#endif
+  const std::vector<float> wh = weight_slice(w, w_offset, O * I);
+  cpu::linear_forward(x, wh.data(), bias, y, N, I, O);
+}
+
+void linear_backward_input([[maybe_unused]] Device d, const float* dy, const Tensor& w,
+                           Count w_offset, float* dx, Count N, Count I, Count O) {
+#ifdef DISTPLAN_HAVE_CUDA
+  if (on_cuda(d)) {
+    const void* wd = device_slice(w, w_offset, O * I);
+    const cuda::Type t = cuda_type(w.dtype());
+    F dyd(dy, N * O), dxd(nullptr, N * I);
+    if (t == cuda::Type::fp32) {
+      cuda::linear_backward_input(t, dyd.get(), wd, dxd.get(), ii(N), ii(I), ii(O));
+    } else {
+      U16 dyc(nullptr, N * O), dxc(nullptr, N * I);
+      cuda::cast(cuda::Type::fp32, dyd.get(), t, dyc.get(), zz(N * O));
+      cuda::linear_backward_input(t, dyc.get(), wd, dxc.get(), ii(N), ii(I), ii(O));
+      cuda::cast(t, dxc.get(), cuda::Type::fp32, dxd.get(), zz(N * I));
+    }
+    dxd.out(dx);
+    return;
+  }
+#endif
+  const std::vector<float> wh = weight_slice(w, w_offset, O * I);
+  cpu::linear_backward_input(dy, wh.data(), dx, N, I, O);
+}
+
+void embedding_forward([[maybe_unused]] Device d, const std::int32_t* ids, const Tensor& table,
+                       Count offset, float* out, Count N, Count C, Count vocab_start, Count V) {
+#ifdef DISTPLAN_HAVE_CUDA
+  if (on_cuda(d)) {
+    DeviceF32 scratch;
+    const float* td = fp32_view(table, offset, V * C, scratch);
+    I32 idd(ids, N);
+    F od(nullptr, N * C);
+    cuda::embedding_forward(idd.get(), td, od.get(), ii(N), ii(C), ii(vocab_start), ii(V));
+    od.out(out);
+    return;
+  }
+#endif
+  const std::vector<float> th = weight_slice(table, offset, V * C);
+  cpu::embedding_forward(ids, th.data(), out, N, C, vocab_start, V);
 }
 
 bool has_overflow([[maybe_unused]] Device d, const Tensor& t, Count off, Count n) {
@@ -428,6 +480,30 @@ bool has_overflow([[maybe_unused]] Device d, const Tensor& t, Count off, Count n
   std::vector<float> h(static_cast<std::size_t>(n));
   t.read(h.data(), n, off);
   return cpu::has_overflow(h.data(), n);
+}
+
+void add_into([[maybe_unused]] Device d, Tensor& dst, Count off, const float* g, Count n) {
+  DISTPLAN_CHECK(off >= 0 && n >= 0 && off + n <= dst.numel(), "add_into range");
+  if (n == 0) return;
+#ifdef DISTPLAN_HAVE_CUDA
+  if (on_cuda(d)) {
+    F gd(g, n);
+    char* p = static_cast<char*>(dst.data()) + off * bytes_of(dst.dtype());
+    if (dst.dtype() == DType::fp32) {
+      cuda::add(reinterpret_cast<float*>(p), gd.get(), reinterpret_cast<float*>(p), zz(n));
+    } else {
+      F sum(nullptr, n);
+      cuda::cast(cuda_type(dst.dtype()), p, cuda::Type::fp32, sum.get(), zz(n));
+      cuda::add(sum.get(), gd.get(), sum.get(), zz(n));
+      cuda::cast(cuda::Type::fp32, sum.get(), cuda_type(dst.dtype()), p, zz(n));
+    }
+    return;
+  }
+#endif
+  std::vector<float> cur(static_cast<std::size_t>(n));
+  dst.read(cur.data(), n, off);
+  for (std::size_t k = 0; k < cur.size(); ++k) cur[k] += g[k];
+  dst.write(cur.data(), n, off);
 }
 
 void copy_bytes([[maybe_unused]] Device d, void* dst, const void* src, std::size_t bytes) {

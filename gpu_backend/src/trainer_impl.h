@@ -205,6 +205,8 @@ class Trainer {
   // ---- weights of a unit as fp32 ------------------------------------------------------------
   const Tensor& unit_weights(Unit& u);
   Vec param(Unit& u, int i);
+  /// Element offset of parameter `i` in unit_weights(u).
+  [[nodiscard]] Count param_offset(const Unit& u, int i) const;
   // Accumulates a parameter gradient into the unit's gradient (full buffer, or the unit gradient
   // buffer before its reduce-scatter under ZeRO-2/3).
   void add_grad(Unit& u, int i, const Vec& g);

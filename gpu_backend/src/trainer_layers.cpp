@@ -54,20 +54,21 @@ void Trainer::norm_bwd_weight(Unit& u, int gi, int bi, const Vec& dy, const Vec&
 }
 
 Vec Trainer::linear_fwd(Unit& u, int wi, int bi, const Vec& x, Count n, Count in, Count out) {
-  const Vec w = param(u, wi);
   Vec b;
   if (bi >= 0) b = param(u, bi);
   Vec y(static_cast<std::size_t>(n * out));
   const float* bp = bi >= 0 ? b.data() : nullptr;
-  dev::linear_forward(o_.device, x.data(), w.data(), bp, y.data(), n, in, out);
+  // The weight is read where it lives (no host copy on CUDA).
+  dev::linear_forward(o_.device, x.data(), unit_weights(u), param_offset(u, wi), bp, y.data(), n,
+                      in, out);
   rnd(y, cb_);
   return y;
 }
 
 Vec Trainer::linear_bwd_input(Unit& u, int wi, const Vec& dy, Count n, Count in, Count out) {
-  const Vec w = param(u, wi);
   Vec dx(static_cast<std::size_t>(n * in));
-  dev::linear_backward_input(o_.device, dy.data(), w.data(), dx.data(), n, in, out);
+  dev::linear_backward_input(o_.device, dy.data(), unit_weights(u), param_offset(u, wi), dx.data(),
+                             n, in, out);
   rnd(dx, cb_);
   return dx;
 }

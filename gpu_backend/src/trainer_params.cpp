@@ -262,6 +262,10 @@ const Tensor& Trainer::unit_weights(Unit& u) {
   return p_.zero_stage >= 3 ? u.gathered : u.weights;
 }
 
+Count Trainer::param_offset(const Unit& u, int i) const {
+  return u.params[static_cast<std::size_t>(i)].offset;
+}
+
 Vec Trainer::param(Unit& u, int i) {
   const Param& p = u.params[static_cast<std::size_t>(i)];
   Vec w(static_cast<std::size_t>(p.numel()));
@@ -273,10 +277,8 @@ void Trainer::add_grad(Unit& u, int i, const Vec& g) {
   if (i < 0) return;
   const Param& p = u.params[static_cast<std::size_t>(i)];
   Tensor& dst = p_.zero_stage >= 2 ? u.unit_grad : u.grads;
-  Vec cur(static_cast<std::size_t>(p.numel()));
-  dst.read(cur.data(), p.numel(), p.offset);
-  for (std::size_t k = 0; k < cur.size(); ++k) cur[k] += g[k];
-  dst.write(cur.data(), p.numel(), p.offset);
+  DISTPLAN_CHECK(static_cast<Count>(g.size()) == p.numel(), "gradient size");
+  dev::add_into(o_.device, dst, p.offset, g.data(), p.numel());
 }
 
 void Trainer::acquire(int ui) {

@@ -152,10 +152,9 @@ void Trainer::forward(Count step, Count mb, Count c) {
     acquire_in_pass(pass, pi);
     Unit& u = units_[static_cast<std::size_t>(ch.embedding)];
     st.ids = batch_tokens(step, mb, 0);
-    Vec table = param(u, 0);
     Vec e(static_cast<std::size_t>(N_ * h_));
-    dev::embedding_forward(o_.device, st.ids.data(), table.data(), e.data(), N_, h_,
-                           g_.coords.tp * vl_, vl_);
+    dev::embedding_forward(o_.device, st.ids.data(), unit_weights(u), param_offset(u, 0), e.data(),
+                           N_, h_, g_.coords.tp * vl_, vl_);
     rnd(e, cb_);
     if (tp_ > 1) {
       if (sp_) {

@@ -61,11 +61,8 @@ void linear_backward_weight(Type t, const void* dy, const void* x, float* dw, fl
 void add_bias(Type t, void* y, const float* bias, int N, int O);
 void bias_grad(const float* dy, float* dbias, int N, int O);
 
-/// The same fp32 GEMMs on host arrays (staged through device memory that is freed on return):
-/// the trainer's matrix products on the CUDA device. dw and dbias accumulate.
-void linear_forward_host(const float* x, const float* w, const float* bias, float* y, int N, int I,
-                         int O);
-void linear_backward_input_host(const float* dy, const float* w, float* dx, int N, int I, int O);
+/// The weight-gradient GEMM on host arrays (staged through device memory that is freed on
+/// return): the trainer's wgrad on the CUDA device. dw and dbias accumulate.
 void linear_backward_weight_host(const float* dy, const float* x, float* dw, float* dbias, int N,
                                  int I, int O);
 

@@ -36,8 +36,10 @@ void attention_forward(Device d, const float* q, const float* k, const float* v,
 void attention_backward(Device d, const float* dout, const float* q, const float* k, const float* v,
                         const float* probs, float* dq, float* dk, float* dv, Count s, Count b,
                         Count a, Count g, Count hd);
-void embedding_forward(Device d, const std::int32_t* ids, const float* table, float* out, Count N,
-                       Count C, Count vocab_start, Count V);
+/// The table is the V x C elements of `table` from `offset`, read where it lives (cast to fp32
+/// on the device on CUDA, no host copy).
+void embedding_forward(Device d, const std::int32_t* ids, const Tensor& table, Count offset,
+                       float* out, Count N, Count C, Count vocab_start, Count V);
 /// dtable accumulates.
 void embedding_backward(Device d, const std::int32_t* ids, const float* dout, float* dtable,
                         Count N, Count C, Count vocab_start, Count V);
@@ -61,20 +63,30 @@ void rotary_backward(Device d, float* dx, Count s, Count b, Count heads, Count h
 /// CUDA: this thread's fp32 GEMMs on TF32 tensor cores (cuda::set_fp32_gemm_tf32); no effect on
 /// the CPU.
 void set_fp32_gemm_tf32(bool on);
-/// y (N,O) = x (N,I) W^T (+ bias)
-void linear_forward(Device d, const float* x, const float* w, const float* bias, float* y, Count N,
-                    Count I, Count O);
-/// dx (N,I) = dy (N,O) W
-void linear_backward_input(Device d, const float* dy, const float* w, float* dx, Count N, Count I,
-                           Count O);
 /// dW (O,I) += dy^T x; dbias (O) += column sums of dy (may be null)
 void linear_backward_weight(Device d, const float* dy, const float* x, float* dw, float* dbias,
                             Count N, Count I, Count O);
+
+// ---- GEMMs of a device-resident weight: W is the O x I elements of `w` from `w_offset`, in the
+// tensor's storage dtype (the run's compute dtype), where the tensor lives. On CUDA no host copy
+// of W is made: x (or dy) is staged and cast to W's dtype on the device, and a 16-bit W runs on
+// tensor cores with fp32 accumulation (cuBLASLt); the result comes back as fp32 (16-bit results
+// are rounded to W's dtype, as the trainer's rounding does). On the CPU W is read as fp32 and the
+// oracle runs.
+/// y (N,O) = x (N,I) W^T (+ bias)
+void linear_forward(Device d, const float* x, const Tensor& w, Count w_offset, const float* bias,
+                    float* y, Count N, Count I, Count O);
+/// dx (N,I) = dy (N,O) W
+void linear_backward_input(Device d, const float* dy, const Tensor& w, Count w_offset, float* dx,
+                           Count N, Count I, Count O);
 
 // ---- ops on tensors where they live (the tensor's allocator device)
 // ------------------------------
 /// True when any element of [off, off + n) of `t` is inf or NaN.
 [[nodiscard]] bool has_overflow(Device d, const Tensor& t, Count off, Count n);
+/// dst[off + k] += g[k] for k < n, in fp32, rounded to dst's storage dtype: a gradient
+/// accumulated where it lives (on CUDA, g is staged and added on the device; no host copy of dst).
+void add_into(Device d, Tensor& dst, Count off, const float* g, Count n);
 /// Copies `bytes` bytes between two buffers of device `d` (host memory on the CPU).
 void copy_bytes(Device d, void* dst, const void* src, std::size_t bytes);
 
