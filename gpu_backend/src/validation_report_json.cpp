@@ -466,6 +466,7 @@ ValidationReport validation_report_from_json(const json& doc) {
     top.finish();
     return r;
   }
+  r.in_gib = memory_in_gib(r.scenario, r.estimate);
   expect_recomputed(r.ranks, required(top, "ranks"), "/ranks");
   if (!required(top, "emulate_rank").is_null())
     r.settings.emulate_rank = static_cast<int>(count_field(top, "emulate_rank", 0, r.ranks - 1));

@@ -137,6 +137,31 @@ TEST(ValidationReportJson, ReadsBackAnEmulatedRankAndACudaRunAndTheAllocatorMode
   EXPECT_EQ(validation_report_from_json(to_json(r)).settings.emulate_rank, 3);
 }
 
+// A real model's report is in GiB (the table's unit): one rank of stage 0 of the default
+// scenario (Llama-2-70B), its weights as planned.
+TEST(ValidationReportJson, ReadsBackAReportInGiB) {
+  const Scenario s = default_scenario();
+  const Estimate e = estimate(s);
+  Measurement m;
+  RankMeasurement rank;
+  rank.memory.peak[static_cast<int>(MemoryTag::weights)] = e.memory.stages[0].weights_bytes;
+  rank.memory.peak_total = e.memory.stages[0].weights_bytes;
+  rank.actions.push_back({{sim::Op::forward, 0, 0}, 0.5});
+  rank.actions.push_back({{sim::Op::backward, 0, 0}, 1.0});
+  rank.step_seconds = 4;
+  m.ranks.push_back(rank);
+  m.losses = {7.5};
+  m.skipped = {false};
+  ValidationSettings vs;
+  vs.emulate_rank = 0;
+  const ValidationReport r = compare(s, e, &m, "", vs);
+  ASSERT_TRUE(r.in_gib);
+  expect_round_trip(r);
+  const ValidationReport back = validation_report_from_json(to_json(r));
+  EXPECT_TRUE(back.in_gib);
+  EXPECT_EQ(to_table(back), to_table(r));
+}
+
 TEST(ValidationReportJson, ReadsBackAnOutOfMemoryResult) {
   const Scenario s = two_stage();
   const ValidationReport r =
