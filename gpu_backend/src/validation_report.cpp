@@ -9,7 +9,6 @@
 #include <fmt/format.h>
 
 #include "distplan/planner/layout.h"
-#include "distplan/planner/scenario_json.h"
 
 namespace distplan::backend {
 namespace {

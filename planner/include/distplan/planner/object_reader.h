@@ -44,6 +44,9 @@ class ObjectReader {
   std::vector<std::string> seen_;
 };
 
+/// "null", "a boolean", "a number", "a string", "an array" or "an object", for messages.
+std::string_view json_type_name(const nlohmann::json& j);
+
 /// Escapes a key for use in a JSON pointer (RFC 6901).
 std::string pointer_escape(std::string_view key);
 
