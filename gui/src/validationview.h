@@ -64,7 +64,8 @@ class ValidationView : public QWidget {
   [[nodiscard]] QString logText() const;
   /// Time, losses and run facts of the loaded result, as shown above the error table.
   [[nodiscard]] QString summaryText() const;
-  /// Bytes per unit of the memory chart's axis: 2^30 (GiB) or 2^20 (MiB) for small models.
+  /// Bytes per unit of the memory chart's axis: the report's unit (ValidationReport::in_gib, the
+  /// unit of `distplan validate --format table`), 2^30 (GiB) or 2^20 (MiB) for small models.
   [[nodiscard]] double memoryUnitBytes() const { return memoryUnit_; }
   /// Draws the communication chart on a log axis (small DP bars beside TP ones).
   void setCommunicationLogScale(bool on);
