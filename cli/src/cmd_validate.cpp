@@ -83,9 +83,7 @@ constexpr Count kMaxRanksPerCore = 8;
 // Share of the host's physical memory the ranks' predicted bytes may take without --force.
 constexpr double kMaxHostMemoryShare = 0.8;
 
-Count ranks_of(const Scenario& s) {
-  return s.parallel.tp * s.parallel.cp * s.parallel.dp * s.parallel.pp;
-}
+using backend::ranks_of;  // the layout's ranks (validation_report.h)
 
 backend::Device device_of(const std::string& d) {
   if (d == "cpu") return backend::Device::cpu;

@@ -9,21 +9,9 @@
 #include <fmt/format.h>
 
 #include "distplan/planner/layout.h"
-#include "distplan/planner/scenario_json.h"
 
 namespace distplan::backend {
 namespace {
-
-using nlohmann::json;
-
-// The plan's categories, in the order of its stage memory; total: tracked.
-// reserved: the caching-allocator model's reserved bytes, less the runtime.
-constexpr const char* kCategories[] = {"weights", "gradients", "optimizer", "activations",
-                                       "buffers", "runtime",   "total",     "reserved"};
-
-json to_json(const RelativeError& e) {
-  return e ? json(*e) : json(nullptr);
-}
 
 // The plan's figure for each category of one stage, as measured on the CPU (no device runtime).
 std::map<std::string, Bytes> predicted_bytes(const StageMemory& ps) {
@@ -41,23 +29,6 @@ std::string pct(const RelativeError& e) {
   return e ? fmt::format("{:+.2f} %", 100 * *e) : std::string("n/a");
 }
 
-Count ranks_of(const Scenario& s) {
-  return s.parallel.tp * s.parallel.cp * s.parallel.dp * s.parallel.pp;
-}
-
-json stage_collectives_json(const StageCollectives& c) {
-  json list = json::array();
-  for (const CollectiveSum& x : c.collectives)
-    list.push_back({{"group", x.group},
-                    {"op", x.op},
-                    {"what", x.what},
-                    {"bytes_per_step", x.bytes_per_step},
-                    {"calls_per_step", x.calls_per_step}});
-  return {{"stage", c.stage},
-          {"wire_bytes_per_gpu_per_step", c.wire_bytes_per_gpu_per_step},
-          {"collectives", list}};
-}
-
 // Sums (group, op, what) entries into a stage's collectives.
 class CollectiveAccumulator {
  public:
@@ -66,9 +37,6 @@ class CollectiveAccumulator {
     auto& a = by_what_[{group, op, what}];
     a.bytes += bytes;
     a.calls += calls;
-    auto& b = out_.by_op[group + "/" + op];
-    b.bytes += bytes;
-    b.calls += calls;
   }
   void add_wire(Bytes w) { out_.wire_bytes_per_gpu_per_step += w; }
   StageCollectives finish(int stage) {
@@ -76,6 +44,7 @@ class CollectiveAccumulator {
     for (const auto& [k, v] : by_what_)
       out_.collectives.push_back(
           {std::get<0>(k), std::get<1>(k), std::get<2>(k), v.bytes, v.calls});
+    sum_by_op(out_);
     return out_;
   }
 
@@ -89,6 +58,41 @@ class CollectiveAccumulator {
 RelativeError relative_error(double predicted, double measured) noexcept {
   if (predicted == 0) return measured == 0 ? RelativeError(0.0) : std::nullopt;
   return (measured - predicted) / predicted;
+}
+
+Count ranks_of(const Scenario& s) noexcept {
+  return s.parallel.tp * s.parallel.cp * s.parallel.dp * s.parallel.pp;
+}
+
+void sum_by_op(StageCollectives& c) {
+  c.by_op.clear();
+  for (const CollectiveSum& x : c.collectives) {
+    CommTotals& t = c.by_op[x.group + "/" + x.op];
+    t.bytes += x.bytes_per_step;
+    t.calls += x.calls_per_step;
+  }
+}
+
+StageCollectives planned_collectives(const Scenario& s, int stage) {
+  CollectiveAccumulator pc;
+  for (const Collective& c : stage_communication(s, stage)) {
+    pc.add(std::string(to_string(c.group)), std::string(to_string(c.op)), std::string(c.what),
+           c.bytes_per_call * c.calls_per_step, c.calls_per_step);
+    pc.add_wire(c.wire_bytes_per_gpu_per_step);
+  }
+  return pc.finish(stage);
+}
+
+bool memory_in_gib(const Scenario& s, const Estimate& e) noexcept {
+  return e.memory.peak_bytes - s.cluster.runtime_reserve_bytes >= (Bytes{1} << 30);
+}
+
+sim::SimResult simulate_with_measured_costs(const Scenario& s, const Estimate& e,
+                                            const sim::CostOverride& costs) {
+  sim::SimOptions so;
+  so.costs = costs;
+  so.exposed_communication = false;
+  return sim::simulate(s, e, so);
 }
 
 ValidationReport compare(const Scenario& s, const Estimate& e, const Measurement* m,
@@ -106,7 +110,7 @@ ValidationReport compare(const Scenario& s, const Estimate& e, const Measurement
   const int pp = static_cast<int>(s.parallel.pp);
 
   // Memory per stage: the largest figure of the stage's ranks in each category.
-  r.in_gib = e.memory.peak_bytes - s.cluster.runtime_reserve_bytes >= (Bytes{1} << 30);
+  r.in_gib = memory_in_gib(s, e);
   for (int st = 0; st < pp; ++st) {
     StageMemoryMeasured ms;
     ms.stage = st;
@@ -130,7 +134,7 @@ ValidationReport compare(const Scenario& s, const Estimate& e, const Measurement
         predicted_bytes(e.memory.stages[static_cast<std::size_t>(st)]);
     StageMemoryError es;
     es.stage = st;
-    for (const char* c : kCategories) {
+    for (const char* c : kComparedCategories) {
       // Host memory has no device runtime: runtime is not measured, and the measured total (the
       // tracked joint peak) is compared with the predicted total less the runtime reserve. The
       // generic profile has no allocator model (its reserved is its total): nothing to compare
@@ -158,12 +162,7 @@ ValidationReport compare(const Scenario& s, const Estimate& e, const Measurement
     for (const RankMeasurement& rm : m->ranks)
       if (rm.coords.pp == st && (first == nullptr || rm.rank < first->rank)) first = &rm;
     if (first == nullptr) continue;
-    CollectiveAccumulator pc, mc;
-    for (const Collective& c : stage_communication(s, st)) {
-      pc.add(std::string(to_string(c.group)), std::string(to_string(c.op)), std::string(c.what),
-             c.bytes_per_call * c.calls_per_step, c.calls_per_step);
-      pc.add_wire(c.wire_bytes_per_gpu_per_step);
-    }
+    CollectiveAccumulator mc;
     for (const auto& [k, v] : first->communication) {
       const auto& [g, op, what] = k;
       mc.add(std::string(to_string(g)), std::string(to_string(op)), what, v.bytes, v.calls);
@@ -173,7 +172,7 @@ ValidationReport compare(const Scenario& s, const Estimate& e, const Measurement
         mc.add_wire(ring_wire_bytes(op, v.bytes / v.calls, group_size(s, g)) * v.calls);
       }
     }
-    StageCollectives p = pc.finish(st), me = mc.finish(st);
+    StageCollectives p = planned_collectives(s, st), me = mc.finish(st);
     r.busiest_wire_bytes = std::max(r.busiest_wire_bytes, me.wire_bytes_per_gpu_per_step);
     StageCollectivesError ec;
     ec.stage = st;
@@ -226,10 +225,7 @@ ValidationReport compare(const Scenario& s, const Estimate& e, const Measurement
   r.costs.backward_seconds = nb ? bwd / static_cast<double>(nb) * static_cast<double>(v) : 0;
   if (nw)
     r.costs.backward_weight_seconds = bwd_w / static_cast<double>(nw) * static_cast<double>(v);
-  sim::SimOptions so;
-  so.costs = r.costs;
-  so.exposed_communication = false;
-  const sim::SimResult sr = sim::simulate(s, e, so);
+  const sim::SimResult sr = simulate_with_measured_costs(s, e, r.costs);
   r.simulated_step_seconds = sr.step_seconds;
   r.simulated_bubble_fraction = sr.bubble_fraction;
   const bool whole = static_cast<Count>(busy.size()) == s.parallel.pp;
@@ -248,85 +244,6 @@ ValidationReport compare(const Scenario& s, const Estimate& e, const Measurement
   r.losses = m->losses;
   r.skipped = m->skipped;
   return r;
-}
-
-json to_json(const ValidationReport& r) {
-  const json plan = plan_to_json(r.scenario, r.estimate);
-  json predicted = {{"memory", plan.at("memory")},
-                    {"communication", plan.at("communication")},
-                    {"time", plan.at("time")}};
-  const Scenario& s = r.scenario;
-  if (!r.fits) {
-    return {{"schema", "distplan.validate/v1"},
-            {"scenario", to_json(s)},
-            {"device", r.settings.device},
-            {"steps", r.settings.steps},
-            {"predicted", predicted},
-            {"measured", {{"memory", {{"fits", false}, {"message", r.oom_message}}}}},
-            {"relative_error", {{"memory", {{"fits", r.estimate.memory.fits ? 1.0 : 0.0}}}}},
-            {"losses", json::array()}};
-  }
-  json measured, err;
-  json mstages = json::array(), estages = json::array();
-  for (const StageMemoryMeasured& ms : r.memory) {
-    json j = {{"stage", ms.stage}};
-    for (const auto& [k, v] : ms.bytes) j[k + "_bytes"] = v;
-    mstages.push_back(j);
-  }
-  for (const StageMemoryError& es : r.memory_error) {
-    json j = {{"stage", es.stage}};
-    for (const auto& [k, v] : es.by_category) j[k + "_bytes"] = to_json(v);
-    estages.push_back(j);
-  }
-  measured["memory"] = {{"capacity_bytes", r.estimate.memory.capacity_bytes},
-                        {"peak_bytes", r.peak_bytes},
-                        {"fits", true},
-                        {"stages", mstages}};
-  err["memory"] = {{"peak_bytes", to_json(r.peak_error)}, {"stages", estages}};
-
-  json pcs = json::array(), mcs = json::array(), ecs = json::array();
-  for (const StageCollectives& c : r.predicted_collectives)
-    pcs.push_back(stage_collectives_json(c));
-  for (const StageCollectives& c : r.measured_collectives) mcs.push_back(stage_collectives_json(c));
-  for (const StageCollectivesError& c : r.collectives_error) {
-    json eo = json::object();
-    for (const auto& [k, v] : c.by_op) eo[k] = to_json(v);
-    ecs.push_back({{"stage", c.stage},
-                   {"wire_bytes_per_gpu_per_step", to_json(c.wire_bytes_per_gpu_per_step)},
-                   {"collectives", eo}});
-  }
-  predicted["communication"]["stages"] = pcs;
-  measured["communication"] = {{"wire_bytes_per_gpu_per_step", r.busiest_wire_bytes},
-                               {"stages", mcs}};
-  err["communication"] = {{"stages", ecs}};
-
-  predicted["time"]["simulated_step_seconds"] = r.simulated_step_seconds;
-  predicted["time"]["simulated_bubble_fraction"] = r.simulated_bubble_fraction;
-  predicted["time"]["costs"] = {
-      {"forward_seconds", r.costs.forward_seconds},
-      {"backward_seconds", r.costs.backward_seconds},
-      {"backward_weight_seconds",
-       r.costs.backward_weight_seconds ? json(*r.costs.backward_weight_seconds) : json(nullptr)}};
-  measured["time"] = {{"step_seconds", r.time.step_seconds},
-                      {"compute_seconds", r.time.compute_seconds},
-                      {"bubble_fraction", r.time.bubble_fraction},
-                      {"optimizer_seconds", r.time.optimizer_seconds}};
-  err["time"] = {{"simulated_step_seconds", to_json(r.simulated_step_error)}};
-  if (r.bubble_error) err["time"]["bubble_fraction"] = to_json(*r.bubble_error);
-  if (r.step_error) err["time"]["step_seconds"] = to_json(*r.step_error);
-
-  return {{"schema", "distplan.validate/v1"},
-          {"scenario", to_json(s)},
-          {"device", r.settings.device},
-          {"steps", r.settings.steps},
-          {"ranks", r.ranks},
-          {"emulate_rank",
-           r.settings.emulate_rank >= 0 ? json(r.settings.emulate_rank) : json(nullptr)},
-          {"predicted", predicted},
-          {"measured", measured},
-          {"relative_error", err},
-          {"losses", r.losses},
-          {"skipped_steps", r.skipped}};
 }
 
 std::string to_table(const ValidationReport& r) {
@@ -369,7 +286,7 @@ std::string to_table(const ValidationReport& r) {
       return it == ms.bytes.end() ? 0.0 : static_cast<double>(it->second);
     };
     t << fmt::format("stage {}\n", ms.stage);
-    for (const char* c : kCategories) {
+    for (const char* c : kComparedCategories) {
       const double pv = static_cast<double>(predicted.at(c));
       if (std::string(c) == "runtime") {
         t << fmt::format("  {:<22}{:>10.3f} {:>10}   n/a\n", c, pv / unit, "-");

@@ -37,83 +37,20 @@
 #endif
 #include <cmath>
 #include <map>
-#include <nlohmann/json.hpp>
 
 #include "categories.h"
 #include "chartexport.h"
+#include "distplan/gpu_backend/validation_report.h"
 #include "distplan/planner/error.h"
 #include "distplan/planner/input_file.h"
+#include "distplan/planner/scenario_json.h"
 
 namespace distplan::gui {
 
 namespace {
 
-using nlohmann::json;
-
 constexpr double kMiB = 1024.0 * 1024.0;
 constexpr double kGiBytes = 1024.0 * kMiB;
-
-/// The stages of a memory object: `{"memory": {"stages": [...]}}` or `{"stages": [...]}`.
-const json* stagesOf(const json& side) {
-  if (side.contains("memory") && side["memory"].is_object() && side["memory"].contains("stages"))
-    return &side["memory"]["stages"];
-  if (side.contains("stages")) return &side["stages"];
-  return nullptr;
-}
-
-double number(const json& obj, const char* key) {
-  return obj.is_object() && obj.contains(key) && obj[key].is_number() ? obj[key].get<double>()
-                                                                      : 0.0;
-}
-
-/// obj[key] as an integer, or `fallback` when obj is no object or the field no integer.
-long long integer(const json& obj, const char* key, long long fallback) {
-  return obj.is_object() && obj.contains(key) && obj[key].is_number_integer()
-             ? obj[key].get<long long>()
-             : fallback;
-}
-
-std::string str(const json& obj, const char* key, const std::string& fallback) {
-  return obj.is_object() && obj.contains(key) && obj[key].is_string() ? obj[key].get<std::string>()
-                                                                      : fallback;
-}
-
-const json& at(const json& obj, std::initializer_list<const char*> path) {
-  static const json kNull;
-  const json* node = &obj;
-  for (const char* key : path) {
-    if (!node->is_object() || !node->contains(key)) return kNull;
-    node = &(*node)[key];
-  }
-  return *node;
-}
-
-/// Every numeric or null leaf under `node` (a null error: the figure has no predicted value),
-/// with its path; a per-stage entry is named by its stage ("memory/stage 1/weights_bytes") and its
-/// "stage" number is not a figure.
-void flatten(const json& node, const std::string& path,
-             std::vector<std::pair<std::string, json>>& out) {
-  if (node.is_number() || node.is_null()) {
-    out.emplace_back(path, node);
-  } else if (node.is_object()) {
-    for (auto it = node.begin(); it != node.end(); ++it)
-      flatten(it.value(), path + "/" + it.key(), out);
-  } else if (node.is_array()) {
-    for (std::size_t i = 0; i < node.size(); ++i) {
-      const json& item = node[i];
-      if (item.is_object() && item.contains("stage") && item["stage"].is_number_integer()) {
-        json rest = item;
-        rest.erase("stage");
-        std::string base = path;
-        if (base.size() >= 7 && base.compare(base.size() - 7, 7, "/stages") == 0)
-          base.resize(base.size() - 7);
-        flatten(rest, base + "/stage " + std::to_string(item["stage"].get<int>()), out);
-      } else {
-        flatten(item, path + "/" + std::to_string(i), out);
-      }
-    }
-  }
-}
 
 /// One stacked segment of the memory chart: the planner's categories less the runtime reserve
 /// (a host run has no device runtime; validate compares the predicted total without it), plus the
@@ -136,28 +73,60 @@ std::vector<Segment> memorySegments() {
   return out;
 }
 
-/// Bytes per step of one stage's collectives, by "group op".
-std::map<QString, double> bytesByOp(const json& stage) {
-  std::map<QString, double> out;
-  const json& list = at(stage, {"collectives"});
-  if (!list.is_array()) return out;
-  for (const json& c : list) {
-    const QString key = QStringLiteral("%1 %2").arg(QString::fromStdString(str(c, "group", "?")),
-                                                    QString::fromStdString(str(c, "op", "?")));
-    out[key] += number(c, "bytes_per_step");
-  }
-  return out;
-}
-
 QString ms(double seconds) {
   return QStringLiteral("%1 ms").arg(seconds * 1e3, 0, 'f', 3);
 }
 
-QString percent(const json& value) {
-  if (!value.is_number()) return QCoreApplication::translate("ValidationView", "n/a");
+QString percent(const backend::RelativeError& value) {
+  if (!value) return QCoreApplication::translate("ValidationView", "n/a");
   return QStringLiteral("%1%2 %")
-      .arg(value.get<double>() >= 0 ? QStringLiteral("+") : QString())
-      .arg(value.get<double>() * 100, 0, 'f', 2);
+      .arg(*value >= 0 ? QStringLiteral("+") : QString())
+      .arg(*value * 100, 0, 'f', 2);
+}
+
+/// The relative errors of a report as the rows of the error table: the figure's place in the
+/// validate/v1 document's `relative_error` ("memory/stage 1/weights_bytes"; a per-stage entry
+/// named by its stage), time first, then memory, then communication (the figures a person checks
+/// first), each in the document's key order. Null: the figure has no prediction (n/a).
+std::vector<std::pair<QString, backend::RelativeError>> errorRows(
+    const backend::ValidationReport& r) {
+  std::vector<std::pair<QString, backend::RelativeError>> rows;
+  auto add = [&rows](const QString& path, const backend::RelativeError& e) {
+    rows.emplace_back(path, e);
+  };
+  if (!r.fits) {
+    add(QStringLiteral("memory/fits"), r.estimate.memory.fits ? 1.0 : 0.0);
+    return rows;
+  }
+  if (r.bubble_error) add(QStringLiteral("time/bubble_fraction"), *r.bubble_error);
+  add(QStringLiteral("time/simulated_step_seconds"), r.simulated_step_error);
+  if (r.step_error) add(QStringLiteral("time/step_seconds"), *r.step_error);
+  add(QStringLiteral("memory/peak_bytes"), r.peak_error);
+  for (const backend::StageMemoryError& es : r.memory_error)
+    for (const auto& [category, e] : es.by_category)  // by name, as the document's keys
+      add(QStringLiteral("memory/stage %1/%2_bytes")
+              .arg(es.stage)
+              .arg(QString::fromStdString(category)),
+          e);
+  for (const backend::StageCollectivesError& ec : r.collectives_error) {
+    for (const auto& [op, e] : ec.by_op)
+      add(QStringLiteral("communication/stage %1/collectives/%2")
+              .arg(ec.stage)
+              .arg(QString::fromStdString(op)),
+          e);
+    add(QStringLiteral("communication/stage %1/wire_bytes_per_gpu_per_step").arg(ec.stage),
+        ec.wire_bytes_per_gpu_per_step);
+  }
+  return rows;
+}
+
+/// Bytes per step of one stage's collectives by "group op" (the report's "group/op").
+std::map<QString, double> bytesByOp(const backend::StageCollectives& stage) {
+  std::map<QString, double> out;
+  for (const auto& [key, totals] : stage.by_op)
+    out[QString::fromStdString(key).replace(QLatin1Char('/'), QLatin1Char(' '))] =
+        static_cast<double>(totals.bytes);
+  return out;
 }
 
 /// The processes whose parent is `parent`, from /proc ("pid (comm) state ppid ...").
@@ -408,65 +377,74 @@ bool ValidationView::saveResult(const QString& path) {
 }
 
 bool ValidationView::loadResult(const QByteArray& text) {
-  const json doc = json::parse(text.toStdString(), nullptr, /*allow_exceptions=*/false);
-  if (doc.is_discarded() || !doc.is_object()) {
-    log_->appendPlainText(tr("not a JSON document"));
+  // The library reads the document into the typed report `distplan validate` printed it from
+  // (validation_report.h); a bad or stale document is refused there, at its JSON path.
+  backend::ValidationReport r;
+  try {
+    r = backend::validation_report_from_json(parse_json_text(text.toStdString()));
+  } catch (const InputError& e) {
+    const QString what = QString::fromUtf8(e.what());
+    log_->appendPlainText(
+        e.path().empty()
+            ? tr("not a validation result: %1").arg(what)
+            : tr("not a validation result: %1: %2").arg(QString::fromStdString(e.path()), what));
+    return false;
+  } catch (const std::exception& e) {
+    log_->appendPlainText(tr("not a validation result: %1").arg(QString::fromUtf8(e.what())));
     return false;
   }
-  if (!doc.contains("predicted") || !doc.contains("measured") ||
-      !at(doc, {"predicted", "memory"}).is_object() ||
-      !at(doc, {"measured", "memory"}).is_object()) {
-    log_->appendPlainText(tr("not a validation result: it needs predicted and measured memory"));
-    return false;
-  }
-  const json& predictedSide = doc["predicted"];
-  const json& measuredSide = doc["measured"];
-  const json* predicted = stagesOf(predictedSide);
-  const json* measured = stagesOf(measuredSide);
-  const bool outOfMemory = at(measuredSide, {"memory", "fits"}) == json(false);
+  showMemory(r);
+  showCommunication(r);
+  showSummary(r);
+  showErrors(r);
+  result_ = text;
+  save_->setEnabled(true);
+  emit resultLoaded();
+  return true;
+}
 
-  // Memory: one stacked bar for each of predicted and measured per stage. Measured stages carry
-  // their stage number (an emulated rank measures one stage only).
+void ValidationView::showMemory(const backend::ValidationReport& r) {
+  // One stacked bar for each of predicted and measured per measured stage (an emulated rank
+  // measures one stage only): the plan's categories less the runtime reserve, then the measured
+  // temporaries the planner does not model.
   chart_->removeAllSeries();
   for (QAbstractAxis* axis : chart_->axes()) {
     chart_->removeAxis(axis);
     delete axis;
   }
-  std::vector<std::pair<const json*, const json*>> pairs;  // (predicted, measured) per stage
   QStringList labels;
-  if (predicted && measured && predicted->is_array() && measured->is_array()) {
-    for (std::size_t i = 0; i < measured->size(); ++i) {
-      const json& m = (*measured)[i];
-      const std::size_t stage =
-          m.contains("stage") && m["stage"].is_number_integer() ? m["stage"].get<std::size_t>() : i;
-      if (stage >= predicted->size()) continue;
-      pairs.emplace_back(&(*predicted)[stage], &m);
-      labels << tr("S%1<br>pred.").arg(stage) << tr("S%1<br>meas.").arg(stage);
-    }
-  }
+  for (const backend::StageMemoryMeasured& ms : r.memory)
+    labels << tr("S%1<br>pred.").arg(ms.stage) << tr("S%1<br>meas.").arg(ms.stage);
   const std::vector<Segment> segments = memorySegments();
+  // Bytes of one segment: the plan's stage memory (nothing planned for temporaries), or measured.
+  auto predicted = [&r](const backend::StageMemoryMeasured& ms, const Segment& seg) {
+    const StageMemory& ps = r.estimate.memory.stages[static_cast<std::size_t>(ms.stage)];
+    for (MemoryCategory c : kMemoryCategories)
+      if (categoryKey(c) == seg.key) return static_cast<double>(categoryBytes(ps, c));
+    return 0.0;
+  };
+  auto measured = [](const backend::StageMemoryMeasured& ms, const Segment& seg) {
+    return static_cast<double>(ms.bytes.at(seg.key.toStdString()));
+  };
   double maxBytes = 0;
-  std::vector<double> totals(2 * pairs.size(), 0.0);
-  for (const Segment& seg : segments) {
-    const std::string key = seg.key.toStdString() + "_bytes";
-    for (std::size_t i = 0; i < pairs.size(); ++i) {
-      totals[2 * i] += number(*pairs[i].first, key.c_str());
-      totals[2 * i + 1] += number(*pairs[i].second, key.c_str());
+  for (const backend::StageMemoryMeasured& ms : r.memory) {
+    double p = 0, m = 0;
+    for (const Segment& seg : segments) {
+      p += predicted(ms, seg);
+      m += measured(ms, seg);
     }
+    maxBytes = std::max({maxBytes, p, m});
   }
-  for (double t : totals) maxBytes = std::max(maxBytes, t);
-  // GiB for real models, MiB for the small ones a CPU runs (as `distplan validate` prints them).
-  memoryUnit_ = maxBytes >= kGiBytes ? kGiBytes : kMiB;
-  const QString unitName = memoryUnit_ == kGiBytes ? tr("GiB") : tr("MiB");
+  // GiB for real models, MiB for the small ones a CPU runs: the unit `distplan validate` prints.
+  memoryUnit_ = r.in_gib ? kGiBytes : kMiB;
+  const QString unitName = r.in_gib ? tr("GiB") : tr("MiB");
   auto* series = new QStackedBarSeries;
   for (const Segment& seg : segments) {
     auto* set = new QBarSet(seg.label);
     set->setColor(seg.color);
     set->setBorderColor(seg.color.darker(130));
-    const std::string key = seg.key.toStdString() + "_bytes";
-    for (const auto& [p, m] : pairs) {
-      *set << number(*p, key.c_str()) / memoryUnit_ << number(*m, key.c_str()) / memoryUnit_;
-    }
+    for (const backend::StageMemoryMeasured& ms : r.memory)
+      *set << predicted(ms, seg) / memoryUnit_ << measured(ms, seg) / memoryUnit_;
     series->append(set);
   }
   chart_->addSeries(series);
@@ -482,125 +460,101 @@ bool ValidationView::loadResult(const QByteArray& text) {
   chart_->addAxis(y, Qt::AlignLeft);
   series->attachAxis(x);
   series->attachAxis(y);
+}
 
-  // Communication: bytes handed per (group, op) and step, predicted beside measured per stage.
+void ValidationView::showCommunication(const backend::ValidationReport& r) {
+  // Bytes handed per (group, op) and step, predicted beside measured per measured stage (the
+  // report lists the planned and the measured collectives of the same stages, entry by entry).
   commLabels_.clear();
   commStages_.clear();
   commPredicted_.clear();
   commMeasured_.clear();
-  const json& pcs = at(predictedSide, {"communication", "stages"});
-  const json& mcs = at(measuredSide, {"communication", "stages"});
-  if (pcs.is_array() && mcs.is_array()) {
-    std::vector<std::pair<std::map<QString, double>, std::map<QString, double>>> perStage;
-    std::map<QString, bool> keys;
-    for (const json& ms : mcs) {
-      const long long stage = integer(ms, "stage", 0);
-      const json* ps = nullptr;
-      for (const json& p : pcs)
-        if (integer(p, "stage", -1) == stage) ps = &p;
-      perStage.emplace_back(ps ? bytesByOp(*ps) : std::map<QString, double>{}, bytesByOp(ms));
-      commStages_.push_back(static_cast<int>(stage));
-      for (const auto& [k, unused] : perStage.back().first) keys[k] = true;
-      for (const auto& [k, unused] : perStage.back().second) keys[k] = true;
-    }
-    for (const auto& [k, unused] : keys) commLabels_ << k;
-    for (const auto& [pm, mm] : perStage) {
-      commPredicted_.emplace_back();
-      commMeasured_.emplace_back();
-      for (const QString& k : commLabels_) {
-        commPredicted_.back().push_back(pm.count(k) ? pm.at(k) : 0.0);
-        commMeasured_.back().push_back(mm.count(k) ? mm.at(k) : 0.0);
-      }
+  std::vector<std::pair<std::map<QString, double>, std::map<QString, double>>> perStage;
+  std::map<QString, bool> keys;
+  for (std::size_t i = 0; i < r.measured_collectives.size(); ++i) {
+    perStage.emplace_back(bytesByOp(r.predicted_collectives[i]),
+                          bytesByOp(r.measured_collectives[i]));
+    commStages_.push_back(r.measured_collectives[i].stage);
+    for (const auto& [k, unused] : perStage.back().first) keys[k] = true;
+    for (const auto& [k, unused] : perStage.back().second) keys[k] = true;
+  }
+  for (const auto& [k, unused] : keys) commLabels_ << k;
+  for (const auto& [pm, mm] : perStage) {
+    commPredicted_.emplace_back();
+    commMeasured_.emplace_back();
+    for (const QString& k : commLabels_) {
+      commPredicted_.back().push_back(pm.count(k) ? pm.at(k) : 0.0);
+      commMeasured_.back().push_back(mm.count(k) ? mm.at(k) : 0.0);
     }
   }
   rebuildCommunicationChart();
+}
 
-  // Summary: the run, the step time, the losses.
+void ValidationView::showSummary(const backend::ValidationReport& r) {
+  // The run, the step time, the losses.
+  const Scenario& s = r.scenario;
   QStringList lines;
-  const QString device = QString::fromStdString(str(doc, "device", "?"));
-  const json& model = at(doc, {"scenario", "model"});
-  QString modelName = tr("model");
-  if (model.is_string()) modelName = QString::fromStdString(model.get<std::string>());
-  if (model.is_object() && model.contains("name") && model["name"].is_string())
-    modelName = QString::fromStdString(model["name"].get<std::string>());
-  const json& par = at(doc, {"scenario", "parallel"});
+  const QString modelName =
+      s.model.name.empty() ? tr("model") : QString::fromStdString(s.model.name);
   lines << tr("<b>%1</b> on %2, %3 rank(s), tp %4 · pp %5 · dp %6, %7 step(s)")
-               .arg(modelName.toHtmlEscaped(), device)
-               .arg(integer(doc, "ranks", 1))
-               .arg(integer(par, "tp", 1))
-               .arg(integer(par, "pp", 1))
-               .arg(integer(par, "dp", 1))
-               .arg(integer(doc, "steps", 0));
-  if (doc.contains("emulate_rank") && doc["emulate_rank"].is_number_integer())
-    lines << tr("Emulated rank %1 (collectives move no data)").arg(doc["emulate_rank"].get<int>());
-  if (outOfMemory) {
+               .arg(modelName.toHtmlEscaped(), QString::fromStdString(r.settings.device))
+               .arg(r.ranks)
+               .arg(s.parallel.tp)
+               .arg(s.parallel.pp)
+               .arg(s.parallel.dp)
+               .arg(r.settings.steps);
+  if (r.settings.emulate_rank >= 0)
+    lines << tr("Emulated rank %1 (collectives move no data)").arg(r.settings.emulate_rank);
+  if (!r.fits) {
     lines << tr("<b>Measured: does not fit</b> — %1")
-                 .arg(QString::fromStdString(
-                          at(measuredSide, {"memory", "message"}).is_string()
-                              ? at(measuredSide, {"memory", "message"}).get<std::string>()
-                              : std::string())
-                          .toHtmlEscaped());
+                 .arg(QString::fromStdString(r.oom_message).toHtmlEscaped());
   }
-  if (!pairs.empty()) {
+  if (!r.memory.empty()) {
+    const StageMemory& first =
+        r.estimate.memory.stages[static_cast<std::size_t>(r.memory.front().stage)];
     lines << tr("Memory without the runtime reserve (%1 %2 predicted; a host run has none); "
                 "temporaries are measured only: the planner does not model them.")
-                 .arg(number(*pairs.front().first, "runtime_bytes") / memoryUnit_, 0, 'f', 0)
-                 .arg(unitName);
+                 .arg(static_cast<double>(first.runtime_bytes) / memoryUnit_, 0, 'f', 0)
+                 .arg(memoryUnit_ == kGiBytes ? tr("GiB") : tr("MiB"));
   }
-  const json& ptime = at(predictedSide, {"time"});
-  const json& mtime = at(measuredSide, {"time"});
-  if (mtime.is_object()) {
-    const double step = number(mtime, "step_seconds");
-    const double opt = number(mtime, "optimizer_seconds");
+  if (r.fits) {
+    const double step = r.time.step_seconds;
+    const double opt = r.time.optimizer_seconds;
     lines << tr("Step (simulated with measured pass times): predicted %1, measured %2 without "
                 "the optimizer's %3 (%4)")
-                 .arg(ms(number(ptime, "simulated_step_seconds")), ms(step - opt), ms(opt),
-                      percent(at(doc, {"relative_error", "time", "simulated_step_seconds"})));
+                 .arg(ms(r.simulated_step_seconds), ms(step - opt), ms(opt),
+                      percent(r.simulated_step_error));
     lines << tr("Pipeline bubble: predicted %1 %, measured %2 %")
-                 .arg(number(ptime, "simulated_bubble_fraction") * 100, 0, 'f', 1)
-                 .arg(number(mtime, "bubble_fraction") * 100, 0, 'f', 1);
-    const json& gpu = at(doc, {"scenario", "cluster", "gpu"});
-    const std::string gpuName = gpu.is_string() ? gpu.get<std::string>() : str(gpu, "name", "?");
+                 .arg(r.simulated_bubble_fraction * 100, 0, 'f', 1)
+                 .arg(r.time.bubble_fraction * 100, 0, 'f', 1);
     lines << tr("Planner's analytic step on a %1: %2")
-                 .arg(QString::fromStdString(gpuName).toHtmlEscaped(),
-                      ms(number(ptime, "step_seconds")));
+                 .arg(QString::fromStdString(s.cluster.gpu.name).toHtmlEscaped(),
+                      ms(r.estimate.time.step_seconds));
   }
-  if (doc.contains("losses") && doc["losses"].is_array() && !doc["losses"].empty()) {
+  if (!r.losses.empty()) {
     QStringList losses;
-    for (const json& l : doc["losses"])
-      if (l.is_number()) losses << QString::number(l.get<double>(), 'f', 4);
+    for (double l : r.losses)
+      if (!std::isnan(l)) losses << QString::number(l, 'f', 4);
     lines << tr("Loss per step: %1").arg(losses.join(QStringLiteral(" → ")));
   }
-  // skipped_steps: one flag per step (fp16 loss scaling skipped the update on overflow).
-  if (doc.contains("skipped_steps") && doc["skipped_steps"].is_array()) {
-    int skipped = 0;
-    for (const json& flag : doc["skipped_steps"]) skipped += flag == json(true) ? 1 : 0;
-    if (skipped > 0) lines << tr("Skipped steps (fp16 overflow): %1").arg(skipped);
-  }
+  // One flag per step (fp16 loss scaling skipped the update on overflow).
+  const auto skipped = std::count(r.skipped.begin(), r.skipped.end(), true);
+  if (skipped > 0) lines << tr("Skipped steps (fp16 overflow): %1").arg(skipped);
   summary_->setText(lines.join(QStringLiteral("<br>")));
+}
 
-  // The relative errors the result reports (every number under its error object; null: n/a).
-  // Time and memory first (the figures a person checks), then communication, then the rest.
-  std::vector<std::pair<std::string, json>> rows;
-  const json& err = at(doc, {"relative_error"});
-  if (err.is_object()) {
-    for (const char* key : {"time", "memory", "communication"})
-      if (err.contains(key)) flatten(err[key], std::string("/") + key, rows);
-    for (auto it = err.begin(); it != err.end(); ++it)
-      if (it.key() != "time" && it.key() != "memory" && it.key() != "communication")
-        flatten(it.value(), "/" + it.key(), rows);
-  }
+void ValidationView::showErrors(const backend::ValidationReport& r) {
+  const std::vector<std::pair<QString, backend::RelativeError>> rows = errorRows(r);
   errors_->setSortingEnabled(false);
   errors_->setRowCount(static_cast<int>(rows.size()));
   for (int i = 0; i < static_cast<int>(rows.size()); ++i) {
     const auto& [path, value] = rows[static_cast<std::size_t>(i)];
-    errors_->setItem(i, 0, new QTableWidgetItem(QString::fromStdString(path.substr(1))));
+    errors_->setItem(i, 0, new QTableWidgetItem(path));
     auto* item = new QTableWidgetItem;
-    if (value.is_number()) {
-      const double v = value.get<double>();
-      item->setData(Qt::DisplayRole, std::round(v * 1e5) / 1e3);  // percent, 3 decimals
+    if (value) {
+      item->setData(Qt::DisplayRole, std::round(*value * 1e5) / 1e3);  // percent, 3 decimals
       item->setData(Qt::ToolTipRole, percent(value));
-      if (std::abs(v) > 0.10) item->setForeground(QColor(0xb0, 0x00, 0x20));
+      if (std::abs(*value) > 0.10) item->setForeground(QColor(0xb0, 0x00, 0x20));
     } else {
       item->setData(Qt::DisplayRole, tr("n/a"));
       item->setData(Qt::ToolTipRole, tr("no prediction to compare with"));
@@ -610,10 +564,6 @@ bool ValidationView::loadResult(const QByteArray& text) {
   // Rows stay in that order until a person sorts by a column.
   errors_->horizontalHeader()->setSortIndicator(-1, Qt::AscendingOrder);
   errors_->setSortingEnabled(true);
-  result_ = text;
-  save_->setEnabled(true);
-  emit resultLoaded();
-  return true;
 }
 
 void ValidationView::rebuildCommunicationChart() {

@@ -1,7 +1,9 @@
 // Validation tab: opens a `distplan validate` result (distplan.validate/v1), or runs one on the CPU
-// through the CLI as a subprocess with its log streaming. Shows predicted against measured memory
-// per stage and category (the memory chart's colours), the bytes handed to each collective per
-// stage, the step time and losses, and the relative error of every figure.
+// through the CLI as a subprocess with its log streaming; either way the document is read into
+// the library's typed report (distplan/gpu_backend/validation_report.h), the one the CLI prints.
+// Shows predicted against measured memory per stage and category (the memory chart's colours), the
+// bytes handed to each collective per stage, the step time and losses, and the relative error of
+// every figure.
 #pragma once
 
 #include <QByteArray>
@@ -22,6 +24,10 @@ class QSpinBox;
 class QTableWidget;
 class QTemporaryFile;
 
+namespace distplan::backend {
+struct ValidationReport;
+}
+
 namespace distplan::gui {
 
 class ValidationView : public QWidget {
@@ -33,7 +39,9 @@ class ValidationView : public QWidget {
 
   /// The scenario a run validates (a scenario JSON document).
   void setScenarioDocument(const QByteArray& json);
-  /// Shows a validate result; returns false (and says why in the log) when it cannot be read.
+  /// Shows a validate result, read into the library's typed report
+  /// (backend::validation_report_from_json); returns false (and the library's error, with its
+  /// JSON path, in the log) when it cannot be read.
   bool loadResult(const QByteArray& json);
   bool openFile(const QString& path);
   /// Writes the result on screen (as the CLI wrote it) to `path`; false when there is none or the
@@ -56,7 +64,8 @@ class ValidationView : public QWidget {
   [[nodiscard]] QString logText() const;
   /// Time, losses and run facts of the loaded result, as shown above the error table.
   [[nodiscard]] QString summaryText() const;
-  /// Bytes per unit of the memory chart's axis: 2^30 (GiB) or 2^20 (MiB) for small models.
+  /// Bytes per unit of the memory chart's axis: the report's unit (ValidationReport::in_gib, the
+  /// unit of `distplan validate --format table`), 2^30 (GiB) or 2^20 (MiB) for small models.
   [[nodiscard]] double memoryUnitBytes() const { return memoryUnit_; }
   /// Draws the communication chart on a log axis (small DP bars beside TP ones).
   void setCommunicationLogScale(bool on);
@@ -75,6 +84,10 @@ class ValidationView : public QWidget {
 
  private:
   void finishRun(int exitCode);
+  void showMemory(const backend::ValidationReport& r);
+  void showCommunication(const backend::ValidationReport& r);
+  void showSummary(const backend::ValidationReport& r);
+  void showErrors(const backend::ValidationReport& r);
   void rebuildCommunicationChart();
 
   QByteArray scenario_;

@@ -102,6 +102,10 @@ std::string list_hint(const nlohmann::json& v) {
                       : "";
 }
 
+std::string_view json_type_name(const nlohmann::json& j) {
+  return type_name(j);
+}
+
 std::string pointer_escape(std::string_view key) {
   std::string out;
   for (char c : key) {

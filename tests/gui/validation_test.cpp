@@ -1,6 +1,7 @@
 // The validation tab on real `distplan validate` output: the checked-in result of tiny-gpt
 // tp2·pp2·dp2 on the CPU (data/validation/tiny-gpt-tp2-pp2-dp2.result.json) loads, and every bar
-// equals the JSON's bytes in the axis unit; the communication chart switches to a log axis; the CLI
+// and error cell equals the JSON's figure in the unit shown; a malformed or stale file shows the
+// library's error at its JSON path; the communication chart switches to a log axis; the CLI
 // is found beside the GUI's build; and a CPU run started from the view (8 ranks under mpirun)
 // streams its log and shows its result.
 #include <QBarCategoryAxis>
@@ -22,9 +23,13 @@
 #include <QValueAxis>
 #include <QtTest>
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "distplan/gpu_backend/validation_report.h"
+#include "distplan/planner/estimate.h"
+#include "distplan/planner/scenario_json.h"
 #include "validationview.h"
 
 using distplan::gui::ValidationView;
@@ -229,21 +234,96 @@ class ValidationTest : public QObject {
   }
 
   void anOutOfMemoryResultLoadsWithoutBars() {
-    const json doc = {
-        {"schema", "distplan.validate/v1"},
-        {"device", "cpu"},
-        {"steps", 1},
-        {"predicted", {{"memory", {{"stages", json::array()}}}}},
-        {"measured", {{"memory", {{"fits", false}, {"message", "out of host memory"}}}}},
-        {"relative_error", {{"memory", {{"fits", 0.0}}}}},
-        {"losses", json::array()}};
+    // The document `distplan validate` writes when the run ran out of memory, for the fixture's
+    // scenario: the library's report of a run that did not fit.
+    const json fixture = json::parse(readAll(kFixture).toStdString());
+    const distplan::Scenario s = distplan::scenario_from_json(fixture["scenario"]);
+    const json doc = distplan::backend::to_json(
+        distplan::backend::compare(s, distplan::estimate(s), nullptr, "out of host memory", {}));
     ValidationView view;
     QVERIFY(view.loadResult(QByteArray::fromStdString(doc.dump())));
     QVERIFY(view.summaryText().contains(QStringLiteral("out of host memory")));
-    QCOMPARE(view.errorTable()->rowCount(), 1);
+    QCOMPARE(view.errorTable()->rowCount(), 1);  // relative_error/memory/fits
+    auto* series = qobject_cast<QStackedBarSeries*>(view.chartView()->chart()->series().value(0));
+    QVERIFY(series);
+    for (const QBarSet* set : series->barSets()) QCOMPARE(set->count(), 0);
     QVERIFY(!view.loadResult("{\"schema\": \"distplan.plan/v1\", \"memory\": {}}"));
+    QVERIFY(view.logText().contains(QStringLiteral("/schema")));
     ValidationView empty;
     QVERIFY(!empty.saveResult(QDir::temp().filePath(QStringLiteral("never-written.json"))));
+  }
+
+  void theCellsShowTheResultsFigures() {
+    // The oracle is the document as the CLI wrote it, read here with plain JSON access.
+    const json doc = json::parse(readAll(kFixture).toStdString());
+    ValidationView view;
+    QVERIFY(view.openFile(kFixture));
+    std::map<QString, int> rowOf;
+    const QTableWidget* table = view.errorTable();
+    for (int i = 0; i < table->rowCount(); ++i) rowOf[table->item(i, 0)->text()] = i;
+    const json& mem = doc["relative_error"]["memory"]["stages"];
+    for (const json& st : mem) {
+      for (auto it = st.begin(); it != st.end(); ++it) {
+        if (it.key() == "stage") continue;
+        const QString name = QStringLiteral("memory/stage %1/%2")
+                                 .arg(st["stage"].get<int>())
+                                 .arg(QString::fromStdString(it.key()));
+        QVERIFY2(rowOf.count(name), qPrintable(name));
+        const QVariant cell = table->item(rowOf.at(name), 1)->data(Qt::DisplayRole);
+        if (it.value().is_null()) {
+          QCOMPARE(cell.toString(), QStringLiteral("n/a"));
+        } else {
+          // Percent with 3 decimals.
+          QCOMPARE(cell.toDouble(), std::round(it.value().get<double>() * 1e5) / 1e3);
+        }
+      }
+    }
+    const QString step = QStringLiteral("time/simulated_step_seconds");
+    QVERIFY(rowOf.count(step));
+    QCOMPARE(
+        table->item(rowOf.at(step), 1)->data(Qt::DisplayRole).toDouble(),
+        std::round(doc["relative_error"]["time"]["simulated_step_seconds"].get<double>() * 1e5) /
+            1e3);
+    // The summary's simulated step, in ms with 3 decimals.
+    QVERIFY(view.summaryText().contains(
+        QStringLiteral("predicted %1 ms")
+            .arg(doc["predicted"]["time"]["simulated_step_seconds"].get<double>() * 1e3, 0, 'f',
+                 3)));
+  }
+
+  void aMalformedOrStaleFileShowsTheLibrarysPathError() {
+    const json doc = json::parse(readAll(kFixture).toStdString());
+    QTemporaryDir dir;
+    struct Case {
+      const char* file;
+      QString path;
+      QString reason;
+    };
+    json negative = doc;
+    negative["measured"]["memory"]["stages"][0]["weights_bytes"] = -1;
+    json stale = doc;
+    stale["predicted"]["memory"]["stages"][1]["activations_bytes"] =
+        doc["predicted"]["memory"]["stages"][1]["activations_bytes"].get<long long>() + 1;
+    const std::pair<json, Case> cases[] = {
+        {negative,
+         {"negative.json", QStringLiteral("/measured/memory/stages/0/weights_bytes"),
+          QStringLiteral("at least 0")}},
+        {stale,
+         {"stale.json", QStringLiteral("/predicted/memory/stages/1/activations_bytes"),
+          QStringLiteral("recomputed from /scenario")}}};
+    for (const auto& [bad, c] : cases) {
+      const QString path = dir.filePath(QString::fromLatin1(c.file));
+      QFile f(path);
+      QVERIFY(f.open(QIODevice::WriteOnly));
+      f.write(QByteArray::fromStdString(bad.dump(2)));
+      f.close();
+      ValidationView view;
+      QSignalSpy loaded(&view, &ValidationView::resultLoaded);
+      QVERIFY(!view.openFile(path));
+      QCOMPARE(loaded.count(), 0);
+      QVERIFY2(view.logText().contains(c.path + QStringLiteral(": ")), qPrintable(view.logText()));
+      QVERIFY2(view.logText().contains(c.reason), qPrintable(view.logText()));
+    }
   }
 
   void theCliIsFoundBesideTheGuiBuild() {

@@ -23,6 +23,7 @@
 #include "chartexport.h"
 #include "communicationmodel.h"
 #include "communicationview.h"
+#include "distplan/gpu_backend/validation_report.h"
 #include "distplan/planner/estimate.h"
 #include "distplan/planner/presets.h"
 #include "distplan/planner/scenario_json.h"
@@ -246,24 +247,32 @@ class ViewsTest : public QObject {
   }
 
   void validationViewShowsPredictedAgainstMeasured() {
+    // The default scenario's report (compare(), the CLI's) on a measurement of one rank per stage
+    // whose weights are twice the plan's: bars of 1 and 2 times the planned GiB, error +100 %.
     const Scenario s = scenario_from_json(parse_json_text(default_scenario_text()));
     const Estimate e = estimate(s);
-    nlohmann::json plan = plan_to_json(s, e);
-    nlohmann::json measured = plan;
-    for (auto& stage : measured["memory"]["stages"]) {
-      stage["weights_bytes"] = stage["weights_bytes"].get<std::int64_t>() * 2;
+    backend::Measurement m;
+    for (std::size_t st = 0; st < e.memory.stages.size(); ++st) {
+      backend::RankMeasurement r;
+      r.rank = static_cast<int>(st);
+      r.coords.pp = static_cast<int>(st);
+      r.memory.peak[static_cast<int>(backend::MemoryTag::weights)] =
+          2 * e.memory.stages[st].weights_bytes;
+      r.memory.peak_total = 2 * e.memory.stages[st].weights_bytes;
+      r.actions.push_back({{sim::Op::forward, 0, 0}, 1e-3});
+      r.actions.push_back({{sim::Op::backward, 0, 0}, 2e-3});
+      r.step_seconds = 10e-3;
+      m.ranks.push_back(r);
     }
-    nlohmann::json doc = {{"schema", "distplan.validate/v1"},
-                          {"predicted", plan},
-                          {"measured", measured},
-                          {"relative_error",
-                           {{"memory", {{"weights_bytes", 1.0}, {"total_bytes", 0.2}}},
-                            {"time", {{"step_seconds", -0.05}}}}}};
+    m.losses = {7.0};
+    m.skipped = {false};
+    const nlohmann::json doc = backend::to_json(backend::compare(s, e, &m, "", {}));
     ValidationView view;
     QVERIFY(view.loadResult(QByteArray::fromStdString(doc.dump())));
-    QCOMPARE(view.errorTable()->rowCount(), 3);
+    QCOMPARE(view.memoryUnitBytes(), 1024.0 * 1024.0 * 1024.0);  // a 70B model: GiB
     auto* series = qobject_cast<QStackedBarSeries*>(view.chartView()->chart()->series().value(0));
     QVERIFY(series);
+    // The planner's categories less the runtime, then the measured temporaries.
     QCOMPARE(series->barSets().size(), static_cast<qsizetype>(kMemoryCategories.size()));
     const QBarSet* weights = series->barSets().at(0);
     QCOMPARE(weights->count(), static_cast<qsizetype>(2 * e.memory.stages.size()));
@@ -272,6 +281,14 @@ class ViewsTest : public QObject {
       QCOMPARE(weights->at(static_cast<qsizetype>(2 * i)), predicted);
       QCOMPARE(weights->at(static_cast<qsizetype>(2 * i + 1)), 2 * predicted);
     }
+    bool found = false;
+    for (int i = 0; i < view.errorTable()->rowCount(); ++i) {
+      if (view.errorTable()->item(i, 0)->text() != QStringLiteral("memory/stage 0/weights_bytes"))
+        continue;
+      found = true;
+      QCOMPARE(view.errorTable()->item(i, 1)->data(Qt::DisplayRole).toDouble(), 100.0);
+    }
+    QVERIFY(found);
     QVERIFY(!view.loadResult("{\"schema\": \"distplan.plan/v1\"}"));
     QVERIFY(!view.loadResult("not json"));
   }

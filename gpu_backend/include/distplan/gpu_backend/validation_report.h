@@ -32,6 +32,17 @@ struct ValidationSettings {
   unsigned host_cores = 0;  // this host's hardware threads (0: unknown)
 };
 
+/// The categories of a measured stage (StageMemoryMeasured::bytes): the plan's less the runtime,
+/// then temporaries (measured only), the tracked joint peak and the allocator's reserved bytes.
+inline constexpr const char* kMeasuredCategories[] = {"weights",     "gradients", "optimizer",
+                                                      "activations", "buffers",   "temporaries",
+                                                      "total",       "reserved"};
+/// The categories compared (StageMemoryError::by_category), in the order of the plan's stage
+/// memory; total: tracked; reserved: the caching-allocator model's reserved bytes, less the
+/// runtime.
+inline constexpr const char* kComparedCategories[] = {
+    "weights", "gradients", "optimizer", "activations", "buffers", "runtime", "total", "reserved"};
+
 /// Peak bytes of one stage (the largest figure of its ranks) per category: weights, gradients,
 /// optimizer, activations, buffers, temporaries, total (the tracked joint peak).
 struct StageMemoryMeasured {
@@ -101,6 +112,19 @@ struct ValidationReport {
   std::vector<bool> skipped;
 };
 
+/// The ranks of the layout: tp * cp * dp * pp.
+[[nodiscard]] Count ranks_of(const Scenario& s) noexcept;
+/// Fills `c.by_op` from `c.collectives` (bytes and calls summed per "group/op").
+void sum_by_op(StageCollectives& c);
+/// The planner's collectives of `stage` (stage_communication) summed per (group, op, what).
+[[nodiscard]] StageCollectives planned_collectives(const Scenario& s, int stage);
+/// The report's memory unit: GiB when the plan's peak less the runtime reserve reaches 1 GiB,
+/// MiB (the small models a CPU runs) below.
+[[nodiscard]] bool memory_in_gib(const Scenario& s, const Estimate& e) noexcept;
+/// The simulator with the measured forward/backward costs and no exposed communication.
+[[nodiscard]] sim::SimResult simulate_with_measured_costs(const Scenario& s, const Estimate& e,
+                                                          const sim::CostOverride& costs);
+
 /// Compares `m` (every rank that ran; null when the run did not fit, with `oom_message`) with
 /// the plan `e` of `s` and the simulator run with the measured costs.
 [[nodiscard]] ValidationReport compare(const Scenario& s, const Estimate& e, const Measurement* m,
@@ -109,6 +133,16 @@ struct ValidationReport {
 
 /// The distplan.validate/v1 document (docs/api.md).
 [[nodiscard]] nlohmann::json to_json(const ValidationReport& r);
+/// Reads a distplan.validate/v1 document (to_json's) back into the report: the inverse of to_json,
+/// so to_json(validation_report_from_json(to_json(r))) == to_json(r). The plan is not read but
+/// recomputed: the scenario is parsed as every command parses one, estimate() plans it, and the
+/// planned collectives and the simulated step (with the document's measured costs) are computed
+/// again; the document's predicted figures must equal those, so a file from another planner
+/// version or an edited one is refused, not shown with other numbers. Every measured figure and
+/// relative error is read with its type and range checked. Bad input throws InputError naming the
+/// JSON pointer ("/measured/memory/stages/0/weights_bytes") and the reason.
+[[nodiscard]] ValidationReport validation_report_from_json(const nlohmann::json& doc);
+
 /// The human table of `distplan validate --format table`.
 [[nodiscard]] std::string to_table(const ValidationReport& r);
 
