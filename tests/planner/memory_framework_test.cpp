@@ -259,6 +259,10 @@ TEST(NcclMemory, EachFrameworkCountsItsProcessGroups) {
   MemoryLayout flat;
   flat.dp = 8;
   EXPECT_EQ(nccl_buffer_bytes(framework_profile(Framework::fsdp2), flat, false, 0), group);
+  // Hybrid sharding over 2 x 4: a 4-rank shard group and a 2-rank replicate group.
+  flat.zero_stage = 3;
+  flat.shard = 4;
+  EXPECT_EQ(nccl_buffer_bytes(framework_profile(Framework::fsdp2), flat, false, 0), group + pair);
 }
 
 }  // namespace

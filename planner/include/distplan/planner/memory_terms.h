@@ -203,7 +203,11 @@ struct StageUnitParams {
 [[nodiscard]] inline Bytes nccl_buffer_bytes(const FrameworkProfile& fw, const MemoryLayout& l,
                                              bool tied_embeddings, int stage) noexcept {
   auto comm = [&](Count n, Count extra = 0) { return nccl_communicator_bytes(fw, n, extra); };
-  Bytes bytes = comm(l.tp) + comm(l.dp) + comm(l.cp);
+  // Hybrid sharding (ZeRO shard group smaller than dp): a shard group and a replicate group
+  // (FSDP2's two-dimensional mesh, DeepSpeed's hpZ / MiCS groups), else one data-parallel group.
+  const bool hybrid = l.shard > 1 && l.shard < l.dp;
+  Bytes bytes = comm(l.tp) + comm(l.cp);
+  bytes += hybrid ? comm(l.shard) + comm(l.dp / l.shard) : comm(l.dp);
   // MoE: the all-to-all connects to every other rank of the ep group; the experts' gradients
   // are reduced over the expert data-parallel group.
   if (l.expert_params > 0)
