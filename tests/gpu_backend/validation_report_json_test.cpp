@@ -14,6 +14,7 @@
 #include "distplan/planner/error.h"
 #include "distplan/planner/estimate.h"
 #include "distplan/planner/scenario_json.h"
+#include "validation_scenarios.h"
 
 namespace distplan::backend {
 namespace {
@@ -33,22 +34,7 @@ json read_fixture() {
 }
 
 Scenario two_stage(const std::string& framework = "") {
-  json doc = {{"model",
-               {{"num_layers", 4},
-                {"hidden_size", 64},
-                {"num_attention_heads", 4},
-                {"ffn_hidden_size", 256},
-                {"vocab_size", 512},
-                {"max_position_embeddings", 32}}},
-              {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", 4}, {"gpus_per_node", 8}}},
-              {"training",
-               {{"seq_length", 32},
-                {"global_batch_size", 8},
-                {"micro_batch_size", 1},
-                {"precision", "bf16"}}},
-              {"parallel", {{"tp", 1}, {"pp", 2}, {"dp", 2}, {"schedule", "1f1b"}}}};
-  if (!framework.empty()) doc["training"]["framework"] = framework;
-  return scenario_from_json(doc);
+  return testing::two_stage_gpt(2, "bf16", framework);
 }
 
 // Figures of every kind, distinct per rank and stage: two ranks per stage (dp = 2), each with

@@ -8,6 +8,7 @@
 #include "distplan/gpu_backend/validation_report.h"
 #include "distplan/planner/estimate.h"
 #include "distplan/planner/scenario_json.h"
+#include "validation_scenarios.h"
 
 namespace distplan::backend {
 namespace {
@@ -15,21 +16,7 @@ namespace {
 using nlohmann::json;
 
 Scenario two_stage() {
-  const json doc = {{"model",
-                     {{"num_layers", 4},
-                      {"hidden_size", 64},
-                      {"num_attention_heads", 4},
-                      {"ffn_hidden_size", 256},
-                      {"vocab_size", 512},
-                      {"max_position_embeddings", 32}}},
-                    {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", 2}, {"gpus_per_node", 8}}},
-                    {"training",
-                     {{"seq_length", 32},
-                      {"global_batch_size", 4},
-                      {"micro_batch_size", 1},
-                      {"precision", "fp32"}}},
-                    {"parallel", {{"tp", 1}, {"pp", 2}, {"dp", 1}, {"schedule", "1f1b"}}}};
-  return scenario_from_json(doc);
+  return testing::two_stage_gpt(1, "fp32");
 }
 
 // Stage st: weights 10 % over the plan, no gradients, optimizer as planned, activations twice
