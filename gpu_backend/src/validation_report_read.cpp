@@ -138,6 +138,19 @@ void each(const json& list, const std::string& path, F&& f) {
   for (std::size_t i = 0; i < list.size(); ++i) f(list[i], path + "/" + std::to_string(i), i);
 }
 
+// Each entry of a per-stage list, read as an object whose stage follows the previous entry's:
+// f(reader, stage, entry, path) reads the rest, then every key must have been read.
+template <class F>
+void each_stage(const json& list, const std::string& path, const Scenario& s, F&& f) {
+  int previous = -1;
+  each(list, path, [&](const json& x, const std::string& p, std::size_t) {
+    ObjectReader sr(x, p);
+    previous = stage_field(sr, s, previous);
+    f(sr, previous, x);
+    sr.finish();
+  });
+}
+
 StageCollectives read_measured_collectives(const json& j, const std::string& path,
                                            const Scenario& s, int previous) {
   ObjectReader rd(j, path);
@@ -217,23 +230,19 @@ void read_measured(ObjectReader& mr, ObjectReader& mm, ValidationReport& r) {
   expect_recomputed(r.estimate.memory.capacity_bytes, required(mm, "capacity_bytes"),
                     mm.child("capacity_bytes"));
   r.peak_bytes = count_field(mm, "peak_bytes");
-  int previous = -1;
-  each(array_field(mm, "stages"), mm.child("stages"),
-       [&](const json& x, const std::string& p, std::size_t) {
-         ObjectReader sr(x, p);
-         StageMemoryMeasured ms;
-         ms.stage = stage_field(sr, s, previous);
-         previous = ms.stage;
-         for (const char* c : kMeasuredCategories)
-           ms.bytes[c] = count_field(sr, std::string(c) + "_bytes");
-         sr.finish();
-         r.memory.push_back(std::move(ms));
-       });
+  each_stage(array_field(mm, "stages"), mm.child("stages"), s,
+             [&](ObjectReader& sr, int stage, const json&) {
+               StageMemoryMeasured ms;
+               ms.stage = stage;
+               for (const char* c : kMeasuredCategories)
+                 ms.bytes[c] = count_field(sr, std::string(c) + "_bytes");
+               r.memory.push_back(std::move(ms));
+             });
   mm.finish();
 
   ObjectReader cr(required(mr, "communication"), "/measured/communication");
   r.busiest_wire_bytes = count_field(cr, "wire_bytes_per_gpu_per_step");
-  previous = -1;
+  int previous = -1;
   each(array_field(cr, "stages"), cr.child("stages"),
        [&](const json& x, const std::string& p, std::size_t) {
          r.measured_collectives.push_back(read_measured_collectives(x, p, s, previous));
@@ -256,36 +265,28 @@ void read_errors(const json& j, ValidationReport& r) {
   ObjectReader er(j, "/relative_error");
   ObjectReader mem(required(er, "memory"), er.child("memory"));
   r.peak_error = error_field(mem, "peak_bytes");
-  int previous = -1;
-  each(array_field(mem, "stages"), mem.child("stages"),
-       [&](const json& x, const std::string& p, std::size_t) {
-         ObjectReader sr(x, p);
-         StageMemoryError es;
-         es.stage = stage_field(sr, s, previous);
-         previous = es.stage;
-         for (const char* c : kComparedCategories)
-           es.by_category[c] = error_field(sr, std::string(c) + "_bytes");
-         sr.finish();
-         r.memory_error.push_back(std::move(es));
-       });
+  each_stage(array_field(mem, "stages"), mem.child("stages"), s,
+             [&](ObjectReader& sr, int stage, const json&) {
+               StageMemoryError es;
+               es.stage = stage;
+               for (const char* c : kComparedCategories)
+                 es.by_category[c] = error_field(sr, std::string(c) + "_bytes");
+               r.memory_error.push_back(std::move(es));
+             });
   mem.finish();
 
   ObjectReader comm(required(er, "communication"), er.child("communication"));
-  previous = -1;
-  each(array_field(comm, "stages"), comm.child("stages"),
-       [&](const json& x, const std::string& p, std::size_t) {
-         ObjectReader sr(x, p);
-         StageCollectivesError ec;
-         ec.stage = stage_field(sr, s, previous);
-         previous = ec.stage;
-         ec.wire_bytes_per_gpu_per_step = error_field(sr, "wire_bytes_per_gpu_per_step");
-         ObjectReader ops(required(sr, "collectives"), sr.child("collectives"));
-         for (auto it = x.at("collectives").begin(); it != x.at("collectives").end(); ++it)
-           ec.by_op[it.key()] = error_field(ops, it.key());
-         ops.finish();
-         sr.finish();
-         r.collectives_error.push_back(std::move(ec));
-       });
+  each_stage(array_field(comm, "stages"), comm.child("stages"), s,
+             [&](ObjectReader& sr, int stage, const json& x) {
+               StageCollectivesError ec;
+               ec.stage = stage;
+               ec.wire_bytes_per_gpu_per_step = error_field(sr, "wire_bytes_per_gpu_per_step");
+               ObjectReader ops(required(sr, "collectives"), sr.child("collectives"));
+               for (auto it = x.at("collectives").begin(); it != x.at("collectives").end(); ++it)
+                 ec.by_op[it.key()] = error_field(ops, it.key());
+               ops.finish();
+               r.collectives_error.push_back(std::move(ec));
+             });
   comm.finish();
 
   ObjectReader time(required(er, "time"), er.child("time"));
