@@ -7,15 +7,16 @@
 
 namespace distplan::backend::trainer_detail {
 
-void Trainer::cp_attention_forward(int ui, Vec& q, Vec& k, Vec& v, Vec& out, Vec& lse) {
+void Trainer::cp_attention_forward(int ui, HostVec& q, HostVec& k, HostVec& v, HostVec& out,
+                                   HostVec& lse) {
   if (p_.cp_comm == CpComm::all_gather) return all_gather_attention_forward(q, k, v, out, lse);
   if (p_.cp_comm == CpComm::a2a) return a2a_attention_forward(q, k, v, out, lse);
   ring_attention_forward(ui, q, k, v, out, lse);
 }
 
-void Trainer::cp_attention_backward(int ui, const Vec& dout, const Vec& q, const Vec& k,
-                                    const Vec& v, const Vec& out, const Vec& lse, Vec& dq, Vec& dk,
-                                    Vec& dv) {
+void Trainer::cp_attention_backward(int ui, const HostVec& dout, const HostVec& q, const HostVec& k,
+                                    const HostVec& v, const HostVec& out, const HostVec& lse,
+                                    HostVec& dq, HostVec& dk, HostVec& dv) {
   if (p_.cp_comm == CpComm::all_gather)
     return all_gather_attention_backward(dout, q, k, v, out, lse, dq, dk, dv);
   if (p_.cp_comm == CpComm::a2a) return a2a_attention_backward(dout, q, k, v, out, lse, dq, dk, dv);
@@ -39,7 +40,7 @@ constexpr const char* kKv = "cp all-to-all: keys and values";
 
 }  // namespace
 
-void Trainer::global_kv(const Vec& gathered, Count kn, Vec& k, Vec& v) const {
+void Trainer::global_kv(const HostVec& gathered, Count kn, HostVec& k, HostVec& v) const {
   const Count s = t_.seq_length, c = sl_ / 2, row = t_.micro_batch_size * g_l_ * d_;
   k.assign(static_cast<std::size_t>(s * row), 0.0f);
   v.assign(k.size(), 0.0f);
@@ -50,8 +51,8 @@ void Trainer::global_kv(const Vec& gathered, Count kn, Vec& k, Vec& v) const {
   }
 }
 
-void Trainer::all_gather_attention_forward(const Vec& q, const Vec& k, const Vec& v, Vec& out,
-                                           Vec& lse) {
+void Trainer::all_gather_attention_forward(const HostVec& q, const HostVec& k, const HostVec& v,
+                                           HostVec& out, HostVec& lse) {
   const Count kn = static_cast<Count>(k.size()), b = t_.micro_batch_size;
   const Count r = g_.cp->rank();
   Tensor mine(alloc_, {2 * kn}, cb_, MemoryTag::temporaries);
@@ -60,8 +61,8 @@ void Trainer::all_gather_attention_forward(const Vec& q, const Vec& k, const Vec
   // Buffers (the planner's 2 cp kv at the backward's peak): the whole sequence's K and V.
   Tensor all(alloc_, {cp_ * 2 * kn}, cb_, MemoryTag::buffers);
   g_.cp->all_gather(mine.data(), all.data(), 2 * kn, cb_, "cp: keys and values");
-  Vec kg, vg;
-  global_kv(rd(all), kn, kg, vg);
+  HostVec kg, vg;
+  global_kv(rd_host(all), kn, kg, vg);
   out.assign(q.size(), 0.0f);
   lse.assign(static_cast<std::size_t>(b * a_l_ * sl_), 0.0f);
   for (int chunk = 0; chunk < 2; ++chunk)
@@ -70,9 +71,10 @@ void Trainer::all_gather_attention_forward(const Vec& q, const Vec& k, const Vec
   rnd(out, cb_);
 }
 
-void Trainer::all_gather_attention_backward(const Vec& dout, const Vec& q, const Vec& k,
-                                            const Vec& v, const Vec& out, const Vec& lse, Vec& dq,
-                                            Vec& dk, Vec& dv) {
+void Trainer::all_gather_attention_backward(const HostVec& dout, const HostVec& q, const HostVec& k,
+                                            const HostVec& v, const HostVec& out,
+                                            const HostVec& lse, HostVec& dq, HostVec& dk,
+                                            HostVec& dv) {
   const Count kn = static_cast<Count>(k.size()), b = t_.micro_batch_size;
   const Count r = g_.cp->rank(), c = sl_ / 2, row = b * g_l_ * d_;
   // The layer kept only its local K and V: gather them again (Transformer Engine does).
@@ -81,16 +83,16 @@ void Trainer::all_gather_attention_backward(const Vec& dout, const Vec& q, const
   mine.write(v.data(), kn, kn);
   Tensor all(alloc_, {cp_ * 2 * kn}, cb_, MemoryTag::buffers);
   g_.cp->all_gather(mine.data(), all.data(), 2 * kn, cb_, "cp: keys and values");
-  Vec kg, vg;
-  global_kv(rd(all), kn, kg, vg);
-  Vec dkg(kg.size(), 0.0f), dvg(vg.size(), 0.0f);
+  HostVec kg, vg;
+  global_kv(rd_host(all), kn, kg, vg);
+  HostVec dkg(kg.size(), 0.0f), dvg(vg.size(), 0.0f);
   dq.assign(q.size(), 0.0f);
   for (int chunk = 0; chunk < 2; ++chunk)
     ring::block_backward(dout.data(), q.data(), kg.data(), vg.data(), out.data(), lse.data(),
                          dq.data(), dkg.data(), dvg.data(), sl_,
                          ring::all_gather_step(chunk, r, cp_, sl_), b, a_l_, g_l_, d_);
   // The whole sequence's K and V gradients, rank-major, reduce-scattered to their owners.
-  Vec packed(static_cast<std::size_t>(cp_ * 2 * kn), 0.0f);
+  HostVec packed(static_cast<std::size_t>(cp_ * 2 * kn), 0.0f);
   for (Count p = 0; p < t_.seq_length; ++p) {
     const Count at = packed_offset(p, c, cp_, 2 * kn, row);
     std::copy(dkg.begin() + p * row, dkg.begin() + (p + 1) * row, packed.begin() + at);
@@ -100,7 +102,7 @@ void Trainer::all_gather_attention_backward(const Vec& dout, const Vec& q, const
   grads.fill_from(packed);
   Tensor part(alloc_, {2 * kn}, cb_, MemoryTag::temporaries);
   g_.cp->reduce_scatter(grads.data(), part.data(), 2 * kn, cb_, "cp: key and value gradients");
-  const Vec got = rd(part);
+  const HostVec got = rd_host(part);
   dk.assign(got.begin(), got.begin() + kn);
   dv.assign(got.begin() + kn, got.end());
 }
@@ -109,11 +111,11 @@ void Trainer::all_gather_attention_backward(const Vec& dout, const Vec& q, const
 // AttnFuncWithCPAndQKVOA2A: q, k, v all-to-all from this rank's rows of every head to every row
 // of 1/cp of the heads, attention over the whole sequence, the output back; the backward
 // exchanges the output and its gradient again, then dQ, dK, dV back.
-Vec Trainer::seq_to_heads(const Vec& x, Count heads, const char* what, Tensor& recv,
-                          MemoryTag tag) {
+HostVec Trainer::seq_to_heads(const HostVec& x, Count heads, const char* what, Tensor& recv,
+                              MemoryTag tag) {
   const Count b = t_.micro_batch_size, hc = heads / cp_, c = sl_ / 2;
   const Count row = b * hc * d_, blk = sl_ * row;  // one rank's rows of one head group
-  Vec send(static_cast<std::size_t>(cp_ * blk));
+  HostVec send(static_cast<std::size_t>(cp_ * blk));
   for (Count j = 0; j < cp_; ++j)  // block j: head group j, for rank j
     for (Count t = 0; t < sl_ * b; ++t)
       std::copy(x.begin() + (t * heads + j * hc) * d_, x.begin() + (t * heads + (j + 1) * hc) * d_,
@@ -122,8 +124,8 @@ Vec Trainer::seq_to_heads(const Vec& x, Count heads, const char* what, Tensor& r
   recv = Tensor(alloc_, {cp_ * blk}, cb_, tag);
   g_.cp->all_to_all(out.data(), recv.data(), blk, cb_, what);
   // Block j holds rank j's rows: into global order (Transformer Engine's reordering).
-  const Vec got = rd(recv);
-  Vec y(got.size());
+  const HostVec got = rd_host(recv);
+  HostVec y(got.size());
   for (Count p = 0; p < t_.seq_length; ++p) {
     const Count at = packed_offset(p, c, cp_, blk, row);
     std::copy(got.begin() + at, got.begin() + at + row, y.begin() + p * row);
@@ -131,19 +133,19 @@ Vec Trainer::seq_to_heads(const Vec& x, Count heads, const char* what, Tensor& r
   return y;
 }
 
-Vec Trainer::heads_to_seq(const Vec& y, Count heads, const char* what, Tensor* send_keep,
-                          MemoryTag tag) {
+HostVec Trainer::heads_to_seq(const HostVec& y, Count heads, const char* what, Tensor* send_keep,
+                              MemoryTag tag) {
   const Count b = t_.micro_batch_size, hc = heads / cp_, c = sl_ / 2;
   const Count row = b * hc * d_, blk = sl_ * row;
-  Vec send(y.size());
+  HostVec send(y.size());
   for (Count p = 0; p < t_.seq_length; ++p)
     std::copy(y.begin() + p * row, y.begin() + (p + 1) * row,
               send.begin() + packed_offset(p, c, cp_, blk, row));
   Tensor sb = save(send, cb_, tag);
   Tensor recv(alloc_, {cp_ * blk}, cb_, MemoryTag::temporaries);
   g_.cp->all_to_all(sb.data(), recv.data(), blk, cb_, what);
-  const Vec got = rd(recv);
-  Vec x(static_cast<std::size_t>(sl_ * b * heads * d_));
+  const HostVec got = rd_host(recv);
+  HostVec x(static_cast<std::size_t>(sl_ * b * heads * d_));
   for (Count j = 0; j < cp_; ++j)  // block j: rank j's head group for this rank's rows
     for (Count t = 0; t < sl_ * b; ++t)
       std::copy(got.begin() + j * blk + t * hc * d_, got.begin() + j * blk + (t + 1) * hc * d_,
@@ -152,14 +154,15 @@ Vec Trainer::heads_to_seq(const Vec& y, Count heads, const char* what, Tensor* s
   return x;
 }
 
-void Trainer::a2a_attention_forward(Vec& q, Vec& k, Vec& v, Vec& out, Vec& lse) {
+void Trainer::a2a_attention_forward(HostVec& q, HostVec& k, HostVec& v, HostVec& out,
+                                    HostVec& lse) {
   const Count b = t_.micro_batch_size, s = t_.seq_length, ah = a_l_ / cp_, gh = g_l_ / cp_;
   // Buffers (the planner's 2 q + kv): the exchanged q, k, v and the output.
   Tensor qr, kr, vr, ob;
-  Vec qh = seq_to_heads(q, a_l_, kQo, qr, MemoryTag::buffers);
-  Vec kh = seq_to_heads(k, g_l_, kKv, kr, MemoryTag::buffers);
-  Vec vh = seq_to_heads(v, g_l_, kKv, vr, MemoryTag::buffers);
-  Vec oh(qh.size(), 0.0f), lh(static_cast<std::size_t>(b * ah * s), 0.0f);
+  HostVec qh = seq_to_heads(q, a_l_, kQo, qr, MemoryTag::buffers);
+  HostVec kh = seq_to_heads(k, g_l_, kKv, kr, MemoryTag::buffers);
+  HostVec vh = seq_to_heads(v, g_l_, kKv, vr, MemoryTag::buffers);
+  HostVec oh(qh.size(), 0.0f), lh(static_cast<std::size_t>(b * ah * s), 0.0f);
   dev::flash_attention_forward(o_.device, qh.data(), kh.data(), vh.data(), oh.data(), lh.data(), s,
                                b, ah, gh, d_);
   rnd(oh, cb_);
@@ -170,14 +173,15 @@ void Trainer::a2a_attention_forward(Vec& q, Vec& k, Vec& v, Vec& out, Vec& lse) 
   lse = std::move(lh);
 }
 
-void Trainer::a2a_attention_backward(const Vec& dout, const Vec& q, const Vec& k, const Vec& v,
-                                     const Vec& out, const Vec& lse, Vec& dq, Vec& dk, Vec& dv) {
+void Trainer::a2a_attention_backward(const HostVec& dout, const HostVec& q, const HostVec& k,
+                                     const HostVec& v, const HostVec& out, const HostVec& lse,
+                                     HostVec& dq, HostVec& dk, HostVec& dv) {
   const Count s = t_.seq_length, ah = a_l_ / cp_, gh = g_l_ / cp_;
   // The layer kept its output by rows: exchanged again with its gradient (as Transformer Engine).
   Tensor orr, dor;
-  const Vec oh = seq_to_heads(out, a_l_, kQo, orr, MemoryTag::buffers);
-  const Vec doh = seq_to_heads(dout, a_l_, kQo, dor, MemoryTag::temporaries);
-  Vec dqh(q.size(), 0.0f), dkh(k.size(), 0.0f), dvh(v.size(), 0.0f);
+  const HostVec oh = seq_to_heads(out, a_l_, kQo, orr, MemoryTag::buffers);
+  const HostVec doh = seq_to_heads(dout, a_l_, kQo, dor, MemoryTag::temporaries);
+  HostVec dqh(q.size(), 0.0f), dkh(k.size(), 0.0f), dvh(v.size(), 0.0f);
   dev::flash_attention_backward(o_.device, doh.data(), q.data(), k.data(), v.data(), oh.data(),
                                 lse.data(), dqh.data(), dkh.data(), dvh.data(), s,
                                 t_.micro_batch_size, ah, gh, d_);

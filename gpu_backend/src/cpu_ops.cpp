@@ -417,6 +417,24 @@ void ce_loss(const T* row_max, const T* sumexp, const T* target_logit, T* loss, 
 }
 
 template <class T>
+void ce_softmax(const T* logits, const T* row_max, const T* sumexp, T* softmax, Count N, Count V) {
+  for (Count n = 0; n < N; ++n)
+    for (Count j = 0; j < V; ++j)
+      softmax[n * V + j] =
+          static_cast<T>(std::exp(static_cast<double>(logits[n * V + j]) - row_max[n]) / sumexp[n]);
+}
+
+template <class T>
+void ce_softmax_grad(T* p, const std::int32_t* targets, Count N, Count V, Count vocab_start,
+                     T scale) {
+  for (Count n = 0; n < N; ++n) {
+    const Count t = targets[n] - vocab_start;
+    if (t >= 0 && t < V) p[n * V + t] -= T(1);
+    for (Count j = 0; j < V; ++j) p[n * V + j] *= scale;
+  }
+}
+
+template <class T>
 void ce_backward(const T* logits, const T* row_max, const T* sumexp, const std::int32_t* targets,
                  const T* dloss, T* dlogits, Count N, Count V, Count vocab_start) {
   for (Count n = 0; n < N; ++n) {
@@ -494,6 +512,8 @@ bool has_overflow(const float* x, Count n) {
   template void ce_local_sumexp<T>(const T*, const T*, T*, Count, Count);                          \
   template void ce_local_target<T>(const T*, const std::int32_t*, T*, Count, Count, Count);        \
   template void ce_loss<T>(const T*, const T*, const T*, T*, Count);                               \
+  template void ce_softmax<T>(const T*, const T*, const T*, T*, Count, Count);                     \
+  template void ce_softmax_grad<T>(T*, const std::int32_t*, Count, Count, Count, T);               \
   template void ce_backward<T>(const T*, const T*, const T*, const std::int32_t*, const T*, T*,    \
                                Count, Count, Count);
 

@@ -549,6 +549,14 @@ __global__ void k_adam(float* w, const float* gr, float* m, float* v, std::size_
     w[i] = static_cast<float>(w[i] - lr * upd);
   }
 }
+// SGD with momentum (cpu::sgd_step): mom = mu mom + g scale; w -= lr mom.
+__global__ void k_sgd(float* w, const float* gr, float* mom, std::size_t n, float lr, float mu,
+                      float gs) {
+  GRID_STRIDE(i, n) {
+    mom[i] = mu * mom[i] + gr[i] * gs;
+    w[i] -= lr * mom[i];
+  }
+}
 // Adam/AdamW over up to kMaxAdamTensors tensors in one launch: blockIdx.y picks the tensor, the
 // grid's x dimension strides over its elements (the same update as k_adam).
 __global__ void k_adam_multi(AdamTensors ts, float lr, float b1, float b2, float eps, float wd,
@@ -597,6 +605,33 @@ __global__ void k_overflow(const float* x, std::size_t n, int* flag) {
 
 __global__ void k_add(const float* a, const float* b, float* y, std::size_t n) {
   GRID_STRIDE(i, n) y[i] = a[i] + b[i];
+}
+
+__global__ void k_round_to(Type t, float* x, std::size_t n) {
+  GRID_STRIDE(i, n) {
+    const float v = x[i];
+    x[i] = t == Type::bf16   ? __bfloat162float(__float2bfloat16_rn(v))
+           : t == Type::fp16 ? __half2float(__float2half_rn(v))
+                             : v;
+  }
+}
+
+__global__ void k_ce_softmax(const float* logits, const float* mx, const float* se, float* sm,
+                             int N, int V) {
+  GRID_STRIDE(i, static_cast<std::size_t>(N) * V) {
+    const int n = static_cast<int>(i / V);
+    sm[i] = static_cast<float>(exp(static_cast<double>(logits[i]) - mx[n]) / se[n]);
+  }
+}
+
+__global__ void k_ce_softmax_grad(float* p, const std::int32_t* t, int N, int V, int start,
+                                  float scale) {
+  GRID_STRIDE(i, static_cast<std::size_t>(N) * V) {
+    const int n = static_cast<int>(i / V), j = static_cast<int>(i % V);
+    float v = p[i];
+    if (j == t[n] - start) v -= 1.0f;
+    p[i] = v * scale;
+  }
 }
 
 dim3 rows(int n) {
@@ -716,6 +751,12 @@ void adam_step(float* master, const float* grad, float* m, float* v, std::size_t
                                       decoupled, bc1, bc2, grad_scale);
   DISTPLAN_CUDA_CHECK_LAUNCH();
 }
+void sgd_step(float* master, const float* grad, float* momentum, std::size_t n, float lr, float mu,
+              float grad_scale) {
+  if (n == 0) return;
+  k_sgd<<<blocks_for(n), kThreads>>>(master, grad, momentum, n, lr, mu, grad_scale);
+  DISTPLAN_CUDA_CHECK_LAUNCH();
+}
 bool has_overflow(const float* x, std::size_t n) {
   // One device word for the process, allocated on the first check: a cudaMalloc/cudaFree per
   // check would synchronise the device each time (cudaFree waits for all its work).
@@ -734,6 +775,28 @@ bool has_overflow(const float* x, std::size_t n) {
 
 void add(const float* a, const float* b, float* y, std::size_t n) {
   k_add<<<blocks_for(n), kThreads>>>(a, b, y, n);
+  DISTPLAN_CUDA_CHECK_LAUNCH();
+}
+
+void round_to(Type t, float* x, std::size_t n) {
+  if (t == Type::fp32 || n == 0) return;
+  k_round_to<<<blocks_for(n), kThreads>>>(t, x, n);
+  DISTPLAN_CUDA_CHECK_LAUNCH();
+}
+
+void ce_softmax(const float* logits, const float* row_max, const float* sumexp, float* softmax,
+                int N, int V) {
+  const std::size_t n = static_cast<std::size_t>(N) * V;
+  if (n == 0) return;
+  k_ce_softmax<<<blocks_for(n), kThreads>>>(logits, row_max, sumexp, softmax, N, V);
+  DISTPLAN_CUDA_CHECK_LAUNCH();
+}
+
+void ce_softmax_grad(float* p, const std::int32_t* targets, int N, int V, int vocab_start,
+                     float scale) {
+  const std::size_t n = static_cast<std::size_t>(N) * V;
+  if (n == 0) return;
+  k_ce_softmax_grad<<<blocks_for(n), kThreads>>>(p, targets, N, V, vocab_start, scale);
   DISTPLAN_CUDA_CHECK_LAUNCH();
 }
 

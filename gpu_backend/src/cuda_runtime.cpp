@@ -4,9 +4,12 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "cuda_api.h"
@@ -140,6 +143,53 @@ void write_from_float(void* data, int dtype, long long offset, long long n, cons
   for (std::size_t i = 0; i < h.size(); ++i)
     h[i] = t == Type::bf16 ? float_to_bf16(in[i]) : float_to_fp16(in[i]);
   copy_to_device(dst, h.data(), h.size() * 2);
+}
+
+namespace {
+std::size_t pool_class(std::size_t bytes) {
+  constexpr std::size_t kSmall = 512, kLarge = std::size_t{2} << 20;
+  const std::size_t q = bytes <= (std::size_t{1} << 20) ? kSmall : kLarge;
+  return std::max<std::size_t>(q, (bytes + q - 1) / q * q);
+}
+struct Pool {
+  std::mutex mu;
+  std::unordered_multimap<std::size_t, void*> free;  // size class -> cached block
+};
+Pool& pool() {
+  static Pool* p = new Pool;  // never destroyed: blocks may be returned during static teardown
+  return *p;
+}
+}  // namespace
+
+void* pool_alloc(std::size_t bytes) {
+  const std::size_t cls = pool_class(bytes);
+  void* p = nullptr;
+  {
+    Pool& pl = pool();
+    std::lock_guard<std::mutex> lock(pl.mu);
+    if (auto it = pl.free.find(cls); it != pl.free.end()) {
+      p = it->second;
+      pl.free.erase(it);
+    }
+  }
+  if (p == nullptr) {
+    const cudaError_t e = cudaMalloc(&p, cls);
+    if (e == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();
+      throw OutOfMemory("cudaMalloc of " + std::to_string(cls) +
+                        " bytes (a working array): out of device memory");
+    }
+    DISTPLAN_CUDA_CHECK(e);
+  }
+  DISTPLAN_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, 0));
+  return p;
+}
+
+void pool_free(void* p, std::size_t bytes) noexcept {
+  if (p == nullptr) return;
+  Pool& pl = pool();
+  std::lock_guard<std::mutex> lock(pl.mu);
+  pl.free.emplace(pool_class(bytes), p);
 }
 
 std::size_t device_used_bytes() {
@@ -295,50 +345,10 @@ void linear_backward_weight(Type t, const void* dy, const void* x, float* dw, fl
     return;
   }
   const std::size_t n = static_cast<std::size_t>(N) * O;
-  float* dy32 = nullptr;
-  DISTPLAN_CUDA_CHECK(cudaMalloc(&dy32, n * sizeof(float)));
+  auto* dy32 = static_cast<float*>(pool_alloc(n * sizeof(float)));
   cast(t, dy, Type::fp32, dy32, n);
   bias_grad(dy32, dbias, N, O);
-  DISTPLAN_CUDA_CHECK(cudaFree(dy32));
-}
-
-namespace {
-
-// A device copy of a host array (or zeros), freed with the scope.
-class Staged {
- public:
-  Staged(const float* host, std::size_t n) : n_(n) {
-    p_ = static_cast<float*>(device_alloc_zeroed(n * sizeof(float)));
-    if (host != nullptr) copy_to_device(p_, host, n * sizeof(float));
-  }
-  ~Staged() { device_free(p_); }
-  Staged(const Staged&) = delete;
-  Staged& operator=(const Staged&) = delete;
-  float* get() { return p_; }
-  void to_host(float* host) const { copy_to_host(host, p_, n_ * sizeof(float)); }
-
- private:
-  std::size_t n_;
-  float* p_ = nullptr;
-};
-
-std::size_t sz(int a, int b) {
-  return static_cast<std::size_t>(a) * static_cast<std::size_t>(b);
-}
-
-}  // namespace
-
-void linear_backward_weight_host(const float* dy, const float* x, float* dw, float* dbias, int N,
-                                 int I, int O) {
-  Staged dyd(dy, sz(N, O)), xd(x, sz(N, I)), dwd(dw, sz(O, I));
-  if (dbias != nullptr) {
-    Staged dbd(dbias, sz(O, 1));
-    linear_backward_weight(Type::fp32, dyd.get(), xd.get(), dwd.get(), dbd.get(), N, I, O);
-    dbd.to_host(dbias);
-  } else {
-    linear_backward_weight(Type::fp32, dyd.get(), xd.get(), dwd.get(), nullptr, N, I, O);
-  }
-  dwd.to_host(dw);
+  pool_free(dy32, n * sizeof(float));
 }
 
 }  // namespace distplan::backend::cuda

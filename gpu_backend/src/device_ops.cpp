@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "distplan/gpu_backend/cpu_ops.h"
@@ -29,54 +30,70 @@ std::size_t zz(Count v) {
   return static_cast<std::size_t>(v);
 }
 
-// A device copy of `n` host elements (zeros when `host` is null), freed with the scope; `out()`
-// copies it back.
-template <class T>
-class Staged {
+// Scratch of `n` elements of `bytes_each` bytes from the working-array cache, returned with the
+// scope (the default stream orders its reuse after the kernels that read it).
+class Scratch {
  public:
-  Staged(const T* host, Count n) : n_(zz(n)) {
-    p_ = static_cast<T*>(cuda::device_alloc_zeroed(bytes() == 0 ? sizeof(T) : bytes()));
-    if (host != nullptr && n_ > 0) cuda::copy_to_device(p_, host, bytes());
+  Scratch(Count n, std::size_t bytes_each) : bytes_(std::max<std::size_t>(zz(n) * bytes_each, 4)) {
+    p_ = cuda::pool_alloc(bytes_);
   }
-  ~Staged() { cuda::device_free(p_); }
-  Staged(const Staged&) = delete;
-  Staged& operator=(const Staged&) = delete;
-  T* get() { return p_; }
-  void out(T* host) const {
-    if (n_ > 0) cuda::copy_to_host(host, p_, bytes());
-  }
+  ~Scratch() { cuda::pool_free(p_, bytes_); }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  void* get() { return p_; }
+  float* f32() { return static_cast<float*>(p_); }
 
  private:
-  std::size_t bytes() const { return n_ * sizeof(T); }
-  std::size_t n_;
-  T* p_ = nullptr;
+  std::size_t bytes_;
+  void* p_ = nullptr;
 };
-using F = Staged<float>;
-using I32 = Staged<std::int32_t>;
+
+cuda::Type cuda_type(DType d) {
+  return static_cast<cuda::Type>(static_cast<int>(d));
+}
+// Elements [off, off + n) of a device tensor as fp32 on the device: the tensor itself when it is
+// fp32, else a cast into scratch.
+const float* fp32_view(const Tensor& t, Count off, Count n, std::optional<Scratch>& scratch) {
+  DISTPLAN_CHECK(off >= 0 && off + n <= t.numel(), "device view out of range");
+  if (t.dtype() == DType::fp32) return t.f32() + off;
+  scratch.emplace(n, sizeof(float));
+  const char* src = static_cast<const char*>(t.data()) + off * bytes_of(t.dtype());
+  cuda::cast(cuda_type(t.dtype()), src, cuda::Type::fp32, scratch->f32(),
+             static_cast<std::size_t>(n));
+  return scratch->f32();
+}
+const void* device_slice(const Tensor& w, Count off, Count n) {
+  DISTPLAN_CHECK(off >= 0 && n >= 0 && off + n <= w.numel(), "weight slice out of range");
+  return static_cast<const char*>(w.data()) + off * bytes_of(w.dtype());
+}
 #endif
 
+// The host copy of W for the CPU oracle.
+std::vector<float> weight_slice(const Tensor& w, Count off, Count n) {
+  DISTPLAN_CHECK(off >= 0 && n >= 0 && off + n <= w.numel(), "weight slice out of range");
+  std::vector<float> h(static_cast<std::size_t>(n));
+  w.read(h.data(), n, off);
+  return h;
+}
+
 }  // namespace
+
+// On CUDA every op below hands its device pointers to the kernel of the same name.
+#ifdef DISTPLAN_HAVE_CUDA
+#define DISTPLAN_ON_CUDA(call) \
+  if (on_cuda(d)) {            \
+    call;                      \
+    return;                    \
+  }
+#else
+#define DISTPLAN_ON_CUDA(call)
+#endif
 
 void layernorm_forward([[maybe_unused]] Device d, const float* x, const float* gamma,
                        const float* beta, float* y, float* mean, float* rstd, Count N, Count C,
                        double eps) {
-#ifdef DISTPLAN_HAVE_CUDA
-  if (on_cuda(d)) {
-    F xd(x, N * C), gd(gamma, C), yd(nullptr, N * C), md(nullptr, N), rd(nullptr, N);
-    if (beta != nullptr) {
-      F bd(beta, C);
-      cuda::layernorm_forward(xd.get(), gd.get(), bd.get(), yd.get(), md.get(), rd.get(), ii(N),
-                              ii(C), static_cast<float>(eps));
-    } else {
-      cuda::layernorm_forward(xd.get(), gd.get(), nullptr, yd.get(), md.get(), rd.get(), ii(N),
-                              ii(C), static_cast<float>(eps));
-    }
-    yd.out(y);
-    md.out(mean);
-    rd.out(rstd);
-    return;
-  }
-#endif
+  DISTPLAN_ON_CUDA(cuda::layernorm_forward(x, gamma, beta, y, mean, rstd, ii(N), ii(C),
+                                           static_cast<float>(eps)));
   cpu::layernorm_forward(x, gamma, beta, y, mean, rstd, N, C, eps);
 }
 
@@ -84,135 +101,67 @@ void layernorm_backward([[maybe_unused]] Device d, const float* dy, const float*
                         const float* gamma, const float* mean, const float* rstd, float* dx,
                         float* dgamma, float* dbeta, Count N, Count C) {
 #ifdef DISTPLAN_HAVE_CUDA
-  if (on_cuda(d)) {
-    DISTPLAN_CHECK(dbeta != nullptr, "layernorm_backward on CUDA needs dbeta");
-    F dyd(dy, N * C), xd(x, N * C), gd(gamma, C), md(mean, N), rd(rstd, N), dxd(nullptr, N * C),
-        dgd(dgamma, C), dbd(dbeta, C);
-    cuda::layernorm_backward(dyd.get(), xd.get(), gd.get(), md.get(), rd.get(), dxd.get(),
-                             dgd.get(), dbd.get(), ii(N), ii(C));
-    dxd.out(dx);
-    dgd.out(dgamma);
-    dbd.out(dbeta);
-    return;
-  }
+  if (on_cuda(d)) DISTPLAN_CHECK(dbeta != nullptr, "layernorm_backward on CUDA needs dbeta");
 #endif
+  DISTPLAN_ON_CUDA(
+      cuda::layernorm_backward(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, ii(N), ii(C)));
   cpu::layernorm_backward(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, N, C);
 }
 
 void rmsnorm_forward([[maybe_unused]] Device d, const float* x, const float* gamma, float* y,
                      float* rstd, Count N, Count C, double eps) {
-#ifdef DISTPLAN_HAVE_CUDA
-  if (on_cuda(d)) {
-    F xd(x, N * C), gd(gamma, C), yd(nullptr, N * C), rd(nullptr, N);
-    cuda::rmsnorm_forward(xd.get(), gd.get(), yd.get(), rd.get(), ii(N), ii(C),
-                          static_cast<float>(eps));
-    yd.out(y);
-    rd.out(rstd);
-    return;
-  }
-#endif
+  DISTPLAN_ON_CUDA(cuda::rmsnorm_forward(x, gamma, y, rstd, ii(N), ii(C), static_cast<float>(eps)));
   cpu::rmsnorm_forward(x, gamma, y, rstd, N, C, eps);
 }
 
 void rmsnorm_backward([[maybe_unused]] Device d, const float* dy, const float* x,
                       const float* gamma, const float* rstd, float* dx, float* dgamma, Count N,
                       Count C) {
-#ifdef DISTPLAN_HAVE_CUDA
-  if (on_cuda(d)) {
-    F dyd(dy, N * C), xd(x, N * C), gd(gamma, C), rd(rstd, N), dxd(nullptr, N * C), dgd(dgamma, C);
-    cuda::rmsnorm_backward(dyd.get(), xd.get(), gd.get(), rd.get(), dxd.get(), dgd.get(), ii(N),
-                           ii(C));
-    dxd.out(dx);
-    dgd.out(dgamma);
-    return;
-  }
-#endif
+  DISTPLAN_ON_CUDA(cuda::rmsnorm_backward(dy, x, gamma, rstd, dx, dgamma, ii(N), ii(C)));
   cpu::rmsnorm_backward(dy, x, gamma, rstd, dx, dgamma, N, C);
 }
 
 void gelu_forward([[maybe_unused]] Device d, const float* x, float* y, Count n) {
-#ifdef DISTPLAN_HAVE_CUDA
-  if (on_cuda(d)) {
-    F xd(x, n), yd(nullptr, n);
-    cuda::gelu_forward(xd.get(), yd.get(), zz(n));
-    yd.out(y);
-    return;
-  }
-#endif
+  DISTPLAN_ON_CUDA(cuda::gelu_forward(x, y, zz(n)));
   cpu::gelu_forward(x, y, n);
 }
 
 void gelu_backward([[maybe_unused]] Device d, const float* dy, const float* x, float* dx, Count n) {
-#ifdef DISTPLAN_HAVE_CUDA
-  if (on_cuda(d)) {
-    F dyd(dy, n), xd(x, n), dxd(nullptr, n);
-    cuda::gelu_backward(dyd.get(), xd.get(), dxd.get(), zz(n));
-    dxd.out(dx);
-    return;
-  }
-#endif
+  DISTPLAN_ON_CUDA(cuda::gelu_backward(dy, x, dx, zz(n)));
   cpu::gelu_backward(dy, x, dx, n);
 }
 
 void swiglu_forward([[maybe_unused]] Device d, const float* gate, const float* up, float* y,
                     Count n) {
-#ifdef DISTPLAN_HAVE_CUDA
-  if (on_cuda(d)) {
-    F gd(gate, n), ud(up, n), yd(nullptr, n);
-    cuda::swiglu_forward(gd.get(), ud.get(), yd.get(), zz(n));
-    yd.out(y);
-    return;
-  }
-#endif
+  DISTPLAN_ON_CUDA(cuda::swiglu_forward(gate, up, y, zz(n)));
   cpu::swiglu_forward(gate, up, y, n);
 }
 
 void swiglu_backward([[maybe_unused]] Device d, const float* dy, const float* gate, const float* up,
                      float* dgate, float* dup, Count n) {
-#ifdef DISTPLAN_HAVE_CUDA
-  if (on_cuda(d)) {
-    F dyd(dy, n), gd(gate, n), ud(up, n), dgd(nullptr, n), dud(nullptr, n);
-    cuda::swiglu_backward(dyd.get(), gd.get(), ud.get(), dgd.get(), dud.get(), zz(n));
-    dgd.out(dgate);
-    dud.out(dup);
-    return;
-  }
-#endif
+  DISTPLAN_ON_CUDA(cuda::swiglu_backward(dy, gate, up, dgate, dup, zz(n)));
   cpu::swiglu_backward(dy, gate, up, dgate, dup, n);
 }
 
 void attention_forward([[maybe_unused]] Device d, const float* q, const float* k, const float* v,
                        float* out, float* probs, Count s, Count b, Count a, Count g, Count hd) {
-#ifdef DISTPLAN_HAVE_CUDA
-  if (on_cuda(d)) {
-    DISTPLAN_CHECK(g > 0 && a % g == 0, "query heads must be a multiple of key/value heads");
-    F qd(q, s * b * a * hd), kd(k, s * b * g * hd), vd(v, s * b * g * hd),
-        od(nullptr, s * b * a * hd), pd(nullptr, b * a * s * s);
-    cuda::attention_forward(qd.get(), kd.get(), vd.get(), od.get(), pd.get(), ii(s), ii(b), ii(a),
-                            ii(g), ii(hd));
-    od.out(out);
-    pd.out(probs);
-    return;
-  }
-#endif
+  DISTPLAN_CHECK(g > 0 && a % g == 0, "query heads must be a multiple of key/value heads");
+  DISTPLAN_ON_CUDA(
+      cuda::attention_forward(q, k, v, out, probs, ii(s), ii(b), ii(a), ii(g), ii(hd)));
   cpu::attention_forward(q, k, v, out, probs, s, b, a, g, hd);
 }
 
 void attention_backward([[maybe_unused]] Device d, const float* dout, const float* q,
                         const float* k, const float* v, const float* probs, float* dq, float* dk,
                         float* dv, Count s, Count b, Count a, Count g, Count hd) {
+  DISTPLAN_CHECK(g > 0 && a % g == 0, "query heads must be a multiple of key/value heads");
 #ifdef DISTPLAN_HAVE_CUDA
   if (on_cuda(d)) {
-    DISTPLAN_CHECK(g > 0 && a % g == 0, "query heads must be a multiple of key/value heads");
-    // The kernel accumulates into dq, dk and dv: they start from zero (the CPU op overwrites).
-    F dod(dout, s * b * a * hd), qd(q, s * b * a * hd), kd(k, s * b * g * hd),
-        vd(v, s * b * g * hd), pd(probs, b * a * s * s), dqd(nullptr, s * b * a * hd),
-        dkd(nullptr, s * b * g * hd), dvd(nullptr, s * b * g * hd);
-    cuda::attention_backward(dod.get(), qd.get(), kd.get(), vd.get(), pd.get(), dqd.get(),
-                             dkd.get(), dvd.get(), ii(s), ii(b), ii(a), ii(g), ii(hd));
-    dqd.out(dq);
-    dkd.out(dk);
-    dvd.out(dv);
+    // The kernel accumulates into dq, dk and dv; the CPU op overwrites them.
+    cuda::zero_on_device(dq, zz(s * b * a * hd) * 4);
+    cuda::zero_on_device(dk, zz(s * b * g * hd) * 4);
+    cuda::zero_on_device(dv, zz(s * b * g * hd) * 4);
+    cuda::attention_backward(dout, q, k, v, probs, dq, dk, dv, ii(s), ii(b), ii(a), ii(g), ii(hd));
     return;
   }
 #endif
@@ -221,94 +170,41 @@ void attention_backward([[maybe_unused]] Device d, const float* dout, const floa
 
 void embedding_backward([[maybe_unused]] Device d, const std::int32_t* ids, const float* dout,
                         float* dtable, Count N, Count C, Count vocab_start, Count V) {
-#ifdef DISTPLAN_HAVE_CUDA
-  if (on_cuda(d)) {
-    I32 idd(ids, N);
-    F dod(dout, N * C), dtd(dtable, V * C);
-    cuda::embedding_backward(idd.get(), dod.get(), dtd.get(), ii(N), ii(C), ii(vocab_start), ii(V));
-    dtd.out(dtable);
-    return;
-  }
-#endif
+  DISTPLAN_ON_CUDA(
+      cuda::embedding_backward(ids, dout, dtable, ii(N), ii(C), ii(vocab_start), ii(V)));
   cpu::embedding_backward(ids, dout, dtable, N, C, vocab_start, V);
 }
 
 void ce_local_max([[maybe_unused]] Device d, const float* logits, float* row_max, Count N,
                   Count V) {
-#ifdef DISTPLAN_HAVE_CUDA
-  if (on_cuda(d)) {
-    F ld(logits, N * V), md(nullptr, N);
-    cuda::ce_local_max(ld.get(), md.get(), ii(N), ii(V));
-    md.out(row_max);
-    return;
-  }
-#endif
+  DISTPLAN_ON_CUDA(cuda::ce_local_max(logits, row_max, ii(N), ii(V)));
   cpu::ce_local_max(logits, row_max, N, V);
 }
 
 void ce_local_sumexp([[maybe_unused]] Device d, const float* logits, const float* row_max,
                      float* sumexp, Count N, Count V) {
-#ifdef DISTPLAN_HAVE_CUDA
-  if (on_cuda(d)) {
-    F ld(logits, N * V), md(row_max, N), sd(nullptr, N);
-    cuda::ce_local_sumexp(ld.get(), md.get(), sd.get(), ii(N), ii(V));
-    sd.out(sumexp);
-    return;
-  }
-#endif
+  DISTPLAN_ON_CUDA(cuda::ce_local_sumexp(logits, row_max, sumexp, ii(N), ii(V)));
   cpu::ce_local_sumexp(logits, row_max, sumexp, N, V);
 }
 
 void ce_local_target([[maybe_unused]] Device d, const float* logits, const std::int32_t* targets,
                      float* target_logit, Count N, Count V, Count vocab_start) {
-#ifdef DISTPLAN_HAVE_CUDA
-  if (on_cuda(d)) {
-    F ld(logits, N * V), td(nullptr, N);
-    I32 tg(targets, N);
-    cuda::ce_local_target(ld.get(), tg.get(), td.get(), ii(N), ii(V), ii(vocab_start));
-    td.out(target_logit);
-    return;
-  }
-#endif
+  DISTPLAN_ON_CUDA(
+      cuda::ce_local_target(logits, targets, target_logit, ii(N), ii(V), ii(vocab_start)));
   cpu::ce_local_target(logits, targets, target_logit, N, V, vocab_start);
 }
 
-namespace {
-#ifdef DISTPLAN_HAVE_CUDA
-// A raw fp32 device buffer outside the tracking allocator (a cast's scratch), freed with the scope.
-class DeviceF32 {
- public:
-  DeviceF32() = default;
-  DeviceF32(const DeviceF32&) = delete;
-  DeviceF32& operator=(const DeviceF32&) = delete;
-  ~DeviceF32() {
-    if (p_ != nullptr) cuda::device_free(p_);
-  }
-  float* allocate(Count n) {
-    DISTPLAN_CHECK(p_ == nullptr && n >= 0, "scratch buffer allocated twice");
-    p_ = static_cast<float*>(
-        cuda::device_alloc_zeroed(static_cast<std::size_t>(std::max<Count>(n, 1)) * 4));
-    return p_;
-  }
+void ce_softmax([[maybe_unused]] Device d, const float* logits, const float* row_max,
+                const float* sumexp, float* softmax, Count N, Count V) {
+  DISTPLAN_ON_CUDA(cuda::ce_softmax(logits, row_max, sumexp, softmax, ii(N), ii(V)));
+  cpu::ce_softmax(logits, row_max, sumexp, softmax, N, V);
+}
 
- private:
-  float* p_ = nullptr;
-};
-cuda::Type cuda_type(DType d) {
-  return static_cast<cuda::Type>(static_cast<int>(d));
+void ce_softmax_grad([[maybe_unused]] Device d, float* p, const std::int32_t* targets, Count N,
+                     Count V, Count vocab_start, float scale) {
+  DISTPLAN_ON_CUDA(cuda::ce_softmax_grad(p, targets, ii(N), ii(V), ii(vocab_start), scale));
+  cpu::ce_softmax_grad(p, targets, N, V, vocab_start, scale);
 }
-// Elements [off, off + n) of a device tensor as fp32 on the device: the tensor itself when it is
-// fp32, else a cast into `scratch`.
-const float* fp32_view(const Tensor& t, Count off, Count n, DeviceF32& scratch) {
-  DISTPLAN_CHECK(off >= 0 && off + n <= t.numel(), "device view out of range");
-  if (t.dtype() == DType::fp32) return t.f32() + off;
-  float* out = scratch.allocate(n);
-  const char* src = static_cast<const char*>(t.data()) + off * bytes_of(t.dtype());
-  cuda::cast(cuda_type(t.dtype()), src, cuda::Type::fp32, out, static_cast<std::size_t>(n));
-  return out;
-}
-#endif
-}  // namespace
 
 void set_fp32_gemm_tf32([[maybe_unused]] bool on) {
 #ifdef DISTPLAN_HAVE_CUDA
@@ -319,17 +215,8 @@ void set_fp32_gemm_tf32([[maybe_unused]] bool on) {
 void flash_attention_forward([[maybe_unused]] Device d, const float* q, const float* k,
                              const float* v, float* out, float* lse, Count s, Count b, Count a,
                              Count g, Count hd) {
-#ifdef DISTPLAN_HAVE_CUDA
-  if (on_cuda(d)) {
-    F qd(q, s * b * a * hd), kd(k, s * b * g * hd), vd(v, s * b * g * hd),
-        od(nullptr, s * b * a * hd), ld(nullptr, b * a * s);
-    cuda::flash_attention_forward(qd.get(), kd.get(), vd.get(), od.get(), ld.get(), ii(s), ii(b),
-                                  ii(a), ii(g), ii(hd));
-    od.out(out);
-    ld.out(lse);
-    return;
-  }
-#endif
+  DISTPLAN_ON_CUDA(
+      cuda::flash_attention_forward(q, k, v, out, lse, ii(s), ii(b), ii(a), ii(g), ii(hd)));
   cpu::flash_attention_forward(q, k, v, out, lse, s, b, a, g, hd);
 }
 
@@ -337,73 +224,29 @@ void flash_attention_backward([[maybe_unused]] Device d, const float* dout, cons
                               const float* k, const float* v, const float* out, const float* lse,
                               float* dq, float* dk, float* dv, Count s, Count b, Count a, Count g,
                               Count hd) {
-#ifdef DISTPLAN_HAVE_CUDA
-  if (on_cuda(d)) {
-    F dod(dout, s * b * a * hd), qd(q, s * b * a * hd), kd(k, s * b * g * hd),
-        vd(v, s * b * g * hd), od(out, s * b * a * hd), ld(lse, b * a * s),
-        dqd(nullptr, s * b * a * hd), dkd(nullptr, s * b * g * hd), dvd(nullptr, s * b * g * hd);
-    cuda::flash_attention_backward(dod.get(), qd.get(), kd.get(), vd.get(), od.get(), ld.get(),
-                                   dqd.get(), dkd.get(), dvd.get(), ii(s), ii(b), ii(a), ii(g),
-                                   ii(hd));
-    dqd.out(dq);
-    dkd.out(dk);
-    dvd.out(dv);
-    return;
-  }
-#endif
+  DISTPLAN_ON_CUDA(cuda::flash_attention_backward(dout, q, k, v, out, lse, dq, dk, dv, ii(s), ii(b),
+                                                  ii(a), ii(g), ii(hd)));
   cpu::flash_attention_backward(dout, q, k, v, out, lse, dq, dk, dv, s, b, a, g, hd);
 }
 
 void rotary_forward([[maybe_unused]] Device d, float* x, Count s, Count b, Count heads, Count hd,
                     double theta) {
-#ifdef DISTPLAN_HAVE_CUDA
-  if (on_cuda(d)) {
-    F xd(x, s * b * heads * hd);
-    cuda::rotary_forward(xd.get(), ii(s), ii(b), ii(heads), ii(hd), theta);
-    xd.out(x);
-    return;
-  }
-#endif
+  DISTPLAN_ON_CUDA(cuda::rotary_forward(x, ii(s), ii(b), ii(heads), ii(hd), theta));
   cpu::rotary_forward(x, s, b, heads, hd, theta);
 }
 
 void rotary_backward([[maybe_unused]] Device d, float* dx, Count s, Count b, Count heads, Count hd,
                      double theta) {
-#ifdef DISTPLAN_HAVE_CUDA
-  if (on_cuda(d)) {
-    F xd(dx, s * b * heads * hd);
-    cuda::rotary_backward(xd.get(), ii(s), ii(b), ii(heads), ii(hd), theta);
-    xd.out(dx);
-    return;
-  }
-#endif
+  DISTPLAN_ON_CUDA(cuda::rotary_backward(dx, ii(s), ii(b), ii(heads), ii(hd), theta));
   cpu::rotary_backward(dx, s, b, heads, hd, theta);
 }
 
 void linear_backward_weight([[maybe_unused]] Device d, const float* dy, const float* x, float* dw,
                             float* dbias, Count N, Count I, Count O) {
-#ifdef DISTPLAN_HAVE_CUDA
-  if (on_cuda(d)) return cuda::linear_backward_weight_host(dy, x, dw, dbias, ii(N), ii(I), ii(O));
-#endif
+  DISTPLAN_ON_CUDA(
+      cuda::linear_backward_weight(cuda::Type::fp32, dy, x, dw, dbias, ii(N), ii(I), ii(O)));
   cpu::linear_backward_weight(dy, x, dw, dbias, N, I, O);
 }
-
-namespace {
-// The host copy of W for the CPU oracle.
-std::vector<float> weight_slice(const Tensor& w, Count off, Count n) {
-  DISTPLAN_CHECK(off >= 0 && n >= 0 && off + n <= w.numel(), "weight slice out of range");
-  std::vector<float> h(static_cast<std::size_t>(n));
-  w.read(h.data(), n, off);
-  return h;
-}
-#ifdef DISTPLAN_HAVE_CUDA
-const void* device_slice(const Tensor& w, Count off, Count n) {
-  DISTPLAN_CHECK(off >= 0 && n >= 0 && off + n <= w.numel(), "weight slice out of range");
-  return static_cast<const char*>(w.data()) + off * bytes_of(w.dtype());
-}
-using U16 = Staged<std::uint16_t>;
-#endif
-}  // namespace
 
 void linear_forward([[maybe_unused]] Device d, const float* x, const Tensor& w, Count w_offset,
                     const float* bias, float* y, Count N, Count I, Count O) {
@@ -411,18 +254,14 @@ void linear_forward([[maybe_unused]] Device d, const float* x, const Tensor& w, 
   if (on_cuda(d)) {
     const void* wd = device_slice(w, w_offset, O * I);
     const cuda::Type t = cuda_type(w.dtype());
-    F xd(x, N * I), yd(nullptr, N * O);
-    F bd(bias, bias != nullptr ? O : 0);
-    const float* bp = bias != nullptr ? bd.get() : nullptr;
     if (t == cuda::Type::fp32) {
-      cuda::linear_forward(t, xd.get(), wd, bp, yd.get(), ii(N), ii(I), ii(O));
+      cuda::linear_forward(t, x, wd, bias, y, ii(N), ii(I), ii(O));
     } else {
-      U16 xc(nullptr, N * I), yc(nullptr, N * O);
-      cuda::cast(cuda::Type::fp32, xd.get(), t, xc.get(), zz(N * I));
-      cuda::linear_forward(t, xc.get(), wd, bp, yc.get(), ii(N), ii(I), ii(O));
-      cuda::cast(t, yc.get(), cuda::Type::fp32, yd.get(), zz(N * O));
+      Scratch xc(N * I, 2), yc(N * O, 2);
+      cuda::cast(cuda::Type::fp32, x, t, xc.get(), zz(N * I));
+      cuda::linear_forward(t, xc.get(), wd, bias, yc.get(), ii(N), ii(I), ii(O));
+      cuda::cast(t, yc.get(), cuda::Type::fp32, y, zz(N * O));
     }
-    yd.out(y);
     return;
   }
 #endif
@@ -436,16 +275,14 @@ void linear_backward_input([[maybe_unused]] Device d, const float* dy, const Ten
   if (on_cuda(d)) {
     const void* wd = device_slice(w, w_offset, O * I);
     const cuda::Type t = cuda_type(w.dtype());
-    F dyd(dy, N * O), dxd(nullptr, N * I);
     if (t == cuda::Type::fp32) {
-      cuda::linear_backward_input(t, dyd.get(), wd, dxd.get(), ii(N), ii(I), ii(O));
+      cuda::linear_backward_input(t, dy, wd, dx, ii(N), ii(I), ii(O));
     } else {
-      U16 dyc(nullptr, N * O), dxc(nullptr, N * I);
-      cuda::cast(cuda::Type::fp32, dyd.get(), t, dyc.get(), zz(N * O));
+      Scratch dyc(N * O, 2), dxc(N * I, 2);
+      cuda::cast(cuda::Type::fp32, dy, t, dyc.get(), zz(N * O));
       cuda::linear_backward_input(t, dyc.get(), wd, dxc.get(), ii(N), ii(I), ii(O));
-      cuda::cast(t, dxc.get(), cuda::Type::fp32, dxd.get(), zz(N * I));
+      cuda::cast(t, dxc.get(), cuda::Type::fp32, dx, zz(N * I));
     }
-    dxd.out(dx);
     return;
   }
 #endif
@@ -457,12 +294,9 @@ void embedding_forward([[maybe_unused]] Device d, const std::int32_t* ids, const
                        Count offset, float* out, Count N, Count C, Count vocab_start, Count V) {
 #ifdef DISTPLAN_HAVE_CUDA
   if (on_cuda(d)) {
-    DeviceF32 scratch;
+    std::optional<Scratch> scratch;
     const float* td = fp32_view(table, offset, V * C, scratch);
-    I32 idd(ids, N);
-    F od(nullptr, N * C);
-    cuda::embedding_forward(idd.get(), td, od.get(), ii(N), ii(C), ii(vocab_start), ii(V));
-    od.out(out);
+    cuda::embedding_forward(ids, td, out, ii(N), ii(C), ii(vocab_start), ii(V));
     return;
   }
 #endif
@@ -473,7 +307,7 @@ void embedding_forward([[maybe_unused]] Device d, const std::int32_t* ids, const
 bool has_overflow([[maybe_unused]] Device d, const Tensor& t, Count off, Count n) {
 #ifdef DISTPLAN_HAVE_CUDA
   if (on_cuda(d)) {
-    DeviceF32 tmp;
+    std::optional<Scratch> tmp;
     return cuda::has_overflow(fp32_view(t, off, n, tmp), zz(n));
   }
 #endif
@@ -487,15 +321,14 @@ void add_into([[maybe_unused]] Device d, Tensor& dst, Count off, const float* g,
   if (n == 0) return;
 #ifdef DISTPLAN_HAVE_CUDA
   if (on_cuda(d)) {
-    F gd(g, n);
     char* p = static_cast<char*>(dst.data()) + off * bytes_of(dst.dtype());
     if (dst.dtype() == DType::fp32) {
-      cuda::add(reinterpret_cast<float*>(p), gd.get(), reinterpret_cast<float*>(p), zz(n));
+      cuda::add(reinterpret_cast<float*>(p), g, reinterpret_cast<float*>(p), zz(n));
     } else {
-      F sum(nullptr, n);
-      cuda::cast(cuda_type(dst.dtype()), p, cuda::Type::fp32, sum.get(), zz(n));
-      cuda::add(sum.get(), gd.get(), sum.get(), zz(n));
-      cuda::cast(cuda::Type::fp32, sum.get(), cuda_type(dst.dtype()), p, zz(n));
+      Scratch sum(n, sizeof(float));
+      cuda::cast(cuda_type(dst.dtype()), p, cuda::Type::fp32, sum.f32(), zz(n));
+      cuda::add(sum.f32(), g, sum.f32(), zz(n));
+      cuda::cast(cuda::Type::fp32, sum.f32(), cuda_type(dst.dtype()), p, zz(n));
     }
     return;
   }
@@ -506,24 +339,87 @@ void add_into([[maybe_unused]] Device d, Tensor& dst, Count off, const float* g,
   dst.write(cur.data(), n, off);
 }
 
+void synchronize([[maybe_unused]] Device d) {
+  DISTPLAN_ON_CUDA(cuda::synchronize());
+}
+
 void copy_bytes([[maybe_unused]] Device d, void* dst, const void* src, std::size_t bytes) {
-#ifdef DISTPLAN_HAVE_CUDA
-  if (on_cuda(d)) return cuda::copy_on_device(dst, src, bytes);
-#endif
+  DISTPLAN_ON_CUDA(cuda::copy_on_device(dst, src, bytes));
   if (bytes > 0) std::memcpy(dst, src, bytes);
 }
 
-void adam_step_on_device([[maybe_unused]] Device d, [[maybe_unused]] const AdamOnDevice& a) {
+void read_tensor([[maybe_unused]] Device d, const Tensor& t, Count off, float* out, Count n) {
+  DISTPLAN_CHECK(off >= 0 && n >= 0 && off + n <= t.numel(), "read_tensor range");
 #ifdef DISTPLAN_HAVE_CUDA
   if (on_cuda(d)) {
-    DISTPLAN_CHECK(a.m->numel() == a.n && a.v->numel() == a.n, "optimizer state size");
+    const char* src = static_cast<const char*>(t.data()) + off * bytes_of(t.dtype());
+    if (n > 0) cuda::cast(cuda_type(t.dtype()), src, cuda::Type::fp32, out, zz(n));
+    return;
+  }
+#endif
+  t.read(out, n, off);
+}
+
+void write_tensor([[maybe_unused]] Device d, Tensor& t, Count off, const float* in, Count n) {
+  DISTPLAN_CHECK(off >= 0 && n >= 0 && off + n <= t.numel(), "write_tensor range");
+#ifdef DISTPLAN_HAVE_CUDA
+  if (on_cuda(d)) {
+    char* dst = static_cast<char*>(t.data()) + off * bytes_of(t.dtype());
+    if (n > 0) cuda::cast(cuda::Type::fp32, in, cuda_type(t.dtype()), dst, zz(n));
+    return;
+  }
+#endif
+  t.write(in, n, off);
+}
+
+void add([[maybe_unused]] Device d, const float* a, const float* b, float* y, Count n) {
+  DISTPLAN_ON_CUDA(cuda::add(a, b, y, zz(n)));
+  for (Count i = 0; i < n; ++i) y[i] = a[i] + b[i];
+}
+
+void add_bias_rows([[maybe_unused]] Device d, float* y, const float* bias, Count N, Count O) {
+  DISTPLAN_ON_CUDA(if (N * O > 0) cuda::add_bias(cuda::Type::fp32, y, bias, ii(N), ii(O)));
+  for (Count n = 0; n < N; ++n)
+    for (Count c = 0; c < O; ++c) y[n * O + c] += bias[c];
+}
+
+void col_sum([[maybe_unused]] Device d, const float* x, float* out, Count N, Count C) {
+  DISTPLAN_ON_CUDA(if (N * C > 0) cuda::bias_grad(x, out, ii(N), ii(C)));
+  for (Count n = 0; n < N; ++n)
+    for (Count c = 0; c < C; ++c) out[c] += x[n * C + c];
+}
+
+void round_to([[maybe_unused]] Device d, float* x, Count n, DType dtype) {
+  if (dtype == DType::fp32) return;
+  DISTPLAN_ON_CUDA(cuda::round_to(cuda_type(dtype), x, zz(n)));
+  for (Count i = 0; i < n; ++i) x[i] = backend::round_to(dtype, x[i]);
+}
+
+void copy_block([[maybe_unused]] Device d, float* dst, Count dst_ld, const float* src, Count src_ld,
+                Count rows, Count cols) {
+  DISTPLAN_CHECK(rows >= 0 && cols >= 0 && cols <= dst_ld && cols <= src_ld, "copy_block shape");
+  DISTPLAN_ON_CUDA(
+      cuda::copy_rows_on_device(dst, zz(dst_ld) * 4, src, zz(src_ld) * 4, zz(cols) * 4, zz(rows)));
+  for (Count r = 0; r < rows; ++r)
+    std::copy(src + r * src_ld, src + r * src_ld + cols, dst + r * dst_ld);
+}
+
+void optimizer_step_on_device([[maybe_unused]] Device d,
+                              [[maybe_unused]] const OptimizerOnDevice& a) {
+#ifdef DISTPLAN_HAVE_CUDA
+  if (on_cuda(d)) {
+    DISTPLAN_CHECK(a.m->numel() == a.n && (a.sgd || a.v->numel() == a.n), "optimizer state size");
     DISTPLAN_CHECK(a.master->dtype() == DType::fp32, "master weights must be fp32");
-    DeviceF32 scratch;
+    std::optional<Scratch> scratch;
     const float* g = fp32_view(*a.grads, a.grad_off, a.n, scratch);
     float* w = a.master->f32() + a.master_off;
     const cpu::AdamConfig& c = a.config;
-    cuda::adam_step(w, g, a.m->f32(), a.v->f32(), zz(a.n), c.lr, c.beta1, c.beta2, c.eps,
-                    c.weight_decay, c.decoupled, a.step, a.grad_scale);
+    if (a.sgd) {
+      cuda::sgd_step(w, g, a.m->f32(), zz(a.n), c.lr, a.momentum, a.grad_scale);
+    } else {
+      cuda::adam_step(w, g, a.m->f32(), a.v->f32(), zz(a.n), c.lr, c.beta1, c.beta2, c.eps,
+                      c.weight_decay, c.decoupled, a.step, a.grad_scale);
+    }
     if (a.weights != nullptr) {
       char* dst =
           static_cast<char*>(a.weights->data()) + a.weights_off * bytes_of(a.weights->dtype());
@@ -532,7 +428,9 @@ void adam_step_on_device([[maybe_unused]] Device d, [[maybe_unused]] const AdamO
     return;
   }
 #endif
-  DISTPLAN_CHECK(false, "adam_step_on_device needs the CUDA device");
+  DISTPLAN_CHECK(false, "optimizer_step_on_device needs the CUDA device");
 }
+
+#undef DISTPLAN_ON_CUDA
 
 }  // namespace distplan::backend::dev

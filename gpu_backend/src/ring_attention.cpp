@@ -69,7 +69,8 @@ void Trainer::ring_exchange(const std::vector<RingMessage>& send, int to,
   g_.cp->send_recv(std::move(batch));
 }
 
-void Trainer::ring_attention_forward(int ui, const Vec& q, Vec& k, Vec& v, Vec& out, Vec& lse) {
+void Trainer::ring_attention_forward(int ui, const HostVec& q, HostVec& k, HostVec& v, HostVec& out,
+                                     HostVec& lse) {
   const Count n = cp_, r = g_.cp->rank(), b = t_.micro_batch_size;
   const Count kn = static_cast<Count>(k.size());
   const int next = static_cast<int>((r + 1) % n), prev = static_cast<int>((r + n - 1) % n);
@@ -82,7 +83,7 @@ void Trainer::ring_attention_forward(int ui, const Vec& q, Vec& k, Vec& v, Vec& 
   kv[0].write(k.data(), kn, 0);
   kv[0].write(v.data(), kn, kn);
   lse.assign(static_cast<std::size_t>(b * a_l_ * sl_), -std::numeric_limits<float>::infinity());
-  Vec run(q.size(), 0.0f);
+  HostVec run(q.size(), 0.0f);
   for (Count i = 0; i < n; ++i) {
     Tensor& cur = kv[i % 2];
     // Step i sends the block it uses on to the next rank and receives the one for step i + 1
@@ -91,27 +92,27 @@ void Trainer::ring_attention_forward(int ui, const Vec& q, Vec& k, Vec& v, Vec& 
       ring_exchange({{&cur, ring_tag(false, cur_mb_, ui, n, i), kKv}}, next,
                     {{&kv[(i + 1) % 2], ring_tag(false, cur_mb_, ui, n, i), kKv}}, prev);
     }
-    const Vec blk = rd(cur);
+    const HostVec blk = rd_host(cur);
     const ring::Step st = ring::step_for_block((r - i + n) % n, r, sl_);
-    Vec os(q.size(), 0.0f), ls(lse.size(), -std::numeric_limits<float>::infinity());
+    HostVec os(q.size(), 0.0f), ls(lse.size(), -std::numeric_limits<float>::infinity());
     ring::block_forward(q.data(), blk.data(), blk.data() + kn, os.data(), ls.data(), sl_, st, b,
                         a_l_, g_l_, d_);
     step_out.fill_from(os);
-    const Vec so = rd(step_out);
+    const HostVec so = rd_host(step_out);
     ring::merge(run.data(), lse.data(), so.data(), ls.data(), sl_, st.q, b, a_l_, d_);
     merged.fill_from(run);
-    run = rd(merged);
+    run = rd_host(merged);
   }
   out = std::move(run);
   // Transformer Engine saves the block the ring ended with (rank r + 1's) for the backward.
-  const Vec last = rd(kv[(n - 1) % 2]);
+  const HostVec last = rd_host(kv[(n - 1) % 2]);
   std::copy(last.begin(), last.begin() + kn, k.begin());
   std::copy(last.begin() + kn, last.end(), v.begin());
 }
 
-void Trainer::ring_attention_backward(int ui, const Vec& dout, const Vec& q, const Vec& k,
-                                      const Vec& v, const Vec& out, const Vec& lse, Vec& dq,
-                                      Vec& dk, Vec& dv) {
+void Trainer::ring_attention_backward(int ui, const HostVec& dout, const HostVec& q,
+                                      const HostVec& k, const HostVec& v, const HostVec& out,
+                                      const HostVec& lse, HostVec& dq, HostVec& dk, HostVec& dv) {
   const Count n = cp_, r = g_.cp->rank(), b = t_.micro_batch_size;
   const Count kn = static_cast<Count>(k.size());
   // The backward ring runs the other way (Transformer Engine: send to rank - 1, receive from
@@ -139,21 +140,21 @@ void Trainer::ring_attention_backward(int ui, const Vec& dout, const Vec& q, con
       recv.push_back({&dkv[nx], ring_tag(true, cur_mb_, ui, n, i), kDkv});
     }
     if (!send.empty()) ring_exchange(send, to, recv, from);
-    const Vec blk = rd(kv[c]);
+    const HostVec blk = rd_host(kv[c]);
     const ring::Step st = ring::step_for_block((r + 1 + i) % n, r, sl_);
-    Vec dblk(static_cast<std::size_t>(2 * kn), 0.0f);
+    HostVec dblk(static_cast<std::size_t>(2 * kn), 0.0f);
     ring::block_backward(dout.data(), q.data(), blk.data(), blk.data() + kn, out.data(), lse.data(),
                          dq.data(), dblk.data(), dblk.data() + kn, sl_, st, b, a_l_, g_l_, d_);
     // The block's gradient so far: what the ranks before this one added (received at this
     // step), plus this step's.
     if (i > 0) {
-      const Vec got = rd(dkv[nx]);
+      const HostVec got = rd_host(dkv[nx]);
       for (std::size_t e = 0; e < dblk.size(); ++e) dblk[e] += got[e];
     }
     dkv[nx].fill_from(dblk);
   }
   // After cp steps the gradient of this rank's own block is home.
-  const Vec mine = rd(dkv[n % 2]);
+  const HostVec mine = rd_host(dkv[n % 2]);
   dk.assign(mine.begin(), mine.begin() + kn);
   dv.assign(mine.begin() + kn, mine.end());
 }

@@ -81,7 +81,7 @@ Measurement Trainer::train() {
     alloc_.reset_peaks();
     executed_.clear();
     timeline_.clear();
-    const auto t0 = Clock::now();
+    const auto t0 = now();
     step_t0_ = t0;
     const auto [loss, skipped] = train_step(step);
     rm.step_seconds = since(t0);

@@ -12,7 +12,7 @@
 namespace distplan::backend::trainer_detail {
 
 void Trainer::mirror_gradients() {
-  const auto t0 = Clock::now();
+  const auto t0 = now();
   const int mirror = static_cast<int>(pp_ - 1 - stage_);
   // The mirror's chunk c holds the other copy of this stage's chunk 1 - c (the same units in the
   // same order, build_units). Both stages walk the units by model stage, the lower first, so the
@@ -29,7 +29,7 @@ void Trainer::mirror_gradients() {
   for (std::size_t k = 0; k < walk.size(); ++k) {
     Unit& u = units_[static_cast<std::size_t>(walk[k])];
     // The send's copy goes to the communicator, which drops it once the send has completed.
-    auto out = std::make_shared<Tensor>(pack(rd(u.grads), gb_));
+    auto out = std::make_shared<Tensor>(pack_tensor(u.grads));
     Tensor in(alloc_, {u.grads.numel()}, gb_, MemoryTag::temporaries);
     std::vector<P2POp> batch(2);
     batch[0].dir = P2POp::Dir::send;
@@ -45,11 +45,8 @@ void Trainer::mirror_gradients() {
     }
     batch[0].keep_alive = std::move(out);
     g_.pp->send_recv(std::move(batch));
-    Vec g = rd(u.grads);
     const Vec other = rd(in);
-    for (std::size_t i = 0; i < g.size(); ++i) g[i] += other[i];
-    rnd(g, gb_);
-    u.grads.write(g.data(), u.grads.numel());
+    dev::add_into(o_.device, u.grads, 0, other.data(), u.grads.numel());
   }
   mark(sim::Track::dp, sim::SliceKind::grad_reduce, -1, -1, t0);
 }

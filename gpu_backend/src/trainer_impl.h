@@ -18,6 +18,7 @@
 #include <stdexcept>
 #include <tuple>
 #include "distplan/gpu_backend/cpu_ops.h"
+#include "distplan/gpu_backend/device_array.h"
 #include "distplan/gpu_backend/device_ops.h"
 #include "distplan/gpu_backend/gradient_dump.h"
 #include "distplan/gpu_backend/moe_layer.h"
@@ -30,12 +31,11 @@
 
 namespace distplan::backend::trainer_detail {
 
-using Vec = std::vector<float>;
+// The working fp32 arrays of the run's device (device_array.h): activations and their
+// gradients never visit the host on CUDA.
+using Vec = DeviceFloats;
+using HostVec = std::vector<float>;
 using Clock = std::chrono::steady_clock;
-
-inline Seconds since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 inline sim::SliceKind slice_kind(sim::Op op) {
   switch (op) {
@@ -142,13 +142,13 @@ struct HeadSaved {
   Tensor ln;       // LM head input (sp)
   Tensor logits;   // compute dtype (buffers)
   Tensor softmax;  // fp32 (buffers)
-  std::vector<std::int32_t> targets;
+  DeviceIds targets;
 };
 
 struct ChunkState {
   std::vector<LayerSaved> layers;
   std::optional<HeadSaved> head;
-  std::vector<std::int32_t> ids;
+  DeviceIds ids;
   std::vector<std::function<void()>> weight_jobs;  // deferred to backward_weight (ZB)
   std::vector<int> weight_job_units;               // unit finished after each job (-1: none)
 };
@@ -180,16 +180,35 @@ class Trainer {
   Count opt_count(const Unit& u) const;
 
   // ---- timeline -------------------------------------------------------------------------------
+  // The step's clock. On CUDA it reads once the device has finished the work queued so far
+  // (dev::synchronize), so an interval is the device's time for the work inside it rather than
+  // the host's time to launch it; on the CPU it is the plain clock.
+  Clock::time_point now() const;
+  Seconds since(Clock::time_point t0) const;
   void mark(sim::Track track, sim::SliceKind kind, Count mb, Count chunk, Clock::time_point t0);
 
   // ---- tensors and communication helpers ------------------------------------------------------
+  // n zeros on the run's device.
+  Vec zeros(Count n) const;
   Vec rd(const Tensor& t) const;
   void rnd(Vec& x, DType d) const;
   Tensor save(const Vec& x, DType d = DType::fp32, MemoryTag tag = MemoryTag::activations);
   Tensor save_act(const Vec& x);
+  // The same on host arrays, for the CPU-only paths (context parallelism, MoE layers).
+  HostVec rd_host(const Tensor& t) const;
+  Tensor save(const HostVec& x, DType d = DType::fp32, MemoryTag tag = MemoryTag::activations);
+  Tensor save_act(const HostVec& x);
+  Tensor pack(const HostVec& x, DType d);
+  void rnd(HostVec& x, DType d) const;
+  HostVec gather_in(const HostVec& x, const char* what);
+  HostVec reduce_out(const HostVec& x, const char* what);
+  HostVec param_host(Unit& u, int i);
+  void add_grad(Unit& u, int i, const HostVec& g);
 
   // Packs fp32 values into a tracked temporary of dtype `d` for a collective and back.
   Tensor pack(const Vec& x, DType d);
+  // A temporary copy of a tensor in its own dtype (a send's buffer).
+  Tensor pack_tensor(const Tensor& t);
 
   void tp_all_reduce(Vec& x, const char* what, DType d);
   void tp_all_reduce_max(Vec& x, const char* what);
@@ -243,26 +262,31 @@ class Trainer {
   // ---- context parallelism (cp_attention.cpp, ring_attention.cpp) ------------------------------
   // Attention of layer unit `ui` under cp > 1 by parallel.cp_comm. The forward may replace k and
   // v by what the backward starts from (the ring's last block).
-  void cp_attention_forward(int ui, Vec& q, Vec& k, Vec& v, Vec& out, Vec& lse);
-  void cp_attention_backward(int ui, const Vec& dout, const Vec& q, const Vec& k, const Vec& v,
-                             const Vec& out, const Vec& lse, Vec& dq, Vec& dk, Vec& dv);
+  void cp_attention_forward(int ui, HostVec& q, HostVec& k, HostVec& v, HostVec& out, HostVec& lse);
+  void cp_attention_backward(int ui, const HostVec& dout, const HostVec& q, const HostVec& k,
+                             const HostVec& v, const HostVec& out, const HostVec& lse, HostVec& dq,
+                             HostVec& dk, HostVec& dv);
   // KV all-gather (cp_comm all_gather): the whole sequence's K and V in global row order, from a
   // buffer holding every cp rank's packed local (K | V) in rank order.
-  void global_kv(const Vec& gathered, Count kn, Vec& k, Vec& v) const;
-  void all_gather_attention_forward(const Vec& q, const Vec& k, const Vec& v, Vec& out, Vec& lse);
-  void all_gather_attention_backward(const Vec& dout, const Vec& q, const Vec& k, const Vec& v,
-                                     const Vec& out, const Vec& lse, Vec& dq, Vec& dk, Vec& dv);
+  void global_kv(const HostVec& gathered, Count kn, HostVec& k, HostVec& v) const;
+  void all_gather_attention_forward(const HostVec& q, const HostVec& k, const HostVec& v,
+                                    HostVec& out, HostVec& lse);
+  void all_gather_attention_backward(const HostVec& dout, const HostVec& q, const HostVec& k,
+                                     const HostVec& v, const HostVec& out, const HostVec& lse,
+                                     HostVec& dq, HostVec& dk, HostVec& dv);
   // DeepSpeed-Ulysses (cp_comm a2a): x (this rank's rows, `heads` heads) to every row of this
   // rank's heads / cp heads in global order, the received all-to-all buffer kept in `recv`
   // (tagged `tag`); and back.
-  Vec seq_to_heads(const Vec& x, Count heads, const char* what, Tensor& recv, MemoryTag tag);
-  Vec heads_to_seq(const Vec& y, Count heads, const char* what, Tensor* send_keep = nullptr,
-                   MemoryTag tag = MemoryTag::temporaries);
+  HostVec seq_to_heads(const HostVec& x, Count heads, const char* what, Tensor& recv,
+                       MemoryTag tag);
+  HostVec heads_to_seq(const HostVec& y, Count heads, const char* what, Tensor* send_keep = nullptr,
+                       MemoryTag tag = MemoryTag::temporaries);
   // The forward replaces q, k, v and lse by their head-sharded forms, which the layer saves
   // (Transformer Engine saves the exchanged tensors) and the backward reads.
-  void a2a_attention_forward(Vec& q, Vec& k, Vec& v, Vec& out, Vec& lse);
-  void a2a_attention_backward(const Vec& dout, const Vec& q, const Vec& k, const Vec& v,
-                              const Vec& out, const Vec& lse, Vec& dq, Vec& dk, Vec& dv);
+  void a2a_attention_forward(HostVec& q, HostVec& k, HostVec& v, HostVec& out, HostVec& lse);
+  void a2a_attention_backward(const HostVec& dout, const HostVec& q, const HostVec& k,
+                              const HostVec& v, const HostVec& out, const HostVec& lse, HostVec& dq,
+                              HostVec& dk, HostVec& dv);
   // Rotary embedding of q or k (N,heads,d) at this rank's positions (global ones under cp).
   void rope(Vec& x, Count heads, bool backward) const;
   // One ring exchange on the cp group: `send` to rank `to`, `recv` from rank `from`, as one batch.
@@ -276,11 +300,13 @@ class Trainer {
   // Ring attention (cp_comm p2p) of layer unit `ui`: out and lse of this rank's rows; k and v are
   // replaced by the KV block the ring ends with, which the backward starts from (as Transformer
   // Engine saves it).
-  void ring_attention_forward(int ui, const Vec& q, Vec& k, Vec& v, Vec& out, Vec& lse);
+  void ring_attention_forward(int ui, const HostVec& q, HostVec& k, HostVec& v, HostVec& out,
+                              HostVec& lse);
   // Its backward: KV travels the other way round the ring, with the KV gradients accumulating
   // on their way home.
-  void ring_attention_backward(int ui, const Vec& dout, const Vec& q, const Vec& k, const Vec& v,
-                               const Vec& out, const Vec& lse, Vec& dq, Vec& dk, Vec& dv);
+  void ring_attention_backward(int ui, const HostVec& dout, const HostVec& q, const HostVec& k,
+                               const HostVec& v, const HostVec& out, const HostVec& lse,
+                               HostVec& dq, HostVec& dk, HostVec& dv);
 
   // ---- one transformer layer ------------------------------------------------------------------
   bool flash() const;
@@ -288,6 +314,10 @@ class Trainer {
 
   // Forward of one layer from its saved input sv.x; fills `sv` and returns the output (Nl,h).
   Vec layer_forward(int ui, const LayerParams& lp, LayerSaved& sv);
+
+  // x + branch (+ bias bi of unit u, added to the branch first, -1: none), rounded to the
+  // compute dtype: the residual connection after a row-parallel projection.
+  Vec residual(Unit& u, int bi, const Vec& x, Vec& branch);
 
   // SwiGLU's fused mlp_in output (N, 2f/t) holds [gate | up] per token.
   void split_halves(const Vec& fc1, Vec& gate, Vec& up) const;
@@ -311,10 +341,10 @@ class Trainer {
   moe::BlockWeights<float> block_weights(Unit& u, const LayerParams& lp);
   moe::Exchange<float> ep_exchange();
   // The MoE MLP of one layer on its input ln2 (Nl,h): shared plus routed experts' output (Nl,h).
-  Vec moe_forward(Unit& u, const LayerParams& lp, LayerSaved& sv, const Vec& ln2);
+  HostVec moe_forward(Unit& u, const LayerParams& lp, LayerSaved& sv, const HostVec& ln2);
   // Its backward from dy (Nl,h): returns d ln2 (Nl,h); weight gradients go to `jobs`.
-  Vec moe_backward(int ui, const LayerParams& lp, LayerSaved& sv, const Vec& dy,
-                   std::vector<std::function<void()>>& jobs);
+  HostVec moe_backward(int ui, const LayerParams& lp, LayerSaved& sv, const HostVec& dy,
+                       std::vector<std::function<void()>>& jobs);
   // Once per step: the routed experts' gradients over the expert data-parallel group.
   void reduce_expert_grads(Unit& u);
 
@@ -384,7 +414,10 @@ class Trainer {
 
   void forward(Count step, Count mb, Count c);
 
-  void add_positions(Unit& u, Vec& e, bool fwd_dir);
+  // The learned position embedding: e += the position table's row of each token (sequence-major
+  // tokens, this rank's positions; under SP its share of them).
+  void add_positions(Unit& u, Vec& e);
+  const DeviceIds& position_ids();
 
   void head_forward(const Chunk& ch, ChunkState& st, const Vec& x, Count step, Count mb);
 
@@ -419,10 +452,10 @@ class Trainer {
   // tensor; ZeRO padding is left out (RunOptions::dump_gradients).
   void dump_gradients() const;
 
-  // Adam/AdamW on the device: gradients, fp32 master weights and both moments never leave it; the
-  // compute-dtype weights are a cast of the master weights (round to nearest even, as
+  // Adam/AdamW or SGD on the device: gradients, fp32 master weights and the moments never leave
+  // it; the compute-dtype weights are a cast of the master weights (round to nearest even, as
   // Tensor::write on the CPU).
-  void adam_step_on_device(Unit& u);
+  void optimizer_step_on_device(Unit& u);
 
   void optimizer_step(Unit& u);
 
@@ -460,6 +493,14 @@ class Trainer {
   Count cur_mb_ = -1;
   int head_w_unit_ = -1, head_w_param_ = -1;  // the LM head weight: (unit, parameter)
   MoeRouting moe_routing_;                    // this step's dispatched token copies
+  DeviceIds position_ids_;                    // position_ids(), built on first use
+  // Per micro-batch of this step on the last stage (TP rank 0): the cross-entropy's row max, sum
+  // of exponentials and target logit, turned into the loss at the end of the step.
+  struct LossStats {
+    Vec max, sumexp, target;
+  };
+  std::vector<LossStats> pending_loss_;
+  Vec ones_;  // h ones on the device: the norms' unit gamma in their weight-gradient pass
   double loss_sum_ = 0;
   float loss_scale_ = 1.0f;
   Count opt_steps_ = 0, good_steps_ = 0;

@@ -5,7 +5,7 @@
 namespace distplan::backend::trainer_detail {
 
 Vec Trainer::norm_fwd(Unit& u, int gi, int bi, const Vec& x, Count n) {
-  Vec y(x.size()), mean(n), rstd(n);
+  Vec y = zeros(static_cast<Count>(x.size())), mean = zeros(n), rstd = zeros(n);
   const Vec g = param(u, gi);
   if (m_.norm == Norm::layernorm) {
     const Vec b = param(u, bi);
@@ -19,10 +19,12 @@ Vec Trainer::norm_fwd(Unit& u, int gi, int bi, const Vec& x, Count n) {
 }
 
 Vec Trainer::norm_bwd_input(Unit& u, int gi, const Vec& dy, const Vec& x, Count n) {
-  Vec dx(x.size()), mean(n), rstd(n), y(x.size()), dg(h_, 0.0f), db(h_, 0.0f);
+  const Count nx = static_cast<Count>(x.size());
+  Vec dx = zeros(nx), mean = zeros(n), rstd = zeros(n), y = zeros(nx), dg = zeros(h_),
+      db = zeros(h_);
   const Vec g = param(u, gi);
   if (m_.norm == Norm::layernorm) {
-    Vec zero(h_, 0.0f);
+    const Vec zero = zeros(h_);
     dev::layernorm_forward(o_.device, x.data(), g.data(), zero.data(), y.data(), mean.data(),
                            rstd.data(), n, h_, 1e-5);
     dev::layernorm_backward(o_.device, dy.data(), x.data(), g.data(), mean.data(), rstd.data(),
@@ -36,10 +38,14 @@ Vec Trainer::norm_bwd_input(Unit& u, int gi, const Vec& dy, const Vec& x, Count 
 }
 
 void Trainer::norm_bwd_weight(Unit& u, int gi, int bi, const Vec& dy, const Vec& x, Count n) {
-  Vec dx(x.size()), mean(n), rstd(n), y(x.size()), dg(h_, 0.0f), db(h_, 0.0f);
-  const Vec g(static_cast<std::size_t>(h_), 1.0f);
+  const Count nx = static_cast<Count>(x.size());
+  Vec dx = zeros(nx), mean = zeros(n), rstd = zeros(n), y = zeros(nx), dg = zeros(h_),
+      db = zeros(h_);
+  if (ones_.size() != static_cast<std::size_t>(h_))
+    ones_ = Vec::from_host(o_.device, HostVec(static_cast<std::size_t>(h_), 1.0f));
+  const Vec& g = ones_;
   if (m_.norm == Norm::layernorm) {
-    Vec zero(h_, 0.0f);
+    const Vec zero = zeros(h_);
     dev::layernorm_forward(o_.device, x.data(), g.data(), zero.data(), y.data(), mean.data(),
                            rstd.data(), n, h_, 1e-5);
     dev::layernorm_backward(o_.device, dy.data(), x.data(), g.data(), mean.data(), rstd.data(),
@@ -56,7 +62,7 @@ void Trainer::norm_bwd_weight(Unit& u, int gi, int bi, const Vec& dy, const Vec&
 Vec Trainer::linear_fwd(Unit& u, int wi, int bi, const Vec& x, Count n, Count in, Count out) {
   Vec b;
   if (bi >= 0) b = param(u, bi);
-  Vec y(static_cast<std::size_t>(n * out));
+  Vec y = zeros(n * out);
   const float* bp = bi >= 0 ? b.data() : nullptr;
   // The weight is read where it lives (no host copy on CUDA).
   dev::linear_forward(o_.device, x.data(), unit_weights(u), param_offset(u, wi), bp, y.data(), n,
@@ -66,7 +72,7 @@ Vec Trainer::linear_fwd(Unit& u, int wi, int bi, const Vec& x, Count n, Count in
 }
 
 Vec Trainer::linear_bwd_input(Unit& u, int wi, const Vec& dy, Count n, Count in, Count out) {
-  Vec dx(static_cast<std::size_t>(n * in));
+  Vec dx = zeros(n * in);
   dev::linear_backward_input(o_.device, dy.data(), unit_weights(u), param_offset(u, wi), dx.data(),
                              n, in, out);
   rnd(dx, cb_);
@@ -75,7 +81,7 @@ Vec Trainer::linear_bwd_input(Unit& u, int wi, const Vec& dy, Count n, Count in,
 
 void Trainer::linear_bwd_weight(Unit& u, int wi, int bi, const Vec& dy, const Vec& x, Count n,
                                 Count in, Count out) {
-  Vec dw(static_cast<std::size_t>(in * out), 0.0f), db(static_cast<std::size_t>(out), 0.0f);
+  Vec dw = zeros(in * out), db = zeros(out);
   float* dbp = bi >= 0 ? db.data() : nullptr;
   dev::linear_backward_weight(o_.device, dy.data(), x.data(), dw.data(), dbp, n, in, out);
   add_grad(u, wi, dw);
@@ -85,13 +91,13 @@ void Trainer::linear_bwd_weight(Unit& u, int wi, int bi, const Vec& dy, const Ve
 void Trainer::attention_fwd(const Vec& q, const Vec& k, const Vec& v, Vec& out, Vec* probs,
                             Vec* lse) {
   const Count s = sl_, b = t_.micro_batch_size;
-  out.assign(q.size(), 0.0f);
+  out = zeros(static_cast<Count>(q.size()));
   if (lse != nullptr) {
-    lse->assign(static_cast<std::size_t>(b * a_l_ * s), 0.0f);
+    *lse = zeros(b * a_l_ * s);
     dev::flash_attention_forward(o_.device, q.data(), k.data(), v.data(), out.data(), lse->data(),
                                  s, b, a_l_, g_l_, d_);
   } else {
-    probs->assign(static_cast<std::size_t>(b * a_l_ * s * s), 0.0f);
+    *probs = zeros(b * a_l_ * s * s);
     dev::attention_forward(o_.device, q.data(), k.data(), v.data(), out.data(), probs->data(), s, b,
                            a_l_, g_l_, d_);
     rnd(*probs, cb_);
@@ -116,13 +122,10 @@ Vec Trainer::layer_forward(int ui, const LayerParams& lp, LayerSaved& sv) {
   const Vec ln1f = gather_in(ln1, "layer activations");
   const Count qkv_w = ql + 2 * kvl;
   const Vec qkv = linear_fwd(u, lp.qkv_w, lp.qkv_b, ln1f, N_, h_, qkv_w);
-  Vec q(static_cast<std::size_t>(N_ * ql)), k(static_cast<std::size_t>(N_ * kvl)), v(k.size());
-  for (Count n = 0; n < N_; ++n) {
-    const float* r = qkv.data() + n * qkv_w;
-    std::copy(r, r + ql, q.data() + n * ql);
-    std::copy(r + ql, r + ql + kvl, k.data() + n * kvl);
-    std::copy(r + ql + kvl, r + qkv_w, v.data() + n * kvl);
-  }
+  Vec q = zeros(N_ * ql), k = zeros(N_ * kvl), v = zeros(N_ * kvl);
+  dev::copy_block(o_.device, q.data(), ql, qkv.data(), qkv_w, N_, ql);
+  dev::copy_block(o_.device, k.data(), kvl, qkv.data() + ql, qkv_w, N_, kvl);
+  dev::copy_block(o_.device, v.data(), kvl, qkv.data() + ql + kvl, qkv_w, N_, kvl);
   if (rotary()) {
     rope(q, a_l_, false);
     rope(k, g_l_, false);
@@ -133,7 +136,15 @@ Vec Trainer::layer_forward(int ui, const LayerParams& lp, LayerSaved& sv) {
   if (cp_ > 1) {
     // q, k, v become what the backward reads: the ring's last KV block (p2p), the head-sharded
     // tensors (a2a).
-    cp_attention_forward(ui, q, k, v, attn, lse);
+    // Context parallelism runs on the CPU only (check_supported_on): its ring and exchanges work
+    // on host arrays.
+    HostVec hq = q.to_host(), hk = k.to_host(), hv = v.to_host(), ha, hl;
+    cp_attention_forward(ui, hq, hk, hv, ha, hl);
+    q = Vec::from_host(o_.device, hq);
+    k = Vec::from_host(o_.device, hk);
+    v = Vec::from_host(o_.device, hv);
+    attn = Vec::from_host(o_.device, ha);
+    lse = Vec::from_host(o_.device, hl);
   } else {
     attention_fwd(q, k, v, attn, flash() ? nullptr : &probs, flash() ? &lse : nullptr);
   }
@@ -147,27 +158,23 @@ Vec Trainer::layer_forward(int ui, const LayerParams& lp, LayerSaved& sv) {
   }
   sv.attn = save_act(attn);
   Vec proj = reduce_out(linear_fwd(u, lp.out_w, -1, attn, N_, ql, h_), "layer activations");
-  Vec x2 = x;
-  const Vec ob = lp.out_b >= 0 ? param(u, lp.out_b) : Vec();
-  for (Count n = 0; n < Nl_; ++n)
-    for (Count c = 0; c < h_; ++c) x2[n * h_ + c] += proj[n * h_ + c] + (ob.empty() ? 0.0f : ob[c]);
-  rnd(x2, cb_);
+  Vec x2 = residual(u, lp.out_b, x, proj);
   sv.x2 = save_act(x2);
   Vec ln2 = norm_fwd(u, lp.norm2_g, lp.norm2_b, x2, Nl_);
   sv.ln2 = save_act(ln2);
-  if (lp.moe) {  // a MoE layer's MLP (trainer_moe.cpp)
-    const Vec o = moe_forward(u, lp, sv, ln2);
-    Vec y = x2;
-    for (std::size_t i = 0; i < y.size(); ++i) y[i] += o[i];
+  if (lp.moe) {  // a MoE layer's MLP (trainer_moe.cpp; on the CPU only, check_moe_supported)
+    const Vec o = Vec::from_host(o_.device, moe_forward(u, lp, sv, ln2.to_host()));
+    Vec y = zeros(static_cast<Count>(x2.size()));
+    dev::add(o_.device, x2.data(), o.data(), y.data(), static_cast<Count>(y.size()));
     rnd(y, cb_);
     return y;
   }
   const Vec ln2f = gather_in(ln2, "layer activations");
   const Vec fc1 = linear_fwd(u, lp.in_w, lp.in_b, ln2f, N_, h_, mi_l_);
   sv.fc1 = save_act(fc1);
-  Vec act(static_cast<std::size_t>(N_ * f_l_));
+  Vec act = zeros(N_ * f_l_);
   if (m_.mlp == Mlp::swiglu) {
-    Vec gate(act.size()), up(act.size());
+    Vec gate = zeros(N_ * f_l_), up = zeros(N_ * f_l_);
     split_halves(fc1, gate, up);
     dev::swiglu_forward(o_.device, gate.data(), up.data(), act.data(), N_ * f_l_);
   } else {
@@ -175,20 +182,21 @@ Vec Trainer::layer_forward(int ui, const LayerParams& lp, LayerSaved& sv) {
   }
   rnd(act, cb_);
   sv.act = save_act(act);
-  const Vec o = reduce_out(linear_fwd(u, lp.mlp_out_w, -1, act, N_, f_l_, h_), "layer activations");
-  const Vec b2 = lp.mlp_out_b >= 0 ? param(u, lp.mlp_out_b) : Vec();
-  Vec y = x2;
-  for (Count n = 0; n < Nl_; ++n)
-    for (Count c = 0; c < h_; ++c) y[n * h_ + c] += o[n * h_ + c] + (b2.empty() ? 0.0f : b2[c]);
+  Vec o = reduce_out(linear_fwd(u, lp.mlp_out_w, -1, act, N_, f_l_, h_), "layer activations");
+  return residual(u, lp.mlp_out_b, x2, o);
+}
+
+Vec Trainer::residual(Unit& u, int bi, const Vec& x, Vec& branch) {
+  if (bi >= 0) dev::add_bias_rows(o_.device, branch.data(), param(u, bi).data(), Nl_, h_);
+  Vec y = zeros(static_cast<Count>(x.size()));
+  dev::add(o_.device, x.data(), branch.data(), y.data(), static_cast<Count>(y.size()));
   rnd(y, cb_);
   return y;
 }
 
 void Trainer::split_halves(const Vec& fc1, Vec& gate, Vec& up) const {
-  for (Count n = 0; n < N_; ++n) {
-    std::copy(fc1.data() + n * mi_l_, fc1.data() + n * mi_l_ + f_l_, gate.data() + n * f_l_);
-    std::copy(fc1.data() + n * mi_l_ + f_l_, fc1.data() + (n + 1) * mi_l_, up.data() + n * f_l_);
-  }
+  dev::copy_block(o_.device, gate.data(), f_l_, fc1.data(), mi_l_, N_, f_l_);
+  dev::copy_block(o_.device, up.data(), f_l_, fc1.data() + f_l_, mi_l_, N_, f_l_);
 }
 
 Vec Trainer::layer_backward(int ui, const LayerParams& lp, LayerSaved& sv, const Vec& dy,
@@ -199,7 +207,7 @@ Vec Trainer::layer_backward(int ui, const LayerParams& lp, LayerSaved& sv, const
   // MLP (a MoE layer's in trainer_moe.cpp).
   Vec dln2;
   if (lp.moe) {
-    dln2 = moe_backward(ui, lp, sv, dy, jobs);
+    dln2 = Vec::from_host(o_.device, moe_backward(ui, lp, sv, dy.to_host(), jobs));
   } else {
     const Vec dyf = gather_in(dy, "layer activations");
     const Vec act = rd(sv.act);
@@ -210,17 +218,15 @@ Vec Trainer::layer_backward(int ui, const LayerParams& lp, LayerSaved& sv, const
       if (lp.mlp_out_b >= 0) add_grad(uu, lp.mlp_out_b, col_sum(dy, Nl_));
     });
     const Vec fc1 = rd(sv.fc1);
-    Vec dfc1(fc1.size());
+    Vec dfc1 = zeros(static_cast<Count>(fc1.size()));
     if (m_.mlp == Mlp::swiglu) {
-      Vec gate(static_cast<std::size_t>(N_ * f_l_)), up(gate.size()), dg(gate.size()),
-          du(gate.size());
+      Vec gate = zeros(N_ * f_l_), up = zeros(N_ * f_l_), dg = zeros(N_ * f_l_),
+          du = zeros(N_ * f_l_);
       split_halves(fc1, gate, up);
       dev::swiglu_backward(o_.device, dact.data(), gate.data(), up.data(), dg.data(), du.data(),
                            N_ * f_l_);
-      for (Count n = 0; n < N_; ++n) {
-        std::copy(dg.data() + n * f_l_, dg.data() + (n + 1) * f_l_, dfc1.data() + n * mi_l_);
-        std::copy(du.data() + n * f_l_, du.data() + (n + 1) * f_l_, dfc1.data() + n * mi_l_ + f_l_);
-      }
+      dev::copy_block(o_.device, dfc1.data(), mi_l_, dg.data(), f_l_, N_, f_l_);
+      dev::copy_block(o_.device, dfc1.data() + f_l_, mi_l_, du.data(), f_l_, N_, f_l_);
     } else {
       dev::gelu_backward(o_.device, dact.data(), fc1.data(), dfc1.data(), N_ * f_l_);
     }
@@ -238,7 +244,7 @@ Vec Trainer::layer_backward(int ui, const LayerParams& lp, LayerSaved& sv, const
     norm_bwd_weight(units_[static_cast<std::size_t>(ui)], lp.norm2_g, lp.norm2_b, dln2, rd(S->x2),
                     Nl_);
   });
-  for (std::size_t i = 0; i < dx2.size(); ++i) dx2[i] += dy[i];
+  dev::add(o_.device, dx2.data(), dy.data(), dx2.data(), static_cast<Count>(dx2.size()));
   rnd(dx2, cb_);
   // Attention.
   const Vec dx2f = gather_in(dx2, "layer activations");
@@ -249,9 +255,15 @@ Vec Trainer::layer_backward(int ui, const LayerParams& lp, LayerSaved& sv, const
     if (lp.out_b >= 0) add_grad(uu, lp.out_b, col_sum(dx2, Nl_));
   });
   const Vec q = rd(sv.q), k = rd(sv.k), v = rd(sv.v);
-  Vec dq(q.size()), dk(k.size()), dv(v.size());
-  if (cp_ > 1) {
-    cp_attention_backward(ui, dattn, q, k, v, rd(sv.attn), rd(sv.lse), dq, dk, dv);
+  Vec dq = zeros(static_cast<Count>(q.size())), dk = zeros(static_cast<Count>(k.size())),
+      dv = zeros(static_cast<Count>(v.size()));
+  if (cp_ > 1) {  // on the CPU only, as the forward
+    HostVec hdq, hdk, hdv;
+    cp_attention_backward(ui, dattn.to_host(), q.to_host(), k.to_host(), v.to_host(),
+                          rd(sv.attn).to_host(), rd(sv.lse).to_host(), hdq, hdk, hdv);
+    dq = Vec::from_host(o_.device, hdq);
+    dk = Vec::from_host(o_.device, hdk);
+    dv = Vec::from_host(o_.device, hdv);
   } else if (flash()) {
     const Vec out = rd(sv.attn), lse = rd(sv.lse);
     dev::flash_attention_backward(o_.device, dattn.data(), q.data(), k.data(), v.data(), out.data(),
@@ -275,13 +287,10 @@ Vec Trainer::layer_backward(int ui, const LayerParams& lp, LayerSaved& sv, const
     rope(dk, g_l_, true);
   }
   const Count qkv_w = ql + 2 * kvl;
-  Vec dqkv(static_cast<std::size_t>(N_ * qkv_w));
-  for (Count n = 0; n < N_; ++n) {
-    float* r = dqkv.data() + n * qkv_w;
-    std::copy(dq.data() + n * ql, dq.data() + (n + 1) * ql, r);
-    std::copy(dk.data() + n * kvl, dk.data() + (n + 1) * kvl, r + ql);
-    std::copy(dv.data() + n * kvl, dv.data() + (n + 1) * kvl, r + ql + kvl);
-  }
+  Vec dqkv = zeros(N_ * qkv_w);
+  dev::copy_block(o_.device, dqkv.data(), qkv_w, dq.data(), ql, N_, ql);
+  dev::copy_block(o_.device, dqkv.data() + ql, qkv_w, dk.data(), kvl, N_, kvl);
+  dev::copy_block(o_.device, dqkv.data() + ql + kvl, qkv_w, dv.data(), kvl, N_, kvl);
   rnd(dqkv, cb_);
   Vec dln1 = reduce_out(linear_bwd_input(u, lp.qkv_w, dqkv, N_, h_, qkv_w), "layer activations");
   jobs.push_back([this, ui, lp, dqkv, S, qkv_w] {
@@ -295,15 +304,14 @@ Vec Trainer::layer_backward(int ui, const LayerParams& lp, LayerSaved& sv, const
     norm_bwd_weight(units_[static_cast<std::size_t>(ui)], lp.norm1_g, lp.norm1_b, dln1, rd(S->x),
                     Nl_);
   });
-  for (std::size_t i = 0; i < dx.size(); ++i) dx[i] += dx2[i];
+  dev::add(o_.device, dx.data(), dx2.data(), dx.data(), static_cast<Count>(dx.size()));
   rnd(dx, cb_);
   return dx;
 }
 
 Vec Trainer::col_sum(const Vec& x, Count n) const {
-  Vec out(static_cast<std::size_t>(h_), 0.0f);
-  for (Count i = 0; i < n; ++i)
-    for (Count c = 0; c < h_; ++c) out[c] += x[i * h_ + c];
+  Vec out = zeros(h_);
+  dev::col_sum(o_.device, x.data(), out.data(), n, h_);
   return out;
 }
 

@@ -118,24 +118,25 @@ moe::Exchange<float> Trainer::ep_exchange() {
   return ex;
 }
 
-Vec Trainer::moe_forward(Unit& u, const LayerParams& lp, LayerSaved& sv, const Vec& ln2) {
-  Vec out(static_cast<std::size_t>(Nl_ * h_), 0.0f);
+HostVec Trainer::moe_forward(Unit& u, const LayerParams& lp, LayerSaved& sv, const HostVec& ln2) {
+  HostVec out(static_cast<std::size_t>(Nl_ * h_), 0.0f);
   // Shared experts on the gathered tokens, reduced back into the sequence-parallel shard.
   if (lp.shared_in >= 0) {
     const Count fs_l = m_.moe.num_shared_experts * m_.moe.shared_expert_ffn_hidden_size / tp_;
-    const Vec xf = gather_in(ln2, "layer activations");
-    const Vec wi = param(u, lp.shared_in), wo = param(u, lp.shared_out);
-    Vec fc1(static_cast<std::size_t>(N_ * 2 * fs_l)), act(static_cast<std::size_t>(N_ * fs_l)),
+    const HostVec xf = gather_in(ln2, "layer activations");
+    const HostVec wi = param_host(u, lp.shared_in), wo = param_host(u, lp.shared_out);
+    HostVec fc1(static_cast<std::size_t>(N_ * 2 * fs_l)), act(static_cast<std::size_t>(N_ * fs_l)),
         y(static_cast<std::size_t>(N_ * h_));
     moe::expert_forward(xf.data(), wi.data(), wo.data(), fc1.data(), act.data(), y.data(), N_, h_,
                         fs_l);
     sv.fc1 = save_act(fc1);
     sv.act = save_act(act);
-    out = reduce_out(std::move(y), "layer activations");
+    out = reduce_out(y, "layer activations");
   }
   // Routed experts on this rank's tokens.
   auto bs = std::make_shared<moe::BlockSaved<float>>();
-  const Vec routed = moe::block_forward(block_weights(u, lp), ln2.data(), Nl_, *bs, ep_exchange());
+  const HostVec routed =
+      moe::block_forward(block_weights(u, lp), ln2.data(), Nl_, *bs, ep_exchange());
   const auto self = static_cast<std::size_t>(g_.ep->rank());
   moe_routing_.copies += bs->sent();
   moe_routing_.to_other_ranks += bs->sent() - bs->send_rows[self];
@@ -146,27 +147,28 @@ Vec Trainer::moe_forward(Unit& u, const LayerParams& lp, LayerSaved& sv, const V
   sv.moe_fc1 = save_act(bs->fc1);
   sv.moe_act = save_act(bs->act);
   sv.moe_y_back = save_act(bs->y_back);
-  for (auto* v : {&bs->routing.scores, &bs->x_in, &bs->fc1, &bs->act, &bs->y_back}) Vec().swap(*v);
+  for (auto* v : {&bs->routing.scores, &bs->x_in, &bs->fc1, &bs->act, &bs->y_back})
+    HostVec().swap(*v);
   sv.moe = std::move(bs);
   for (std::size_t i = 0; i < out.size(); ++i) out[i] += routed[i];
   return out;
 }
 
-Vec Trainer::moe_backward(int ui, const LayerParams& lp, LayerSaved& sv, const Vec& dy,
-                          std::vector<std::function<void()>>& jobs) {
+HostVec Trainer::moe_backward(int ui, const LayerParams& lp, LayerSaved& sv, const HostVec& dy,
+                              std::vector<std::function<void()>>& jobs) {
   Unit& u = units_[static_cast<std::size_t>(ui)];
-  const Vec ln2 = rd(sv.ln2);
-  Vec dx(static_cast<std::size_t>(Nl_ * h_), 0.0f);
+  const HostVec ln2 = rd_host(sv.ln2);
+  HostVec dx(static_cast<std::size_t>(Nl_ * h_), 0.0f);
   if (lp.shared_in >= 0) {
     const Count fs_l = m_.moe.num_shared_experts * m_.moe.shared_expert_ffn_hidden_size / tp_;
-    const Vec dyf = gather_in(dy, "layer activations");
-    const Vec xf = gather_in(ln2, "layer activations");
-    const Vec wi = param(u, lp.shared_in), wo = param(u, lp.shared_out);
-    const Vec fc1 = rd(sv.fc1), act = rd(sv.act);
-    Vec dxf(static_cast<std::size_t>(N_ * h_)), dwi(wi.size(), 0.0f), dwo(wo.size(), 0.0f);
+    const HostVec dyf = gather_in(dy, "layer activations");
+    const HostVec xf = gather_in(ln2, "layer activations");
+    const HostVec wi = param_host(u, lp.shared_in), wo = param_host(u, lp.shared_out);
+    const HostVec fc1 = rd_host(sv.fc1), act = rd_host(sv.act);
+    HostVec dxf(static_cast<std::size_t>(N_ * h_)), dwi(wi.size(), 0.0f), dwo(wo.size(), 0.0f);
     moe::expert_backward(dyf.data(), xf.data(), wi.data(), wo.data(), fc1.data(), act.data(),
                          dxf.data(), dwi.data(), dwo.data(), N_, h_, fs_l);
-    dx = reduce_out(std::move(dxf), "layer activations");
+    dx = reduce_out(dxf, "layer activations");
     jobs.push_back([this, ui, lp, dwi, dwo] {
       Unit& uu = units_[static_cast<std::size_t>(ui)];
       add_grad(uu, lp.shared_in, dwi);
@@ -174,13 +176,13 @@ Vec Trainer::moe_backward(int ui, const LayerParams& lp, LayerSaved& sv, const V
     });
   }
   moe::BlockSaved<float>& bs = *sv.moe;
-  bs.routing.scores = rd(sv.moe_scores);
-  bs.x_in = rd(sv.moe_x_in);
-  bs.fc1 = rd(sv.moe_fc1);
-  bs.act = rd(sv.moe_act);
-  bs.y_back = rd(sv.moe_y_back);
+  bs.routing.scores = rd_host(sv.moe_scores);
+  bs.x_in = rd_host(sv.moe_x_in);
+  bs.fc1 = rd_host(sv.moe_fc1);
+  bs.act = rd_host(sv.moe_act);
+  bs.y_back = rd_host(sv.moe_y_back);
   auto g = std::make_shared<moe::BlockGrads<float>>();
-  const Vec dr =
+  const HostVec dr =
       moe::block_backward(block_weights(u, lp), ln2.data(), dy.data(), Nl_, bs, *g, ep_exchange());
   for (std::size_t i = 0; i < dx.size(); ++i) dx[i] += dr[i];
   jobs.push_back([this, ui, lp, g] {
@@ -197,14 +199,14 @@ Vec Trainer::moe_backward(int ui, const LayerParams& lp, LayerSaved& sv, const V
 
 void Trainer::reduce_expert_grads(Unit& u) {
   if (g_.edp->size() == 1) return;
-  const auto t0 = Clock::now();
+  const auto t0 = now();
   const std::string what = "gradients (experts)";
   if (p_.zero_stage == 0) {
     g_.edp->all_reduce(u.grads.data(), u.grads.numel(), gb_, ReduceOp::sum, what);
   } else {
     Tensor part(alloc_, {u.shard}, gb_, MemoryTag::temporaries);
     g_.edp->reduce_scatter(u.grads.data(), part.data(), u.shard, gb_, what);
-    Vec pv = rd(part);
+    HostVec pv = rd_host(part);
     u.grads.write(pv.data(), u.shard, opt_begin(u));
   }
   mark(sim::Track::dp, sim::SliceKind::grad_reduce, -1, u.chunk, t0);

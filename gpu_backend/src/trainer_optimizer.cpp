@@ -8,7 +8,7 @@ void Trainer::dump_gradients() const {
   std::vector<GradientRecord> out;
   for (const Unit& u : units_) {
     const Count lo = opt_begin(u), n = opt_count(u);
-    Vec gv(static_cast<std::size_t>(n));
+    HostVec gv(static_cast<std::size_t>(n));
     u.grads.read(gv.data(), n, p_.zero_stage >= 2 ? 0 : lo);
     for (const Param& p : u.params) {
       const Count a = std::max(lo, p.offset), b = std::min(lo + n, p.offset + p.numel());
@@ -25,16 +25,17 @@ void Trainer::dump_gradients() const {
   write_gradient_dump(o_.dump_gradients + "/rank" + std::to_string(g_.world_rank) + ".grad", out);
 }
 
-void Trainer::adam_step_on_device(Unit& u) {
+void Trainer::optimizer_step_on_device(Unit& u) {
   const Count lo = opt_begin(u), n = opt_count(u);
   const Count woff = p_.zero_stage >= 3 ? 0 : lo;
-  dev::AdamOnDevice a;
+  dev::OptimizerOnDevice a;
   a.grads = &u.grads;
   a.grad_off = p_.zero_stage >= 2 ? 0 : lo;
   a.master = cb_ != DType::fp32 ? &u.master : &u.weights;
   a.master_off = cb_ != DType::fp32 ? 0 : woff;
   a.m = &u.m;
-  a.v = &u.v;
+  a.v = t_.optimizer == Optimizer::sgd ? nullptr : &u.v;
+  a.sgd = t_.optimizer == Optimizer::sgd;
   a.weights = cb_ != DType::fp32 ? &u.weights : nullptr;
   a.weights_off = woff;
   a.n = n;
@@ -43,21 +44,21 @@ void Trainer::adam_step_on_device(Unit& u) {
   a.config.decoupled = t_.optimizer == Optimizer::adamw;
   a.step = opt_steps_;
   a.grad_scale = 1.0f / loss_scale_;
-  dev::adam_step_on_device(o_.device, a);
+  dev::optimizer_step_on_device(o_.device, a);
 }
 
 void Trainer::optimizer_step(Unit& u) {
-  if (o_.device == Device::cuda && t_.optimizer != Optimizer::sgd) {
-    adam_step_on_device(u);
+  if (o_.device == Device::cuda) {
+    optimizer_step_on_device(u);
     gather_updated_shards(u);
     return;
   }
   const Count lo = opt_begin(u), n = opt_count(u);
   const bool z3 = p_.zero_stage >= 3;
-  Vec g(static_cast<std::size_t>(n));
+  HostVec g(static_cast<std::size_t>(n));
   u.grads.read(g.data(), n, p_.zero_stage >= 2 ? 0 : lo);
   // Master weights: the fp32 copy, or the fp32 weights themselves.
-  Vec w(static_cast<std::size_t>(n));
+  HostVec w(static_cast<std::size_t>(n));
   if (cb_ != DType::fp32) {
     u.master.read(w.data(), n);
   } else {
@@ -65,13 +66,7 @@ void Trainer::optimizer_step(Unit& u) {
   }
   const float gscale = 1.0f / loss_scale_;
   if (t_.optimizer == Optimizer::sgd) {
-    if (o_.device == Device::cuda) {  // no SGD kernel: the momentum makes a host round trip
-      Vec mom = rd(u.m);
-      cpu::sgd_step(w.data(), g.data(), mom.data(), n, o_.learning_rate, 0.9f, gscale);
-      u.m.fill_from(mom);
-    } else {
-      cpu::sgd_step(w.data(), g.data(), u.m.f32(), n, o_.learning_rate, 0.9f, gscale);
-    }
+    cpu::sgd_step(w.data(), g.data(), u.m.f32(), n, o_.learning_rate, 0.9f, gscale);
   } else {
     cpu::AdamConfig c;
     c.lr = o_.learning_rate;
@@ -90,7 +85,7 @@ void Trainer::gather_updated_shards(Unit& u) {
     Tensor mine(alloc_, {u.shard}, cb_, MemoryTag::temporaries);
     const char* src = static_cast<const char*>(u.weights.data()) + lo * bytes_of(cb_);
     dev::copy_bytes(o_.device, mine.data(), src, static_cast<std::size_t>(mine.bytes()));
-    const auto t0 = Clock::now();
+    const auto t0 = now();
     shard_comm(u).all_gather(mine.data(), u.weights.data(), u.shard, cb_,
                              std::string("parameters (") + unit_label(u.kind) + ")");
     mark(sim::Track::dp, sim::SliceKind::param_gather, -1, u.chunk, t0);

@@ -148,7 +148,7 @@ void Trainer::build_units() {
     const Count S = shard_size(u);
     u.padded = p_.zero_stage == 0 ? u.numel : (u.numel + S - 1) / S * S;
     u.shard = u.padded / S;
-    Vec init(static_cast<std::size_t>(u.padded), 0.0f);
+    HostVec init(static_cast<std::size_t>(u.padded), 0.0f);
     for (const Param& p : u.params) {
       for (Count i = 0; i < p.numel(); ++i) {
         float x = 0.0f;
@@ -184,6 +184,15 @@ Count Trainer::opt_count(const Unit& u) const {
   return p_.zero_stage == 0 ? u.padded : u.shard;
 }
 
+Clock::time_point Trainer::now() const {
+  dev::synchronize(o_.device);
+  return Clock::now();
+}
+
+Seconds Trainer::since(Clock::time_point t0) const {
+  return std::chrono::duration<double>(now() - t0).count();
+}
+
 void Trainer::mark(sim::Track track, sim::SliceKind kind, Count mb, Count chunk,
                    Clock::time_point t0) {
   sim::TraceEvent e;
@@ -197,18 +206,23 @@ void Trainer::mark(sim::Track track, sim::SliceKind kind, Count mb, Count chunk,
   timeline_.push_back(e);
 }
 
+Vec Trainer::zeros(Count n) const {
+  return Vec(o_.device, n);
+}
+
 Vec Trainer::rd(const Tensor& t) const {
-  return t.to_vector();
+  Vec out = zeros(t.numel());
+  dev::read_tensor(o_.device, t, 0, out.data(), t.numel());
+  return out;
 }
 
 void Trainer::rnd(Vec& x, DType d) const {
-  if (d == DType::fp32) return;
-  for (float& e : x) e = round_to(d, e);
+  dev::round_to(o_.device, x.data(), static_cast<Count>(x.size()), d);
 }
 
 Tensor Trainer::save(const Vec& x, DType d, MemoryTag tag) {
   Tensor t(alloc_, {static_cast<Count>(x.size())}, d, tag);
-  t.write(x.data(), static_cast<Count>(x.size()));
+  dev::write_tensor(o_.device, t, 0, x.data(), static_cast<Count>(x.size()));
   return t;
 }
 
@@ -216,21 +230,66 @@ Tensor Trainer::save_act(const Vec& x) {
   return save(x, cb_);
 }
 
+HostVec Trainer::rd_host(const Tensor& t) const {
+  return t.to_vector();
+}
+
+Tensor Trainer::save(const HostVec& x, DType d, MemoryTag tag) {
+  Tensor t(alloc_, {static_cast<Count>(x.size())}, d, tag);
+  t.write(x.data(), static_cast<Count>(x.size()));
+  return t;
+}
+
+Tensor Trainer::save_act(const HostVec& x) {
+  return save(x, cb_);
+}
+
+Tensor Trainer::pack(const HostVec& x, DType d) {
+  return save(x, d, MemoryTag::temporaries);
+}
+
+void Trainer::rnd(HostVec& x, DType d) const {
+  if (d == DType::fp32) return;
+  for (float& e : x) e = round_to(d, e);
+}
+
+HostVec Trainer::gather_in(const HostVec& x, const char* what) {
+  return gather_in(Vec::from_host(o_.device, x), what).to_host();
+}
+
+HostVec Trainer::reduce_out(const HostVec& x, const char* what) {
+  return reduce_out(Vec::from_host(o_.device, x), what).to_host();
+}
+
+HostVec Trainer::param_host(Unit& u, int i) {
+  return param(u, i).to_host();
+}
+
+void Trainer::add_grad(Unit& u, int i, const HostVec& g) {
+  if (i >= 0) add_grad(u, i, Vec::from_host(o_.device, g));
+}
+
 Tensor Trainer::pack(const Vec& x, DType d) {
   return save(x, d, MemoryTag::temporaries);
+}
+
+Tensor Trainer::pack_tensor(const Tensor& t) {
+  Tensor out(alloc_, {t.numel()}, t.dtype(), MemoryTag::temporaries);
+  dev::copy_bytes(o_.device, out.data(), t.data(), static_cast<std::size_t>(t.bytes()));
+  return out;
 }
 
 void Trainer::tp_all_reduce(Vec& x, const char* what, DType d) {
   if (tp_ == 1) return;
   Tensor t = pack(x, d);
   g_.tp->all_reduce(t.data(), t.numel(), d, ReduceOp::sum, what);
-  t.read(x.data(), t.numel());
+  dev::read_tensor(o_.device, t, 0, x.data(), t.numel());
 }
 
 void Trainer::tp_all_reduce_max(Vec& x, const char* what) {
   Tensor t = pack(x, DType::fp32);
   g_.tp->all_reduce(t.data(), t.numel(), DType::fp32, ReduceOp::max, what);
-  t.read(x.data(), t.numel());
+  dev::read_tensor(o_.device, t, 0, x.data(), t.numel());
 }
 
 Vec Trainer::tp_reduce_scatter(const Vec& x, const char* what) {
@@ -268,8 +327,8 @@ Count Trainer::param_offset(const Unit& u, int i) const {
 
 Vec Trainer::param(Unit& u, int i) {
   const Param& p = u.params[static_cast<std::size_t>(i)];
-  Vec w(static_cast<std::size_t>(p.numel()));
-  unit_weights(u).read(w.data(), p.numel(), p.offset);
+  Vec w = zeros(p.numel());
+  dev::read_tensor(o_.device, unit_weights(u), p.offset, w.data(), p.numel());
   return w;
 }
 
@@ -287,12 +346,13 @@ void Trainer::acquire(int ui) {
   if (!u.gathered.empty()) return;
   u.gathered = Tensor(alloc_, {u.padded}, cb_, MemoryTag::buffers);
   if (S_ > 1) {
-    const auto t0 = Clock::now();
+    const auto t0 = now();
     g_.dp->all_gather(u.weights.data(), u.gathered.data(), u.shard, cb_,
                       std::string("parameters (") + unit_label(u.kind) + ", forward+backward)");
     mark(sim::Track::zero3, sim::SliceKind::zero3_gather, cur_mb_, u.chunk, t0);
   } else {
-    u.gathered.fill_from(u.weights.to_vector());
+    dev::copy_bytes(o_.device, u.gathered.data(), u.weights.data(),
+                    static_cast<std::size_t>(u.weights.bytes()));
   }
 }
 
@@ -313,16 +373,16 @@ void Trainer::end_unit_grad(int ui) {
   sp_reduce_partials(u, u.unit_grad);
   Tensor part(alloc_, {u.shard}, gb_, MemoryTag::temporaries);
   if (S_ > 1) {
-    const auto t0 = Clock::now();
+    const auto t0 = now();
     g_.dp->reduce_scatter(u.unit_grad.data(), part.data(), u.shard, gb_,
                           std::string("gradients (") + unit_label(u.kind) + ")");
     mark(sim::Track::dp, sim::SliceKind::grad_reduce, cur_mb_, u.chunk, t0);
   } else {
-    part.fill_from(u.unit_grad.to_vector());
+    dev::copy_bytes(o_.device, part.data(), u.unit_grad.data(),
+                    static_cast<std::size_t>(part.bytes()));
   }
-  Vec acc = rd(u.grads), add = rd(part);
-  for (std::size_t k = 0; k < acc.size(); ++k) acc[k] += add[k];
-  u.grads.fill_from(acc);
+  const Vec add = rd(part);
+  dev::add_into(o_.device, u.grads, 0, add.data(), u.shard);
   u.unit_grad.release();
 }
 
@@ -332,18 +392,18 @@ void Trainer::sp_reduce_partials(Unit& u, Tensor& grad) {
   for (const Param& p : u.params)
     if (p.sp_partial) total += p.numel();
   if (total == 0) return;
-  Vec flat(static_cast<std::size_t>(total));
+  Vec flat = zeros(total);
   Count at = 0;
   for (const Param& p : u.params) {
     if (!p.sp_partial) continue;
-    grad.read(flat.data() + at, p.numel(), p.offset);
+    dev::read_tensor(o_.device, grad, p.offset, flat.data() + at, p.numel());
     at += p.numel();
   }
   tp_all_reduce(flat, "sequence-parallel gradients", gb_);
   at = 0;
   for (const Param& p : u.params) {
     if (!p.sp_partial) continue;
-    grad.write(flat.data() + at, p.numel(), p.offset);
+    dev::write_tensor(o_.device, grad, p.offset, flat.data() + at, p.numel());
     at += p.numel();
   }
 }

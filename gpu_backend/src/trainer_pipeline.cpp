@@ -68,7 +68,7 @@ void Trainer::exchange(Tensor* in, int peer, P2PTag t) {
     batch.push_back(std::move(op));
   }
   if (batch.empty()) return;
-  const auto t0 = Clock::now();
+  const auto t0 = now();
   g_.pp->send_recv(std::move(batch));
   if (out) mark(out->track, out->kind, out->mb, out->chunk, t0);
 }
@@ -151,8 +151,9 @@ void Trainer::forward(Count step, Count mb, Count c) {
   if (ch.first) {
     acquire_in_pass(pass, pi);
     Unit& u = units_[static_cast<std::size_t>(ch.embedding)];
-    st.ids = batch_tokens(step, mb, 0);
-    Vec e(static_cast<std::size_t>(N_ * h_));
+    // The micro-batch's token ids go to the device once, as a data loader's batch does.
+    st.ids = DeviceIds::from_host(o_.device, batch_tokens(step, mb, 0));
+    Vec e = zeros(N_ * h_);
     dev::embedding_forward(o_.device, st.ids.data(), unit_weights(u), param_offset(u, 0), e.data(),
                            N_, h_, g_.coords.tp * vl_, vl_);
     rnd(e, cb_);
@@ -163,7 +164,7 @@ void Trainer::forward(Count step, Count mb, Count c) {
         tp_all_reduce(e, "embedding output", cb_);
       }
     }
-    if (m_.position_embedding == PositionEmbedding::learned) add_positions(u, e, true);
+    if (m_.position_embedding == PositionEmbedding::learned) add_positions(u, e);
     rnd(e, cb_);
     x = std::move(e);
     release(pass[pi++]);
@@ -200,17 +201,30 @@ void Trainer::forward(Count step, Count mb, Count c) {
   }
 }
 
-void Trainer::add_positions(Unit& u, Vec& e, bool fwd_dir) {
-  // Under SP this rank holds rows [r*sl/t, (r+1)*sl/t) of its sl rows, at positions_.
-  const Count s0 = sp_ ? g_.coords.tp * (sl_ / tp_) : 0;
-  const Count sl = sp_ ? sl_ / tp_ : sl_;
-  (void)fwd_dir;
+const DeviceIds& Trainer::position_ids() {
+  if (position_ids_.empty()) {
+    // Under SP this rank holds rows [r*sl/t, (r+1)*sl/t) of its sl rows, at positions_.
+    const Count s0 = sp_ ? g_.coords.tp * (sl_ / tp_) : 0;
+    const Count sl = sp_ ? sl_ / tp_ : sl_, b = t_.micro_batch_size;
+    std::vector<std::int32_t> ids(static_cast<std::size_t>(sl * b));
+    for (Count i = 0; i < sl; ++i)
+      for (Count bi = 0; bi < b; ++bi)
+        ids[static_cast<std::size_t>(i * b + bi)] =
+            static_cast<std::int32_t>(positions_[static_cast<std::size_t>(s0 + i)]);
+    position_ids_ = DeviceIds::from_host(o_.device, ids);
+  }
+  return position_ids_;
+}
+
+void Trainer::add_positions(Unit& u, Vec& e) {
+  // Each token's row of the position table, looked up as an embedding of its position.
   const Param& p = u.params[1];
-  Vec pos(static_cast<std::size_t>(sl * h_));
-  for (Count i = 0; i < sl; ++i)
-    unit_weights(u).read(pos.data() + i * h_, h_,
-                         p.offset + positions_[static_cast<std::size_t>(s0 + i)] * h_);
-  cpu::add_position_forward(pos.data(), e.data(), sl, t_.micro_batch_size, h_);
+  const DeviceIds& ids = position_ids();
+  const Count n = static_cast<Count>(ids.size());
+  Vec pos = zeros(n * h_);
+  dev::embedding_forward(o_.device, ids.data(), unit_weights(u), p.offset, pos.data(), n, h_, 0,
+                         p.numel() / h_);
+  dev::add(o_.device, e.data(), pos.data(), e.data(), n * h_);
 }
 
 void Trainer::head_forward(const Chunk& ch, ChunkState& st, const Vec& x, Count step, Count mb) {
@@ -224,9 +238,9 @@ void Trainer::head_forward(const Chunk& ch, ChunkState& st, const Vec& x, Count 
   Vec logits = linear_fwd(units_[static_cast<std::size_t>(head_w_unit_)], head_w_param_, -1, yf, N_,
                           h_, vl_);
   hs.logits = save(logits, cb_, MemoryTag::buffers);
-  hs.targets = batch_tokens(step, mb, 1);
+  hs.targets = DeviceIds::from_host(o_.device, batch_tokens(step, mb, 1));
   // Vocab-parallel cross-entropy: max, target logit and sum of exponentials over the TP group.
-  Vec mx(N_), tl(N_), se(N_), loss(N_);
+  Vec mx = zeros(N_), tl = zeros(N_), se = zeros(N_);
   dev::ce_local_max(o_.device, logits.data(), mx.data(), N_, vl_);
   if (tp_ > 1) tp_all_reduce_max(mx, "cross-entropy statistics");
   dev::ce_local_target(o_.device, logits.data(), hs.targets.data(), tl.data(), N_, vl_,
@@ -234,17 +248,12 @@ void Trainer::head_forward(const Chunk& ch, ChunkState& st, const Vec& x, Count 
   if (tp_ > 1) tp_all_reduce(tl, "cross-entropy statistics", DType::fp32);
   dev::ce_local_sumexp(o_.device, logits.data(), mx.data(), se.data(), N_, vl_);
   if (tp_ > 1) tp_all_reduce(se, "cross-entropy statistics", DType::fp32);
-  cpu::ce_loss(mx.data(), se.data(), tl.data(), loss.data(), N_);
   // The fp32 softmax, kept to the backward; its gradient is softmax - onehot.
-  Vec sm(logits.size());
-  for (Count n = 0; n < N_; ++n)
-    for (Count j = 0; j < vl_; ++j)
-      sm[n * vl_ + j] =
-          static_cast<float>(std::exp(static_cast<double>(logits[n * vl_ + j]) - mx[n]) / se[n]);
+  Vec sm = zeros(static_cast<Count>(logits.size()));
+  dev::ce_softmax(o_.device, logits.data(), mx.data(), se.data(), sm.data(), N_, vl_);
   hs.softmax = save(sm, DType::fp32, MemoryTag::buffers);
-  if (g_.coords.tp == 0) {
-    for (float l : loss) loss_sum_ += l;
-  }
+  // The loss statistics wait on the device; the host reads them once, at the end of the step.
+  if (g_.coords.tp == 0) pending_loss_.push_back({std::move(mx), std::move(se), std::move(tl)});
   st.head = std::move(hs);
 }
 
@@ -253,12 +262,8 @@ Vec Trainer::head_loss_grad(ChunkState& st) {
   // d loss / d logit = (softmax - onehot) * scale / tokens in the global batch.
   const float dl = loss_scale_ / static_cast<float>(t_.global_batch_size * t_.seq_length);
   Vec dlogits = rd(hs.softmax);
-  const Count v0 = g_.coords.tp * vl_;
-  for (Count n = 0; n < N_; ++n) {
-    const Count tj = hs.targets[static_cast<std::size_t>(n)] - v0;
-    if (tj >= 0 && tj < vl_) dlogits[n * vl_ + tj] -= 1.0f;
-    for (Count j = 0; j < vl_; ++j) dlogits[n * vl_ + j] *= dl;
-  }
+  dev::ce_softmax_grad(o_.device, dlogits.data(), hs.targets.data(), N_, vl_, g_.coords.tp * vl_,
+                       dl);
   rnd(dlogits, cb_);
   hs.logits.release();
   hs.softmax.release();
@@ -301,19 +306,17 @@ void Trainer::embedding_backward(const Chunk& ch, ChunkState& st, const Vec& dx,
   jobs.push_back([this, ui, dx, ids] {
     Unit& u = units_[static_cast<std::size_t>(ui)];
     if (m_.position_embedding == PositionEmbedding::learned) {
-      const Count s0 = sp_ ? g_.coords.tp * (sl_ / tp_) : 0;
-      const Count sl = sp_ ? sl_ / tp_ : sl_;
-      Vec rows(static_cast<std::size_t>(sl * h_), 0.0f);
-      cpu::add_position_backward(dx.data(), rows.data(), sl, t_.micro_batch_size, h_);
-      Vec dpos(static_cast<std::size_t>(u.params[1].numel()), 0.0f);
-      for (Count i = 0; i < sl; ++i)
-        std::copy(rows.data() + i * h_, rows.data() + (i + 1) * h_,
-                  dpos.data() + positions_[static_cast<std::size_t>(s0 + i)] * h_);
+      // The position table's gradient: each token's gradient summed into its position's row.
+      const DeviceIds& pos = position_ids();
+      const Count np = u.params[1].numel();
+      Vec dpos = zeros(np);
+      dev::embedding_backward(o_.device, pos.data(), dx.data(), dpos.data(),
+                              static_cast<Count>(pos.size()), h_, 0, np / h_);
       add_grad(u, 1, dpos);
     }
     // Backward of the reduce-scatter into the sequence-parallel region: an all-gather.
     const Vec dxf = gather_in(dx, "embedding output gradient");
-    Vec dt(static_cast<std::size_t>(vl_ * h_), 0.0f);
+    Vec dt = zeros(vl_ * h_);
     dev::embedding_backward(o_.device, ids.data(), dxf.data(), dt.data(), N_, h_,
                             g_.coords.tp * vl_, vl_);
     add_grad(u, 0, dt);
@@ -405,10 +408,11 @@ void Trainer::backward_weight(Count mb, Count c) {
 
 std::pair<double, bool> Trainer::train_step(Count step) {
   loss_sum_ = 0;
+  pending_loss_.clear();
   moe_routing_ = MoeRouting{};
   for (Unit& u : units_) u.grads.zero();
   for (const sim::Action& a : program_.programs[static_cast<std::size_t>(stage_)]) {
-    const auto t0 = Clock::now();
+    const auto t0 = now();
     cur_mb_ = a.microbatch;
     if (!receives_first(a)) flush_sends();
     switch (a.op) {
@@ -431,14 +435,14 @@ std::pair<double, bool> Trainer::train_step(Count step) {
   cur_mb_ = -1;
   flush_sends();
   g_.pp->barrier();
-  const auto t0 = Clock::now();
+  const auto t0 = now();
   if (bidir_) mirror_gradients();
   // Tied embeddings (pp > 1): the first stage's word embedding and the last stage's copy sum
   // their gradients over the embedding group, once per step (Megatron-LM's
   // _allreduce_word_embedding_grads), before the data-parallel reduction.
   if (m_.tied_embeddings && head_stage(p_.schedule, pp_) != 0 &&
       (stage_ == 0 || stage_ == pp_ - 1)) {
-    const auto te = Clock::now();
+    const auto te = now();
     Unit& u = units_[static_cast<std::size_t>(stage_ == 0 ? chunks_.front().embedding
                                                           : chunks_.back().head)];
     const Param& w = stage_ == 0 ? u.params.front() : u.params.back();
@@ -453,7 +457,7 @@ std::pair<double, bool> Trainer::train_step(Count step) {
       reduce_expert_grads(u);
       continue;
     }
-    const auto tu = Clock::now();
+    const auto tu = now();
     const bool replicas = p_.zero_stage > 0 && g_.dp_replicate->size() > 1;
     // The dp group holds the data- and context-parallel ranks (comm.h, group_split).
     const bool dp_group = g_.dp->size() > 1;
@@ -466,8 +470,8 @@ std::pair<double, bool> Trainer::train_step(Count step) {
       } else if (p_.zero_stage == 1) {
         Tensor part(alloc_, {u.shard}, gb_, MemoryTag::temporaries);
         g_.dp->reduce_scatter(u.grads.data(), part.data(), u.shard, gb_, what);
-        Vec pv = rd(part);
-        u.grads.write(pv.data(), u.shard, opt_begin(u));
+        char* dst = static_cast<char*>(u.grads.data()) + opt_begin(u) * bytes_of(gb_);
+        dev::copy_bytes(o_.device, dst, part.data(), static_cast<std::size_t>(part.bytes()));
       }
     }
     // Hybrid sharding: each shard is summed over the dp/S replicas holding it, once per step.
@@ -480,7 +484,7 @@ std::pair<double, bool> Trainer::train_step(Count step) {
     if (reduces) mark(sim::Track::dp, sim::SliceKind::grad_reduce, -1, u.chunk, tu);
   }
   if (step == 1 && !o_.dump_gradients.empty()) dump_gradients();
-  const auto t_opt = Clock::now();
+  const auto t_opt = now();
   // fp16: skip the step when any gradient overflowed (all ranks agree).
   double overflow = 0;
   if (t_.precision == DType::fp16) {
@@ -500,6 +504,14 @@ std::pair<double, bool> Trainer::train_step(Count step) {
   }
   optimizer_seconds_ = since(t0);
   mark(sim::Track::compute, sim::SliceKind::optimizer, -1, -1, t_opt);
+  // Each micro-batch's loss, in the order they ran, from the statistics read back now.
+  for (const LossStats& l : pending_loss_) {
+    const HostVec mx = l.max.to_host(), se = l.sumexp.to_host(), tl = l.target.to_host();
+    HostVec loss(mx.size());
+    cpu::ce_loss(mx.data(), se.data(), tl.data(), loss.data(), static_cast<Count>(mx.size()));
+    for (float v : loss) loss_sum_ += v;
+  }
+  pending_loss_.clear();
   double loss = loss_sum_;
   g_.world_reduce(&loss, 1, ReduceOp::sum);
   return {loss / static_cast<double>(t_.global_batch_size * t_.seq_length), overflow != 0};

@@ -166,6 +166,16 @@ TEST(CudaSweep, CrossEntropyPiecesMatchTheOracleOnEveryShape) {
     EXPECT_LT(nerr(sed.host(), se), kTol);
     EXPECT_EQ(tld.host(), tl);  // a copy is exact
     EXPECT_LT(nerr(dd.host(), dl), kTol);
+    // The trainer's path: the saved fp32 softmax, then (p - onehot) * scale in place, against the
+    // oracle's same two steps.
+    Vec sm(NV);
+    cpu::ce_softmax(logits.data(), mx.data(), se.data(), sm.data(), sh.N, sh.C);
+    cpu::ce_softmax_grad(sm.data(), t.data(), sh.N, sh.C, start, 0.25f);
+    Dev<float> smd(NV, 7.0f);
+    cuda::ce_softmax(ld.get(), mxd.get(), sed.get(), smd.get(), sh.N, sh.C);
+    cuda::ce_softmax_grad(smd.get(), td.get(), sh.N, sh.C, start, 0.25f);
+    cuda::synchronize();
+    EXPECT_LT(nerr(smd.host(), sm), kTol);
   }
 }
 
@@ -254,6 +264,17 @@ TEST(CudaSweep, ElementwiseKernelsPastTwoToThe24AndAtZero) {
     Vec rounded(n);
     for (std::size_t i = 0; i < n; ++i) rounded[i] = bf16_to_float(float_to_bf16(x[i]));
     EXPECT_EQ(back.host(), rounded);
+    // The trainer's in-place rounding of a working array: the same bits as the two casts, for
+    // bf16 and fp16.
+    for (const auto& [t, dt] :
+         {std::pair{cuda::Type::bf16, DType::bf16}, std::pair{cuda::Type::fp16, DType::fp16}}) {
+      Dev<float> r(x);
+      cuda::round_to(t, r.get(), n);
+      cuda::synchronize();
+      Vec want(n);
+      for (std::size_t i = 0; i < n; ++i) want[i] = round_to(dt, x[i]);
+      EXPECT_EQ(r.host(), want);
+    }
 
     // Adam (step 3, AdamW decay, gradient scale 1/8).
     Vec w = random(n, 4), m = random(n, 5, 0.01f), v(n, 1e-4f);
@@ -382,6 +403,26 @@ TEST(CudaSweep, MultiTensorAdamUpdatesEveryTensorLikeTheOracle) {
     EXPECT_LT(nerr(wd[i]->host(), w[i]), kTol);
     EXPECT_LT(nerr(md[i]->host(), m[i]), kTol);
     EXPECT_LT(nerr(vd[i]->host(), v[i]), kTol);
+  }
+}
+
+// SGD with momentum (the trainer's SGD on the device) against cpu::sgd_step: two steps, so the
+// second reads the momentum the first wrote; sizes 0, 1, 1000 and 2^24 + 77.
+TEST(CudaSweep, SgdMomentumUpdatesLikeTheOracle) {
+  REQUIRE_GPU();
+  for (const std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{1000}, kLarge}) {
+    SCOPED_TRACE(n);
+    Vec w = random(n, 900), mom(n, 0.0f);
+    const Vec g1 = random(n, 901), g2 = random(n, 902);
+    Dev<float> wd(w), md(mom), g1d(g1), g2d(g2);
+    for (const Vec* g : {&g1, &g2})
+      cpu::sgd_step(w.data(), g->data(), mom.data(), static_cast<Count>(n), 0.1f, 0.9f, 0.5f);
+    cuda::sgd_step(wd.get(), g1d.get(), md.get(), n, 0.1f, 0.9f, 0.5f);
+    cuda::sgd_step(wd.get(), g2d.get(), md.get(), n, 0.1f, 0.9f, 0.5f);
+    cuda::synchronize();
+    if (n == 0) continue;
+    EXPECT_LT(nerr(wd.host(), w), kTol);
+    EXPECT_LT(nerr(md.host(), mom), kTol);
   }
 }
 

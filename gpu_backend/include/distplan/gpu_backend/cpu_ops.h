@@ -114,6 +114,14 @@ void ce_local_target(const T* logits, const std::int32_t* targets, T* target_log
 template <class T>
 void ce_loss(const T* row_max, const T* sumexp, const T* target_logit, T* loss, Count N);
 /// dlogits (N,V) = (softmax - onehot) * dloss_n.
+/// The fp32 softmax of the logits from their row max and sum of exponentials:
+/// exp(l - max) / sumexp, evaluated in double.
+template <class T>
+void ce_softmax(const T* logits, const T* row_max, const T* sumexp, T* softmax, Count N, Count V);
+/// d loss / d logits in place on the softmax p: (p - onehot(target - vocab_start)) * scale.
+template <class T>
+void ce_softmax_grad(T* p, const std::int32_t* targets, Count N, Count V, Count vocab_start,
+                     T scale);
 template <class T>
 void ce_backward(const T* logits, const T* row_max, const T* sumexp, const std::int32_t* targets,
                  const T* dloss, T* dlogits, Count N, Count V, Count vocab_start);

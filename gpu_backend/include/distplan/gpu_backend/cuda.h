@@ -24,6 +24,13 @@ void copy_to_host(void* dst, const void* src, std::size_t bytes);
 void copy_on_device(void* dst, const void* src, std::size_t bytes);  // may overlap
 void zero_on_device(void* dst, std::size_t bytes);
 void synchronize();
+/// The trainer's working fp32 arrays (device_array.h) come from a cache of freed blocks, by
+/// size class (512 B multiples up to 1 MiB, 2 MiB multiples above), so a step never calls
+/// cudaMalloc or cudaFree (which synchronise the device) once its shapes have been seen. Blocks
+/// are zeroed on the default stream, which orders them after the kernels that used them last.
+/// Outside the tracking allocator, as staging buffers were (docs/gpu_backend.md).
+[[nodiscard]] void* pool_alloc(std::size_t bytes);
+void pool_free(void* p, std::size_t bytes) noexcept;
 /// Bytes the device reports in use (cudaMemGetInfo: total - free), the driver's own figure.
 [[nodiscard]] std::size_t device_used_bytes();
 
@@ -60,11 +67,6 @@ void linear_backward_weight(Type t, const void* dy, const void* x, float* dw, fl
 /// y (N,O) += bias (O) broadcast over rows, in y's storage type; dbias (O) += column sums of dy.
 void add_bias(Type t, void* y, const float* bias, int N, int O);
 void bias_grad(const float* dy, float* dbias, int N, int O);
-
-/// The weight-gradient GEMM on host arrays (staged through device memory that is freed on
-/// return): the trainer's wgrad on the CUDA device. dw and dbias accumulate.
-void linear_backward_weight_host(const float* dy, const float* x, float* dw, float* dbias, int N,
-                                 int I, int O);
 
 // --- thin kernels, fp32 ---------------------------------------------------------------------
 void cast(Type from, const void* in, Type to, void* out, std::size_t n);
@@ -112,6 +114,9 @@ void ce_backward(const float* logits, const float* row_max, const float* sumexp,
 void adam_step(float* master, const float* grad, float* m, float* v, std::size_t n, float lr,
                float beta1, float beta2, float eps, float weight_decay, bool decoupled,
                long long step, float grad_scale);
+/// SGD with momentum on fp32 master weights, as cpu::sgd_step.
+void sgd_step(float* master, const float* grad, float* momentum, std::size_t n, float lr, float mu,
+              float grad_scale);
 /// Adam/AdamW over several fp32 tensors in one launch (the descriptors travel as the kernel's
 /// argument, so no device copy or allocation): each tensor as adam_step.
 struct AdamTensor {
@@ -137,6 +142,16 @@ void bias_swiglu_forward(const float* x, const float* bias, float* pre, float* y
 [[nodiscard]] bool has_overflow(const float* x, std::size_t n);
 /// y = a + b elementwise (residual connections); y may alias a or b.
 void add(const float* a, const float* b, float* y, std::size_t n);
+/// x rounded in place through storage type t (round to nearest even): the trainer's rounding of
+/// an fp32 working array to the compute dtype.
+void round_to(Type t, float* x, std::size_t n);
+/// The fp32 softmax of vocabulary-parallel logits (N,V) from the row max and sum of exponentials
+/// over the TP group: exp(l - max) / sumexp, in double as cpu::ce_softmax.
+void ce_softmax(const float* logits, const float* row_max, const float* sumexp, float* softmax,
+                int N, int V);
+/// d loss / d logits in place on the softmax: (p - onehot(target)) * scale (cpu::ce_softmax_grad).
+void ce_softmax_grad(float* p, const std::int32_t* targets, int N, int V, int vocab_start,
+                     float scale);
 
 // --- one GPT layer stack, forward + backward, entirely on the device -------------------------
 /// Pre-norm GPT layers (LayerNorm, multi-head causal attention, GeLU MLP, no biases) with bf16
