@@ -114,7 +114,9 @@ void* TrackingAllocator::allocate(Bytes bytes, MemoryTag tag) {
     if (p == nullptr) throw std::bad_alloc();
   } else {
 #ifdef DISTPLAN_HAVE_CUDA
-    p = cuda::device_alloc_zeroed(n);
+    // From the device block cache: a cudaMalloc or cudaFree per tensor would synchronise the
+    // device each time a saved activation or a communication buffer comes and goes.
+    p = cuda::pool_alloc(n);
 #else
     DISTPLAN_CHECK(false, "built without CUDA");
 #endif
@@ -137,7 +139,7 @@ void TrackingAllocator::deallocate(void* ptr, Bytes bytes, MemoryTag tag) noexce
     std::free(ptr);
   } else {
 #ifdef DISTPLAN_HAVE_CUDA
-    cuda::device_free(ptr);
+    cuda::pool_free(ptr, static_cast<std::size_t>(std::max<Bytes>(bytes, 1)));
 #endif
   }
   const int i = static_cast<int>(tag);
