@@ -241,10 +241,24 @@ void rotary_backward([[maybe_unused]] Device d, float* dx, Count s, Count b, Cou
   cpu::rotary_backward(dx, s, b, heads, hd, theta);
 }
 
-void linear_backward_weight([[maybe_unused]] Device d, const float* dy, const float* x, float* dw,
-                            float* dbias, Count N, Count I, Count O) {
-  DISTPLAN_ON_CUDA(
-      cuda::linear_backward_weight(cuda::Type::fp32, dy, x, dw, dbias, ii(N), ii(I), ii(O)));
+void linear_backward_weight([[maybe_unused]] Device d, [[maybe_unused]] DType dtype,
+                            const float* dy, const float* x, float* dw, float* dbias, Count N,
+                            Count I, Count O) {
+#ifdef DISTPLAN_HAVE_CUDA
+  if (on_cuda(d)) {
+    const cuda::Type t = cuda_type(dtype);
+    if (t == cuda::Type::fp32) {
+      cuda::linear_backward_weight(t, dy, x, dw, dbias, ii(N), ii(I), ii(O));
+      return;
+    }
+    Scratch dyc(N * O, 2), xc(N * I, 2);
+    cuda::cast(cuda::Type::fp32, dy, t, dyc.get(), zz(N * O));
+    cuda::cast(cuda::Type::fp32, x, t, xc.get(), zz(N * I));
+    cuda::linear_backward_weight(t, dyc.get(), xc.get(), dw, nullptr, ii(N), ii(I), ii(O));
+    if (dbias != nullptr && N * O > 0) cuda::bias_grad(dy, dbias, ii(N), ii(O));
+    return;
+  }
+#endif
   cpu::linear_backward_weight(dy, x, dw, dbias, N, I, O);
 }
 

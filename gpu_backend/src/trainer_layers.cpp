@@ -83,7 +83,7 @@ void Trainer::linear_bwd_weight(Unit& u, int wi, int bi, const Vec& dy, const Ve
                                 Count in, Count out) {
   Vec dw = zeros(in * out), db = zeros(out);
   float* dbp = bi >= 0 ? db.data() : nullptr;
-  dev::linear_backward_weight(o_.device, dy.data(), x.data(), dw.data(), dbp, n, in, out);
+  dev::linear_backward_weight(o_.device, cb_, dy.data(), x.data(), dw.data(), dbp, n, in, out);
   add_grad(u, wi, dw);
   if (bi >= 0) add_grad(u, bi, db);
 }

@@ -200,7 +200,8 @@ Outputs run_ops(bool direct, Device d) {
       DeviceFloats Y(d, N * O), DX(d, N * I), DW = up(dw), DB = up(dbias);
       dev::linear_forward(d, X.data(), t, 7, BIAS.data(), Y.data(), N, I, O);
       dev::linear_backward_input(d, DYO.data(), t, 7, DX.data(), N, I, O);
-      dev::linear_backward_weight(d, DYO.data(), X.data(), DW.data(), DB.data(), N, I, O);
+      dev::linear_backward_weight(d, DType::fp32, DYO.data(), X.data(), DW.data(), DB.data(), N, I,
+                                  O);
       y = Y.to_host(), dx = DX.to_host(), dw = DW.to_host(), dbias = DB.to_host();
     }
     o["linear.y"] = y, o["linear.dx"] = dx, o["linear.dw"] = dw, o["linear.dbias"] = dbias;
@@ -298,9 +299,9 @@ TEST(CudaOps, DeviceDispatchMatchesTheOracleAndItsAccumulation) {
 }
 
 // The 16-bit weights run as they are stored, on tensor cores: x is cast to the weight's dtype on
-// the device, so against the oracle on the same rounded inputs only the accumulation order and
-// the result's rounding differ (bound 1e-2, cuda_ops_test.cpp). Shapes: empty, odd, several
-// tiles.
+// the device (and the weight gradient's dy and x to the run's dtype), so against the oracle on the
+// same rounded inputs only the accumulation order and the result's rounding differ (bound 1e-2,
+// cuda_ops_test.cpp). Shapes: empty, odd, several tiles.
 TEST(CudaOps, TensorWeightGemmsMatchTheOracleInTheirStoredDtype) {
   if (!cuda_available()) GTEST_SKIP() << "no GPU visible";
   TrackingAllocator alloc(Device::cuda);
@@ -328,11 +329,21 @@ TEST(CudaOps, TensorWeightGemmsMatchTheOracleInTheirStoredDtype) {
       dev::linear_forward(Device::cuda, X.data(), t, 3, BIAS.data(), Y.data(), n, i, o);
       dev::linear_backward_input(Device::cuda, DY.data(), t, 3, DX.data(), n, i, o);
       const Vec y = Y.to_host(), dx = DX.to_host();
+      // The weight gradient in the same dtype, accumulating onto a non-zero start.
+      const Vec dw0 = random(static_cast<std::size_t>(o * i), 35), db0 = random(o, 36);
+      Vec want_dw = dw0, want_db = db0;
+      cpu::linear_backward_weight(dy.data(), x.data(), want_dw.data(), want_db.data(), n, i, o);
+      auto DW = DeviceFloats::from_host(Device::cuda, dw0);
+      auto DB = DeviceFloats::from_host(Device::cuda, db0);
+      dev::linear_backward_weight(Device::cuda, dt, DY.data(), X.data(), DW.data(), DB.data(), n, i,
+                                  o);
       const double tol = dt == DType::fp32 ? 1e-5 : 1e-2;
       if (n > 0) {
         EXPECT_LT(nerr(y, want_y), tol);
         EXPECT_LT(nerr(dx, want_dx), tol);
       }
+      EXPECT_LT(nerr(DW.to_host(), want_dw), tol);
+      EXPECT_LT(nerr(DB.to_host(), want_db), tol);
     }
   }
 }

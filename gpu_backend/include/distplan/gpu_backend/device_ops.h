@@ -64,9 +64,12 @@ void rotary_backward(Device d, float* dx, Count s, Count b, Count heads, Count h
 /// CUDA: this thread's fp32 GEMMs on TF32 tensor cores (cuda::set_fp32_gemm_tf32); no effect on
 /// the CPU.
 void set_fp32_gemm_tf32(bool on);
-/// dW (O,I) += dy^T x; dbias (O) += column sums of dy (may be null)
-void linear_backward_weight(Device d, const float* dy, const float* x, float* dw, float* dbias,
-                            Count N, Count I, Count O);
+/// dW (O,I) += dy^T x; dbias (O) += column sums of dy (may be null); dW and dbias fp32. dy and x
+/// hold values of `dtype` (the compute dtype the trainer rounded them to): on CUDA a 16-bit dtype
+/// casts them to it on the device (exact) and runs the GEMM on tensor cores with fp32
+/// accumulation, as the forward's GEMMs; fp32 runs in fp32 (TF32 when asked).
+void linear_backward_weight(Device d, DType dtype, const float* dy, const float* x, float* dw,
+                            float* dbias, Count N, Count I, Count O);
 
 // ---- GEMMs of a device-resident weight: W is the O x I elements of `w` from `w_offset`, in the
 // tensor's storage dtype (the run's compute dtype), where the tensor lives. On CUDA x (or dy) is
