@@ -169,9 +169,9 @@ void check_supported(const Scenario& s) {
 Measurement run(const Scenario& s, const RunOptions& opts) {
   check_supported(s);
   check_moe_supported(s, opts.device, opts.comm);
-  // The CUDA device keeps every tensor in device memory (measured by the tracking allocator over
-  // cudaMalloc); the trainer's arithmetic reaches it through Tensor::read/write. Multi-rank CUDA
-  // runs need the NCCL groups.
+  // The CUDA device keeps every tensor and working array in device memory (measured by the
+  // tracking allocator over the device block cache); the trainer's ops run there (device_ops.h).
+  // Multi-rank CUDA runs need the NCCL groups.
   std::unique_ptr<ProcessGroups> groups;
   if (opts.comm == CommBackend::emulated) {
     groups = make_emulated_groups(s.parallel, opts.emulate_rank, opts.device);
