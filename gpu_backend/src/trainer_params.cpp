@@ -249,8 +249,7 @@ Tensor Trainer::pack(const HostVec& x, DType d) {
 }
 
 void Trainer::rnd(HostVec& x, DType d) const {
-  if (d == DType::fp32) return;
-  for (float& e : x) e = round_to(d, e);
+  dev::round_to(Device::cpu, x.data(), static_cast<Count>(x.size()), d);  // host memory
 }
 
 HostVec Trainer::gather_in(const HostVec& x, const char* what) {
