@@ -942,40 +942,52 @@ class Estimator {
   // the schedule program over the stage costs (sim::plan); what estimate() alone gives is a bound
   // of that walk from below, for the search to prune with. Each stage's compute stream runs its
   // passes and then its optimizer one at a time, so the step lasts at least that stage's busy
-  // time; and unless steps overlap (the step is then one stage's span), the stage cannot start
-  // before its first input has come through every stage before it, one chunk's forward each,
-  // with a send between stages. An F&B pair (DualPipe) hides at most the TP communication its
-  // passes wait on; nothing hides computation.
+  // time; unless steps overlap (the step is then one stage's span), the stage cannot start
+  // before its first input has come through every stage before it, one chunk's forward each with
+  // a send between stages; and where a stage's last pass is a whole backward of its first chunk
+  // (GPipe, 1F1B, interleaved 1F1B), that gradient still goes back through every stage before it
+  // before the first stage can step its optimizer. An F&B pair (DualPipe) hides at most the TP
+  // communication its passes wait on; nothing hides computation.
   void time(Estimate& e) {
     const Count pp = p_.pp;
     const double v = static_cast<double>(p_.virtual_stages);
     const double passes = static_cast<double>(stage_passes(p_.schedule, nmb_));
     const bool pairs = bidirectional(p_.schedule) || p_.schedule == Schedule::dualpipe_v;
     const bool overlap = steps_overlap(p_.schedule);
+    const bool drains = p_.schedule == Schedule::gpipe || p_.schedule == Schedule::one_f_one_b ||
+                        p_.schedule == Schedule::interleaved_1f1b;
     const auto costs = [&e](Count st) -> const StageCosts& {
       return e.stage_costs[static_cast<std::size_t>(st)];
     };
-    // fill[k]: the earliest time stage k can start, from the first stage's side; under DualPipe
-    // the reverse direction enters at the last stage.
+    // from_first[k]: the first micro-batch's forward through one chunk of each stage before k;
+    // from_last[k] the same from the last stage (DualPipe's reverse direction); back[k]: a
+    // whole backward of one chunk through each stage before k.
     std::vector<double> from_first(static_cast<std::size_t>(pp), 0.0);
     std::vector<double> from_last(static_cast<std::size_t>(pp), 0.0);
+    std::vector<double> back(static_cast<std::size_t>(pp), 0.0);
     for (Count st = 1; st < pp; ++st) {
-      from_first[static_cast<std::size_t>(st)] = from_first[static_cast<std::size_t>(st - 1)] +
-                                                 costs(st - 1).forward / v + costs(st - 1).p2p;
+      const StageCosts& k = costs(st - 1);
+      from_first[static_cast<std::size_t>(st)] =
+          from_first[static_cast<std::size_t>(st - 1)] + k.forward / v + k.p2p;
+      back[static_cast<std::size_t>(st)] = back[static_cast<std::size_t>(st - 1)] +
+                                           (k.backward_input + k.backward_weight) / v + k.p2p;
     }
     for (Count st = pp - 2; st >= 0; --st) {
-      from_last[static_cast<std::size_t>(st)] = from_last[static_cast<std::size_t>(st + 1)] +
-                                                costs(st + 1).forward / v + costs(st + 1).p2p;
+      const StageCosts& k = costs(st + 1);
+      from_last[static_cast<std::size_t>(st)] =
+          from_last[static_cast<std::size_t>(st + 1)] + k.forward / v + k.p2p;
     }
-    double bound = 0, busy_sum = 0, best_busy = 0, best_fill = 0, best_opt = 0;
+    const double first_optimizer = costs(0).optimizer;
+    double bound = 0, busy_sum = 0, best_busy = 0, best_wait = 0, best_opt = 0;
     for (Count st = 0; st < pp; ++st) {
       const StageCosts& k = costs(st);
       double busy = passes * (k.forward + k.backward_input + k.backward_weight);
       // Every forward chunk of the stage may pair with a backward (nmb_ of them under DualPipe,
       // v per micro-batch otherwise), each hiding at most its chunk's waited TP time.
-      if (pairs)
+      if (pairs) {
         busy -= static_cast<double>(nmb_) * (bidirectional(p_.schedule) ? 1.0 : v) *
                 k.tp_communication / v;
+      }
       busy = std::max(0.0, busy);
       double fill = 0;
       if (!overlap) {
@@ -983,17 +995,22 @@ class Estimator {
                                                      from_last[static_cast<std::size_t>(st)])
                                           : from_first[static_cast<std::size_t>(st)];
       }
+      // After its passes: its own optimizer, or the drain to the first stage and that stage's.
+      const double tail =
+          drains && st > 0
+              ? std::max(k.optimizer, back[static_cast<std::size_t>(st)] + first_optimizer)
+              : k.optimizer;
       busy_sum += busy + k.optimizer;
-      if (fill + busy + k.optimizer > bound) {
-        bound = fill + busy + k.optimizer;
-        best_busy = busy, best_fill = fill, best_opt = k.optimizer;
+      if (fill + busy + tail > bound) {
+        bound = fill + busy + tail;
+        best_busy = busy, best_wait = fill + tail - k.optimizer, best_opt = k.optimizer;
       }
     }
     TimeEstimate& out = e.time;
     out.engine = TimeEngine::lower_bound;
     out.step_seconds = bound;
     out.compute_seconds = best_busy;
-    out.bubble_seconds = best_fill;
+    out.bubble_seconds = best_wait;
     out.bubble_fraction = bound > 0 ? 1.0 - busy_sum / (static_cast<double>(pp) * bound) : 0.0;
     out.exposed_communication_seconds = 0;
     out.optimizer_seconds = best_opt;

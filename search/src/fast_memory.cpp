@@ -145,12 +145,19 @@ Seconds FastMemory::step_lower_bound(const Layout& l) const noexcept {
   if (l.pp > 1) {
     const double v = static_cast<double>(l.virtual_stages);
     const bool fill = !steps_overlap(l.schedule);
+    // Where a stage's last pass is a whole backward of its first chunk, that gradient goes back
+    // through every stage before it (GPipe, 1F1B, interleaved 1F1B; estimate.cpp, time()).
+    const bool drain = l.schedule == Schedule::gpipe || l.schedule == Schedule::one_f_one_b ||
+                       l.schedule == Schedule::interleaved_1f1b;
+    const double backward_per_layer = per_layer - forward_per_layer;
+    auto around = [&](double layers_before) {
+      return (fill ? layers_before / v * forward_per_layer : 0.0) +
+             (drain ? layers_before / v * backward_per_layer : 0.0);
+    };
     const double before_last = static_cast<double>(base_.model.num_layers - layers_last_);
-    bound = std::max(bound, (fill ? before_last / v * forward_per_layer : 0.0) +
-                                m * stage(layers_last_, head_st == l.pp - 1));
-    bound =
-        std::max(bound, (fill ? static_cast<double>(layers_first_) / v * forward_per_layer : 0.0) +
-                            m * stage(layers_second_, head_st == 1));
+    bound = std::max(bound, around(before_last) + m * stage(layers_last_, head_st == l.pp - 1));
+    bound = std::max(bound, around(static_cast<double>(layers_first_)) +
+                                m * stage(layers_second_, head_st == 1));
   }
   return bound;
 }

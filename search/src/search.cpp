@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <iterator>
 #include <limits>
+#include <map>
+#include <mutex>
 #include <thread>
 
 #include <fmt/format.h>
@@ -229,6 +231,32 @@ void search_worker(const Space& space, const Options& opt, const std::vector<Out
 int threads_for(const Options& opt) {
   return opt.threads > 0 ? opt.threads
                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+// A tighter lower bound of a layout's walked step, shared by every layout that differs from it
+// only in its ZeRO stage and shard group: the walk of its schedule program with every DP and
+// ZeRO transfer and the optimizer at zero time (those are all the ZeRO stage changes in time;
+// communication and the optimizer only add to a step). Unlike the closed form it has the
+// pipeline's own bubble. +inf when the walk refuses the layout.
+Seconds quiet_walk_seconds(const Space& space, const Layout& l) {
+  const Scenario s = make_scenario(space.base, l);
+  Estimate e = estimate(s);
+  for (StageCosts& k : e.stage_costs)
+    k.grad_reduce = k.param_gather = k.zero3_gather = k.optimizer = 0;
+  sim::SimOptions so;
+  so.exposed_communication = false;
+  try {
+    return sim::simulate(s, e, so).step_seconds;
+  } catch (const InputError&) {
+    return std::numeric_limits<double>::infinity();
+  }
+}
+
+// The layouts one quiet walk bounds: the ZeRO stage and shard group left out.
+Layout quiet_key(Layout l) {
+  l.zero_stage = 0;
+  l.fsdp_shard_size = 0;
+  return l;
 }
 
 // The plan of one layout: the walk's figures (sim::plan) beside estimate()'s bound. nullopt when
@@ -465,6 +493,8 @@ Result run(const Space& space, const Options& opt) {
     return better(opt.objective, a.layout, a.figures, b.layout, b.figures);
   };
   std::uint64_t walked = 0, refused = 0;
+  std::mutex quiet_mutex;
+  std::map<Layout, Seconds> quiet_cache;  // quiet_walk_seconds by quiet_key
   const int sim_threads = std::max(1, threads_for(opt));
   bool finished = false;
   while (!finished && !r.cancelled) {
@@ -488,6 +518,17 @@ Result run(const Space& space, const Options& opt) {
       return static_cast<int>(best.size()) < opt.top_k ||
              could_enter(opt.objective, cands[k], best.back());
     };
+    // A candidate whose quiet walk (quiet_walk_seconds) already cannot enter is not walked.
+    auto enters_with = [&](std::size_t k, Seconds quiet) {
+      if (static_cast<int>(best.size()) < opt.top_k || opt.objective == Objective::memory)
+        return true;
+      Candidate c = cands[k];
+      if (quiet > c.f.step_seconds) {
+        c.f.step_seconds = quiet;
+        c.f.tokens_per_second = tokens_per_second(space.base, quiet);
+      }
+      return could_enter(opt.objective, c, best.back());
+    };
     std::size_t next = 0;
     bool stopped = false;
     while (!stopped && next < cands.size() && !r.cancelled) {
@@ -498,10 +539,30 @@ Result run(const Space& space, const Options& opt) {
       constexpr std::size_t kWave = 16;
       const std::size_t wave = std::min(cands.size() - next, kWave);
       std::vector<std::optional<Plan>> planned(wave);
+      std::vector<Seconds> quiet(wave, 0.0);
       std::atomic<std::size_t> cursor{0};
+      // Each candidate's quiet walk (once per ZeRO-free layout), and its full walk where the quiet
+      // one leaves it a chance at the best as they stand when the wave starts (the best only get
+      // better, so a candidate ruled out now stays out when its turn comes).
       auto work = [&] {
-        for (std::size_t i; (i = cursor.fetch_add(1)) < wave;)
-          planned[i] = plan_of(space, cands[next + i].layout);
+        for (std::size_t i; (i = cursor.fetch_add(1)) < wave;) {
+          const Layout& l = cands[next + i].layout;
+          const Layout key = quiet_key(l);
+          bool cached = false;
+          {
+            const std::lock_guard<std::mutex> lock(quiet_mutex);
+            if (auto it = quiet_cache.find(key); it != quiet_cache.end()) {
+              quiet[i] = it->second;
+              cached = true;
+            }
+          }
+          if (!cached && opt.objective != Objective::memory) {
+            quiet[i] = quiet_walk_seconds(space, key);
+            const std::lock_guard<std::mutex> lock(quiet_mutex);
+            quiet_cache.emplace(key, quiet[i]);
+          }
+          if (enters_with(next + i, quiet[i])) planned[i] = plan_of(space, l);
+        }
       };
       std::vector<std::thread> pool;
       const int n =
@@ -515,6 +576,7 @@ Result run(const Space& space, const Options& opt) {
           next += i;
           break;
         }
+        if (!enters_with(next + i, quiet[i])) continue;  // pruned by its quiet walk
         ++walked;
         if (!planned[i]) {
           ++refused;
