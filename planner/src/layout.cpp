@@ -7,24 +7,16 @@
 #include "distplan/planner/layer_ops.h"
 #include "distplan/planner/moe.h"
 #include "distplan/planner/moe_memory.h"
+#include "distplan/planner/pipeline_split.h"
+#include "distplan/planner/v_schedule.h"
 
 namespace distplan {
 
 std::vector<Count> stage_layer_counts(const Scenario& s) {
-  const Count pp = s.parallel.pp;
-  if (bidirectional(s.parallel.schedule)) {
-    // DualPipe: stage s holds model stages s and pp - 1 - s of num_layers / pp layers each
-    // (validate: pp divides num_layers, no explicit split).
-    return std::vector<Count>(static_cast<std::size_t>(pp), 2 * (s.model.num_layers / pp));
-  }
-  if (!s.parallel.layers_per_stage.empty()) return s.parallel.layers_per_stage;
-  std::vector<Count> layers(static_cast<std::size_t>(pp), s.model.num_layers / pp);
-  // Remaining layers go to the middle stages first: the first stage also holds the embedding and
-  // the last the LM head and loss, so they are the ones to keep light.
-  Count rest = s.model.num_layers % pp;
-  for (Count i = 1; i < pp - 1 && rest > 0; ++i, --rest) ++layers[static_cast<std::size_t>(i)];
-  if (rest > 0) ++layers.front(), --rest;
-  if (rest > 0) ++layers.back(), --rest;
+  const PipelineSplit split = pipeline_split(s);
+  std::vector<Count> layers(static_cast<std::size_t>(s.parallel.pp));
+  for (Count st = 0; st < s.parallel.pp; ++st)
+    layers[static_cast<std::size_t>(st)] = split.stage_layers(st);
   return layers;
 }
 
@@ -141,6 +133,66 @@ Bytes activation_peak_bytes(Schedule schedule, Count pp, Count v, Count stage, C
     peak = std::max(peak, n_first * first + n_last * last);
   }
   return chunks * chunk_bytes + peak;
+}
+
+Bytes activation_peak_bytes(Schedule schedule, Count pp, Count v, Count stage, Count m,
+                            const std::vector<Bytes>& chunk_bytes, Count memory_limit) {
+  const Count chunks = inflight_chunks(schedule, pp, v, stage, m, memory_limit);
+  if (v == 1) return chunks * chunk_bytes.front();
+  auto bytes = [&](Count c) { return chunk_bytes[static_cast<std::size_t>(c)]; };
+  switch (schedule) {
+    case Schedule::interleaved_1f1b: {
+      // As the uniform case above: at steady step j the stage has started forwards [0, W + j] and
+      // finished backwards [0, j) of Megatron-LM's order, whose chunk counts repeat with period
+      // p v; before the steady state forwards only add, after it backwards only free.
+      const Count total = m * v;
+      if (chunks == total) {
+        Bytes all = 0;
+        for (Count c = 0; c < v; ++c) all += m * bytes(c);
+        return all;
+      }
+      const Count warmup = chunks - 1;
+      Bytes peak = 0;
+      const Count steps = std::min(total - warmup, pp * v);
+      for (Count j = 0; j < steps; ++j) {
+        Bytes alive = 0;
+        for (Count c = 0; c < v; ++c) {
+          const Count n = forward_chunk_count(c, warmup + j + 1, pp, v) -
+                          forward_chunk_count(v - 1 - c, j, pp, v);
+          alive += n * bytes(c);
+        }
+        peak = std::max(peak, alive);
+      }
+      return peak;
+    }
+    case Schedule::zb_v:
+    case Schedule::v_half:
+    case Schedule::v_min: {
+      const VOrder order = v_schedule_order(schedule, pp, m);
+      std::vector<DualPipePass> passes;
+      passes.reserve(order[static_cast<std::size_t>(stage)].size());
+      for (const VPass& x : order[static_cast<std::size_t>(stage)]) {
+        const auto op = x.pass == ZbPass::forward          ? DualPipePass::Op::forward
+                        : x.pass == ZbPass::backward_input ? DualPipePass::Op::backward_input
+                                                           : DualPipePass::Op::backward_weight;
+        passes.push_back(DualPipePass{op, x.microbatch, x.chunk, false});
+      }
+      return order_activation_peak(passes, chunk_bytes);
+    }
+    case Schedule::dualpipe_v:
+      return order_activation_peak(dualpipe_v_order(pp, m)[static_cast<std::size_t>(stage)],
+                                   chunk_bytes);
+    case Schedule::dualpipe:
+      return order_activation_peak(dualpipe_order(pp, m)[static_cast<std::size_t>(stage)],
+                                   chunk_bytes);
+    case Schedule::gpipe:
+    case Schedule::one_f_one_b:
+    case Schedule::zb_h1:
+    case Schedule::zb_h2:
+    case Schedule::zb_auto:
+      break;  // one chunk per stage (validate)
+  }
+  return chunks * *std::max_element(chunk_bytes.begin(), chunk_bytes.end());
 }
 
 namespace {

@@ -10,8 +10,8 @@
 
 namespace distplan {
 
-/// Transformer layers on each pipeline stage (all chunks of a stage together), length pp.
-/// The explicit `parallel.layers_per_stage` when given, else an even split.
+/// Transformer layers on each pipeline stage (all chunks of a stage together), length pp: the
+/// sums of pipeline_split()'s chunks (pipeline_split.h). Throws InputError as pipeline_split.
 [[nodiscard]] std::vector<Count> stage_layer_counts(const Scenario& s);
 
 /// Where virtual stages sit. Megatron-LM's interleaved placement puts chunk c of stage s at
@@ -49,6 +49,17 @@ struct StageChunk {
 [[nodiscard]] constexpr Count dualpipe_direction(Count microbatches, Count microbatch) noexcept {
   return microbatch < microbatches / 2 ? 0 : 1;
 }
+/// A chunk's place on a micro-batch's path under `schedule`: its virtual stage (interleaved or V),
+/// or its model stage under DualPipe; and the path's length (pp·v, or pp under DualPipe).
+[[nodiscard]] constexpr Count chunk_virtual_stage(Schedule schedule, Count pp, Count stage,
+                                                  Count chunk) noexcept {
+  if (bidirectional(schedule)) return dualpipe_model_stage(pp, stage, chunk);
+  return virtual_stage_of(v_shape(schedule), pp, stage, chunk);
+}
+[[nodiscard]] constexpr Count path_length(Schedule schedule, Count pp, Count chunks) noexcept {
+  return bidirectional(schedule) ? pp : pp * chunks;
+}
+
 /// The stage holding the first virtual stage (embedding) is always 0; the one holding the last
 /// (final norm, LM head, loss) is p - 1, or 0 under a V.
 [[nodiscard]] constexpr Count head_stage(Schedule schedule, Count pp) noexcept {
@@ -88,6 +99,16 @@ struct StageChunk {
                                           Count stage, Count num_microbatches, Bytes chunk_bytes,
                                           Bytes first_bytes, Bytes last_bytes,
                                           Count memory_limit = 0) noexcept;
+
+/// The same for chunks that save different bytes: `chunk_bytes[c]` per (micro-batch, chunk c) set,
+/// the embedding's and the LM head's tensors included on the chunks that hold them (uneven
+/// splits, pipeline_split.h). One chunk: the in-flight count times its bytes; interleaved 1F1B:
+/// the largest sum over Megatron-LM's steady state; the V schedules and DualPipe: the largest sum
+/// along the stage's own order (v_schedule.h, dualpipe_order.h), as the simulator counts it.
+[[nodiscard]] Bytes activation_peak_bytes(Schedule schedule, Count pp, Count virtual_stages,
+                                          Count stage, Count num_microbatches,
+                                          const std::vector<Bytes>& chunk_bytes,
+                                          Count memory_limit = 0);
 
 /// Ranks spanned by a group and the link its collectives cross.
 [[nodiscard]] Count group_size(const Scenario& s, Group g) noexcept;
