@@ -1095,13 +1095,18 @@ class Estimator {
       case Schedule::v_half:
       case Schedule::v_min: {
         // The schedule's own order (v_schedule.h, the one the simulator runs) timed on these
-        // stage costs, each chunk half of its stage's: its longest stage span, p2p included
-        // (steps overlap, as the simulator counts them).
+        // stage costs, each chunk its own (StageCosts::chunks): its longest stage span, p2p
+        // included (steps overlap, as the simulator counts them).
         std::vector<VStageTimes> times(static_cast<std::size_t>(pp));
         for (int st = 0; st < pp; ++st) {
           const StageCosts& k = e.stage_costs[static_cast<std::size_t>(st)];
-          times[static_cast<std::size_t>(st)] =
-              VStageTimes{k.forward / v, k.backward_input / v, k.backward_weight / v, k.p2p};
+          VStageTimes& t = times[static_cast<std::size_t>(st)];
+          for (std::size_t c = 0; c < 2; ++c) {
+            t.forward[c] = k.chunks[c].forward;
+            t.backward_input[c] = k.chunks[c].backward_input;
+            t.backward_weight[c] = k.chunks[c].backward_weight;
+          }
+          t.p2p = k.p2p;
         }
         const Seconds span = v_longest_span(v_schedule_order(p_.schedule, pp, nmb_), times);
         pipe = span - 2.0 * (p - 1) * ks.p2p;  // the span has the p2p path already

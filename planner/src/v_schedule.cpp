@@ -193,9 +193,10 @@ Seconds v_longest_span(const VOrder& order, const std::vector<VStageTimes>& time
         if (ready == kUnknown) break;
         const VStageTimes& t = times[s];
         const double start = std::max(free[s], ready);
-        const double d = x.pass == ZbPass::forward          ? t.forward
-                         : x.pass == ZbPass::backward_input ? t.backward_input
-                                                            : t.backward_weight;
+        const auto c = static_cast<std::size_t>(x.chunk);
+        const double d = x.pass == ZbPass::forward          ? t.forward[c]
+                         : x.pass == ZbPass::backward_input ? t.backward_input[c]
+                                                            : t.backward_weight[c];
         const double end = start + d;
         if (first[s] == kUnknown) first[s] = start;
         free[s] = end;

@@ -61,7 +61,8 @@ TEST(VScheduleTime, ZbVHasNoBubbleWhenForwardBackwardAndWeightTakeTheSameTime) {
   for (Count p : {2, 4, 8}) {
     for (Count m : {2 * p, 3 * p}) {
       const VOrder order = v_schedule_order(Schedule::zb_v, p, m);
-      const std::vector<VStageTimes> t(static_cast<std::size_t>(p), VStageTimes{1, 1, 1, 0});
+      const std::vector<VStageTimes> t(static_cast<std::size_t>(p),
+                                       VStageTimes{{1, 1}, {1, 1}, {1, 1}, 0});
       EXPECT_DOUBLE_EQ(v_longest_span(order, t), 6.0 * static_cast<double>(m))
           << "p " << p << " m " << m;
     }
@@ -72,8 +73,8 @@ TEST(VScheduleTime, ASendOnTheCriticalPathAddsItsTime) {
   // Two stages, m = 4, every pass 1 s: stage 1's first forward waits for stage 0's activation,
   // so with 0.25 s per send the warm-up alone puts at least one send on the critical path.
   const VOrder order = v_schedule_order(Schedule::zb_v, 2, 4);
-  const std::vector<VStageTimes> none(2, VStageTimes{1, 1, 1, 0});
-  const std::vector<VStageTimes> slow(2, VStageTimes{1, 1, 1, 0.25});
+  const std::vector<VStageTimes> none(2, VStageTimes{{1, 1}, {1, 1}, {1, 1}, 0});
+  const std::vector<VStageTimes> slow(2, VStageTimes{{1, 1}, {1, 1}, {1, 1}, 0.25});
   EXPECT_GE(v_longest_span(order, slow), v_longest_span(order, none) + 0.25);
 }
 

@@ -25,9 +25,11 @@ using VOrder = std::vector<std::vector<VPass>>;  // [stage] passes in the order 
 /// reordering (v_reorder.h).
 [[nodiscard]] VOrder v_schedule_order(Schedule kind, Count p, Count m);
 
-/// One stage's pass of one chunk: times and the time of a send to a neighbouring stage.
+/// One stage's passes of each of its two chunks (they may differ: pipeline_split.h) and the time
+/// of a send to a neighbouring stage.
 struct VStageTimes {
-  Seconds forward = 0, backward_input = 0, backward_weight = 0, p2p = 0;
+  Seconds forward[2] = {0, 0}, backward_input[2] = {0, 0}, backward_weight[2] = {0, 0};
+  Seconds p2p = 0;
 };
 
 /// The step of `order` when steps overlap (its longest stage span, first pass's start to the
