@@ -1091,6 +1091,17 @@ json stage_costs_json(std::size_t stage, const StageCosts& k) {
   put(o, "param_gather_seconds", k.param_gather);
   put(o, "optimizer_seconds", k.optimizer);
   put(o, "wire_bytes_per_gpu_per_step", k.wire_bytes_per_step);
+  if (k.chunks.size() > 1) {
+    // Each chunk's share (pipeline_split.h): what the simulator times its passes with.
+    json chunks = json::array();
+    for (const ChunkCosts& c : k.chunks) {
+      chunks.push_back({{"layers", c.layers},
+                        {"forward_seconds", c.forward},
+                        {"backward_input_seconds", c.backward_input},
+                        {"backward_weight_seconds", c.backward_weight}});
+    }
+    put(o, "chunks", std::move(chunks));
+  }
   return j;
 }
 
