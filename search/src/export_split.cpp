@@ -103,23 +103,29 @@ std::vector<std::string> torchtitan_split_lines(const Scenario& s) {
   // (_get_pipeline_metadata, torchtitan/distributed/pipeline_parallel.py).
   const bool multi = v_shape(p.schedule) || p.schedule == Schedule::interleaved_1f1b;
   if (!bidirectional(p.schedule)) {
-    // Weights: the plan's torchtitan rule, else torchtitan's defaults (1, 1).
-    const bool tt = p.split.rule == SplitRule::torchtitan;
-    const Count iw = tt ? p.split.first_stage_less_layers : 1;
-    const Count ow = tt ? p.split.last_stage_less_layers : 1;
-    bool rule_gives_it = false;
-    try {
-      rule_gives_it = torchtitan_split(L, n, iw, ow, "") == split.layers;
-    } catch (const InputError&) {
+    // Weights: the plan's torchtitan rule's, else torchtitan's defaults (1, 1), else none (0, 0:
+    // an equal split with the extra layers on the first stages).
+    std::vector<std::pair<Count, Count>> weights;
+    if (p.split.rule == SplitRule::torchtitan) {
+      weights.emplace_back(p.split.first_stage_less_layers, p.split.last_stage_less_layers);
+    } else {
+      weights = {{1, 1}, {0, 0}};
     }
-    std::optional<Count> per_stage;  // pipeline_parallel_layers_per_stage
-    bool stages_ok = !multi ? p.virtual_stages == 1 : p.virtual_stages == 2;
-    if (multi && p.virtual_stages != 2) {
-      for (Count k = 1; k <= L + iw + ow && !stages_ok; ++k) {
-        if ((L + iw + ow + k - 1) / k == n) per_stage = k, stages_ok = true;
+    for (const auto& [iw, ow] : weights) {
+      bool rule_gives_it = false;
+      try {
+        rule_gives_it = torchtitan_split(L, n, iw, ow, "") == split.layers;
+      } catch (const InputError&) {
       }
-    }
-    if (rule_gives_it && stages_ok) {
+      if (!rule_gives_it) continue;
+      std::optional<Count> per_stage;  // pipeline_parallel_layers_per_stage
+      bool stages_ok = !multi ? p.virtual_stages == 1 : p.virtual_stages == 2;
+      if (multi && p.virtual_stages != 2) {
+        for (Count k = 1; k <= L + iw + ow && !stages_ok; ++k) {
+          if ((L + iw + ow + k - 1) / k == n) per_stage = k, stages_ok = true;
+        }
+      }
+      if (!stages_ok) continue;
       out.push_back(fmt::format("pipeline_parallel_first_stage_less_layers = {}", iw));
       out.push_back(fmt::format("pipeline_parallel_last_stage_less_layers = {}", ow));
       if (per_stage)

@@ -23,9 +23,10 @@ struct SplitArgs {
 [[nodiscard]] SplitArgs megatron_split_args(const Scenario& s);
 
 /// torchtitan [parallelism] lines for the plan's split: pipeline_parallel_first_stage_less_layers
-/// and pipeline_parallel_last_stage_less_layers (with pipeline_parallel_layers_per_stage for more
-/// than two stages per rank) where torchtitan's _generate_llm_fqn_per_model_part computes the
-/// plan's split from them, else module_fqns_per_model_part, every stage's modules.
+/// and pipeline_parallel_last_stage_less_layers (the plan's torchtitan weights, else 1 and 1,
+/// else 0 and 0; with pipeline_parallel_layers_per_stage for more than two stages per rank) where
+/// torchtitan's _generate_llm_fqn_per_model_part computes the plan's split from them, else
+/// module_fqns_per_model_part, every stage's modules.
 [[nodiscard]] std::vector<std::string> torchtitan_split_lines(const Scenario& s);
 
 }  // namespace distplan::search::detail

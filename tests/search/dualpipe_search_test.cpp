@@ -54,7 +54,7 @@ TEST(DualPipeVSearch, TheSpaceProposesDualPipeVWhereTheVFits) {
     if (l.schedule != Schedule::dualpipe_v) continue;
     ++found;
     EXPECT_EQ(l.virtual_stages, 2);
-    EXPECT_EQ(24 % (2 * l.pp), 0) << l.pp;  // 24 layers, two equal chunks per stage
+    EXPECT_LE(2 * l.pp, 24 + 2) << l.pp;  // 24 layers fill the 2 pp virtual stages
   }
   EXPECT_GT(found, 0u);
 }
@@ -62,8 +62,8 @@ TEST(DualPipeVSearch, TheSpaceProposesDualPipeVWhereTheVFits) {
 // Bidirectional DualPipe is searched when parallel.schedule names it. Oracle: the rules of
 // validate_scenario (deepseek-ai/DualPipe dualpipe.py: num_ranks % 2 == 0, num_chunks % 2 == 0,
 // num_chunks >= 2 num_ranks; stage s holds model stages s and pp - 1 - s; ZeRO 0/1; untied
-// embeddings) applied by hand to the 1f1b layouts of the same space: the dualpipe layouts are
-// exactly those, with two chunks per stage.
+// embeddings; any layer count) applied by hand to the 1f1b layouts of the same space: the
+// dualpipe layouts are exactly those, with two chunks per stage.
 nlohmann::json dualpipe_doc(nlohmann::json schedules) {
   // llama2-7b: 32 layers, untied embeddings.
   return {{"model", "llama2-7b"},
@@ -85,8 +85,8 @@ TEST(DualPipeSearch, NamedItIsProposedExactlyWhereItsRulesHold) {
     }
     ASSERT_EQ(l.schedule, Schedule::one_f_one_b);
     const Count m = 64 / (l.dp * l.micro_batch_size);
-    if (l.pp >= 2 && l.pp % 2 == 0 && 32 % l.pp == 0 && m % 2 == 0 && m >= 2 * l.pp &&
-        l.zero_stage <= 1) {
+    // Any layer count: the pp model stages take the 1f1b layout's split (even or light ends).
+    if (l.pp >= 2 && l.pp % 2 == 0 && m % 2 == 0 && m >= 2 * l.pp && l.zero_stage <= 1) {
       Layout d = l;
       d.schedule = Schedule::dualpipe;
       d.virtual_stages = 2;

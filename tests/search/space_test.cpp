@@ -139,8 +139,8 @@ TEST(Space, FewerGpusSpansSmallerClusters) {
 }
 
 TEST(Space, VSchedulesWhereTheVFits) {
-  // zb_v, v_half, v_min: two equal chunks per stage (2 pp divides num_layers) and at least 2 pp
-  // micro-batches.
+  // zb_v, v_half, v_min: two chunks per stage of any layer counts (a layer on every virtual stage
+  // for the even split, L + 2 >= 2 pp for the light ends) and at least 2 pp micro-batches.
   const Space sp = space_of("gpt3-1.3b", 24, 96, 2048);  // 24 layers
   RejectCounts rejected{};
   const std::vector<Layout> all = enumerate_layouts(sp, rejected);
@@ -150,13 +150,11 @@ TEST(Space, VSchedulesWhereTheVFits) {
     ++found;
     EXPECT_EQ(l.virtual_stages, 2);
     EXPECT_GT(l.pp, 1);  // one stage: the same work as the flat schedules
-    EXPECT_EQ(24 % (2 * l.pp), 0) << l.pp;
+    EXPECT_LE(2 * l.pp, l.split == SplitChoice::even ? 24 : 26) << l.pp;
     EXPECT_GE(96 / (l.dp * l.micro_batch_size), 2 * l.pp) << l.pp;
   }
   EXPECT_GT(found, 0u);
-  EXPECT_GT(rejected[static_cast<int>(Reject::v_shape_divides_layers)] +
-                rejected[static_cast<int>(Reject::v_shape_microbatches)],
-            0u);
+  EXPECT_GT(rejected[static_cast<int>(Reject::v_shape_microbatches)], 0u);
 }
 
 }  // namespace
