@@ -157,10 +157,10 @@ TEST(Export, MegatronUnevenStagesGiveFirstAndLastCounts) {
       scenario_of(layout(8, 6, 1, 0, 0, Recompute::none, true, Schedule::one_f_one_b, 1, 1));
   s.cluster.num_gpus = 48;
   const auto sa = megatron_args(export_scenario(s, ExportFormat::megatron).text);
-  std::string layout = value_of(sa, "--pipeline-model-parallel-layout");
-  ASSERT_GE(layout.size(), 2u);
-  layout = layout.substr(1, layout.size() - 2);  // the quotes
-  EXPECT_EQ(parse_megatron_layout(layout, 6, 80, 0, "").decoder, stage_layer_counts(s));
+  std::string stages = value_of(sa, "--pipeline-model-parallel-layout");
+  ASSERT_GE(stages.size(), 2u);
+  stages = stages.substr(1, stages.size() - 2);  // the quotes
+  EXPECT_EQ(parse_megatron_layout(stages, 6, 80, 0, "").decoder, stage_layer_counts(s));
   // 80 layers over pp = 3: 26 / 28 / 26; first and last counts say it all.
   Scenario t =
       scenario_of(layout(8, 3, 1, 0, 0, Recompute::none, true, Schedule::one_f_one_b, 1, 1));
