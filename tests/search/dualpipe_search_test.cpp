@@ -31,8 +31,11 @@ TEST(DualPipeVExport, TorchtitanNamesDualPipeV) {
   const Exported x =
       export_scenario(scenario_from_json(doc("dualpipe_v")), ExportFormat::torchtitan);
   EXPECT_NE(x.text.find("pipeline_parallel_schedule = \"DualPipeV\""), std::string::npos) << x.text;
-  // Two stages per rank in a V: 80 layers / (2 * 4).
-  EXPECT_NE(x.text.find("pipeline_parallel_layers_per_stage = 10"), std::string::npos) << x.text;
+  // Two stages per rank in a V (torchtitan's default for a multi-stage schedule), 80 layers /
+  // (2 * 4) = 10 each: torchtitan's split rule without weights.
+  EXPECT_NE(x.text.find("pipeline_parallel_first_stage_less_layers = 0"), std::string::npos)
+      << x.text;
+  EXPECT_EQ(x.text.find("pipeline_parallel_layers_per_stage"), std::string::npos) << x.text;
 }
 
 TEST(DualPipeVExport, MegatronNotesItsDefaultSchedule) {

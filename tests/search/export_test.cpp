@@ -161,14 +161,23 @@ TEST(Export, MegatronUnevenStagesGiveFirstAndLastCounts) {
   ASSERT_GE(stages.size(), 2u);
   stages = stages.substr(1, stages.size() - 2);  // the quotes
   EXPECT_EQ(parse_megatron_layout(stages, 6, 80, 0, "").decoder, stage_layer_counts(s));
-  // 80 layers over pp = 3: 26 / 28 / 26; first and last counts say it all.
+  // 80 layers over pp = 3: 27 / 27 / 26, what Megatron's get_num_layers_to_build gives with the
+  // loss counted as a layer ((80 + 1) / 3 = 27, the last stage one fewer).
   Scenario t =
       scenario_of(layout(8, 3, 1, 0, 0, Recompute::none, true, Schedule::one_f_one_b, 1, 1));
   t.cluster.num_gpus = 24;
   const auto a = megatron_args(export_scenario(t, ExportFormat::megatron).text);
-  const std::vector<Count> layers = stage_layer_counts(t);
-  EXPECT_EQ(value_of(a, "--decoder-first-pipeline-num-layers"), std::to_string(layers.front()));
-  EXPECT_EQ(value_of(a, "--decoder-last-pipeline-num-layers"), std::to_string(layers.back()));
+  EXPECT_EQ(stage_layer_counts(t), (std::vector<Count>{27, 27, 26}));
+  EXPECT_EQ(a.count("--account-for-loss-in-pipeline-split"), 1u);
+  EXPECT_EQ(a.count("--account-for-embedding-in-pipeline-split"), 0u);
+  // 18 / 22 / 22 / 18 over pp = 4: first and last counts say it all (the middle (80 - 36) / 2).
+  Scenario u =
+      scenario_of(layout(8, 4, 1, 0, 0, Recompute::none, true, Schedule::one_f_one_b, 1, 1));
+  u.cluster.num_gpus = 32;
+  u.parallel.layers_per_stage = {18, 22, 22, 18};
+  const auto b = megatron_args(export_scenario(u, ExportFormat::megatron).text);
+  EXPECT_EQ(value_of(b, "--decoder-first-pipeline-num-layers"), "18");
+  EXPECT_EQ(value_of(b, "--decoder-last-pipeline-num-layers"), "18");
 }
 
 TEST(Export, DeparturesAreNoted) {

@@ -119,7 +119,8 @@ TEST(Space, InterleavingOnlyWhereMegatronAllowsIt) {
     const Count m = 512 / (l.dp * l.micro_batch_size);
     EXPECT_GE(l.virtual_stages, 2);
     EXPECT_GT(l.pp, 1);
-    EXPECT_EQ(80 % (l.pp * l.virtual_stages), 0);
+    // Any layer count: a split fills the pp·v virtual stages (80 + 2 with the light ends).
+    EXPECT_LE(l.pp * l.virtual_stages, l.split == SplitChoice::even ? 80 : 82);
     EXPECT_EQ(m % l.pp, 0);
   }
 }
