@@ -24,6 +24,7 @@
 #include "distplan/planner/error.h"
 #include "distplan/planner/layer_ops.h"
 #include "distplan/planner/layout.h"
+#include "distplan/planner/pipeline_split.h"
 #include "distplan/simulator/simulate.h"
 #ifdef DISTPLAN_HAVE_CUDA
 #include "cuda_api.h"
@@ -157,13 +158,7 @@ void check_supported(const Scenario& s) {
                      "sequence parallelism needs seq_length / cp divisible by tp");
   }
   check_moe_supported(s);
-  const auto counts = stage_layer_counts(s);
-  for (std::size_t i = 0; i < counts.size(); ++i) {
-    if (counts[i] % s.parallel.virtual_stages != 0) {
-      throw InputError("/parallel/virtual_stages",
-                       "every stage's layers must split evenly into chunks");
-    }
-  }
+  (void)pipeline_split(s);  // any split the planner plans (pipeline_split.h)
 }
 
 Measurement run(const Scenario& s, const RunOptions& opts) {

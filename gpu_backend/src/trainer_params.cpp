@@ -3,6 +3,7 @@
 #include "trainer_impl.h"
 
 #include "distplan/planner/moe.h"
+#include "distplan/planner/pipeline_split.h"
 
 namespace distplan::backend::trainer_detail {
 
@@ -75,22 +76,17 @@ Unit Trainer::make_layer_unit(Count layer, LayerParams& lp) {
 }
 
 void Trainer::build_units() {
-  const std::vector<Count> counts = stage_layer_counts(s_);
-  const Count per_chunk = counts[static_cast<std::size_t>(stage_)] / v_;
+  // The planner's split (pipeline_split.h): each chunk's layers, any count per chunk.
+  const PipelineSplit split = pipeline_split(s_);
   const Count rank_row0 = g_.coords.tp * vl_;
   for (Count c = 0; c < v_; ++c) {
     Chunk ch;
+    // Interleaved and V: virtual stage vs of the one pipeline; DualPipe: model stage vs mod pp
+    // of direction vs / pp (vstage()).
     const Count vs = vstage(c);
-    if (v_ == 1) {
-      Count first = 0;
-      for (int st = 0; st < stage_; ++st) first += counts[static_cast<std::size_t>(st)];
-      ch.first_layer = first;
-    } else {
-      // Interleaved and V: virtual stage vs of the one pipeline; DualPipe: model stage vs mod pp
-      // of direction vs / pp (vstage()).
-      ch.first_layer = (vs % pipeline_length()) * per_chunk;
-    }
-    ch.num_layers = per_chunk;
+    ch.first_layer = split.chunk_first_layer(stage_, c);
+    ch.num_layers = split.chunk_layers(stage_, c);
+    const Count per_chunk = ch.num_layers;
     ch.first = vs % pipeline_length() == 0;
     ch.last = vs % pipeline_length() == pipeline_length() - 1;
     if (ch.first) {

@@ -109,7 +109,10 @@ MainWindow::MainWindow(bool persistent, QWidget* parent)
       std::vector<std::pair<QString, nlohmann::json>> values;
       const nlohmann::json parallel = to_json(chosen.parallel);
       for (const auto& [key, value] : parallel.items()) {
-        if (key != "layers_per_stage") {
+        // The search chooses the split itself (its "split" candidates): a plan's split fields
+        // would be refused in a search document.
+        if (key != "layers_per_stage" && key != "layers_per_virtual_stage" &&
+            key != "pipeline_split") {
           values.emplace_back(QStringLiteral("/parallel/") + QString::fromStdString(key), value);
         }
       }

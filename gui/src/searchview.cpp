@@ -44,7 +44,9 @@ bool isSearchDocument(const nlohmann::json& doc) {
   if (doc.contains("search")) return true;
   if (const auto p = doc.find("parallel"); p != doc.end() && p->is_object()) {
     for (const auto& [key, v] : p->items()) {
-      if (v.is_array() && key != "layers_per_stage") return true;
+      // Candidate lists; a plan's explicit splits are lists too.
+      if (v.is_array() && key != "layers_per_stage" && key != "layers_per_virtual_stage")
+        return true;
     }
   }
   if (const auto t = doc.find("training"); t != doc.end() && t->is_object()) {

@@ -90,27 +90,91 @@ DualPipeOrder dualpipe_order(Count p, Count m) {
   return out;
 }
 
+DualPipeOrder dualpipe_v_order(Count p, Count m) {
+  using Op = DualPipePass::Op;
+  if (m < 2 * p) {
+    throw InputError("/parallel/schedule",
+                     fmt::format("dualpipe_v needs at least 2*pp = {} micro-batches per step, as "
+                                 "DualPipeV asserts (num_chunks >= num_ranks * 2); the step has {}",
+                                 2 * p, m));
+  }
+  DualPipeOrder out(static_cast<std::size_t>(p));
+  for (Count r = 0; r < p; ++r) {
+    auto& prog = out[static_cast<std::size_t>(r)];
+    prog.reserve(static_cast<std::size_t>(6 * m));
+    Count f[2] = {0, 0}, b[2] = {0, 0};
+    std::deque<DualPipePass> weights;  // deferred W, first in first out (WeightGradStore)
+    auto fwd = [&](Count c) { prog.push_back(DualPipePass{Op::forward, f[c]++, c, false}); };
+    auto bwd = [&](Count c, bool split) {
+      if (split) weights.push_back(DualPipePass{Op::backward_weight, b[c], c, false});
+      prog.push_back(DualPipePass{split ? Op::backward_input : Op::backward, b[c]++, c, false});
+    };
+    auto wgt = [&] {
+      prog.push_back(weights.front());
+      weights.pop_front();
+    };
+    // The forward of an F&B pair, overlapped with the backward pushed right after it.
+    auto pair = [&](Count fc, Count bc) {
+      fwd(fc);
+      prog.back().overlap_next = true;
+      bwd(bc, false);
+    };
+    for (Count i = 0; i < 2 * (p - r - 1); ++i) fwd(0);
+    for (Count i = 0; i < r + 1; ++i) fwd(0), fwd(1);
+    for (Count i = 0; i < p - r - 1; ++i) bwd(1, true), wgt(), fwd(1);
+    for (Count i = 0; i < m - 2 * p + r + 1; ++i) {
+      if (i == 0 && r == p - 1) {
+        // The last rank does not overlap its first F0 and B1 "to further reduce bubble size".
+        fwd(0), bwd(1, false);
+      } else {
+        pair(0, 1);
+      }
+      pair(1, 0);
+    }
+    for (Count i = 0; i < p - r - 1; ++i) bwd(1, false), pair(1, 0);
+    bool split = false;
+    for (Count i = 0; i < r + 1; ++i) {
+      if (i == (r + 1) / 2 && r % 2 == 1) split = true;
+      bwd(1, split);
+      if (i == (r + 1) / 2 && r % 2 == 0) split = true;
+      bwd(0, split);
+    }
+    for (Count i = 0; i < p - r - 1; ++i) wgt(), bwd(0, true);
+    while (!weights.empty()) wgt();
+    DISTPLAN_CHECK(f[0] == m && f[1] == m && b[0] == m && b[1] == m,
+                   "DualPipeV runs every pass of every micro-batch once");
+  }
+  return out;
+}
+
+Bytes order_activation_peak(const std::vector<DualPipePass>& passes,
+                            const std::vector<Bytes>& chunk_bytes) {
+  using Op = DualPipePass::Op;
+  Bytes bytes = 0, peak = 0;
+  for (const DualPipePass& x : passes) {
+    const Bytes b = chunk_bytes[static_cast<std::size_t>(x.chunk)];
+    if (x.op == Op::forward) {
+      bytes += b;
+      peak = std::max(peak, bytes);
+    } else if (x.op == Op::backward || x.op == Op::backward_weight) {
+      bytes -= b;
+    }
+  }
+  return peak;
+}
+
 DualPipePeak dualpipe_activation_peak(Count p, Count m, Count stage, Bytes chunk_bytes,
                                       Bytes first_bytes, Bytes last_bytes) {
-  using Op = DualPipePass::Op;
-  const DualPipeOrder order = dualpipe_order(p, m);
+  // Along DualPipe's order (layout.h, two_chunk_live_sets: the simulator's accounting, a set
+  // counted when its forward starts and freed when its whole backward or its weight pass ends).
   auto set_bytes = [&](Count chunk) {
     const Count ms = dualpipe_model_stage(p, stage, chunk);
     return chunk_bytes + (ms == 0 ? first_bytes : 0) + (ms == p - 1 ? last_bytes : 0);
   };
   DualPipePeak peak;
-  Count sets = 0;
-  Bytes bytes = 0;
-  for (const DualPipePass& x : order[static_cast<std::size_t>(stage)]) {
-    // The simulator's accounting (simulate.cpp): a set is counted when its forward starts and
-    // freed when its whole backward or its weight pass ends.
-    if (x.op == Op::forward) {
-      ++sets, bytes += set_bytes(x.chunk);
-      peak.peak_sets = std::max(peak.peak_sets, sets);
-      peak.peak_bytes = std::max(peak.peak_bytes, bytes);
-    } else if (x.op == Op::backward || x.op == Op::backward_weight) {
-      --sets, bytes -= set_bytes(x.chunk);
-    }
+  for (const auto& n : two_chunk_live_sets(Schedule::dualpipe, p, m, stage)) {
+    peak.peak_sets = std::max(peak.peak_sets, n[0] + n[1]);
+    peak.peak_bytes = std::max(peak.peak_bytes, n[0] * set_bytes(0) + n[1] * set_bytes(1));
   }
   return peak;
 }

@@ -16,6 +16,7 @@
 #include "distplan/planner/offload.h"
 #include "distplan/planner/op_costs.h"
 #include "distplan/planner/overlap.h"
+#include "distplan/planner/pipeline_split.h"
 
 namespace distplan {
 
@@ -79,7 +80,7 @@ class Estimator {
         t_(s.training),
         p_(s.parallel),
         table_(planner_layer_table(s.model, s.training)),
-        layers_(stage_layer_counts(s)),
+        split_(pipeline_split(s)),
         layer_params_rank_(planner_layer_params_per_tp_rank(s.model, table_, s.parallel.tp)),
         layer_replicated_(replicated_parameters(table_)),
         moe_(moe_layer_plan(s)) {
@@ -89,6 +90,14 @@ class Estimator {
     if (moe_.enabled()) {
       layer_replicated_ += moe_.router_params;
       if (m_.moe.shared_expert_gate) layer_replicated_ += m_.hidden_size;
+    }
+    const auto pp = static_cast<std::size_t>(s.parallel.pp);
+    layers_.resize(pp);
+    chunk_layers_.resize(pp);
+    for (std::size_t st = 0; st < pp; ++st) {
+      layers_[st] = split_.stage_layers(static_cast<Count>(st));
+      for (Count c = 0; c < split_.chunks; ++c)
+        chunk_layers_[st].push_back(split_.chunk_layers(static_cast<Count>(st), c));
     }
     init_groups();
   }
@@ -152,11 +161,17 @@ class Estimator {
   // One micro-batch's hidden states b*s*h in the compute dtype: the TP collective buffer.
   [[nodiscard]] Bytes hidden_bytes() const noexcept { return act_tokens() * m_.hidden_size * cb(); }
 
-  [[nodiscard]] StageUnits units(int stage) const noexcept {
-    // One definition of what a stage holds (memory_terms.h), named for the collectives.
-    const StageUnitParams x =
+  // One definition of what a stage holds (memory_terms.h), with its chunks' layers.
+  [[nodiscard]] StageUnitParams unit_params(int stage) const noexcept {
+    StageUnitParams x =
         stage_unit_params(m_, p_.tp, p_.pp, p_.schedule, stage,
                           layers_[static_cast<std::size_t>(stage)], vocab_, layer_params_rank_);
+    x.chunk_layers = chunk_layers_[static_cast<std::size_t>(stage)];
+    return x;
+  }
+  [[nodiscard]] StageUnits units(int stage) const noexcept {
+    // Named for the collectives.
+    const StageUnitParams x = unit_params(stage);
     StageUnits u;
     u.layer = {"layers", x.layer, x.layers};
     u.embedding = {"embedding", x.embedding, x.embeddings};
@@ -176,22 +191,21 @@ class Estimator {
     MemoryEstimate& mem = e.memory;
     mem.capacity_bytes = s_.cluster.gpu.memory_bytes;
     mem.stages.resize(static_cast<std::size_t>(pp));
-    Count first_layer = 0;
     for (int st = 0; st < pp; ++st) {
-      const Count layers = layers_[static_cast<std::size_t>(st)];
       StageMemory& sm = mem.stages[static_cast<std::size_t>(st)];
-      stage_memory(
-          s_, ml,
-          stage_unit_params(m_, p_.tp, pp, p_.schedule, st, layers, vocab_, layer_params_rank_),
-          act, st, vocab_, sm);
-      if (v == 1) {
-        sm.first_layer = first_layer;
-        sm.end_layer = first_layer + layers;
-        first_layer = sm.end_layer;
-      } else {
-        const Count per_chunk = layers / v;
-        sm.first_layer = st * per_chunk;
-        sm.end_layer = sm.first_layer + per_chunk;
+      stage_memory(s_, ml, unit_params(st), act, st, vocab_, sm);
+      // The layer range of the stage's first chunk, and each chunk's layers and saved bytes (the
+      // simulator's (micro-batch, chunk) sets).
+      sm.first_layer = split_.chunk_first_layer(st, 0);
+      sm.end_layer = sm.first_layer + split_.chunk_layers(st, 0);
+      sm.chunk_layers = chunk_layers_[static_cast<std::size_t>(st)];
+      sm.chunk_activation_bytes.resize(static_cast<std::size_t>(v));
+      for (Count c = 0; c < v; ++c) {
+        sm.chunk_activation_bytes[static_cast<std::size_t>(c)] =
+            v == 1 ? sm.activation_bytes_per_microbatch
+                   : chunk_activation_bytes(p_.schedule, pp, v, st, c, split_.chunk_layers(st, c),
+                                            act.kept, sm.embedding_activation_bytes,
+                                            sm.head_activation_bytes);
       }
       if (sm.total_bytes > mem.peak_bytes) {
         mem.peak_bytes = sm.total_bytes;
@@ -462,9 +476,11 @@ class Estimator {
     return out;
   }
 
+  // `chunk`: only one chunk's units (its layers, and the embedding or LM head it holds), for
+  // that chunk's share of the in-pass collectives; the pipeline's sends are left out.
   template <typename Sink>
-  void stage_collectives(int st, Sink& out) const {
-    const StageUnits u = units(st);
+  void stage_collectives(int st, Sink& out, const StageUnits* chunk = nullptr) const {
+    const StageUnits u = chunk ? *chunk : units(st);
     const Count m = stage_passes(p_.schedule, nmb_);  // whole-stage passes per step (layout.h)
     const Count v = p_.virtual_stages;
     const Count pp = p_.pp;
@@ -570,7 +586,7 @@ class Estimator {
     add(out, Group::tp, CollectiveOp::all_gather, "layer activations", act, c.all_gather * L * m);
     add(out, Group::tp, CollectiveOp::reduce_scatter, "layer activations", act,
         c.reduce_scatter * L * m);
-    if (holds_embedding(p_.schedule, pp, st)) {
+    if (u.embedding.count > 0) {
       // Vocab-parallel embedding: partial lookups summed (all-reduce, or reduce-scatter into the
       // sequence-parallel region).
       add(out, Group::tp,
@@ -581,7 +597,7 @@ class Estimator {
         add(out, Group::tp, CollectiveOp::all_gather, "embedding output gradient", act, m);
       }
     }
-    if (holds_head(p_.schedule, pp, st)) {
+    if (u.head.count > 0) {
       if (p_.sequence_parallel) {
         // Gather the final norm's output for the vocab-parallel LM head; in backward, gather it
         // again and reduce-scatter its gradient.
@@ -604,7 +620,7 @@ class Estimator {
     }
 
     // Pipeline: activations forward to the next chunk, gradients back to the previous one.
-    if (pp > 1) {
+    if (pp > 1 && chunk == nullptr) {
       const Bytes p2p = p2p_bytes();
       // Every chunk sends to the next virtual stage but the last; under a V the last is on
       // stage 0 and the turn at stage pp - 1 stays on the GPU (layout.h, virtual_stage_of).
@@ -739,16 +755,18 @@ class Estimator {
     e.stage_costs.resize(static_cast<std::size_t>(pp));
     const Count m = stage_passes(p_.schedule, nmb_);  // whole-stage passes per step (layout.h)
     for (int st = 0; st < pp; ++st) {
-      // Middle stages with as many layers as the previous middle stage cost exactly the same.
+      // Middle stages whose chunks hold as many layers as the previous middle stage's cost
+      // exactly the same.
       if (st > 1 && st < pp - 1 &&
-          layers_[static_cast<std::size_t>(st)] == layers_[static_cast<std::size_t>(st - 1)]) {
+          chunk_layers_[static_cast<std::size_t>(st)] ==
+              chunk_layers_[static_cast<std::size_t>(st - 1)]) {
         e.stage_costs[static_cast<std::size_t>(st)] =
             e.stage_costs[static_cast<std::size_t>(st - 1)];
         continue;
       }
       Bytes wire = 0;
       StageCosts& k = e.stage_costs[static_cast<std::size_t>(st)];
-      Seconds tp_fwd = 0, tp_total = 0;
+      Seconds tp_total = 0;
       // Add up this stage's figures; only the busiest stage's list is kept (below).
       auto tally = [&](const Collective& c) {
         wire += c.wire_bytes_per_gpu_per_step;
@@ -785,75 +803,121 @@ class Estimator {
         // The last stage sends no activations forward; it still receives them at the same cost.
         k.p2p = collective_seconds(Group::pp, CollectiveOp::send_recv, p2p_bytes(), 1);
       }
-      // Forward share of the TP time: the forward collectives' count over all calls.
-      {
-        const TpCalls c = tp_layer_calls();
-        const double fwd_calls =
-            static_cast<double>(c.fwd_all_reduce * 2 + c.fwd_all_gather + c.fwd_reduce_scatter);
-        const double all_calls =
-            static_cast<double>(c.all_reduce * 2 + c.all_gather + c.reduce_scatter);
-        tp_fwd = all_calls > 0 ? tp_total * fwd_calls / all_calls : 0;
-      }
       k.wire_bytes_per_step = wire;
       if (wire > best) {
         best = wire;
         busiest = st;
       }
 
-      // Compute per micro-batch on one GPU of this stage: the op costs (docs/time.md).
+      // Compute per micro-batch on one GPU of this stage, chunk by chunk: the op costs
+      // (docs/time.md) of each chunk's layers and of the embedding or LM head it holds.
       const StageUnits u = units(st);
-      const double L = static_cast<double>(u.layer.count);
-      double fwd = L * layer.forward, bwd_in = L * layer.backward_input;
-      double bwd_w = L * layer.backward_weight;
-      double gemm_f = L * layer.gemm_forward, gemm_b = L * layer.gemm_backward;
-      double recompute = 0;
-      if (p_.recompute == Recompute::full) recompute = L * layer.forward;
-      if (p_.recompute == Recompute::selective) recompute = L * layer.selective_recompute;
-      if (p_.recompute == Recompute::selective_op) recompute = L * layer.selective_op_recompute;
-      if (holds_embedding(p_.schedule, pp, st)) fwd += emb.forward, bwd_w += emb.backward_weight;
-      if (holds_head(p_.schedule, pp, st)) {
-        fwd += head.forward, bwd_in += head.backward_input, bwd_w += head.backward_weight;
-        gemm_f += head.gemm_forward, gemm_b += head.gemm_backward;
-      }
+      const Count v = p_.virtual_stages;
       const double per_mb_tp = m > 0 ? tp_total / static_cast<double>(m) : 0;
-      const double per_mb_tp_fwd = m > 0 ? tp_fwd / static_cast<double>(m) : 0;
-      double tp_f = per_mb_tp_fwd, tp_b = per_mb_tp - per_mb_tp_fwd;
-      // The passes wait on all of their TP collectives, unless they overlap the GEMMs.
-      double tp_waited = per_mb_tp;
-      if (s_.assumptions.tp_comm_overlap) {
-        // Collectives chunked against the linear layers' GEMMs (Megatron-LM --tp-comm-overlap):
-        // what the GEMMs cannot hide stays exposed, the hidden part slows them down
-        // (overlap.h). Only the exposed part is left for an F&B pair to hide again.
-        tp_waited = std::max(0.0, tp_f - gemm_f) + std::max(0.0, tp_b - gemm_b);
-        tp_f = exposed_after_overlap(tp_f, gemm_f, slowdown);
-        tp_b = exposed_after_overlap(tp_b, gemm_b, slowdown);
+      // Forward share of the TP time: the forward collectives' count over all calls.
+      double tp_fwd_share = 0;
+      {
+        const TpCalls c = tp_layer_calls();
+        const double fwd_calls =
+            static_cast<double>(c.fwd_all_reduce * 2 + c.fwd_all_gather + c.fwd_reduce_scatter);
+        const double all_calls =
+            static_cast<double>(c.all_reduce * 2 + c.all_gather + c.reduce_scatter);
+        tp_fwd_share = all_calls > 0 ? fwd_calls / all_calls : 0;
       }
-      // Full recompute replays the forward's collectives; their share is in tp_b already.
-      const double blocking_p2p = pp > 1 && !s_.assumptions.overlap_p2p
-                                      ? static_cast<double>(p_.virtual_stages) * k.p2p
-                                      : 0.0;
+      // Each chunk's units, and its share of the stage's TP time per micro-batch: its own
+      // layers', embedding's and head's collectives; what belongs to no chunk (the receives'
+      // scatter/gather) in equal shares.
+      const Count path = path_length(p_.schedule, pp, v);
+      std::vector<StageUnits> chunk_units(static_cast<std::size_t>(v));
+      std::vector<double> chunk_tp(static_cast<std::size_t>(v), per_mb_tp);
+      for (Count ch = 0; ch < v; ++ch) {
+        StageUnits& cu = chunk_units[static_cast<std::size_t>(ch)] = u;
+        const Count vs = split_.virtual_stage(st, ch);
+        cu.layer.count = split_.chunk_layers(st, ch);
+        if (vs != 0) cu.embedding.count = 0;
+        if (vs != path - 1) cu.head.count = 0;
+      }
+      if (v > 1 && m > 0) {
+        double own = 0;
+        for (Count ch = 0; ch < v; ++ch) {
+          Seconds t = 0;
+          auto tp_only = [&t](const Collective& c) {
+            if (c.group == Group::tp) t += c.seconds_per_step;
+          };
+          stage_collectives(st, tp_only, &chunk_units[static_cast<std::size_t>(ch)]);
+          chunk_tp[static_cast<std::size_t>(ch)] = t / static_cast<double>(m);
+          own += chunk_tp[static_cast<std::size_t>(ch)];
+        }
+        const double rest = std::max(0.0, per_mb_tp - own) / static_cast<double>(v);
+        for (double& t : chunk_tp) t += rest;
+      }
       // Context-parallel exchanges sit inside every layer's attention (cp_layer_seconds).
       const CpSeconds cps = cp_layer_seconds(layer);
-      // MoE: the routed part's op costs and its all-to-alls, exposed on the critical path (no
-      // overlap is modelled for them; docs/moe.md, "Time"). Full recompute replays the forward.
-      double ep_f = 0, ep_b = 0;
-      if (moe_.enabled()) {
-        fwd += L * routed.forward;
-        bwd_in += L * routed.backward_input;
-        bwd_w += L * routed.backward_weight;
-        if (p_.recompute == Recompute::full) recompute += L * routed.forward;
-        const double a2a =
-            collective_seconds(Group::ep, CollectiveOp::all_to_all, moe_.all_to_all_bytes, 2);
-        ep_f = L * a2a;
-        ep_b = L * a2a * (p_.recompute == Recompute::full ? 2.0 : 1.0);
+      // MoE: the routed part's all-to-alls per layer, exposed on the critical path (no overlap is
+      // modelled for them; docs/moe.md, "Time").
+      const double a2a = moe_.enabled() ? collective_seconds(Group::ep, CollectiveOp::all_to_all,
+                                                             moe_.all_to_all_bytes, 2)
+                                        : 0.0;
+      // Each chunk's pass waits for its send unless sends overlap compute.
+      const double blocking_p2p = pp > 1 && !s_.assumptions.overlap_p2p ? k.p2p : 0.0;
+      k.chunks.assign(static_cast<std::size_t>(v), ChunkCosts{});
+      k.forward = k.backward_input = k.backward_weight = k.recompute = 0;
+      k.tp_communication = k.cp_communication = k.ep_communication = 0;
+      for (Count ch = 0; ch < v; ++ch) {
+        const StageUnits& cu = chunk_units[static_cast<std::size_t>(ch)];
+        ChunkCosts& x = k.chunks[static_cast<std::size_t>(ch)];
+        const double L = static_cast<double>(cu.layer.count);
+        double fwd = L * layer.forward, bwd_in = L * layer.backward_input;
+        double bwd_w = L * layer.backward_weight;
+        double gemm_f = L * layer.gemm_forward, gemm_b = L * layer.gemm_backward;
+        double recompute = 0;
+        if (p_.recompute == Recompute::full) recompute = L * layer.forward;
+        if (p_.recompute == Recompute::selective) recompute = L * layer.selective_recompute;
+        if (p_.recompute == Recompute::selective_op) recompute = L * layer.selective_op_recompute;
+        if (cu.embedding.count > 0) fwd += emb.forward, bwd_w += emb.backward_weight;
+        if (cu.head.count > 0) {
+          fwd += head.forward, bwd_in += head.backward_input, bwd_w += head.backward_weight;
+          gemm_f += head.gemm_forward, gemm_b += head.gemm_backward;
+        }
+        const double tp = chunk_tp[static_cast<std::size_t>(ch)];
+        double tp_f = tp * tp_fwd_share, tp_b = tp - tp * tp_fwd_share;
+        // The passes wait on all of their TP collectives, unless they overlap the GEMMs.
+        double tp_waited = tp;
+        if (s_.assumptions.tp_comm_overlap) {
+          // Collectives chunked against the linear layers' GEMMs (Megatron-LM
+          // --tp-comm-overlap): what the GEMMs cannot hide stays exposed, the hidden part slows
+          // them down (overlap.h). Only the exposed part is left for an F&B pair to hide again.
+          tp_waited = std::max(0.0, tp_f - gemm_f) + std::max(0.0, tp_b - gemm_b);
+          tp_f = exposed_after_overlap(tp_f, gemm_f, slowdown);
+          tp_b = exposed_after_overlap(tp_b, gemm_b, slowdown);
+        }
+        // Full recompute replays the forward's collectives; their share is in tp_b already.
+        // MoE: the routed part's op costs and its all-to-alls; full recompute replays the
+        // forward.
+        double ep_f = 0, ep_b = 0;
+        if (moe_.enabled()) {
+          fwd += L * routed.forward;
+          bwd_in += L * routed.backward_input;
+          bwd_w += L * routed.backward_weight;
+          if (p_.recompute == Recompute::full) recompute += L * routed.forward;
+          ep_f = L * a2a;
+          ep_b = L * a2a * (p_.recompute == Recompute::full ? 2.0 : 1.0);
+        }
+        x.layers = cu.layer.count;
+        x.parameters = cu.params() + (moe_.enabled() ? cu.layer.count * moe_.expert_params : 0);
+        x.forward = fwd + tp_f + blocking_p2p + L * cps.forward + ep_f;
+        x.recompute = recompute;
+        x.backward_input = bwd_in + recompute + tp_b + blocking_p2p + L * cps.backward + ep_b;
+        x.backward_weight = bwd_w;
+        x.tp_communication = tp_waited;
+        k.forward += x.forward;
+        k.backward_input += x.backward_input;
+        k.backward_weight += x.backward_weight;
+        k.recompute += x.recompute;
+        k.tp_communication += tp_waited;
+        k.cp_communication += L * (cps.forward + cps.backward);
+        k.ep_communication += ep_f + ep_b;
       }
-      k.forward = fwd + tp_f + blocking_p2p + L * cps.forward + ep_f;
-      k.recompute = recompute;
-      k.backward_input = bwd_in + recompute + tp_b + blocking_p2p + L * cps.backward + ep_b;
-      k.backward_weight = bwd_w;
-      k.tp_communication = tp_waited;
-      k.cp_communication = L * (cps.forward + cps.backward);
-      k.ep_communication = ep_f + ep_b;
       // Optimizer: memory bound; reads gradients, reads and writes optimizer state and writes the
       // compute-dtype weights of this GPU's shard.
       const StageMemory& sm = e.memory.stages[static_cast<std::size_t>(st)];
@@ -869,6 +933,7 @@ class Estimator {
         // FP8: after the step each linear weight is cast to its two fp8 layouts once (TE's
         // weight cache, refreshed on the step's first micro-batch): read in the compute dtype,
         // write two bytes per parameter.
+        const double L = static_cast<double>(u.layer.count);
         const double w = static_cast<double>(fp8_linear_params_per_rank(table_, p_.tp));
         k.optimizer += memory_seconds(rates, L * w * (static_cast<double>(cb()) + 2), 4 * L);
       }
@@ -965,17 +1030,28 @@ class Estimator {
     std::vector<double> from_first(static_cast<std::size_t>(pp), 0.0);
     std::vector<double> from_last(static_cast<std::size_t>(pp), 0.0);
     std::vector<double> back(static_cast<std::size_t>(pp), 0.0);
+    // A chunk's own passes (StageCosts::chunks; chunks may hold different layer counts): the
+    // first virtual stages are chunk 0 of each stage, DualPipe's reverse direction chunk 1.
+    const auto chunk = [v](const StageCosts& k, std::size_t c) -> ChunkCosts {
+      if (c < k.chunks.size()) return k.chunks[c];
+      ChunkCosts x;
+      x.forward = k.forward / v;
+      x.backward_input = k.backward_input / v;
+      x.backward_weight = k.backward_weight / v;
+      return x;
+    };
     for (Count st = 1; st < pp; ++st) {
       const StageCosts& k = costs(st - 1);
+      const ChunkCosts c = chunk(k, 0);
       from_first[static_cast<std::size_t>(st)] =
-          from_first[static_cast<std::size_t>(st - 1)] + k.forward / v + k.p2p;
-      back[static_cast<std::size_t>(st)] = back[static_cast<std::size_t>(st - 1)] +
-                                           (k.backward_input + k.backward_weight) / v + k.p2p;
+          from_first[static_cast<std::size_t>(st - 1)] + c.forward + k.p2p;
+      back[static_cast<std::size_t>(st)] =
+          back[static_cast<std::size_t>(st - 1)] + c.backward_input + c.backward_weight + k.p2p;
     }
     for (Count st = pp - 2; st >= 0; --st) {
       const StageCosts& k = costs(st + 1);
       from_last[static_cast<std::size_t>(st)] =
-          from_last[static_cast<std::size_t>(st + 1)] + k.forward / v + k.p2p;
+          from_last[static_cast<std::size_t>(st + 1)] + chunk(k, 1).forward + k.p2p;
     }
     const double first_optimizer = costs(0).optimizer;
     double bound = 0, busy_sum = 0, best_busy = 0, best_wait = 0, best_opt = 0;
@@ -1023,7 +1099,9 @@ class Estimator {
   const TrainingSpec& t_;
   const ParallelSpec& p_;
   LayerTable table_;
-  std::vector<Count> layers_;
+  PipelineSplit split_;
+  std::vector<Count> layers_;                     // per stage, all chunks
+  std::vector<std::vector<Count>> chunk_layers_;  // [stage][chunk]
   Count layer_params_rank_ = 0;
   Count layer_replicated_ = 0;
   MoeLayerPlan moe_;  // the routed part of a MoE layer; not enabled() for a dense model

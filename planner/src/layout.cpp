@@ -2,29 +2,24 @@
 #include "distplan/planner/layout.h"
 
 #include <algorithm>
+#include <map>
+#include <mutex>
+#include <tuple>
 
 #include "distplan/planner/dualpipe_order.h"
 #include "distplan/planner/layer_ops.h"
 #include "distplan/planner/moe.h"
 #include "distplan/planner/moe_memory.h"
+#include "distplan/planner/pipeline_split.h"
+#include "distplan/planner/v_schedule.h"
 
 namespace distplan {
 
 std::vector<Count> stage_layer_counts(const Scenario& s) {
-  const Count pp = s.parallel.pp;
-  if (bidirectional(s.parallel.schedule)) {
-    // DualPipe: stage s holds model stages s and pp - 1 - s of num_layers / pp layers each
-    // (validate: pp divides num_layers, no explicit split).
-    return std::vector<Count>(static_cast<std::size_t>(pp), 2 * (s.model.num_layers / pp));
-  }
-  if (!s.parallel.layers_per_stage.empty()) return s.parallel.layers_per_stage;
-  std::vector<Count> layers(static_cast<std::size_t>(pp), s.model.num_layers / pp);
-  // Remaining layers go to the middle stages first: the first stage also holds the embedding and
-  // the last the LM head and loss, so they are the ones to keep light.
-  Count rest = s.model.num_layers % pp;
-  for (Count i = 1; i < pp - 1 && rest > 0; ++i, --rest) ++layers[static_cast<std::size_t>(i)];
-  if (rest > 0) ++layers.front(), --rest;
-  if (rest > 0) ++layers.back(), --rest;
+  const PipelineSplit split = pipeline_split(s);
+  std::vector<Count> layers(static_cast<std::size_t>(s.parallel.pp));
+  for (Count st = 0; st < s.parallel.pp; ++st)
+    layers[static_cast<std::size_t>(st)] = split.stage_layers(st);
   return layers;
 }
 
@@ -101,6 +96,83 @@ Count forward_chunk_count(Count c, Count k, Count pp, Count v) noexcept {
 
 }  // namespace
 
+namespace {
+
+using LiveSets = std::vector<std::array<Count, 2>>;
+
+// Adds `x` unless a kept state dominates it, dropping those it dominates.
+void keep_maximal(LiveSets& kept, const std::array<Count, 2>& x) {
+  for (const auto& k : kept)
+    if (k[0] >= x[0] && k[1] >= x[1]) return;
+  std::erase_if(kept, [&x](const auto& k) { return x[0] >= k[0] && x[1] >= k[1]; });
+  kept.push_back(x);
+}
+
+// One stage's live sets along its passes: +1 of the chunk at a forward, -1 at a whole backward or
+// a weight pass.
+template <typename Pass, typename IsForward, typename Frees>
+LiveSets live_sets_along(const std::vector<Pass>& passes, IsForward is_forward, Frees frees) {
+  LiveSets kept;
+  std::array<Count, 2> live{0, 0};
+  for (const Pass& x : passes) {
+    const auto c = static_cast<std::size_t>(x.chunk);
+    if (is_forward(x)) {
+      ++live[c];
+      keep_maximal(kept, live);
+    } else if (frees(x)) {
+      --live[c];
+    }
+  }
+  return kept;
+}
+
+std::vector<LiveSets> build_live_sets(Schedule schedule, Count pp, Count m) {
+  std::vector<LiveSets> out(static_cast<std::size_t>(pp));
+  if (schedule == Schedule::dualpipe || schedule == Schedule::dualpipe_v) {
+    using Op = DualPipePass::Op;
+    const DualPipeOrder order =
+        schedule == Schedule::dualpipe ? dualpipe_order(pp, m) : dualpipe_v_order(pp, m);
+    for (std::size_t st = 0; st < out.size(); ++st) {
+      out[st] = live_sets_along(
+          order[st], [](const DualPipePass& x) { return x.op == Op::forward; },
+          [](const DualPipePass& x) {
+            return x.op == Op::backward || x.op == Op::backward_weight;
+          });
+    }
+    return out;
+  }
+  const VOrder order = v_schedule_order(schedule, pp, m);
+  for (std::size_t st = 0; st < out.size(); ++st) {
+    out[st] = live_sets_along(
+        order[st], [](const VPass& x) { return x.pass == ZbPass::forward; },
+        [](const VPass& x) { return x.pass == ZbPass::backward_weight; });
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::array<Count, 2>> two_chunk_live_sets(Schedule schedule, Count pp, Count m,
+                                                      Count stage) {
+  static std::mutex mutex;
+  static std::map<std::tuple<Schedule, Count, Count>, std::vector<LiveSets>> cache;
+  // Each entry is a few pairs per stage; the bound only keeps a pathological caller (millions of
+  // (pp, m) pairs) from growing without end.
+  constexpr std::size_t kMaxCached = 4096;
+  const auto key = std::make_tuple(schedule, pp, m);
+  {
+    const std::lock_guard<std::mutex> lock(mutex);
+    if (const auto it = cache.find(key); it != cache.end())
+      return it->second[static_cast<std::size_t>(stage)];
+  }
+  std::vector<LiveSets> built = build_live_sets(schedule, pp, m);
+  LiveSets mine = built[static_cast<std::size_t>(stage)];
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (cache.size() >= kMaxCached) cache.clear();
+  cache.emplace(key, std::move(built));
+  return mine;
+}
+
 Bytes activation_peak_bytes(Schedule schedule, Count pp, Count v, Count stage, Count m,
                             Bytes chunk_bytes, Bytes first_bytes, Bytes last_bytes,
                             Count memory_limit) noexcept {
@@ -141,6 +213,57 @@ Bytes activation_peak_bytes(Schedule schedule, Count pp, Count v, Count stage, C
     peak = std::max(peak, n_first * first + n_last * last);
   }
   return chunks * chunk_bytes + peak;
+}
+
+Bytes activation_peak_bytes(Schedule schedule, Count pp, Count v, Count stage, Count m,
+                            const std::vector<Bytes>& chunk_bytes, Count memory_limit) {
+  const Count chunks = inflight_chunks(schedule, pp, v, stage, m, memory_limit);
+  if (v == 1) return chunks * chunk_bytes.front();
+  auto bytes = [&](Count c) { return chunk_bytes[static_cast<std::size_t>(c)]; };
+  switch (schedule) {
+    case Schedule::interleaved_1f1b: {
+      // As the uniform case above: at steady step j the stage has started forwards [0, W + j] and
+      // finished backwards [0, j) of Megatron-LM's order, whose chunk counts repeat with period
+      // p v; before the steady state forwards only add, after it backwards only free.
+      const Count total = m * v;
+      if (chunks == total) {
+        Bytes all = 0;
+        for (Count c = 0; c < v; ++c) all += m * bytes(c);
+        return all;
+      }
+      const Count warmup = chunks - 1;
+      Bytes peak = 0;
+      const Count steps = std::min(total - warmup, pp * v);
+      for (Count j = 0; j < steps; ++j) {
+        Bytes alive = 0;
+        for (Count c = 0; c < v; ++c) {
+          const Count n = forward_chunk_count(c, warmup + j + 1, pp, v) -
+                          forward_chunk_count(v - 1 - c, j, pp, v);
+          alive += n * bytes(c);
+        }
+        peak = std::max(peak, alive);
+      }
+      return peak;
+    }
+    case Schedule::zb_v:
+    case Schedule::v_half:
+    case Schedule::v_min:
+    case Schedule::dualpipe_v:
+    case Schedule::dualpipe: {
+      // Along the schedule's own order (two_chunk_live_sets).
+      Bytes peak = 0;
+      for (const auto& n : two_chunk_live_sets(schedule, pp, m, stage))
+        peak = std::max(peak, n[0] * bytes(0) + n[1] * bytes(1));
+      return peak;
+    }
+    case Schedule::gpipe:
+    case Schedule::one_f_one_b:
+    case Schedule::zb_h1:
+    case Schedule::zb_h2:
+    case Schedule::zb_auto:
+      break;  // one chunk per stage (validate)
+  }
+  return chunks * *std::max_element(chunk_bytes.begin(), chunk_bytes.end());
 }
 
 namespace {

@@ -262,9 +262,10 @@ std::string format_plan_table(const Scenario& s, const Estimate& e, const PlanFu
         "model stage pp-1-stage of the reverse one, a second copy; both ends hold the embedding "
         "and the LM head)");
   } else if (s.parallel.virtual_stages > 1) {
-    line(fmt::format("  (layers: the first chunk of each stage, +{} more chunks every {} layers)",
-                     s.parallel.virtual_stages - 1,
-                     s.model.num_layers / s.parallel.virtual_stages));
+    line(
+        fmt::format("  (layers: the first chunk of each stage, +{} more chunks further on; the "
+                    "JSON's chunk_layers gives every chunk's layers)",
+                    s.parallel.virtual_stages - 1));
   }
   // A framework profile adds its transient, and allocated and reserved bytes (docs/memory.md).
   const bool fw = s.assumptions.framework_profile.models_allocator;
@@ -276,9 +277,11 @@ std::string format_plan_table(const Scenario& s, const Estimate& e, const PlanFu
   for (const StageMemory& st : e.memory.stages) {
     line(fmt::format(
         "  {:>5} {:>9} {:>8.2f} {:>9} {:>9} {:>9} {:>11} {:>9} {:>9} {:>9}{}{}", st.stage,
-        s.parallel.virtual_stages > 1 ? fmt::format("{}-{} +{}", st.first_layer, st.end_layer - 1,
-                                                    s.parallel.virtual_stages - 1)
-                                      : fmt::format("{}-{}", st.first_layer, st.end_layer - 1),
+        // A chunk may hold no layer (the embedding or the LM head alone, pipeline_split.h).
+        (st.end_layer > st.first_layer ? fmt::format("{}-{}", st.first_layer, st.end_layer - 1)
+                                       : std::string("none")) +
+            (s.parallel.virtual_stages > 1 ? fmt::format(" +{}", s.parallel.virtual_stages - 1)
+                                           : std::string()),
         st.inflight_microbatches, gib(st.weights_bytes), gib(st.gradients_bytes),
         gib(st.optimizer_bytes), gib(st.activations_bytes), gib(st.buffers_bytes),
         gib(st.runtime_bytes), gib(st.total_bytes),

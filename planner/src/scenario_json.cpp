@@ -210,6 +210,69 @@ std::vector<Count> read_count_list(const json& doc, const std::string& path) {
   return out;
 }
 
+// parallel.pipeline_split: a framework's split rule and its own flags (pipeline_split.h).
+void read_pipeline_split(const json& doc, PipelineSplitSpec& x) {
+  const std::string at = "/parallel/pipeline_split";
+  if (!doc.is_object()) throw InputError(at, "must be an object with a \"rule\"");
+  ObjectReader r(doc, at);
+  const auto rule = r.choice("rule", {"even", "megatron", "megatron_layout", "torchtitan"});
+  if (!rule) r.missing("rule", "rule is required: even, megatron, megatron_layout or torchtitan");
+  static constexpr SplitRule kRules[] = {SplitRule::even, SplitRule::megatron,
+                                         SplitRule::megatron_layout, SplitRule::torchtitan};
+  x.rule = kRules[*rule];
+  // Each rule takes its framework's flags only.
+  auto only = [&](std::string_view key, SplitRule owner) {
+    if (r.has(key) && x.rule != owner) {
+      throw InputError(r.child(key), fmt::format("belongs to rule {}, not {}", to_string(owner),
+                                                 to_string(x.rule)));
+    }
+  };
+  for (std::string_view k :
+       {"first_stage_layers", "last_stage_layers", "account_for_embedding", "account_for_loss"})
+    only(k, SplitRule::megatron);
+  only("layout", SplitRule::megatron_layout);
+  only("first_stage_less_layers", SplitRule::torchtitan);
+  only("last_stage_less_layers", SplitRule::torchtitan);
+  if (auto v = r.integer("first_stage_layers", 0, 100000)) x.first_stage_layers = *v;
+  if (auto v = r.integer("last_stage_layers", 0, 100000)) x.last_stage_layers = *v;
+  if (auto v = r.boolean("account_for_embedding")) x.account_for_embedding = *v;
+  if (auto v = r.boolean("account_for_loss")) x.account_for_loss = *v;
+  if (auto v = r.string("layout")) {
+    if (v->size() > 100000) throw InputError(r.child("layout"), "is longer than 100000 characters");
+    x.layout = *v;
+  } else if (x.rule == SplitRule::megatron_layout) {
+    r.missing("layout",
+              "rule megatron_layout needs the layout string (Megatron-LM "
+              "--pipeline-model-parallel-layout, e.g. \"Et*3|(tt|)*29,m|L\")");
+  }
+  if (auto v = r.integer("first_stage_less_layers", 0, 100000)) x.first_stage_less_layers = *v;
+  if (auto v = r.integer("last_stage_less_layers", 0, 100000)) x.last_stage_less_layers = *v;
+  r.finish();
+}
+
+json to_json(const PipelineSplitSpec& x) {
+  json j = {{"rule", to_string(x.rule)}};
+  switch (x.rule) {
+    case SplitRule::megatron:
+      if (x.first_stage_layers) j["first_stage_layers"] = *x.first_stage_layers;
+      if (x.last_stage_layers) j["last_stage_layers"] = *x.last_stage_layers;
+      j["account_for_embedding"] = x.account_for_embedding;
+      j["account_for_loss"] = x.account_for_loss;
+      break;
+    case SplitRule::megatron_layout:
+      j["layout"] = x.layout;
+      break;
+    case SplitRule::torchtitan:
+      j["first_stage_less_layers"] = x.first_stage_less_layers;
+      j["last_stage_less_layers"] = x.last_stage_less_layers;
+      break;
+    case SplitRule::even:
+    case SplitRule::explicit_layers:
+      break;
+  }
+  return j;
+}
+
 }  // namespace
 
 namespace {
@@ -711,6 +774,20 @@ Scenario read_scenario(const json& doc, std::initializer_list<std::string_view> 
                            "must list one layer count per pipeline stage; omit the field for an "
                            "even split");
       }
+      if (const json* l = r.take("layers_per_virtual_stage")) {
+        p.split.rule = SplitRule::explicit_layers;
+        p.split.layers = read_count_list(*l, "/parallel/layers_per_virtual_stage");
+        if (p.split.layers.empty())
+          throw InputError("/parallel/layers_per_virtual_stage",
+                           "must list one layer count per virtual stage; omit the field for an "
+                           "even split");
+      }
+      if (const json* x = r.take("pipeline_split")) {
+        if (p.split.rule == SplitRule::explicit_layers)
+          throw InputError("/parallel/pipeline_split",
+                           "give either layers_per_virtual_stage or pipeline_split, not both");
+        read_pipeline_split(*x, p.split);
+      }
       if (auto v = r.integer("zb_memory_limit_microbatches", 1, Count{1} << 24))
         p.zb_memory_limit_microbatches = *v;
       r.finish();
@@ -872,6 +949,11 @@ json to_json(const ParallelSpec& p) {
             {"offload_optimizer", to_string(p.offload_optimizer)},
             {"offload_params", to_string(p.offload_params)}};
   if (!p.layers_per_stage.empty()) j["layers_per_stage"] = p.layers_per_stage;
+  if (p.split.rule == SplitRule::explicit_layers) {
+    j["layers_per_virtual_stage"] = p.split.layers;
+  } else if (p.split.rule != SplitRule::even) {
+    j["pipeline_split"] = to_json(p.split);
+  }
   if (p.zb_memory_limit_microbatches > 0)
     j["zb_memory_limit_microbatches"] = p.zb_memory_limit_microbatches;
   // Expert parallelism is echoed when used, so dense layouts read as before.
@@ -956,6 +1038,8 @@ json stage_memory_json(const StageMemory& m) {
   put(o, "stage", m.stage);
   put(o, "layers", json::array({m.first_layer, m.end_layer}));
   put(o, "num_layers", m.num_layers);
+  // With several chunks per stage: each chunk's layers (pipeline_split.h).
+  if (m.chunk_layers.size() > 1) put(o, "chunk_layers", m.chunk_layers);
   put(o, "parameters", m.parameters);
   put(o, "inflight_microbatches", m.inflight_microbatches);
   put(o, "inflight_chunks", m.inflight_chunks);
@@ -1007,6 +1091,17 @@ json stage_costs_json(std::size_t stage, const StageCosts& k) {
   put(o, "param_gather_seconds", k.param_gather);
   put(o, "optimizer_seconds", k.optimizer);
   put(o, "wire_bytes_per_gpu_per_step", k.wire_bytes_per_step);
+  if (k.chunks.size() > 1) {
+    // Each chunk's share (pipeline_split.h): what the simulator times its passes with.
+    json chunks = json::array();
+    for (const ChunkCosts& c : k.chunks) {
+      chunks.push_back({{"layers", c.layers},
+                        {"forward_seconds", c.forward},
+                        {"backward_input_seconds", c.backward_input},
+                        {"backward_weight_seconds", c.backward_weight}});
+    }
+    put(o, "chunks", std::move(chunks));
+  }
   return j;
 }
 

@@ -96,6 +96,21 @@ std::string_view to_string(Fp8Recipe v) noexcept {
   }
   return "?";
 }
+std::string_view to_string(SplitRule v) noexcept {
+  switch (v) {
+    case SplitRule::even:
+      return "even";
+    case SplitRule::explicit_layers:
+      return "explicit";
+    case SplitRule::megatron:
+      return "megatron";
+    case SplitRule::megatron_layout:
+      return "megatron_layout";
+    case SplitRule::torchtitan:
+      return "torchtitan";
+  }
+  return "?";
+}
 std::string_view to_string(Schedule v) noexcept {
   switch (v) {
     case Schedule::gpipe:

@@ -145,18 +145,26 @@ VOrder v_schedule_order(Schedule kind, Count p, Count m) {
   DISTPLAN_CHECK(p >= 1 && m >= 1, "a V schedule needs p, m >= 1");
   // The order depends on (kind, p, m) only, and the authors' reordering takes a while at large m
   // (about 0.2 s at p = 16, m = 512): a search estimating many layouts builds each order once.
+  // The cache is bounded by the passes it holds (2^22, about 100 MB), not by a count of orders:
+  // a search over many pipeline depths and batch sizes asks for hundreds of small orders.
   static std::mutex mutex;
   static std::map<std::tuple<Schedule, Count, Count>, VOrder> cache;
-  constexpr std::size_t kMaxCached = 64;
+  static std::size_t cached_passes = 0;
+  constexpr std::size_t kMaxCachedPasses = std::size_t{1} << 22;
   const auto key = std::make_tuple(kind, p, m);
   {
     const std::lock_guard<std::mutex> lock(mutex);
     if (const auto it = cache.find(key); it != cache.end()) return it->second;
   }
   VOrder order = build_order(kind, p, m);
+  std::size_t passes = 0;
+  for (const auto& stage : order) passes += stage.size();
   const std::lock_guard<std::mutex> lock(mutex);
-  if (cache.size() >= kMaxCached) cache.clear();
-  cache.emplace(key, order);
+  if (cached_passes + passes > kMaxCachedPasses) {
+    cache.clear();
+    cached_passes = 0;
+  }
+  if (passes <= kMaxCachedPasses && cache.emplace(key, order).second) cached_passes += passes;
   return order;
 }
 

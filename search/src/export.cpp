@@ -10,6 +10,7 @@
 #include "distplan/planner/estimate.h"
 #include "distplan/planner/layout.h"
 #include "distplan/planner/units.h"
+#include "export_split.h"
 
 namespace distplan::search {
 
@@ -26,6 +27,10 @@ std::string_view to_string(ExportFormat f) noexcept {
 }
 
 namespace {
+
+using detail::megatron_split_args;
+using detail::SplitArgs;
+using detail::torchtitan_split_lines;
 
 Count accumulation_steps(const Scenario& s) {
   return s.training.global_batch_size / (s.training.micro_batch_size * s.parallel.dp);
@@ -168,24 +173,11 @@ Exported megatron(const Scenario& s, Exported out) {
   // Layout.
   arg("--tensor-model-parallel-size", p.tp);
   arg("--pipeline-model-parallel-size", p.pp);
-  if (p.pp > 1 && m.num_layers % p.pp != 0) {
-    // Megatron-Core's uneven split: own counts for the first and last stage, the middle equal.
-    const std::vector<Count> layers = stage_layer_counts(s);
-    const bool middle_equal = p.pp == 2 || std::all_of(layers.begin() + 1, layers.end() - 1,
-                                                       [&](Count c) { return c == layers[1]; });
-    if (middle_equal) {
-      arg("--decoder-first-pipeline-num-layers", layers.front());
-      arg("--decoder-last-pipeline-num-layers", layers.back());
-    } else {
-      out.notes.push_back(fmt::format(
-          "the planner's split of {} layers over {} stages has unequal middle stages, which "
-          "Megatron-LM cannot express; set pp to a count that divides the layers",
-          m.num_layers, p.pp));
-    }
-  }
-  if (p.schedule == Schedule::interleaved_1f1b) {
-    arg("--num-layers-per-virtual-pipeline-stage", m.num_layers / (p.pp * p.virtual_stages));
-  } else if (p.schedule != Schedule::one_f_one_b && p.pp > 1) {
+  // The plan's split in Megatron-LM's own flags (export_split.h).
+  const SplitArgs split = megatron_split_args(s);
+  for (const std::string& a : split.args) args.push_back(a);
+  for (const std::string& n : split.notes) out.notes.push_back(n);
+  if (p.schedule != Schedule::one_f_one_b && p.schedule != Schedule::interleaved_1f1b && p.pp > 1) {
     out.notes.push_back(schedule_note(s, "Megatron-LM (1F1B)"));
   }
   if (p.sequence_parallel) flag("--sequence-parallel");
@@ -548,12 +540,6 @@ Exported torchtitan(const Scenario& s, Exported out) {
         "schedule with one stage per rank here)",
         to_string(p.schedule)));
   }
-  if (p.pp > 1 && s.model.num_layers % p.pp != 0) {
-    out.notes.push_back(fmt::format(
-        "{} layers do not split evenly over {} stages; set module_fqns_per_model_part to the "
-        "plan's split (extra layers on the middle stages)",
-        s.model.num_layers, p.pp));
-  }
   if (!p.sequence_parallel && p.tp > 1) {
     out.notes.push_back("torchtitan's tensor parallelism always shards the sequence (sp on)");
   }
@@ -632,11 +618,8 @@ Exported torchtitan(const Scenario& s, Exported out) {
   if (p.pp > 1) {
     o << "pipeline_parallel_schedule = " << toml_string(schedule) << '\n';
     o << "pipeline_parallel_microbatch_size = " << t.micro_batch_size << '\n';
-    // Multi-stage schedules need torchtitan to cut 2 (ZB-V) or v stages per rank.
-    if (p.schedule == Schedule::interleaved_1f1b || v_shape(p.schedule)) {
-      o << "pipeline_parallel_layers_per_stage = " << s.model.num_layers / (p.pp * p.virtual_stages)
-        << '\n';
-    }
+    // The plan's split and stages per rank in torchtitan's settings (export_split.h).
+    for (const std::string& line : torchtitan_split_lines(s)) o << line << '\n';
   }
   o << "\n[activation_checkpoint]\n";
   // torchtitan's mode "selective" with selective_ac_option "op" is selective_op.

@@ -9,6 +9,7 @@
 #include "distplan/planner/layout.h"
 #include "distplan/planner/memory_terms.h"
 #include "distplan/planner/moe_layer.h"
+#include "distplan/planner/pipeline_split.h"
 
 namespace distplan::search {
 
@@ -32,10 +33,7 @@ void FastMemory::set_outer(const Outer& o) {
   edp_ = s.expert_data_parallel();
   fp8_state_ = fp8_layer_state_bytes(table_, o.tp, base_.training.fp8, base_.assumptions);
   num_microbatches_ = s.num_microbatches();
-  const std::vector<Count> layers = stage_layer_counts(s);
-  layers_first_ = layers.front();
-  layers_second_ = layers.size() > 1 ? layers[1] : layers.front();
-  layers_last_ = layers.back();
+  splits_.clear();
   // The planner's op costs, as estimate.cpp computes them for this (tp, micro-batch).
   const DeviceRates rates = device_rates(s);
   // One context-parallel rank's tokens (the planner's local training, estimate.cpp).
@@ -58,7 +56,41 @@ void FastMemory::set_outer(const Outer& o) {
   }
 }
 
-Bytes FastMemory::stage_total(const Layout& l, Count st, Count layer_count) const noexcept {
+const FastMemory::Split& FastMemory::split_of(const Layout& l) const {
+  // Placement classes: the layers per virtual stage depend on the path's length, the chunks'
+  // places on the placement.
+  const Schedule kind = bidirectional(l.schedule) ? Schedule::dualpipe
+                        : v_shape(l.schedule)     ? Schedule::zb_v
+                                                  : Schedule::interleaved_1f1b;
+  for (const Split& x : splits_)
+    if (x.schedule == kind && x.v == l.virtual_stages && x.choice == l.split) return x;
+  Split x;
+  x.schedule = kind;
+  x.v = l.virtual_stages;
+  x.choice = l.split;
+  const Count pp = outer_.pp, L = base_.model.num_layers;
+  const Count path = path_length(kind, pp, x.v);
+  // The counts apply_layout's split gives (space.cpp): even, or torchtitan's with weights 1, 1
+  // (Megatron's account-for flags give the same where they apply).
+  const std::vector<Count> per_vs = l.split == SplitChoice::even
+                                        ? even_split(L, path)
+                                        : torchtitan_split(L, path, 1, 1, "/parallel");
+  x.chunks.resize(static_cast<std::size_t>(pp));
+  x.stage_layers.resize(static_cast<std::size_t>(pp));
+  for (Count st = 0; st < pp; ++st) {
+    auto& c = x.chunks[static_cast<std::size_t>(st)];
+    for (Count k = 0; k < x.v; ++k) {
+      c.push_back(per_vs[static_cast<std::size_t>(chunk_virtual_stage(kind, pp, st, k))]);
+      x.stage_layers[static_cast<std::size_t>(st)] += c.back();
+    }
+    x.uneven_chunks =
+        x.uneven_chunks || std::adjacent_find(c.begin(), c.end(), std::not_equal_to<>()) != c.end();
+  }
+  splits_.push_back(std::move(x));
+  return splits_.back();
+}
+
+Bytes FastMemory::stage_total(const Layout& l, Count st, const Split& split) const noexcept {
   MemoryLayout ml;
   ml.tp = l.tp;
   ml.pp = l.pp;
@@ -84,8 +116,10 @@ Bytes FastMemory::stage_total(const Layout& l, Count st, Count layer_count) cons
     ml.expert_params = expert_params_;
   }
   const int stage = static_cast<int>(st);
-  const StageUnitParams units = stage_unit_params(base_.model, l.tp, l.pp, l.schedule, stage,
-                                                  layer_count, vocab_, layer_params_);
+  StageUnitParams units =
+      stage_unit_params(base_.model, l.tp, l.pp, l.schedule, stage,
+                        split.stage_layers[static_cast<std::size_t>(st)], vocab_, layer_params_);
+  units.chunk_layers = split.chunks[static_cast<std::size_t>(st)];
   StageMemory sm;
   stage_memory(base_, ml, units, act_[l.sequence_parallel ? 1 : 0][static_cast<int>(l.recompute)],
                stage, vocab_, sm);
@@ -93,22 +127,20 @@ Bytes FastMemory::stage_total(const Layout& l, Count st, Count layer_count) cons
 }
 
 Bytes FastMemory::peak_bytes(const Layout& l) const noexcept {
-  // Middle stages differ from stage 1 only by fewer or equal layers (stage_layer_counts gives
-  // the extra layers to the middle stages in order) and fewer or equal micro-batches in flight
-  // (every schedule's count falls with the stage index), and every term grows with both: the
-  // peak is on stage 0, 1 or pp - 1.
-  if (bidirectional(l.schedule)) {
-    // DualPipe: two model stages of num_layers / pp layers on every stage (stage_layer_counts),
-    // the embedding and LM head on both ends.
-    const Count k = 2 * (base_.model.num_layers / l.pp);
-    Bytes peak = std::max(stage_total(l, 0, k), stage_total(l, l.pp - 1, k));
-    if (l.pp > 2) peak = std::max(peak, stage_total(l, 1, k));
-    return std::max<Bytes>(0, peak);
+  const Split& split = split_of(l);
+  Bytes peak = std::max<Bytes>(0, stage_total(l, 0, split));
+  if (split.uneven_chunks) {
+    // Chunks of unequal layers: which stage peaks depends on the schedule's order; every stage.
+    for (Count st = 1; st < l.pp; ++st) peak = std::max(peak, stage_total(l, st, split));
+    return peak;
   }
-  Bytes peak = std::max<Bytes>(0, stage_total(l, 0, layers_first_));
+  // Middle stages differ from stage 1 only by fewer or equal layers (both rules give the extra
+  // layers to the first middle stages) and fewer or equal micro-batches in flight (every
+  // schedule's count falls with the stage index), and every term grows with both: the peak is
+  // on stage 0, 1 or pp - 1. DualPipe: the embedding and LM head on both ends.
   if (l.pp > 1) {
-    peak = std::max(peak, stage_total(l, l.pp - 1, layers_last_));
-    if (l.pp > 2) peak = std::max(peak, stage_total(l, 1, layers_second_));
+    peak = std::max(peak, stage_total(l, l.pp - 1, split));
+    if (l.pp > 2) peak = std::max(peak, stage_total(l, 1, split));
   }
   return peak;
 }
@@ -130,34 +162,25 @@ Seconds FastMemory::step_lower_bound(const Layout& l) const noexcept {
   if (l.recompute == Recompute::selective_op) per_layer += c.selective_op_recompute;
   const double forward_per_layer = c.forward + x.forward;
   const double head = head_[sp].forward + head_[sp].backward_input + head_[sp].backward_weight;
-  auto stage = [&](Count layers, bool last) {
-    return static_cast<double>(layers) * per_layer + (last ? head : 0.0);
-  };
+  // Every stage of the layout's split: its layers, and the LM head where it sits (both ends under
+  // DualPipe, stage 0 under a V), m whole-stage passes (m/2 under DualPipe, layout.h).
+  const Split& split = split_of(l);
   const double m = static_cast<double>(stage_passes(l.schedule, num_microbatches_));
-  if (bidirectional(l.schedule)) {
-    // Two model stages per stage, the ends with the LM head (and embedding), m/2 whole-stage
-    // passes per step (layout.h, stage_passes).
-    return m * stage(2 * (base_.model.num_layers / l.pp), true);
-  }
-  // The LM head sits on head_stage(): the last stage, or stage 0 under a V (layout.h).
-  const Count head_st = head_stage(l.schedule, l.pp);
-  double bound = m * stage(layers_first_, head_st == 0);
-  if (l.pp > 1) {
-    const double v = static_cast<double>(l.virtual_stages);
-    const bool fill = !steps_overlap(l.schedule);
-    // Where a stage's last pass is a whole backward of its first chunk, that gradient goes back
-    // through every stage before it (GPipe, 1F1B, interleaved 1F1B; estimate.cpp, time()).
-    const bool drain = l.schedule == Schedule::gpipe || l.schedule == Schedule::one_f_one_b ||
-                       l.schedule == Schedule::interleaved_1f1b;
-    const double backward_per_layer = per_layer - forward_per_layer;
-    auto around = [&](double layers_before) {
-      return (fill ? layers_before / v * forward_per_layer : 0.0) +
-             (drain ? layers_before / v * backward_per_layer : 0.0);
-    };
-    const double before_last = static_cast<double>(base_.model.num_layers - layers_last_);
-    bound = std::max(bound, around(before_last) + m * stage(layers_last_, head_st == l.pp - 1));
-    bound = std::max(bound, around(static_cast<double>(layers_first_)) +
-                                m * stage(layers_second_, head_st == 1));
+  const bool fill = l.pp > 1 && !steps_overlap(l.schedule) && !bidirectional(l.schedule);
+  // Where a stage's last pass is a whole backward of its first chunk, that gradient goes back
+  // through every stage before it (GPipe, 1F1B, interleaved 1F1B; estimate.cpp, time()).
+  const bool drain = l.schedule == Schedule::gpipe || l.schedule == Schedule::one_f_one_b ||
+                     l.schedule == Schedule::interleaved_1f1b;
+  const double backward_per_layer = per_layer - forward_per_layer;
+  double bound = 0, before = 0;  // before: the first chunks' layers of the stages before st
+  for (Count st = 0; st < l.pp; ++st) {
+    const auto i = static_cast<std::size_t>(st);
+    const double busy = static_cast<double>(split.stage_layers[i]) * per_layer +
+                        (holds_head(l.schedule, l.pp, st) ? head : 0.0);
+    const double around = (fill ? before * forward_per_layer : 0.0) +
+                          (fill && drain ? before * backward_per_layer : 0.0);
+    bound = std::max(bound, around + m * busy);
+    before += static_cast<double>(split.chunks[i].front());
   }
   return bound;
 }

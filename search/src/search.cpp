@@ -9,6 +9,7 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include <fmt/format.h>
@@ -495,6 +496,9 @@ Result run(const Space& space, const Options& opt) {
   std::uint64_t walked = 0, refused = 0;
   std::mutex quiet_mutex;
   std::map<Layout, Seconds> quiet_cache;  // quiet_walk_seconds by quiet_key
+  // The quiet walks the decisions used (a wave may walk a few more that no decision reaches: how
+  // many depends on where a pass's list ends, so they are not counted).
+  std::set<Layout> quiet_used;
   const int sim_threads = std::max(1, threads_for(opt));
   bool finished = false;
   while (!finished && !r.cancelled) {
@@ -576,6 +580,8 @@ Result run(const Space& space, const Options& opt) {
           next += i;
           break;
         }
+        if (opt.objective != Objective::memory)
+          quiet_used.insert(quiet_key(cands[next + i].layout));
         if (!enters_with(next + i, quiet[i])) continue;  // pruned by its quiet walk
         ++walked;
         if (!planned[i]) {
@@ -608,6 +614,7 @@ Result run(const Space& space, const Options& opt) {
     }
   }
   r.walked = walked;
+  r.quiet_walks = quiet_used.size();
   r.rejected[static_cast<int>(Reject::invalid_scenario)] += refused;
   r.pruned = r.feasible >= walked ? r.feasible - walked : 0;
   r.plans = std::move(best);

@@ -158,13 +158,21 @@ Candidates read_parallel(const json& p, FixedParallel& fixed) {
              Schedule::zb_h2, Schedule::zb_v, Schedule::v_half, Schedule::v_min,
              Schedule::dualpipe_v, Schedule::dualpipe, Schedule::zb_auto});
       });
-    } else if (key == "layers_per_stage") {
-      throw InputError(path, "the search uses equal pipeline stages; omit layers_per_stage");
+    } else if (key == "split") {
+      c.split = read_list<SplitChoice>(v, path, [](const json& x, const std::string& q) {
+        return read_enum(x, q, {SplitChoice::even, SplitChoice::light_ends});
+      });
+    } else if (key == "layers_per_stage" || key == "layers_per_virtual_stage" ||
+               key == "pipeline_split") {
+      throw InputError(path,
+                       "the search chooses each layout's split (even or light_ends; pin "
+                       "them with \"split\"); omit " +
+                           key);
     } else {
       unknown_key("/parallel", key,
                   {"tp", "pp", "dp", "cp", "ep", "virtual_stages", "fsdp_shard_size", "zero_stage",
-                   "sequence_parallel", "recompute", "schedule", "cp_comm", "offload_optimizer",
-                   "offload_params"});
+                   "sequence_parallel", "recompute", "schedule", "split", "cp_comm",
+                   "offload_optimizer", "offload_params"});
     }
   }
   return c;
@@ -373,6 +381,7 @@ json result_to_json(const Request& req, const Result& r) {
              r.evaluate_seconds > 0 ? static_cast<double>(r.evaluated) / r.evaluate_seconds : 0.0},
             {"threads", r.threads},
             {"walked", r.walked},
+            {"quiet_walks", r.quiet_walks},
             {"rejected", rejected},
             {"plans", plans}};
   if (r.objective == Objective::gpus) {
@@ -422,13 +431,14 @@ std::string format_result_table(const Request& req, const Result& r) {
                                      : std::to_string(l.zero_stage));
     o << fmt::format(
         "{:>4} {:>3} {:>3} {:>5} {:>3} {:>6} {:>3} {:>9} {:>16} {:>3} {:>9.2f} {:>10.1f} "
-        "{:>12.0f} {:>5.1f}{}{}\n",
+        "{:>12.0f} {:>5.1f}{}{}{}\n",
         rank, l.tp, l.pp, l.dp, l.virtual_stages, zero, l.sequence_parallel ? "on" : "-",
         to_string(l.recompute), to_string(l.schedule), l.micro_batch_size,
         to_gib(p.figures.peak_bytes), p.figures.step_seconds * 1e3, p.figures.tokens_per_second,
         p.figures.mfu * 100,
         l.cp > 1 ? fmt::format(" cp={} ({})", l.cp, to_string(b.parallel.cp_comm)) : "",
-        l.ep > 1 ? fmt::format(" ep={}", l.ep) : "");
+        l.ep > 1 ? fmt::format(" ep={}", l.ep) : "",
+        l.split == SplitChoice::light_ends ? " light ends" : "");
   };
   const std::string header = fmt::format(
       "{:>4} {:>3} {:>3} {:>5} {:>3} {:>6} {:>3} {:>9} {:>16} {:>3} {:>9} {:>10} {:>12} {:>5}\n",

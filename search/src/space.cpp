@@ -2,6 +2,9 @@
 
 #include <algorithm>
 
+#include "distplan/planner/layout.h"
+#include "distplan/planner/pipeline_split.h"
+
 namespace distplan::search {
 
 std::string_view to_string(Reject r) noexcept {
@@ -16,16 +19,16 @@ std::string_view to_string(Reject r) noexcept {
       return "pp_exceeds_layers";
     case Reject::batch_not_divisible:
       return "batch_not_divisible";
-    case Reject::virtual_divides_layers:
-      return "virtual_divides_layers";
+    case Reject::too_few_layers:
+      return "too_few_layers";
+    case Reject::virtual_stages_uneven:
+      return "virtual_stages_uneven";
     case Reject::interleaved_microbatches:
       return "interleaved_microbatches";
     case Reject::sequence_parallel_divides_seq:
       return "sequence_parallel_divides_seq";
     case Reject::shard_not_divisor:
       return "shard_not_divisor";
-    case Reject::v_shape_divides_layers:
-      return "v_shape_divides_layers";
     case Reject::v_shape_microbatches:
       return "v_shape_microbatches";
     case Reject::cp_divides_seq:
@@ -74,6 +77,39 @@ std::string_view to_string(Reject r) noexcept {
   return "?";
 }
 
+std::string_view to_string(SplitChoice c) noexcept {
+  return c == SplitChoice::even ? "even" : "light_ends";
+}
+
+namespace {
+
+// The layout's split as the framework writes it: Megatron-LM's account-for flags where its
+// divisibility rules hold, torchtitan's rule (its defaults, weights 1 and 1) for torchtitan runs
+// (not DualPipe), else the same counts as an explicit split.
+void apply_split(Scenario& s, SplitChoice choice) {
+  PipelineSplitSpec& x = s.parallel.split;
+  x = PipelineSplitSpec{};
+  const ParallelSpec& p = s.parallel;
+  const Count layers = s.model.num_layers;
+  const Count path = path_length(p.schedule, p.pp, p.virtual_stages);
+  // (A layout without a model, parallel_of(), or one no split fills keeps the even rule.)
+  if (choice == SplitChoice::even || layers <= 0 || layers + 2 < path) return;
+  const bool megatron_fits = !two_chunks(p.schedule) && (layers + 2) % p.pp == 0 &&
+                             ((layers + 2) / p.pp) % p.virtual_stages == 0 &&
+                             (layers + 2) / path >= 1;
+  if (s.training.framework == Framework::megatron && megatron_fits) {
+    x.rule = SplitRule::megatron;
+    x.account_for_embedding = x.account_for_loss = true;
+  } else if (s.training.framework == Framework::fsdp2 && !bidirectional(p.schedule)) {
+    x.rule = SplitRule::torchtitan;
+  } else {
+    x.rule = SplitRule::explicit_layers;
+    x.layers = torchtitan_split(layers, path, 1, 1, "/parallel/layers_per_virtual_stage");
+  }
+}
+
+}  // namespace
+
 void apply_layout(Scenario& s, const Layout& l) noexcept {
   ParallelSpec& p = s.parallel;
   p.tp = l.tp;
@@ -89,6 +125,7 @@ void apply_layout(Scenario& s, const Layout& l) noexcept {
   p.schedule = l.schedule;
   p.virtual_stages = l.virtual_stages;
   p.layers_per_stage.clear();
+  apply_split(s, l.split);
   s.training.micro_batch_size = l.micro_batch_size;
   s.cluster.num_gpus = l.num_gpus();
 }
@@ -318,7 +355,7 @@ void inner_lists(const Space& space, const Outer& o, RejectCounts& rejected, Inn
         bump(rejected, Reject::dualpipe_not_planned);
         return;
       }
-      if (o.pp < 2 || o.pp % 2 != 0 || layers % o.pp != 0) {
+      if (o.pp < 2 || o.pp % 2 != 0) {
         bump(rejected, Reject::dualpipe_pp);
         return;
       }
@@ -331,10 +368,6 @@ void inner_lists(const Space& space, const Outer& o, RejectCounts& rejected, Inn
       if (!allowed(pin.virtual_stages, Count{2})) return;
       if (o.pp == 1 && c.single_schedule_without_pp) {
         bump(rejected, Reject::single_schedule_without_pp);
-        return;
-      }
-      if (layers % (2 * o.pp) != 0) {
-        bump(rejected, Reject::v_shape_divides_layers);
         return;
       }
       if (m < 2 * o.pp) {
@@ -357,12 +390,24 @@ void inner_lists(const Space& space, const Outer& o, RejectCounts& rejected, Inn
     for (Schedule s : pin.schedule) consider(s);
   }
   if (std::any_of(out.schedules.begin(), out.schedules.end(), detail::is_interleaved)) {
+    // Any v whose virtual stages some split fills: at most (layers + 2) / pp chunks per stage
+    // (the light ends' split, embedding and head counted as layers).
     const std::vector<Count> vs =
-        !pin.virtual_stages.empty() ? pin.virtual_stages : range(2, layers / o.pp);
+        !pin.virtual_stages.empty() ? pin.virtual_stages : range(2, (layers + 2) / o.pp);
     for (Count v : vs) {
       if (v < 2) continue;  // v = 1 is the flat schedule
-      if (layers % (o.pp * v) != 0) {
-        bump(rejected, Reject::virtual_divides_layers);
+      // Unpinned, v is searched where a split gives every virtual stage the same layers (the
+      // even rule with pp·v | L, or the light ends with pp·v | L + 2): every other v gives some
+      // chunks one layer more than others, multiplies the space (and the walks that rank it) by
+      // the number of chunk counts, and an interleaved schedule gains least where its chunks are
+      // unequal. Pinned, any v a split fills is searched.
+      if (pin.virtual_stages.empty() && layers % (o.pp * v) != 0 &&
+          (layers + 2) % (o.pp * v) != 0) {
+        bump(rejected, Reject::virtual_stages_uneven);
+        continue;
+      }
+      if (split_choices(space, o.pp, Schedule::interleaved_1f1b, v).n == 0) {
+        bump(rejected, Reject::too_few_layers);
         continue;
       }
       out.virtual_stages.push_back(v);
@@ -460,6 +505,24 @@ void inner_lists(const Space& space, const Outer& o, RejectCounts& rejected, Inn
 
 }  // namespace detail
 
+namespace detail {
+
+SplitChoices split_choices(const Space& space, Count pp, Schedule schedule, Count v) noexcept {
+  const Count layers = space.base.model.num_layers;
+  const Count path = path_length(schedule, pp, v);
+  const std::vector<SplitChoice>& pin = space.candidates.split;
+  SplitChoices out;
+  // The even rule needs a layer on every virtual stage (pipeline_split.cpp).
+  if (layers >= path && allowed(pin, SplitChoice::even)) out.choice[out.n++] = SplitChoice::even;
+  // Lighter ends: torchtitan's rule with weights 1 and 1 needs (L + 2) / path >= 1.
+  if (pp > 1 && layers + 2 >= path && allowed(pin, SplitChoice::light_ends)) {
+    out.choice[out.n++] = SplitChoice::light_ends;
+  }
+  return out;
+}
+
+}  // namespace detail
+
 std::uint64_t count_layouts(const Space& space, std::uint64_t stop_above) {
   RejectCounts scratch{};
   detail::InnerLists lists;
@@ -473,11 +536,14 @@ std::uint64_t count_layouts(const Space& space, std::uint64_t stop_above) {
       zero += pairs;
       if (z <= 1) zero01 += pairs;
     }
-    std::uint64_t pairs = 0;  // (schedule, v, ZeRO stage, shard)
+    std::uint64_t pairs = 0;  // (schedule, v, split, ZeRO stage, shard)
     for (Schedule sched : lists.schedules) {
-      pairs += bidirectional(sched)            ? zero01
-               : detail::is_interleaved(sched) ? lists.virtual_stages.size() * zero
-                                               : zero;
+      const std::vector<Count> one{two_chunks(sched) ? 2 : 1};
+      for (Count v : detail::is_interleaved(sched) ? lists.virtual_stages : one) {
+        const auto splits =
+            static_cast<std::uint64_t>(detail::split_choices(space, o.pp, sched, v).n);
+        pairs += splits * (bidirectional(sched) ? zero01 : zero);
+      }
     }
     total += pairs * lists.recompute.size() * lists.sequence_parallel.size();
     return total <= stop_above;

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "distplan/planner/check.h"
+#include "distplan/planner/dualpipe_order.h"
 #include "distplan/planner/error.h"
 #include "distplan/planner/layout.h"
 #include "distplan/planner/v_schedule.h"
@@ -230,58 +231,16 @@ SchedulePrograms make_v_min(Count p, Count m) {
 }
 
 SchedulePrograms make_dualpipe_v(Count p, Count m) {
-  if (m < 2 * p) {
-    throw InputError("/parallel/schedule",
-                     fmt::format("dualpipe_v needs at least 2*pp = {} micro-batches per step, as "
-                                 "DualPipeV asserts (num_chunks >= num_ranks * 2); the step has {}",
-                                 2 * p, m));
-  }
+  const DualPipeOrder order = dualpipe_v_order(p, m);  // throws at /parallel/schedule
   SchedulePrograms out = empty_programs(p, m, 2);
   out.v_shape = true;
-  for (Count r = 0; r < p; ++r) {
-    auto& prog = out.programs[static_cast<std::size_t>(r)];
-    prog.reserve(static_cast<std::size_t>(6 * m));
-    Count f[2] = {0, 0}, b[2] = {0, 0};
-    std::deque<Action> weights;  // deferred W, first in first out (WeightGradStore)
-    auto fwd = [&](Count c) { prog.push_back(act(Op::forward, f[c]++, c)); };
-    auto bwd = [&](Count c, bool split) {
-      if (split) weights.push_back(act(Op::backward_weight, b[c], c));
-      prog.push_back(act(split ? Op::backward_input : Op::backward, b[c]++, c));
-    };
-    auto wgt = [&] {
-      prog.push_back(weights.front());
-      weights.pop_front();
-    };
-    // The forward of an F&B pair, overlapped with the backward pushed right after it.
-    auto pair = [&](Count fc, Count bc) {
-      fwd(fc);
-      prog.back().overlap_next = true;
-      bwd(bc, false);
-    };
-    for (Count i = 0; i < 2 * (p - r - 1); ++i) fwd(0);
-    for (Count i = 0; i < r + 1; ++i) fwd(0), fwd(1);
-    for (Count i = 0; i < p - r - 1; ++i) bwd(1, true), wgt(), fwd(1);
-    for (Count i = 0; i < m - 2 * p + r + 1; ++i) {
-      if (i == 0 && r == p - 1) {
-        // The last rank does not overlap its first F0 and B1 "to further reduce bubble size".
-        fwd(0), bwd(1, false);
-      } else {
-        pair(0, 1);
-      }
-      pair(1, 0);
+  for (std::size_t r = 0; r < order.size(); ++r) {
+    auto& prog = out.programs[r];
+    prog.reserve(order[r].size());
+    for (const DualPipePass& x : order[r]) {
+      prog.push_back(Action{static_cast<Op>(x.op), static_cast<std::int32_t>(x.microbatch),
+                            static_cast<std::int32_t>(x.chunk), x.overlap_next});
     }
-    for (Count i = 0; i < p - r - 1; ++i) bwd(1, false), pair(1, 0);
-    bool split = false;
-    for (Count i = 0; i < r + 1; ++i) {
-      if (i == (r + 1) / 2 && r % 2 == 1) split = true;
-      bwd(1, split);
-      if (i == (r + 1) / 2 && r % 2 == 0) split = true;
-      bwd(0, split);
-    }
-    for (Count i = 0; i < p - r - 1; ++i) wgt(), bwd(0, true);
-    while (!weights.empty()) wgt();
-    DISTPLAN_CHECK(f[0] == m && f[1] == m && b[0] == m && b[1] == m,
-                   "DualPipeV runs every pass of every micro-batch once");
   }
   return out;
 }

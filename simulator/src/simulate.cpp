@@ -68,21 +68,28 @@ bool stages_cross_nodes(const Scenario& s, Count stage_a, Count stage_b) noexcep
 
 namespace {
 
-/// Seconds of each kind of task on one stage (per action; chunk shares already applied).
-struct StageTimes {
+/// Seconds and bytes of one chunk's passes on one stage (per action).
+struct ChunkTimes {
   Seconds forward = 0, backward = 0, backward_input = 0, backward_weight = 0;
-  Seconds forward_backward = 0;  // an overlapped F&B pair with a whole backward (DualPipe)
-  Seconds p2p = 0;               // one send
+  Seconds tp_communication = 0;  // in-pass communication of a forward and a backward
   Seconds zero3_gather = 0;      // before each forward / backward(-input) pass
-  Seconds grad_reduce = 0;       // per chunk and step (ZeRO-2/3: spread over the m micro-batches)
-  Count grad_buckets = 1;        // per chunk
+  Seconds grad_reduce = 0;       // per step (ZeRO-2/3: spread over the m micro-batches)
+  Count grad_buckets = 1;
+  Bytes bytes = 0;  // one (micro-batch, chunk) set: its layers, and the embedding's or head's
+};
+
+/// Seconds of each kind of task on one stage.
+struct StageTimes {
+  std::vector<ChunkTimes> chunk;  // [chunk]
+  // An overlapped F&B pair with a whole backward (DualPipe) is given whole by a cost override;
+  // otherwise (negative) it is the two passes with their in-pass communication overlapped.
+  Seconds forward_backward = -1;
+  Seconds p2p = 0;       // one send
+  bool gathers = false;  // ZeRO-3: passes wait for their chunk's parameter gather
   Seconds param_gather = 0;
   Seconds first_forward = 0;  // one micro-batch's forward through the whole stage
   Seconds optimizer = 0;
-  Bytes chunk_bytes = 0;   // one (micro-batch, chunk) through one chunk's layers
-  Bytes first_bytes = 0;   // more for a pass of the first virtual stage (embedding output)
-  Bytes last_bytes = 0;    // more for a pass of the last virtual stage (final norm, LM head)
-  Bytes static_bytes = 0;  // allocated all step: model states, buffers, workspace
+  Bytes static_bytes = 0;          // allocated all step: model states, buffers, workspace
   Bytes backward_extra_bytes = 0;  // while a backward runs: recompute working set and transient
 };
 
@@ -130,7 +137,7 @@ struct Run {
   bool per_microbatch_reduce;  // ZeRO-2/3: gradients are reduce-scattered after every micro-batch
   bool overlap_steps;          // steps_overlap(schedule): the step is the longest stage span
   bool gather_after_step;      // ZeRO-1/2 gather behind the next step's first forward
-  double compute_slowdown;     // assumptions.overlap_compute_slowdown
+  double slowdown;             // assumptions.overlap_compute_slowdown (F&B pairs, hidden traffic)
   bool record;
   Workspace& ws;
   SimResult& out;  // trace and memory are appended when `record` (to `sink` when one is set)
@@ -165,9 +172,13 @@ struct Run {
     }
   }
 
-  Seconds duration(std::size_t s, Op op) const noexcept {
-    const StageTimes& t = times[s];
-    switch (op) {
+  const ChunkTimes& chunk_times(std::size_t s, Count chunk) const noexcept {
+    return times[s].chunk[static_cast<std::size_t>(chunk)];
+  }
+
+  Seconds duration(std::size_t s, const Action& a) const noexcept {
+    const ChunkTimes& t = chunk_times(s, a.chunk);
+    switch (a.op) {
       case Op::forward:
         return t.forward;
       case Op::backward:
@@ -181,11 +192,18 @@ struct Run {
   }
 
   // An F&B pair: the forward with the next action, a whole backward or an input-gradient pass
-  // (which leaves the weight pass, and its time, out of the pair).
-  Seconds pair_duration(std::size_t s, Op backward) const noexcept {
-    const StageTimes& t = times[s];
-    return backward == Op::backward ? t.forward_backward
-                                    : std::max(0.0, t.forward_backward - t.backward_weight);
+  // (which leaves the weight pass, and its time, out of the pair). The two passes' in-pass
+  // communication (TP collectives) hides behind each other's computation (overlap.h): half of
+  // each chunk's, a forward's and a backward's share.
+  Seconds pair_duration(std::size_t s, const Action& f, const Action& b) const noexcept {
+    const ChunkTimes& x = chunk_times(s, f.chunk);
+    const ChunkTimes& y = chunk_times(s, b.chunk);
+    const Seconds whole =
+        times[s].forward_backward >= 0
+            ? times[s].forward_backward
+            : overlapped_pair_seconds(x.forward + y.backward,
+                                      (x.tp_communication + y.tp_communication) / 2, slowdown);
+    return b.op == Op::backward ? whole : std::max(0.0, whole - y.backward_weight);
   }
 
   void trace(std::size_t s, Track track, SliceKind kind, const Action* a, EventTime start,
@@ -215,15 +233,15 @@ struct Run {
 
   // Saved activations of one (micro-batch, chunk) on stage s.
   Bytes pass_bytes(std::size_t s, Count chunk) const noexcept {
-    const StageTimes& t = times[s];
-    const Count vs = prog.virtual_stage(static_cast<Count>(s), chunk);
-    return t.chunk_bytes + (vs == 0 ? t.first_bytes : 0) + (vs == last_virtual ? t.last_bytes : 0);
+    return chunk_times(s, chunk).bytes;
   }
 
   void issue_gather(std::size_t s, std::size_t pos, EventTime now) {
     StageState& st = ws.stages[s];
     // An F&B pair gathers the parameters of both of its passes.
-    const Seconds g = times[s].zero3_gather * (prog.programs[s][pos].overlap_next ? 2.0 : 1.0);
+    const Action& a = prog.programs[s][pos];
+    Seconds g = chunk_times(s, a.chunk).zero3_gather;
+    if (a.overlap_next) g += chunk_times(s, prog.programs[s][pos + 1].chunk).zero3_gather;
     const EventTime start = st.zero3.submit(now, g);
     st.gather_pc = pos;
     st.gather_end = start + g;
@@ -250,7 +268,7 @@ struct Run {
     // An F&B pair starts when the backward's gradient is there too (check_program: it exists).
     const bool pair = a.overlap_next;
     if (pair && !input_ready(s, actions[st.pc + 1])) return;
-    const bool gathers = times[s].zero3_gather > 0;
+    const bool gathers = times[s].gathers;
     if (gathers && needs_gather(a.op)) {
       if (st.gather_pc != st.pc) issue_gather(s, st.pc, now);
       if (st.gather_end > now) {
@@ -261,10 +279,10 @@ struct Run {
         return;
       }
     }
-    Seconds d = pair ? pair_duration(s, actions[st.pc + 1].op) : duration(s, a.op);
-    const Seconds slowdown = overlap_penalty(s, st.pc, pair, d);
-    d += slowdown;
-    st.slowdown_seconds += slowdown;
+    Seconds d = pair ? pair_duration(s, a, actions[st.pc + 1]) : duration(s, a);
+    const Seconds lost = overlap_penalty(s, st.pc, pair, d);
+    d += lost;
+    st.slowdown_seconds += lost;
     st.busy = true;
     st.current = a;
     st.current_pair = pair;
@@ -276,7 +294,7 @@ struct Run {
       if (pair) {
         // Drawn as two slices sharing the pair's time in proportion to the passes alone.
         const Action& b = actions[st.pc + 1];
-        const Seconds fa = duration(s, a.op), fb = duration(s, b.op);
+        const Seconds fa = duration(s, a), fb = duration(s, b);
         const Seconds df = fa + fb > 0 ? d * fa / (fa + fb) : 0.0;
         trace(s, Track::compute, SliceKind::forward, &a, now, df);
         trace(s, Track::compute, static_cast<SliceKind>(b.op), &b, now + df, d - df);
@@ -312,28 +330,30 @@ struct Run {
   // one runs) and the gradient reduction this pass's weight gradients start (overlap.h,
   // exposed_after_overlap: slowdown x min(communication, window)).
   Seconds overlap_penalty(std::size_t s, std::size_t pos, bool pair, Seconds d) const noexcept {
-    if (compute_slowdown <= 0 || d <= 0) return 0;
-    const StageTimes& t = times[s];
+    if (slowdown <= 0 || d <= 0) return 0;
     const auto& actions = prog.programs[s];
     const std::size_t next = pos + (pair ? 2 : 1);
     Seconds comm = 0;
-    if (t.zero3_gather > 0 && overlap_param_gather && next < actions.size() &&
+    if (overlap_param_gather && times[s].gathers && next < actions.size() &&
         needs_gather(actions[next].op)) {
-      comm += t.zero3_gather * (actions[next].overlap_next ? 2.0 : 1.0);
+      comm += chunk_times(s, actions[next].chunk).zero3_gather;
+      if (actions[next].overlap_next && next + 1 < actions.size())
+        comm += chunk_times(s, actions[next + 1].chunk).zero3_gather;
     }
-    if (overlap_grad_reduce && t.grad_reduce > 0) {
+    if (overlap_grad_reduce) {
       for (std::size_t i = pos; i < next; ++i) {
         const Action& a = actions[i];
         if (a.op != Op::backward && a.op != Op::backward_weight) continue;
+        const Seconds reduce = chunk_times(s, a.chunk).grad_reduce;
         if (per_microbatch_reduce) {
-          comm += t.grad_reduce / static_cast<double>(m);
+          comm += reduce / static_cast<double>(m);
         } else if (i == ws.last_wgrad[s * static_cast<std::size_t>(v) +
                                       static_cast<std::size_t>(a.chunk)]) {
-          comm += t.grad_reduce;
+          comm += reduce;
         }
       }
     }
-    return compute_slowdown * std::min(comm, d);
+    return slowdown * std::min(comm, d);
   }
 
   void release(std::size_t s, const Action& a, EventTime now) {
@@ -358,7 +378,7 @@ struct Run {
                         Seconds amount) {
     StageState& st = ws.stages[s];
     if (amount <= 0) return;
-    const double n = static_cast<double>(times[s].grad_buckets);
+    const double n = static_cast<double>(chunk_times(s, a.chunk).grad_buckets);
     const Seconds r = amount / n;
     EventTime first_ready = end, finish;
     if (overlap_grad_reduce) {
@@ -434,12 +454,12 @@ struct Run {
         break;
     }
     if (a.op == Op::backward || a.op == Op::backward_weight) {
+      const Seconds reduce = chunk_times(s, a.chunk).grad_reduce;
       if (per_microbatch_reduce) {
-        reduce_gradients(s, a, st.current_start, now,
-                         times[s].grad_reduce / static_cast<double>(m));
+        reduce_gradients(s, a, st.current_start, now, reduce / static_cast<double>(m));
       } else if (pos == ws.last_wgrad[s * static_cast<std::size_t>(v) +
                                       static_cast<std::size_t>(a.chunk)]) {
-        reduce_gradients(s, a, st.current_start, now, times[s].grad_reduce);
+        reduce_gradients(s, a, st.current_start, now, reduce);
       }
     }
   }
@@ -497,8 +517,7 @@ struct Run {
       EventTime gather_end = opt_end;
       if (t.param_gather > 0) {
         if (gather_after_step) {
-          gather_end =
-              opt_end + exposed_after_overlap(t.param_gather, t.first_forward, compute_slowdown);
+          gather_end = opt_end + exposed_after_overlap(t.param_gather, t.first_forward, slowdown);
           if (record)
             trace(s, Track::dp, SliceKind::param_gather, nullptr, opt_end, t.param_gather);
         } else {
@@ -549,11 +568,25 @@ std::vector<StageTimes> stage_times(const Scenario& s, const Estimate& e, const 
   const bool have_memory = static_cast<Count>(e.memory.stages.size()) == p;
   for (Count i = 0; i < p; ++i) {
     StageTimes& t = times[static_cast<std::size_t>(i)];
+    t.chunk.resize(static_cast<std::size_t>(v));
     if (have_memory) {
+      // Each chunk's saved bytes per micro-batch (the estimate's, pipeline_split.h); a hand-made
+      // estimate without them: the stage's bytes in equal shares, the embedding's and the head's
+      // on the chunks at the ends of the path.
       const StageMemory& sm = e.memory.stages[static_cast<std::size_t>(i)];
-      t.first_bytes = sm.embedding_activation_bytes;
-      t.last_bytes = sm.head_activation_bytes;
-      t.chunk_bytes = (sm.activation_bytes_per_microbatch - t.first_bytes - t.last_bytes) / v;
+      const bool per_chunk = static_cast<Count>(sm.chunk_activation_bytes.size()) == v;
+      const Bytes even = (sm.activation_bytes_per_microbatch - sm.embedding_activation_bytes -
+                          sm.head_activation_bytes) /
+                         v;
+      for (Count c = 0; c < v; ++c) {
+        const Count vs = chunk_virtual_stage(s.parallel.schedule, p, i, c);
+        t.chunk[static_cast<std::size_t>(c)].bytes =
+            per_chunk
+                ? sm.chunk_activation_bytes[static_cast<std::size_t>(c)]
+                : even + (vs == 0 ? sm.embedding_activation_bytes : 0) +
+                      (vs == path_length(s.parallel.schedule, p, v) - 1 ? sm.head_activation_bytes
+                                                                        : 0);
+      }
       t.backward_extra_bytes = sm.backward_extra_bytes;
       t.static_bytes =
           sm.allocated_bytes - sm.activations_bytes - sm.transient_bytes;  // states, buffers
@@ -565,13 +598,16 @@ std::vector<StageTimes> stage_times(const Scenario& s, const Estimate& e, const 
       require_finite(c.p2p_seconds, "p2p_seconds");
       const Seconds w = c.backward_weight_seconds.value_or(0.0);
       require_finite(w, "backward_weight_seconds");
-      t.forward = c.forward_seconds / vd;
-      t.backward_input = c.backward_seconds / vd;
-      t.backward_weight = w / vd;
-      t.backward = (c.backward_seconds + w) / vd;
       const Seconds fb =
           c.forward_backward_seconds.value_or(c.forward_seconds + c.backward_seconds + w);
       require_finite(fb, "forward_backward_seconds");
+      // The same on every stage: a chunk takes 1/v.
+      for (ChunkTimes& x : t.chunk) {
+        x.forward = c.forward_seconds / vd;
+        x.backward_input = c.backward_seconds / vd;
+        x.backward_weight = w / vd;
+        x.backward = (c.backward_seconds + w) / vd;
+      }
       t.forward_backward = fb / vd;
       t.p2p = c.p2p_seconds;
       continue;
@@ -579,24 +615,48 @@ std::vector<StageTimes> stage_times(const Scenario& s, const Estimate& e, const 
     DISTPLAN_CHECK(static_cast<Count>(e.stage_costs.size()) == p,
                    "the estimate must hold one StageCosts per pipeline stage");
     const StageCosts& c = e.stage_costs[static_cast<std::size_t>(i)];
-    t.forward = c.forward / vd;
-    t.backward_input = c.backward_input / vd;
-    t.backward_weight = c.backward_weight / vd;
-    t.backward = (c.backward_input + c.backward_weight) / vd;
-    // An F&B pair hides the passes' in-pass communication (TP collectives) behind each other's
-    // computation (overlap.h).
-    t.forward_backward = overlapped_pair_seconds(t.forward + t.backward, c.tp_communication / vd,
-                                                 s.assumptions.overlap_compute_slowdown);
-    t.p2p = c.p2p;
-    // zero3_gather covers the forward and the backward gathers of one micro-batch: half each.
-    t.zero3_gather = s.parallel.zero_stage == 3 ? c.zero3_gather / (2.0 * vd) : 0.0;
-    t.grad_reduce = c.grad_reduce / vd;
-    if (have_memory && opts.grad_bucket_bytes > 0) {
-      const Bytes grad_bytes = e.memory.stages[static_cast<std::size_t>(i)].parameters *
-                               bytes_of(s.training.grad_accumulation_dtype) / v;
-      t.grad_buckets = std::clamp<Count>(
-          (grad_bytes + opts.grad_bucket_bytes - 1) / opts.grad_bucket_bytes, 1, 4096);
+    // Each chunk its own passes (StageCosts::chunks); without them (a hand-made estimate), equal
+    // shares of the stage's.
+    const bool per_chunk = static_cast<Count>(c.chunks.size()) == v;
+    const double params =
+        have_memory ? static_cast<double>(e.memory.stages[static_cast<std::size_t>(i)].parameters)
+                    : 0.0;
+    double chunk_params = 0;
+    if (per_chunk)
+      for (const ChunkCosts& k : c.chunks) chunk_params += static_cast<double>(k.parameters);
+    for (Count ch = 0; ch < v; ++ch) {
+      ChunkTimes& x = t.chunk[static_cast<std::size_t>(ch)];
+      if (per_chunk) {
+        const ChunkCosts& k = c.chunks[static_cast<std::size_t>(ch)];
+        x.forward = k.forward;
+        x.backward_input = k.backward_input;
+        x.backward_weight = k.backward_weight;
+        x.tp_communication = k.tp_communication;
+      } else {
+        x.forward = c.forward / vd;
+        x.backward_input = c.backward_input / vd;
+        x.backward_weight = c.backward_weight / vd;
+        x.tp_communication = c.tp_communication / vd;
+      }
+      x.backward = x.backward_input + x.backward_weight;
+      // The stage's gathers and reductions move its chunks' parameters: each chunk its share.
+      const double share =
+          per_chunk && chunk_params > 0
+              ? static_cast<double>(c.chunks[static_cast<std::size_t>(ch)].parameters) /
+                    chunk_params
+              : 1.0 / vd;
+      // zero3_gather covers the forward and the backward gathers of one micro-batch: half each.
+      x.zero3_gather = s.parallel.zero_stage == 3 ? c.zero3_gather * share / 2.0 : 0.0;
+      x.grad_reduce = c.grad_reduce * share;
+      if (have_memory && opts.grad_bucket_bytes > 0) {
+        const auto grad_bytes = static_cast<Bytes>(
+            params * share * static_cast<double>(bytes_of(s.training.grad_accumulation_dtype)));
+        x.grad_buckets = std::clamp<Count>(
+            (grad_bytes + opts.grad_bucket_bytes - 1) / opts.grad_bucket_bytes, 1, 4096);
+      }
+      t.gathers = t.gathers || x.zero3_gather > 0;
     }
+    t.p2p = c.p2p;
     t.param_gather = c.param_gather;
     t.first_forward = c.forward;
     t.optimizer = c.optimizer;
@@ -613,9 +673,10 @@ SchedulePrograms program_for(const Scenario& s, const std::vector<StageTimes>& t
   Seconds p2p = 0;
   for (std::size_t i = 0; i < stages.size(); ++i) {
     const StageTimes& t = times[i];
-    stages[i] = ZbAutoStage{t.forward,
-                            t.backward_input,
-                            t.backward_weight,
+    const ChunkTimes& x = t.chunk.front();  // one chunk per stage (validate)
+    stages[i] = ZbAutoStage{x.forward,
+                            x.backward_input,
+                            x.backward_weight,
                             1,
                             0,
                             -1,
@@ -694,12 +755,18 @@ SimResult simulate(const Scenario& s, const Estimate& e, const SimOptions& opts)
   run.run();
 
   bool any_comm = false;
-  for (const StageTimes& t : times)
-    any_comm =
-        any_comm || t.p2p > 0 || t.zero3_gather > 0 || t.grad_reduce > 0 || t.param_gather > 0;
+  for (const StageTimes& t : times) {
+    any_comm = any_comm || t.p2p > 0 || t.param_gather > 0;
+    for (const ChunkTimes& x : t.chunk)
+      any_comm = any_comm || x.zero3_gather > 0 || x.grad_reduce > 0;
+  }
   if (opts.exposed_communication && any_comm) {
     std::vector<StageTimes> quiet = times;
-    for (StageTimes& t : quiet) t.p2p = t.zero3_gather = t.grad_reduce = t.param_gather = 0;
+    for (StageTimes& t : quiet) {
+      t.p2p = t.param_gather = 0;
+      t.gathers = false;
+      for (ChunkTimes& x : t.chunk) x.zero3_gather = x.grad_reduce = 0;
+    }
     SimResult q;
     Run again{*prog,
               quiet,

@@ -287,9 +287,11 @@ TEST(BadInput, QuadrillionParameterModelIsRejected) {
 }
 
 TEST(BadInput, ProductsThatWouldOverflowAreRejected) {
-  // Activations: a 4M-token sequence of a 70B model with many micro-batches in flight.
+  // Activations: a 4M-token sequence of a 70B model with many micro-batches in flight, its
+  // s x s attention scores saved (standard attention; flash attention saves none and plans).
   json doc = with("/training/seq_length", 1 << 22);
   doc["parallel"]["sequence_parallel"] = false;
+  doc["training"]["attention"] = "standard";
   expect_rejected(doc, "/training/seq_length", "bytes");
   // Tokens per step: 2^32 sequences of 2^20 tokens.
   json tokens = default_doc();
@@ -362,11 +364,12 @@ TEST(BadInput, PipelineCannotExceedLayers) {
   expect_rejected(doc, "/parallel/pp", "num_layers");
 }
 
-TEST(BadInput, VirtualStagesMustDivideLayersPerStage) {
-  // 80 layers over pp=4: 20 per stage, not a multiple of 3.
+TEST(BadInput, VirtualStagesMustHoldALayerEach) {
+  // 80 layers over pp=4: any split of 12 virtual stages (v = 3) plans; 100 (v = 25) leave some
+  // without a layer under the even rule.
   json doc = with("/parallel/schedule", "interleaved_1f1b");
-  doc["parallel"]["virtual_stages"] = 3;
-  expect_rejected(doc, "/parallel/virtual_stages", "divide");
+  doc["parallel"]["virtual_stages"] = 25;
+  expect_rejected(doc, "/parallel/virtual_stages", "cannot fill");
   expect_rejected(with("/parallel/virtual_stages", 2), "/parallel/virtual_stages",
                   "interleaved_1f1b");
 }

@@ -43,6 +43,7 @@ struct Layout {
   const char* optimizer = "adamw";
   // training.global_batch_size: DualPipe needs at least 2 pp micro-batches per data-parallel rank.
   int global_batch = 4;
+  int layers = 4;  // model.num_layers: 5 splits unevenly over every pipeline of the matrix
 };
 
 // Test names and failure messages show the layout's name.
@@ -53,7 +54,7 @@ void PrintTo(const Layout& l, std::ostream* os) {
 nlohmann::json tiny_scenario(const Layout& l) {
   const Count ranks = l.parallel.value("tp", 1) * l.parallel.value("cp", 1) *
                       l.parallel.value("pp", 1) * l.parallel.value("dp", 1);
-  nlohmann::json model = {{"num_layers", 4},
+  nlohmann::json model = {{"num_layers", l.layers},
                           {"hidden_size", 64},
                           {"num_attention_heads", 4},
                           {"num_kv_heads", 4},
@@ -516,7 +517,28 @@ INSTANTIATE_TEST_SUITE_P(
                false, "adamw", 8},
         Layout{"zero1_dp2_pp2_dualpipe",
                J{{"dp", 2}, {"pp", 2}, {"schedule", "dualpipe"}, {"zero_stage", 1}}, "fp32",
-               "flash", false, false, "adamw", 8}),
+               "flash", false, false, "adamw", 8},
+        // Uneven splits (pipeline_split.h): 5 layers over pp 2 x v 2 interleaved (virtual stages
+        // of 1, 2, 1, 1 layers), over a V (stage 1's chunks 2 and 1 layers) and over DualPipe's
+        // model stages (3 and 2); the Llama 3 paper's ends under Megatron-LM's
+        // account-for-embedding/loss rule, 2 layers: one chunk with only the embedding, one with
+        // only the LM head.
+        Layout{"uneven5_pp2_interleaved",
+               J{{"pp", 2}, {"schedule", "interleaved_1f1b"}, {"virtual_stages", 2}}, "fp32",
+               "flash", false, false, "adamw", 4, 5},
+        Layout{"llama_uneven5_pp2_zb_v", J{{"pp", 2}, {"schedule", "zb_v"}}, "fp32", "flash", true,
+               false, "adamw", 4, 5},
+        Layout{"uneven5_pp2_dualpipe", J{{"pp", 2}, {"schedule", "dualpipe"}}, "fp32", "flash",
+               false, false, "adamw", 4, 5},
+        Layout{"llama3_ends_pp2_interleaved",
+               J{{"pp", 2},
+                 {"schedule", "interleaved_1f1b"},
+                 {"virtual_stages", 2},
+                 {"pipeline_split",
+                  {{"rule", "megatron"},
+                   {"account_for_embedding", true},
+                   {"account_for_loss", true}}}},
+               "fp32", "flash", false, false, "adamw", 4, 2}),
     [](const auto& info) { return std::string(info.param.name); });
 
 INSTANTIATE_TEST_SUITE_P(
@@ -541,6 +563,18 @@ INSTANTIATE_TEST_SUITE_P(
         Layout{"pp2_v_half", J{{"pp", 2}, {"schedule", "v_half"}}},
         Layout{"pp2_v_min", J{{"pp", 2}, {"schedule", "v_min"}}},
         Layout{"pp2_dualpipe_v", J{{"pp", 2}, {"schedule", "dualpipe_v"}}},
+        // Uneven splits: each chunk its own layers, saved activations and program position
+        // (5 layers: interleaved virtual stages of 1, 2, 1, 1; a V whose stage 1 holds chunks of
+        // 2 and 1 layers; DualPipeV likewise; DualPipe model stages of 3 and 2).
+        Layout{"uneven5_pp2_interleaved",
+               J{{"pp", 2}, {"schedule", "interleaved_1f1b"}, {"virtual_stages", 2}}, "fp32",
+               "flash", false, false, "adamw", 4, 5},
+        Layout{"uneven5_pp2_zb_v", J{{"pp", 2}, {"schedule", "zb_v"}}, "fp32", "flash", false,
+               false, "adamw", 4, 5},
+        Layout{"uneven5_pp2_dualpipe_v", J{{"pp", 2}, {"schedule", "dualpipe_v"}}, "fp32", "flash",
+               false, false, "adamw", 4, 5},
+        Layout{"uneven5_pp2_dualpipe", J{{"pp", 2}, {"schedule", "dualpipe"}}, "fp32", "flash",
+               false, false, "adamw", 4, 5},
         // DualPipe (m = 2p): stage s holds model stage s of direction 0 and pp - 1 - s of
         // direction 1, so both end stages hold an embedding and an LM head; the two copies of
         // each model stage sum their gradients once per step (the mirror exchange), before the

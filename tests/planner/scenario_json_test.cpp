@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <numeric>
+
 #include "distplan/planner/error.h"
 #include "distplan/planner/layout.h"
 #include "distplan/planner/presets.h"
@@ -90,8 +92,9 @@ TEST(ScenarioJson, RejectsEveryKindOfBadInput) {
   pp["model"] = {{"preset", "llama2-70b"}, {"num_layers", 2}};
   expect_error(pp, "/parallel/pp", "exceeds num_layers=2");
   json v = with("/parallel/schedule", "interleaved_1f1b");
-  v["parallel"]["virtual_stages"] = 3;
-  expect_error(v, "/parallel/virtual_stages", "does not divide");
+  // 80 layers fill any pp 4 x v up to 20 virtual stages each (pipeline_split.h), not 25.
+  v["parallel"]["virtual_stages"] = 25;
+  expect_error(v, "/parallel/virtual_stages", "cannot fill");
   expect_error(with("/parallel/virtual_stages", 2), "/parallel/virtual_stages", "interleaved_1f1b");
   json ffn = base;
   ffn["model"] = {{"preset", "llama2-70b"}, {"ffn_hidden_size", 28676}};
@@ -125,6 +128,18 @@ TEST(ScenarioJson, AcceptsExplicitUnevenSplit) {
   doc["parallel"]["layers_per_stage"] = {19, 21, 21, 19};
   const Scenario s = testing::scenario(doc);
   EXPECT_EQ(stage_layer_counts(s), (std::vector<Count>{19, 21, 21, 19}));
+  // 80 layers over pp 4 x v 3: 12 virtual stages of 6 or 7 layers (the even rule), echoed back.
+  json v = testing::default_doc();
+  v["parallel"]["schedule"] = "interleaved_1f1b";
+  v["parallel"]["virtual_stages"] = 3;
+  const Scenario sv = testing::scenario(v);
+  const std::vector<Count> layers = stage_layer_counts(sv);
+  EXPECT_EQ(std::accumulate(layers.begin(), layers.end(), Count{0}), 80);
+  v["parallel"]["pipeline_split"] = {{"rule", "torchtitan"}, {"first_stage_less_layers", 2}};
+  const json echoed = to_json(testing::scenario(v)).at("parallel").at("pipeline_split");
+  EXPECT_EQ(echoed, json({{"rule", "torchtitan"},
+                          {"first_stage_less_layers", 2},
+                          {"last_stage_less_layers", 1}}));
 }
 
 TEST(HfConfig, MapsLlamaMistralQwenGpt2AndNeox) {

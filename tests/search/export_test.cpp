@@ -9,6 +9,7 @@
 
 #include "distplan/planner/estimate.h"
 #include "distplan/planner/layout.h"
+#include "distplan/planner/pipeline_split.h"
 #include "distplan/planner/presets.h"
 #include "distplan/search/search.h"
 #include "distplan/search/search_json.h"
@@ -134,7 +135,12 @@ TEST(Export, TorchtitanConfigIsThePlansValues) {
   EXPECT_EQ(par.at("data_parallel_shard_degree"), "2");
   EXPECT_EQ(par.at("data_parallel_replicate_degree"), "2");
   EXPECT_EQ(par.at("pipeline_parallel_schedule"), "\"Interleaved1F1B\"");
-  EXPECT_EQ(par.at("pipeline_parallel_layers_per_stage"), "20");  // 80 / (2*2)
+  // torchtitan's _generate_llm_fqn_per_model_part with no weights gives (80 + 0 + 0) / 4 = 20
+  // layers to each of the 4 stages, the plan's split; 2 stages per rank is its default for a
+  // multi-stage schedule, so no pipeline_parallel_layers_per_stage.
+  EXPECT_EQ(par.at("pipeline_parallel_first_stage_less_layers"), "0");
+  EXPECT_EQ(par.at("pipeline_parallel_last_stage_less_layers"), "0");
+  EXPECT_EQ(par.count("pipeline_parallel_layers_per_stage"), 0u);
   EXPECT_EQ(par.at("pipeline_parallel_microbatch_size"), "1");
   const auto tr = toml_table(text, "training");
   EXPECT_EQ(tr.at("global_batch_size"), "512");
@@ -144,19 +150,34 @@ TEST(Export, TorchtitanConfigIsThePlansValues) {
 }
 
 TEST(Export, MegatronUnevenStagesGiveFirstAndLastCounts) {
-  // 80 layers over pp = 6: 13 each, 2 extra on stages 1 and 2 (planner) -> unequal middle stages.
+  // 80 layers over pp = 6: 13 each, 2 extra on stages 1 and 2 (planner) -> unequal middle stages,
+  // which only --pipeline-model-parallel-layout states; Megatron's parser of it
+  // (parse_megatron_layout) gives the plan's stages back.
   Scenario s =
       scenario_of(layout(8, 6, 1, 0, 0, Recompute::none, true, Schedule::one_f_one_b, 1, 1));
   s.cluster.num_gpus = 48;
-  EXPECT_FALSE(export_scenario(s, ExportFormat::megatron).notes.empty());
-  // 80 layers over pp = 3: 26 / 28 / 26; first and last counts say it all.
+  const auto sa = megatron_args(export_scenario(s, ExportFormat::megatron).text);
+  std::string stages = value_of(sa, "--pipeline-model-parallel-layout");
+  ASSERT_GE(stages.size(), 2u);
+  stages = stages.substr(1, stages.size() - 2);  // the quotes
+  EXPECT_EQ(parse_megatron_layout(stages, 6, 80, 0, "").decoder, stage_layer_counts(s));
+  // 80 layers over pp = 3: 27 / 27 / 26, what Megatron's get_num_layers_to_build gives with the
+  // loss counted as a layer ((80 + 1) / 3 = 27, the last stage one fewer).
   Scenario t =
       scenario_of(layout(8, 3, 1, 0, 0, Recompute::none, true, Schedule::one_f_one_b, 1, 1));
   t.cluster.num_gpus = 24;
   const auto a = megatron_args(export_scenario(t, ExportFormat::megatron).text);
-  const std::vector<Count> layers = stage_layer_counts(t);
-  EXPECT_EQ(value_of(a, "--decoder-first-pipeline-num-layers"), std::to_string(layers.front()));
-  EXPECT_EQ(value_of(a, "--decoder-last-pipeline-num-layers"), std::to_string(layers.back()));
+  EXPECT_EQ(stage_layer_counts(t), (std::vector<Count>{27, 27, 26}));
+  EXPECT_EQ(a.count("--account-for-loss-in-pipeline-split"), 1u);
+  EXPECT_EQ(a.count("--account-for-embedding-in-pipeline-split"), 0u);
+  // 18 / 22 / 22 / 18 over pp = 4: first and last counts say it all (the middle (80 - 36) / 2).
+  Scenario u =
+      scenario_of(layout(8, 4, 1, 0, 0, Recompute::none, true, Schedule::one_f_one_b, 1, 1));
+  u.cluster.num_gpus = 32;
+  u.parallel.layers_per_stage = {18, 22, 22, 18};
+  const auto b = megatron_args(export_scenario(u, ExportFormat::megatron).text);
+  EXPECT_EQ(value_of(b, "--decoder-first-pipeline-num-layers"), "18");
+  EXPECT_EQ(value_of(b, "--decoder-last-pipeline-num-layers"), "18");
 }
 
 TEST(Export, DeparturesAreNoted) {
@@ -432,7 +453,10 @@ TEST(Export, TorchtitanNamesZbvZeroBubble) {
   const std::string text = export_scenario(s, ExportFormat::torchtitan).text;
   const auto par = toml_table(text, "parallelism");
   EXPECT_EQ(par.at("pipeline_parallel_schedule"), "\"ZBVZeroBubble\"");
-  EXPECT_EQ(par.at("pipeline_parallel_layers_per_stage"), "20");  // 80 / (2*2)
+  // 4 stages (2 per rank, torchtitan's default for a multi-stage schedule) of 80 / 4 = 20 layers:
+  // torchtitan's rule with no weights.
+  EXPECT_EQ(par.at("pipeline_parallel_first_stage_less_layers"), "0");
+  EXPECT_EQ(par.count("pipeline_parallel_layers_per_stage"), 0u);
 }
 
 TEST(Export, TorchtitanRunsVHalfAsZbvWithANote) {

@@ -119,7 +119,8 @@ TEST(Space, InterleavingOnlyWhereMegatronAllowsIt) {
     const Count m = 512 / (l.dp * l.micro_batch_size);
     EXPECT_GE(l.virtual_stages, 2);
     EXPECT_GT(l.pp, 1);
-    EXPECT_EQ(80 % (l.pp * l.virtual_stages), 0);
+    // Any layer count: a split fills the pp·v virtual stages (80 + 2 with the light ends).
+    EXPECT_LE(l.pp * l.virtual_stages, l.split == SplitChoice::even ? 80 : 82);
     EXPECT_EQ(m % l.pp, 0);
   }
 }
@@ -139,8 +140,8 @@ TEST(Space, FewerGpusSpansSmallerClusters) {
 }
 
 TEST(Space, VSchedulesWhereTheVFits) {
-  // zb_v, v_half, v_min: two equal chunks per stage (2 pp divides num_layers) and at least 2 pp
-  // micro-batches.
+  // zb_v, v_half, v_min: two chunks per stage of any layer counts (a layer on every virtual stage
+  // for the even split, L + 2 >= 2 pp for the light ends) and at least 2 pp micro-batches.
   const Space sp = space_of("gpt3-1.3b", 24, 96, 2048);  // 24 layers
   RejectCounts rejected{};
   const std::vector<Layout> all = enumerate_layouts(sp, rejected);
@@ -150,13 +151,11 @@ TEST(Space, VSchedulesWhereTheVFits) {
     ++found;
     EXPECT_EQ(l.virtual_stages, 2);
     EXPECT_GT(l.pp, 1);  // one stage: the same work as the flat schedules
-    EXPECT_EQ(24 % (2 * l.pp), 0) << l.pp;
+    EXPECT_LE(2 * l.pp, l.split == SplitChoice::even ? 24 : 26) << l.pp;
     EXPECT_GE(96 / (l.dp * l.micro_batch_size), 2 * l.pp) << l.pp;
   }
   EXPECT_GT(found, 0u);
-  EXPECT_GT(rejected[static_cast<int>(Reject::v_shape_divides_layers)] +
-                rejected[static_cast<int>(Reject::v_shape_microbatches)],
-            0u);
+  EXPECT_GT(rejected[static_cast<int>(Reject::v_shape_microbatches)], 0u);
 }
 
 }  // namespace

@@ -23,6 +23,17 @@ using DualPipeOrder = std::vector<std::vector<DualPipePass>>;  // [stage] passes
 /// Throws InputError at /parallel/schedule unless p is even and m even with m >= 2p.
 [[nodiscard]] DualPipeOrder dualpipe_order(Count p, Count m);
 
+/// DualPipeV's order (deepseek-ai/DualPipe dualpipe/dualpipev.py, commit 3da1bbe; schedule.h,
+/// make_dualpipe_v, spells out its eight steps): the V placement, `chunk` the V's chunk 0 or 1.
+/// Throws InputError at /parallel/schedule unless m >= 2p.
+[[nodiscard]] DualPipeOrder dualpipe_v_order(Count p, Count m);
+
+/// Peak bytes of a stage's saved activations along `passes` (one stage's order): a (micro-batch,
+/// chunk) set lives from its forward to its whole backward or its weight pass and holds
+/// `chunk_bytes[chunk]` (the simulator's accounting, simulate.cpp).
+[[nodiscard]] Bytes order_activation_peak(const std::vector<DualPipePass>& passes,
+                                          const std::vector<Bytes>& chunk_bytes);
+
 /// Peak bytes of saved activations on `stage` along its order: a (micro-batch, chunk) set lives
 /// from its forward to its whole backward or its weight pass and holds `chunk_bytes`, plus
 /// `first_bytes` on the first model stage (chunk 0 of stage 0, chunk 1 of stage p - 1) and

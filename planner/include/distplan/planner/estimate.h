@@ -17,6 +17,11 @@ struct StageMemory {
   Count first_layer = 0;  // layers [first_layer, end_layer) (with interleaving: of the first chunk)
   Count end_layer = 0;
   Count num_layers = 0;  // transformer layers on this GPU (all its chunks)
+  // Per chunk (virtual_stages of them, chunk order; pipeline_split.h): its transformer layers,
+  // and the bytes one micro-batch saves through it (its layers, plus the embedding's or the final
+  // norm and LM head's tensors on the chunk that holds them).
+  std::vector<Count> chunk_layers;
+  std::vector<Bytes> chunk_activation_bytes;
   Count parameters = 0;  // parameters one GPU of this stage holds before ZeRO-3 sharding
   double inflight_microbatches =
       0;                      // peak micro-batches with saved activations (stage-equivalents)
@@ -111,9 +116,23 @@ struct ComputeEstimate {
   bool operator==(const ComputeEstimate&) const = default;
 };
 
-/// Time of one micro-batch through one GPU of a stage (all its chunks together; a chunk takes 1/v),
-/// the figures the simulator schedules. Includes the TP collectives, which sit on the critical
-/// path.
+/// One chunk's share of a stage's costs per micro-batch: its layers, and the embedding or the final
+/// norm, LM head and loss on the chunk that holds them (pipeline_split.h). The simulator times
+/// each chunk's passes with these.
+struct ChunkCosts {
+  Count layers = 0;
+  Count parameters = 0;  // per TP rank: its layers' and units' (ZeRO gathers and reduces them)
+  Seconds forward = 0;
+  Seconds backward_input = 0;
+  Seconds backward_weight = 0;
+  Seconds recompute = 0;         // included in backward_input
+  Seconds tp_communication = 0;  // included in forward and backward_input
+  bool operator==(const ChunkCosts&) const = default;
+};
+
+/// Time of one micro-batch through one GPU of a stage (all its chunks together: the sums of
+/// `chunks`), the figures the simulator schedules. Includes the TP collectives, which sit on the
+/// critical path.
 struct StageCosts {
   Seconds forward = 0;
   Seconds backward_input = 0;   // backward w.r.t. activations (B in the zero-bubble paper)
@@ -132,7 +151,8 @@ struct StageCosts {
   Seconds grad_reduce = 0;   // DP/ZeRO gradient reduction per step
   Seconds param_gather = 0;  // ZeRO-1/2 parameter all-gather after the optimizer step
   Seconds optimizer = 0;     // optimizer step (memory bound)
-  Bytes wire_bytes_per_step = 0;  // ring wire bytes one GPU of this stage sends per step
+  Bytes wire_bytes_per_step = 0;   // ring wire bytes one GPU of this stage sends per step
+  std::vector<ChunkCosts> chunks;  // one per chunk (virtual_stages), chunk order
   bool operator==(const StageCosts&) const = default;
 };
 

@@ -3,6 +3,8 @@
 // rank = tp + TP*(dp + DP*pp); docs/layout.md).
 #pragma once
 
+#include <array>
+
 #include <vector>
 
 #include "distplan/planner/estimate.h"
@@ -10,8 +12,8 @@
 
 namespace distplan {
 
-/// Transformer layers on each pipeline stage (all chunks of a stage together), length pp.
-/// The explicit `parallel.layers_per_stage` when given, else an even split.
+/// Transformer layers on each pipeline stage (all chunks of a stage together), length pp: the
+/// sums of pipeline_split()'s chunks (pipeline_split.h). Throws InputError as pipeline_split.
 [[nodiscard]] std::vector<Count> stage_layer_counts(const Scenario& s);
 
 /// Where virtual stages sit. Megatron-LM's interleaved placement puts chunk c of stage s at
@@ -49,6 +51,17 @@ struct StageChunk {
 [[nodiscard]] constexpr Count dualpipe_direction(Count microbatches, Count microbatch) noexcept {
   return microbatch < microbatches / 2 ? 0 : 1;
 }
+/// A chunk's place on a micro-batch's path under `schedule`: its virtual stage (interleaved or V),
+/// or its model stage under DualPipe; and the path's length (pp·v, or pp under DualPipe).
+[[nodiscard]] constexpr Count chunk_virtual_stage(Schedule schedule, Count pp, Count stage,
+                                                  Count chunk) noexcept {
+  if (bidirectional(schedule)) return dualpipe_model_stage(pp, stage, chunk);
+  return virtual_stage_of(v_shape(schedule), pp, stage, chunk);
+}
+[[nodiscard]] constexpr Count path_length(Schedule schedule, Count pp, Count chunks) noexcept {
+  return bidirectional(schedule) ? pp : pp * chunks;
+}
+
 /// The stage holding the first virtual stage (embedding) is always 0; the one holding the last
 /// (final norm, LM head, loss) is p - 1, or 0 under a V.
 [[nodiscard]] constexpr Count head_stage(Schedule schedule, Count pp) noexcept {
@@ -90,6 +103,15 @@ struct StageChunk {
 [[nodiscard]] Count inflight_chunks(Schedule schedule, Count pp, Count virtual_stages, Count stage,
                                     Count num_microbatches, Count memory_limit = 0) noexcept;
 
+/// The live (chunk 0, chunk 1) activation sets of one stage of a two-chunk schedule's order (the
+/// V schedules, DualPipeV, DualPipe) at the start of each forward, those no other dominates: the
+/// stage's peak for per-set bytes b0, b1 is the largest n0 b0 + n1 b1 over them (a set lives from
+/// its forward to its whole backward or its weight pass, the simulator's accounting). Built once
+/// per (schedule, pp, m) from the order and kept: a search asks for the same few orders for
+/// thousands of layouts, and V-Half's and V-Min's orders take long to build.
+[[nodiscard]] std::vector<std::array<Count, 2>> two_chunk_live_sets(Schedule schedule, Count pp,
+                                                                    Count m, Count stage);
+
 /// Peak bytes of saved activations on `stage`: every in-flight (micro-batch, chunk) pair holds
 /// `chunk_bytes` (its layers), pairs of the first virtual stage also `first_bytes` (embedding
 /// output masks) and pairs of the last virtual stage `last_bytes` (final norm, LM head inputs).
@@ -98,6 +120,16 @@ struct StageChunk {
                                           Count stage, Count num_microbatches, Bytes chunk_bytes,
                                           Bytes first_bytes, Bytes last_bytes,
                                           Count memory_limit = 0) noexcept;
+
+/// The same for chunks that save different bytes: `chunk_bytes[c]` per (micro-batch, chunk c) set,
+/// the embedding's and the LM head's tensors included on the chunks that hold them (uneven
+/// splits, pipeline_split.h). One chunk: the in-flight count times its bytes; interleaved 1F1B:
+/// the largest sum over Megatron-LM's steady state; the V schedules and DualPipe: the largest sum
+/// along the stage's own order (v_schedule.h, dualpipe_order.h), as the simulator counts it.
+[[nodiscard]] Bytes activation_peak_bytes(Schedule schedule, Count pp, Count virtual_stages,
+                                          Count stage, Count num_microbatches,
+                                          const std::vector<Bytes>& chunk_bytes,
+                                          Count memory_limit = 0);
 
 /// Ranks spanned by a group and the link its collectives cross.
 [[nodiscard]] Count group_size(const Scenario& s, Group g) noexcept;

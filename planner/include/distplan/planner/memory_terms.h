@@ -6,6 +6,8 @@
 #pragma once
 
 #include <algorithm>
+#include <span>
+#include <vector>
 
 #include "distplan/planner/estimate.h"
 #include "distplan/planner/layer_ops.h"
@@ -115,7 +117,9 @@ inline Count max_window(bool has_first, Count first, Count n, Count mid, bool ha
 /// Parameters per TP rank of the units one stage holds (docs/memory.md, "Units"); a unit that the
 /// stage does not hold has count 0.
 struct StageUnitParams {
-  Count layer = 0, layers = 0;          // one layer's parameters, and the stage's layer count
+  Count layer = 0, layers = 0;  // one layer's parameters, and the stage's layer count
+  // The layers of each chunk (virtual_stages of them, pipeline_split.h); empty: layers / v each.
+  std::span<const Count> chunk_layers;
   Count embedding = 0, embeddings = 0;  // stage 0
   Count head = 0, heads = 0;            // final norm and LM head, last stage
   [[nodiscard]] Count total() const noexcept {
@@ -148,6 +152,27 @@ struct StageUnitParams {
     u.heads = 1;
   }
   return u;
+}
+
+/// Whether a stage's chunks hold different numbers of layers (an uneven split, pipeline_split.h).
+[[nodiscard]] inline bool uneven_chunks(const StageUnitParams& u) noexcept {
+  return std::adjacent_find(u.chunk_layers.begin(), u.chunk_layers.end(), std::not_equal_to<>()) !=
+         u.chunk_layers.end();
+}
+/// Layers of chunk `c` of the stage.
+[[nodiscard]] inline Count chunk_layer_count(const StageUnitParams& u, Count v, Count c) noexcept {
+  return u.chunk_layers.empty() ? u.layers / v : u.chunk_layers[static_cast<std::size_t>(c)];
+}
+
+/// The bytes one micro-batch saves through chunk `c` of `stage`: its layers' saved tensors, and the
+/// embedding's (`first`) or the final norm and LM head's (`last`) on the chunk at the start or the
+/// end of the path. The planner's peak and the simulator's (micro-batch, chunk) sets use it.
+[[nodiscard]] inline Bytes chunk_activation_bytes(Schedule schedule, Count pp, Count v, int stage,
+                                                  Count c, Count layers, Bytes per_layer,
+                                                  Bytes first, Bytes last) noexcept {
+  const Count vs = chunk_virtual_stage(schedule, pp, stage, c);
+  return layers * per_layer + (vs == 0 ? first : 0) +
+         (vs == path_length(schedule, pp, v) - 1 ? last : 0);
 }
 
 /// Elements per TP rank of the stage's largest parameter tensor: the word embedding on the stage
@@ -400,9 +425,21 @@ inline void stage_memory(const Scenario& base, const MemoryLayout& l, const Stag
   sm.inflight_microbatches = static_cast<double>(sm.inflight_chunks) / static_cast<double>(v);
   // The embedding's and LM head's tensors belong to the first and last virtual stage only; the
   // schedule's order decides how many of those chunks are in flight at the peak.
-  sm.activations_bytes = activation_peak_bytes(
-      l.schedule, pp, v, st, l.num_microbatches, (u.layers / v) * act.kept,
-      sm.embedding_activation_bytes, sm.head_activation_bytes, l.zb_memory_limit);
+  if (v > 1 && uneven_chunks(u)) {
+    // Chunks of unequal layers: the peak of the per-chunk sets along the schedule's order.
+    std::vector<Bytes> chunk_bytes(static_cast<std::size_t>(v));
+    for (Count c = 0; c < v; ++c) {
+      chunk_bytes[static_cast<std::size_t>(c)] =
+          chunk_activation_bytes(l.schedule, pp, v, st, c, chunk_layer_count(u, v, c), act.kept,
+                                 sm.embedding_activation_bytes, sm.head_activation_bytes);
+    }
+    sm.activations_bytes = activation_peak_bytes(l.schedule, pp, v, st, l.num_microbatches,
+                                                 chunk_bytes, l.zb_memory_limit);
+  } else {
+    sm.activations_bytes = activation_peak_bytes(
+        l.schedule, pp, v, st, l.num_microbatches, chunk_layer_count(u, v, 0) * act.kept,
+        sm.embedding_activation_bytes, sm.head_activation_bytes, l.zb_memory_limit);
+  }
   // A pipeline engine that keeps each in-flight micro-batch's stage output until its backward
   // (DeepSpeed's pipe_buffers['outputs'], partitioned over the TP group:
   // FrameworkProfile::pipeline_output_buffers); every stage that sends activations. DeepSpeed's
@@ -446,17 +483,19 @@ inline void stage_memory(const Scenario& base, const MemoryLayout& l, const Stag
       // the current unit and the next zero3_prefetch_layers gathered, so the peak is the largest
       // run of that many consecutive units of one chunk.
       const Count k = 1 + base.assumptions.zero3_prefetch_layers;
-      const Count per_chunk = u.layers / v;
       const bool emb = u.embeddings > 0, head = u.heads > 0;
       Count gathered = 0;
-      if (v == 1) {
-        gathered = detail::max_window(emb, padded_embedding, per_chunk, padded_layer, head,
-                                      padded_head, k);
-      } else {
-        // The embedding opens the first chunk and the LM head closes the last.
-        gathered = std::max(
-            detail::max_window(emb, padded_embedding, per_chunk, padded_layer, false, 0, k),
-            detail::max_window(false, 0, per_chunk, padded_layer, head, padded_head, k));
+      Count most_layers = 0;  // of any chunk: the fp8 copies below
+      for (Count c = 0; c < v; ++c) {
+        // Each chunk's pass: the embedding opens the chunk at the path's start and the LM head
+        // closes the one at its end.
+        const Count n = chunk_layer_count(u, v, c);
+        const Count vs = chunk_virtual_stage(l.schedule, pp, st, c);
+        const bool opens = emb && vs == 0;
+        const bool closes = head && vs == path_length(l.schedule, pp, v) - 1;
+        gathered = std::max(gathered, detail::max_window(opens, padded_embedding, n, padded_layer,
+                                                         closes, padded_head, k));
+        most_layers = std::max(most_layers, n);
       }
       // Zero-bubble schedules split the backward: the B pass gathers parameters and defers every
       // weight gradient, the W pass fills the unit gradient and reads no parameter, so the
@@ -464,7 +503,7 @@ inline void stage_memory(const Scenario& base, const MemoryLayout& l, const Stag
       const bool split =
           l.schedule == Schedule::zb_h1 || l.schedule == Schedule::zb_h2 || v_shape(l.schedule);
       // FP8: the gathered layers' fp8 copies (at most k of them).
-      const Bytes fp8 = std::min(k, per_chunk) * l.fp8_layer_state;
+      const Bytes fp8 = std::min(k, most_layers) * l.fp8_layer_state;
       zero_ws = split ? std::max(gathered * cb + fp8, gradient) : gathered * cb + fp8 + gradient;
     }
   }

@@ -231,6 +231,38 @@ struct TrainingSpec {
   bool operator==(const TrainingSpec&) const = default;
 };
 
+/// How a pipeline's transformer layers are split over its virtual stages (pipeline_split.h;
+/// docs/layout.md, "Pipeline splits"). Each rule is the framework's own code:
+/// - even: as even as possible over the virtual stages, the remainder to the virtual stages
+///   after the first in path order (the ends hold the embedding and the LM head).
+/// - explicit_layers: `layers` gives every virtual stage's count (JSON layers_per_virtual_stage).
+/// - megatron: Megatron-LM get_num_layers_to_build (megatron/core/transformer/
+///   transformer_block.py): --decoder-first-pipeline-num-layers, --decoder-last-pipeline-
+///   num-layers, --account-for-embedding-in-pipeline-split, --account-for-loss-in-pipeline-split.
+/// - megatron_layout: Megatron-LM --pipeline-model-parallel-layout (PipelineParallelLayerLayout,
+///   megatron/core/transformer/pipeline_parallel_layer_layout.py).
+/// - torchtitan: torchtitan _generate_llm_fqn_per_model_part (torchtitan/distributed/
+///   pipeline_parallel.py) with pipeline_parallel_first_stage_less_layers and
+///   pipeline_parallel_last_stage_less_layers.
+enum class SplitRule { even, explicit_layers, megatron, megatron_layout, torchtitan };
+[[nodiscard]] std::string_view to_string(SplitRule v) noexcept;
+
+struct PipelineSplitSpec {
+  SplitRule rule = SplitRule::even;
+  std::vector<Count> layers;  // explicit_layers: one count per virtual stage, in path order
+  // megatron: the first and last pipeline stage's layers (all their chunks together), and the
+  // embedding and the loss counted as one layer each of the first and last virtual stage.
+  std::optional<Count> first_stage_layers;
+  std::optional<Count> last_stage_layers;
+  bool account_for_embedding = false;
+  bool account_for_loss = false;
+  std::string layout;  // megatron_layout: e.g. "Et*3|(tt|)*29,m|L"
+  // torchtitan: layers the first (embedding) and last (norm, LM head) virtual stages hold fewer.
+  Count first_stage_less_layers = 1;
+  Count last_stage_less_layers = 1;
+  bool operator==(const PipelineSplitSpec&) const = default;
+};
+
 struct ParallelSpec {
   Count tp = 1;
   Count pp = 1;
@@ -241,7 +273,8 @@ struct ParallelSpec {
   Recompute recompute = Recompute::none;
   Schedule schedule = Schedule::one_f_one_b;
   Count virtual_stages = 1;
-  std::vector<Count> layers_per_stage;        // explicit split, one entry per stage; empty = even
+  std::vector<Count> layers_per_stage;  // explicit split, one entry per GPU stage; empty: `split`
+  PipelineSplitSpec split;              // layers per virtual stage (pipeline_split.h)
   Offload offload_optimizer = Offload::none;  // fp32 master weights, moments, fp32 gradients
   Offload offload_params = Offload::none;     // the compute-dtype parameter shard (ZeRO-3)
   /// zb_auto: saved activations each stage may hold, in micro-batches of that stage (the Zero

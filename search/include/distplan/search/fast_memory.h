@@ -1,7 +1,8 @@
 // The search's lean memory path: the peak bytes per GPU of a layout, exactly as the planner's
 // estimate() computes them, without building an Estimate. It calls the planner's per-stage
 // memory terms (memory_terms.h, the function estimate() uses) and evaluates only the
-// stages that can hold the peak: the first, the second and the last (docs/search.md, "Speed").
+// stages that can hold the peak: the first, the second and the last, or every stage when the
+// split gives a stage's chunks unequal layers (docs/search.md, "Speed").
 // A layout that does not fit needs nothing more; one that fits is estimated in full.
 // tests/search/fast_memory_test.cpp checks equality with estimate() over whole spaces.
 #pragma once
@@ -31,7 +32,17 @@ class FastMemory {
   [[nodiscard]] Seconds step_lower_bound(const Layout& l) const noexcept;
 
  private:
-  [[nodiscard]] Bytes stage_total(const Layout& l, Count stage, Count layers) const noexcept;
+  // The layout's layers per stage and chunk (pipeline_split.h), for this outer's pp.
+  struct Split {
+    Schedule schedule = Schedule::one_f_one_b;  // its placement: interleaved, V or DualPipe
+    Count v = 1;
+    SplitChoice choice = SplitChoice::even;
+    std::vector<std::vector<Count>> chunks;  // [stage][chunk]
+    std::vector<Count> stage_layers;         // [stage]
+    bool uneven_chunks = false;              // some stage's chunks differ
+  };
+  [[nodiscard]] const Split& split_of(const Layout& l) const;
+  [[nodiscard]] Bytes stage_total(const Layout& l, Count stage, const Split& split) const noexcept;
 
   Scenario base_;
   LayerTable table_;
@@ -39,9 +50,9 @@ class FastMemory {
   Count vocab_ = 0;         // padded for this tp
   Count layer_params_ = 0;  // per TP rank
   Count num_microbatches_ = 0;
-  Count layers_first_ = 0, layers_second_ = 0, layers_last_ = 0;
-  Bytes fp8_state_ = 0;             // one layer's fp8 weight copies and scales (planner fp8.h)
-  LayerActivation act_[2][4] = {};  // [sequence parallel][recompute], per layer per micro-batch
+  mutable std::vector<Split> splits_;  // the splits seen since set_outer()
+  Bytes fp8_state_ = 0;                // one layer's fp8 weight copies and scales (planner fp8.h)
+  LayerActivation act_[2][4] = {};     // [sequence parallel][recompute], per layer per micro-batch
   // The planner's op costs (op_costs.h) of one micro-batch on one GPU, [sequence parallel]:
   // one layer, and the last stage's norm, LM head and loss.
   PassCosts layer_[2] = {};

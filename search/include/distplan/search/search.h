@@ -82,6 +82,8 @@ struct Result {
   std::uint64_t feasible = 0;   // layouts that fit (and, for "gpus", reach the target)
   std::uint64_t pruned = 0;  // feasible layouts whose bound kept them out of the best (not walked)
   std::uint64_t walked = 0;  // layouts planned with the schedule walk
+  std::uint64_t quiet_walks = 0;  // walks without DP/ZeRO traffic that bounded them (one per
+                                  // layout with its ZeRO stage left out)
   double seconds = 0;        // wall-clock time of the search
   double evaluate_seconds = 0;  // of which enumerating and bounding (before the walks)
   int threads = 1;

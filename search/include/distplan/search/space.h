@@ -15,8 +15,16 @@
 
 namespace distplan::search {
 
-/// One point of the space: a parallel layout plus the micro-batch size. 88 bytes, ordered by its
-/// fields in declaration order (the total key that makes results independent of thread count).
+/// How a layout splits its layers over the pipeline's virtual stages (pipeline_split.h;
+/// docs/search.md, "Pipeline splits"): `even`, the planner's even rule; `light_ends`, the
+/// embedding and the LM head with the loss counted as one layer each, the first and the last
+/// virtual stage one layer lighter: Megatron-LM's --account-for-embedding-in-pipeline-split and
+/// --account-for-loss-in-pipeline-split, torchtitan's default first/last_stage_less_layers = 1.
+enum class SplitChoice : std::uint8_t { even, light_ends };
+[[nodiscard]] std::string_view to_string(SplitChoice c) noexcept;
+
+/// One point of the space: a parallel layout plus the micro-batch size, ordered by its fields in
+/// declaration order (the total key that makes results independent of thread count).
 struct Layout {
   Count tp = 1;
   Count pp = 1;
@@ -30,6 +38,7 @@ struct Layout {
   bool sequence_parallel = false;
   Count cp = 1;  // context parallel (the exchange, cp_comm, is the base scenario's)
   Count ep = 1;  // expert parallel (MoE models; etp stays 1)
+  SplitChoice split = SplitChoice::even;
 
   [[nodiscard]] Count num_gpus() const noexcept { return tp * cp * pp * dp; }
   bool operator==(const Layout&) const = default;
@@ -67,18 +76,18 @@ enum class Reject : int {
   tp_divides_ffn,      // tp divides ffn_hidden_size
   pp_exceeds_layers,
   batch_not_divisible,            // dp*micro_batch_size does not divide the global batch
-  virtual_divides_layers,         // interleaved: pp*v divides num_layers, v >= 2
+  too_few_layers,                 // more virtual stages than a split can fill with layers
+  virtual_stages_uneven,  // unpinned interleaved v whose virtual stages no split fills evenly
   interleaved_microbatches,       // interleaved: micro-batches per step a multiple of pp
   sequence_parallel_divides_seq,  // sp: tp divides seq_length
   shard_not_divisor,              // a pinned fsdp_shard_size that does not divide dp
-  v_shape_divides_layers,         // V schedules: 2 pp divides num_layers (two equal chunks)
   v_shape_microbatches,           // V schedules: at least 2 pp micro-batches per step
   cp_divides_seq,                 // cp: 2·cp (cp under a2a) chunks divide seq_length
   cp_divides_heads,               // cp a2a: cp divides the heads and KV heads per TP rank
   cp_needs_flash,                 // cp only with flash attention
   ep_divides_experts,             // MoE: ep divides num_experts and tp·cp·dp (expert folding)
   moe_not_planned,                // MoE: a lever the planner refuses for MoE (docs/moe.md)
-  dualpipe_pp,                    // dualpipe: pp even (>= 2) and a multiple of pp layers
+  dualpipe_pp,                    // dualpipe: pp even (>= 2)
   dualpipe_microbatches,          // dualpipe: an even number of micro-batches, at least 2 pp
   dualpipe_not_planned,           // dualpipe: ZeRO-2/3 or tied embeddings (validate refuses)
   // Constraints (liftable).
@@ -108,6 +117,7 @@ struct Candidates {
   std::vector<bool> sequence_parallel;
   std::vector<Recompute> recompute;
   std::vector<Schedule> schedule;
+  std::vector<SplitChoice> split;  // empty: both where pp > 1 and they differ
   bool operator==(const Candidates&) const = default;
 };
 
@@ -165,6 +175,15 @@ struct InnerLists {
   std::vector<bool> sequence_parallel;
 };
 void inner_lists(const Space& space, const Outer& o, RejectCounts& rejected, InnerLists& out);
+/// The splits the layout (pp, schedule, v) takes: even where the layers fill every virtual stage,
+/// light_ends where pp > 1 and the layers with the embedding and the head fill them (and the
+/// split differs from the even one); both filtered by the pinned candidates. At most 2.
+struct SplitChoices {
+  SplitChoice choice[2]{};
+  int n = 0;
+};
+[[nodiscard]] SplitChoices split_choices(const Space& space, Count pp, Schedule schedule,
+                                         Count v) noexcept;
 [[nodiscard]] inline bool is_interleaved(Schedule s) noexcept {
   return s == Schedule::interleaved_1f1b;
 }
@@ -191,6 +210,11 @@ void for_each_inner(const Space& space, const Outer& o, RejectCounts& rejected, 
     const bool zero01_only = bidirectional(sched);  // dualpipe: ZeRO 0/1 (validate_scenario)
     for (Count v : vs) {
       l.virtual_stages = v;
+      const detail::SplitChoices splits = detail::split_choices(space, o.pp, sched, v);
+      if (splits.n == 0) {
+        ++rejected[static_cast<int>(Reject::too_few_layers)];
+        continue;
+      }
       for (int z : lists.zero_stages) {
         if (zero01_only && z >= 2) {
           ++rejected[static_cast<int>(Reject::dualpipe_not_planned)];
@@ -204,7 +228,10 @@ void for_each_inner(const Space& space, const Outer& o, RejectCounts& rejected, 
             l.recompute = r;
             for (bool sp : lists.sequence_parallel) {
               l.sequence_parallel = sp;
-              fn(static_cast<const Layout&>(l));
+              for (int k = 0; k < splits.n; ++k) {
+                l.split = splits.choice[k];
+                fn(static_cast<const Layout&>(l));
+              }
             }
           }
         }
