@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "distplan/planner/check.h"
+#include "distplan/planner/checked.h"
 #include "distplan/planner/fp8.h"
 #include "distplan/planner/layer_ops.h"
 #include "distplan/planner/layout.h"
@@ -219,8 +220,8 @@ class Estimator {
       nvme = std::max(nvme, sm.nvme_bytes);
     }
     const Count node_gpus = gpus_in_node();
-    mem.host_bytes_per_node = host * node_gpus;
-    mem.nvme_bytes_per_node = nvme * node_gpus;
+    mem.host_bytes_per_node = mul_bytes(host, node_gpus, "/model", "the host memory of one node");
+    mem.nvme_bytes_per_node = mul_bytes(nvme, node_gpus, "/model", "the NVMe bytes of one node");
     mem.host_capacity_bytes = s_.cluster.host_memory_bytes;
     mem.host_fits =
         mem.host_capacity_bytes == 0 || mem.host_bytes_per_node <= mem.host_capacity_bytes;
@@ -337,7 +338,8 @@ class Estimator {
                               : op == CollectiveOp::send_recv ? bytes
                                                               : bytes * (n - 1) / n)
                            : ring_wire_bytes(op, bytes, n);
-    c.wire_bytes_per_gpu_per_step = wire * calls;
+    c.wire_bytes_per_gpu_per_step = mul_bytes(wire, calls, "/training/global_batch_size",
+                                              "the bytes of one collective per step");
     c.seconds_per_step =
         static_cast<double>(calls) *
         (latency_steps(x, op) * x.latency + transfer_seconds(x, static_cast<double>(wire), bytes));
@@ -752,7 +754,8 @@ class Estimator {
       Seconds tp_fwd = 0, tp_total = 0;
       // Add up this stage's figures; only the busiest stage's list is kept (below).
       auto tally = [&](const Collective& c) {
-        wire += c.wire_bytes_per_gpu_per_step;
+        wire = add_bytes(wire, c.wire_bytes_per_gpu_per_step, "/training/global_batch_size",
+                         "the bytes one GPU sends per step");
         switch (c.group) {
           case Group::tp:
             tp_total += c.seconds_per_step;
@@ -928,6 +931,8 @@ class Estimator {
     k.optimizer = cpu_opt + (nvme_step > 0 ? nvme_step / nvme : 0.0) + param_up / pcie;
     const double pcie_bytes = grad_down + param_up + m * fetch_per_mb;
     const double nvme_bytes = nvme_step + m * nvme_fetch_per_mb;
+    if (pcie_bytes >= 0x1p63 || nvme_bytes * node_gpus >= 0x1p63)
+      bytes_overflow("/training/global_batch_size", "the offload traffic of one step");
     if (static_cast<Bytes>(pcie_bytes) >= out.pcie_bytes_per_gpu_per_step) {
       out.pcie_bytes_per_gpu_per_step = static_cast<Bytes>(pcie_bytes);
       out.nvme_bytes_per_node_per_step = static_cast<Bytes>(nvme_bytes * node_gpus);

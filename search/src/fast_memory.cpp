@@ -3,7 +3,9 @@
 #include "distplan/search/fast_memory.h"
 
 #include <algorithm>
+#include <limits>
 
+#include "distplan/planner/error.h"
 #include "distplan/planner/estimate.h"
 #include "distplan/planner/fp8.h"
 #include "distplan/planner/layout.h"
@@ -87,8 +89,13 @@ Bytes FastMemory::stage_total(const Layout& l, Count st, Count layer_count) cons
   const StageUnitParams units = stage_unit_params(base_.model, l.tp, l.pp, l.schedule, stage,
                                                   layer_count, vocab_, layer_params_);
   StageMemory sm;
-  stage_memory(base_, ml, units, act_[l.sequence_parallel ? 1 : 0][static_cast<int>(l.recompute)],
-               stage, vocab_, sm);
+  try {
+    stage_memory(base_, ml, units, act_[l.sequence_parallel ? 1 : 0][static_cast<int>(l.recompute)],
+                 stage, vocab_, sm);
+  } catch (const InputError&) {
+    // Past 2^63 - 1 bytes (checked.h): no GPU holds it, and validation refuses the layout.
+    return std::numeric_limits<Bytes>::max();
+  }
   return sm.reserved_bytes;  // what fits compares (= total_bytes under the generic profile)
 }
 

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 
+#include "distplan/planner/checked.h"
 #include "distplan/planner/estimate.h"
 #include "distplan/planner/layer_ops.h"
 #include "distplan/planner/layout.h"
@@ -234,7 +235,7 @@ struct StageUnitParams {
 /// totals.
 inline void framework_terms(const Scenario& base, const MemoryLayout& l, const StageUnitParams& u,
                             const LayerActivation& act, int st, Count padded_vocab,
-                            StageMemory& sm) noexcept {
+                            StageMemory& sm) {
   const FrameworkProfile& fw = base.assumptions.framework_profile;
   const Bytes cb = bytes_of(base.training.precision);
   // Inside a layer's backward: the gradients of its largest activation (an op's output and input
@@ -256,14 +257,22 @@ inline void framework_terms(const Scenario& base, const MemoryLayout& l, const S
     transient = std::max(transient, upcast - sm.working_bytes);
   }
   sm.transient_bytes = transient;
-  const Bytes states = sm.weights_bytes + sm.gradients_bytes + sm.optimizer_bytes;
-  const Bytes churn = sm.activations_bytes + sm.buffers_bytes + sm.transient_bytes;
+  // The category sums, checked (checked.h): validation bounds each category, not their sum.
+  constexpr const char* kStates = "/model";
+  constexpr const char* kChurn = "/training/seq_length";
+  const Bytes states =
+      add_bytes(add_bytes(sm.weights_bytes, sm.gradients_bytes, kStates, "model states per GPU"),
+                sm.optimizer_bytes, kStates, "model states per GPU");
+  const Bytes churn = add_bytes(
+      add_bytes(sm.activations_bytes, sm.buffers_bytes, kChurn, "activations and buffers per GPU"),
+      sm.transient_bytes, kChurn, "activations and buffers per GPU");
   const Bytes reserve = base.cluster.runtime_reserve_bytes;
   if (!fw.models_allocator) {
     // generic: the flat reserve covers runtime, workspaces and the allocator.
     sm.runtime_bytes = std::max<Bytes>(reserve, 0);
-    sm.allocated_bytes = states + churn;
-    sm.total_bytes = sm.allocated_bytes + sm.runtime_bytes;
+    sm.allocated_bytes = add_bytes(states, churn, kChurn, "the memory of one GPU");
+    sm.total_bytes =
+        add_bytes(sm.allocated_bytes, sm.runtime_bytes, kChurn, "the memory of one GPU");
     sm.reserved_bytes = sm.total_bytes;
     return;
   }
@@ -276,25 +285,28 @@ inline void framework_terms(const Scenario& base, const MemoryLayout& l, const S
                : reserve;
   const Bytes workspace = computed ? fw.cublas_workspace_bytes : 0;
   sm.runtime_bytes = outside + workspace;
-  sm.allocated_bytes = states + churn + workspace;
-  sm.total_bytes = sm.allocated_bytes + outside;
+  sm.allocated_bytes = add_bytes(add_bytes(states, churn, kChurn, "the memory of one GPU"),
+                                 workspace, kChurn, "the memory of one GPU");
+  sm.total_bytes = add_bytes(sm.allocated_bytes, outside, kChurn, "the memory of one GPU");
   // The allocator's segments: each model-state buffer and the workspace in one segment of their
   // own (rounded to 2 MiB); the bytes freed and reallocated every step with the fragmentation
   // factor on top, rounded likewise.
   using allocator::segment_bytes;
   auto seg = [](Bytes b) { return b > 0 ? segment_bytes(b) : Bytes{0}; };
-  const auto churn_reserved =
-      static_cast<Bytes>(static_cast<double>(churn) * (1.0 + fw.allocator_fragmentation));
-  sm.reserved_bytes = seg(sm.weights_bytes) + seg(sm.gradients_bytes) + seg(sm.optimizer_bytes) +
-                      seg(workspace) + seg(churn_reserved) + outside;
+  const double churn_reserved = static_cast<double>(churn) * (1.0 + fw.allocator_fragmentation);
+  if (churn_reserved >= 0x1p63) bytes_overflow(kChurn, "the allocator's segments of one GPU");
+  // Each segment is at most 2 MiB above its bytes: the sum is below the total plus 10 MiB.
+  sm.reserved_bytes = add_bytes(
+      seg(sm.weights_bytes) + seg(sm.gradients_bytes) + seg(sm.optimizer_bytes) + seg(workspace),
+      seg(static_cast<Bytes>(churn_reserved)) + outside, kChurn,
+      "the allocator's segments of one GPU");
 }
 
 /// Fills everything of `sm` but the layer range (first_layer, end_layer), for one GPU of
 /// `stage`. `act` is layer_activation() for the layout's tp, sequence parallelism and recompute
 /// (and the training's micro-batch size). Filled in place: estimate() writes its stages directly.
 inline void stage_memory(const Scenario& base, const MemoryLayout& l, const StageUnitParams& u,
-                         const LayerActivation& act, int st, Count vocab,
-                         StageMemory& sm) noexcept {
+                         const LayerActivation& act, int st, Count vocab, StageMemory& sm) {
   const ModelSpec& m = base.model;
   const TrainingSpec& t = base.training;
   const Count pp = l.pp;
