@@ -179,9 +179,11 @@ class Estimator {
     const Count pp = p_.pp;
     const Count v = p_.virtual_stages;
     MemoryLayout ml = memory_layout(s_);
-    const LayerActivation act = add_moe_activation(
-        layer_activation(table_, m_, local_training(), p_.tp, p_.sequence_parallel, p_.recompute),
-        moe_, p_.recompute);
+    const LayerActivation act =
+        add_cp_activation(add_moe_activation(layer_activation(table_, m_, local_training(), p_.tp,
+                                                              p_.sequence_parallel, p_.recompute),
+                                             moe_, p_.recompute),
+                          m_, p_.cp, p_.cp_comm, act_tokens(), p_.tp, cb(), p_.recompute);
     MemoryEstimate& mem = e.memory;
     mem.capacity_bytes = s_.cluster.gpu.memory_bytes;
     mem.stages.resize(static_cast<std::size_t>(pp));
@@ -416,12 +418,15 @@ class Estimator {
         x.calls[1] = {CollectiveOp::reduce_scatter, "cp: key and value gradients", n * kv, 1, 0};
         break;
       case CpComm::a2a: {
-        const Bytes q = act_tokens() * m_.hidden_size / p_.tp * cb();
-        // q and the output (forward); the output again with dO, then dQ (backward: Transformer
-        // Engine's AttnFuncWithCPAndQKVOA2A.backward exchanges [out, dout] before the attention
-        // backward, context_parallel.py); k and v, then dK and dV.
+        // Query width heads × head_dim (q_hidden: not hidden_size when head_dim is explicit).
+        const Bytes q = act_tokens() * m_.q_hidden() / p_.tp * cb();
+        // q and the output (forward), dO and dQ (backward): Transformer Engine >= 2.9's
+        // AttnFuncWithCPAndQKVOA2A saves the head-sharded output and exchanges only dO before
+        // the attention backward (context_parallel.py; NVIDIA/TransformerEngine#2012), as
+        // DeepSpeed-Ulysses' DistributedAttention does (the backward of its _SeqAllToAll of the
+        // output and of q); k and v, then dK and dV.
         x.calls[0] = {CollectiveOp::all_to_all, "cp all-to-all: queries and outputs", q,
-                      5 + 2 * replay, 2};
+                      4 + 2 * replay, 2};
         x.calls[1] = {CollectiveOp::all_to_all, "cp all-to-all: keys and values", kv / 2,
                       4 + 2 * replay, 2};
         break;

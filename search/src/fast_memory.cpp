@@ -54,8 +54,10 @@ void FastMemory::set_outer(const Outer& o) {
     routed_[sp] = moe_pass_costs(s.model, moe, rates);
     for (Recompute r :
          {Recompute::none, Recompute::selective, Recompute::full, Recompute::selective_op}) {
-      act_[sp][static_cast<int>(r)] =
-          add_moe_activation(layer_activation(table_, s.model, local, o.tp, sp == 1, r), moe, r);
+      act_[sp][static_cast<int>(r)] = add_cp_activation(
+          add_moe_activation(layer_activation(table_, s.model, local, o.tp, sp == 1, r), moe, r),
+          s.model, o.cp, s.parallel.cp_comm, o.micro_batch_size * local.seq_length, o.tp,
+          bytes_of(s.training.precision), r);
     }
   }
 }

@@ -43,6 +43,7 @@ struct Layout {
   const char* optimizer = "adamw";
   // training.global_batch_size: DualPipe needs at least 2 pp micro-batches per data-parallel rank.
   int global_batch = 4;
+  int head_dim = 0;  // model.head_dim when > 0 (heads × head_dim ≠ hidden_size)
 };
 
 // Test names and failure messages show the layout's name.
@@ -73,6 +74,7 @@ nlohmann::json tiny_scenario(const Layout& l) {
     model["ffn_hidden_size"] = 128;
     model["bias"] = false;
   }
+  if (l.head_dim > 0) model["head_dim"] = l.head_dim;
   return {{"model", model},
           {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", ranks}, {"gpus_per_node", 8}}},
           {"training",
@@ -624,7 +626,15 @@ INSTANTIATE_TEST_SUITE_P(
         Layout{"cp2_tp2_sp_a2a",
                J{{"cp", 2}, {"cp_comm", "a2a"}, {"tp", 2}, {"sequence_parallel", true}}},
         Layout{"llama_cp2_a2a_recompute_full",
-               J{{"cp", 2}, {"cp_comm", "a2a"}, {"recompute", "full"}}, "fp32", "flash", true}),
+               J{{"cp", 2}, {"cp_comm", "a2a"}, {"recompute", "full"}}, "fp32", "flash", true},
+        // An explicit head_dim (Qwen3's shapes: heads × head_dim = 2 × hidden here): the queries,
+        // the output and their exchanges are heads × head_dim wide, not hidden_size (issue 29,
+        // item 4), under every cp_comm.
+        Layout{"llama_cp2_a2a_head_dim", J{{"cp", 2}, {"cp_comm", "a2a"}}, "fp32", "flash", true,
+               false, "adamw", 4, 32},
+        Layout{"llama_cp2_head_dim", J{{"cp", 2}}, "fp32", "flash", true, false, "adamw", 4, 32},
+        Layout{"llama_cp2_all_gather_head_dim", J{{"cp", 2}, {"cp_comm", "all_gather"}}, "fp32",
+               "flash", true, false, "adamw", 4, 32}),
     [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

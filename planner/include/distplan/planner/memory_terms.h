@@ -88,12 +88,13 @@ inline Count max_window(bool has_first, Count first, Count n, Count mid, bool ha
 /// the per-step outputs being merged in the forward, and KV plus dKV in the backward;
 /// all_gather (AttnFuncWithCPAndKVAllGather) gathers the whole sequence's K and V, and in the
 /// backward their gradients before the reduce-scatter; a2a (AttnFuncWithCPAndQKVOA2A) holds the
-/// exchanged q, k, v and output, each the size of the local ones.
+/// exchanged q, k, v and output, each the size of the local ones. The query width is
+/// heads × head_dim (ModelSpec::q_hidden(), not hidden_size when head_dim is explicit).
 [[nodiscard]] inline Bytes cp_attention_buffer_bytes(const ModelSpec& m, const MemoryLayout& l,
                                                      Count tokens, Bytes cb) noexcept {
   if (l.cp <= 1) return 0;
   const Bytes kv = tokens * 2 * m.kv_hidden() / l.tp * cb;  // local K and V
-  const Bytes q = tokens * m.hidden_size / l.tp * cb;       // local q, and the output alike
+  const Bytes q = tokens * m.q_hidden() / l.tp * cb;        // local q, and the output alike
   switch (l.cp_comm) {
     case CpComm::p2p:
       return std::max(2 * kv + 2 * q, 4 * kv);
@@ -103,6 +104,23 @@ inline Count max_window(bool has_first, Count first, Count n, Count mid, bool ha
       return 2 * q + kv;
   }
   return 0;
+}
+
+/// What a layer saves for its backward under context parallelism beyond the layer table: with
+/// cp_comm a2a, Transformer Engine >= 2.9's AttnFuncWithCPAndQKVOA2A saves the attention output
+/// in the head layout it was computed in (before its all-to-all back), beside the sequence-layout
+/// output the out projection keeps, so that the backward exchanges only dO
+/// (transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py, since
+/// TE v2.9, NVIDIA/TransformerEngine#2012; docs/memory.md, "Context parallel"). Full
+/// recomputation rebuilds it with the layer (its working set).
+[[nodiscard]] inline LayerActivation add_cp_activation(LayerActivation a, const ModelSpec& m,
+                                                       Count cp, CpComm comm, Count tokens,
+                                                       Count tp, Bytes cb,
+                                                       Recompute recompute) noexcept {
+  if (cp <= 1 || comm != CpComm::a2a) return a;
+  const Bytes out = tokens * m.q_hidden() / tp * cb;
+  (recompute == Recompute::full ? a.working : a.kept) += out;
+  return a;
 }
 
 /// Optimizer bytes per parameter, the ZeRO paper's K (Rajbhandari et al. 2020, sec. 3.1).
