@@ -370,22 +370,6 @@ void check_host_resources(const Scenario& s, const Estimate& e, const ValidateOp
   }
 }
 
-// The planner's levers the backend does not train with: a validation would run without them and
-// hold the plan against a different run, so it is refused at the field.
-void refuse_unvalidated_levers(const Scenario& s) {
-  const ParallelSpec& p = s.parallel;
-  if (p.offload_optimizer != Offload::none || p.offload_params != Offload::none) {
-    throw InputError(p.offload_optimizer != Offload::none ? "/parallel/offload_optimizer"
-                                                          : "/parallel/offload_params",
-                     "the backend keeps every model state on its device; offload is planned, not "
-                     "validated");
-  }
-  if (s.training.fp8 != Fp8Recipe::none) {
-    throw InputError("/training/precision",
-                     "the backend trains in fp32, fp16 or bf16; fp8 is planned, not validated");
-  }
-}
-
 BackendResult run_backend(const Scenario& s, const json& doc, const ValidateOptions& o) {
   BackendResult br;
   const Count ranks = ranks_of(s);
@@ -570,7 +554,6 @@ void install_validate(CLI::App& app) {
         return;
       }
     }
-    refuse_unvalidated_levers(s);
     backend::check_supported_on(s, device_of(opts->device));
     if (opts->emulate_rank >= ranks_of(s))
       throw InputError("", fmt::format("--emulate-rank {} is not a rank of the layout (0..{})",

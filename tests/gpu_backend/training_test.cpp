@@ -337,6 +337,45 @@ TEST(Training, RefusesTheBloomFeaturesItDoesNotTrain) {
   EXPECT_EQ(refused_field(norm), "/model/embedding_norm");
 }
 
+// Issue 29, item 8: what the backend does not train is refused by run() itself, for every caller
+// (not only `distplan validate`): frameworks whose conventions it does not emulate, offload, fp8
+// and per-head q/k norms, each at its field. run() is called directly here, as a library user
+// would.
+TEST(Training, RunRefusesWhatItDoesNotTrainAtTheField) {
+  const Scenario ok = scenario_from_json(tiny_scenario(Layout{"single", J{{"tp", 1}}}));
+  auto run_field = [](const Scenario& s) {
+    RunOptions o;
+    o.steps = 1;
+    o.comm = CommBackend::emulated;
+    try {
+      (void)run(s, o);
+    } catch (const InputError& e) {
+      return e.path();
+    }
+    return std::string("accepted");
+  };
+  EXPECT_EQ(run_field(ok), "accepted");
+  EXPECT_TRUE(emulates(Framework::generic));
+  EXPECT_TRUE(emulates(Framework::megatron));
+  for (Framework f : {Framework::deepspeed, Framework::fsdp2}) {
+    Scenario x = ok;
+    x.training.framework = f;
+    EXPECT_FALSE(emulates(f));
+    EXPECT_EQ(run_field(x), "/training/framework") << to_string(f);
+  }
+  Scenario offload = ok;
+  offload.parallel.zero_stage = 1;
+  offload.parallel.offload_optimizer = Offload::cpu;
+  EXPECT_EQ(run_field(offload), "/parallel/offload_optimizer");
+  Scenario fp8 = ok;
+  fp8.training.precision = DType::bf16;
+  fp8.training.fp8 = Fp8Recipe::delayed;
+  EXPECT_EQ(run_field(fp8), "/training/precision");
+  Scenario qk = ok;
+  qk.model.qk_norm = true;
+  EXPECT_EQ(run_field(qk), "/model/qk_norm");
+}
+
 // The CUDA device (tensors in device memory, GEMMs in cuBLAS, the other ops through the device
 // dispatch) trains the single-rank model like the CPU oracle within `tol` of its losses and
 // measures the same bytes per category. Skips itself without a GPU.
