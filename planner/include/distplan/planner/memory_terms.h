@@ -448,8 +448,9 @@ inline void stage_memory(const Scenario& base, const MemoryLayout& l, const Stag
 
   // Buffers: the logits workspace lives from the last stage's forward to the loss gradient;
   // ZeRO-2/3 unit buffers live while a unit's gradient is reduced or its parameters are gathered.
-  // The two are never alive together, so the category's peak is the larger.
-  Bytes logits_ws = 0;
+  // One micro-batch's two are never alive together, so the category's peak is the larger (but
+  // for the logits GPipe keeps waiting, below).
+  Bytes logits_ws = 0, logits_one = 0;
   if (holds_head(l.schedule, pp, st)) {
     // Logits in the compute dtype (unless freed before the loss's backward) plus their fp32
     // copies for the vocab-parallel loss (one, the softmax, unless the framework's loss keeps
@@ -459,13 +460,20 @@ inline void stage_memory(const Scenario& base, const MemoryLayout& l, const Stag
         act_tokens * (vocab / tp) * (kept_logits + 4 * fw.loss_fp32_copies) / fw.loss_chunks;
     const Count live = l.schedule == Schedule::gpipe ? l.num_microbatches : 1;
     logits_ws = logits * live;
+    logits_one = logits;
   }
   Bytes zero_ws = 0;
   const bool expert_zero = l.expert_params > 0 && u.layers > 0 && l.edp > 1;
-  if ((S > 1 || expert_zero) && l.zero_stage >= 2) {
-    Count largest = S > 1 ? padded_layer : 0;
-    if (S > 1 && u.embeddings > 0) largest = std::max(largest, padded_embedding);
-    if (S > 1 && u.heads > 0) largest = std::max(largest, padded_head);
+  // ZeRO-3 gathers every unit into a buffer of its own and fills a unit gradient before handing
+  // it on, whatever the shard group: at dp·cp = 1 too (one GPU, or a pipeline at dp 1), where
+  // the "gather" copies the GPU's (or, offloaded, the host's) whole partition (DeepSpeed's
+  // partitioned parameters and FSDP2's unsharded parameter buffers exist at world size 1;
+  // issue 29, item 7). ZeRO-2 at S = 1 reduces into the gradient buffer itself.
+  const bool dense_zero = S > 1 || l.zero_stage == 3;
+  if ((dense_zero || expert_zero) && l.zero_stage >= 2) {
+    Count largest = dense_zero ? padded_layer : 0;
+    if (dense_zero && u.embeddings > 0) largest = std::max(largest, padded_embedding);
+    if (dense_zero && u.heads > 0) largest = std::max(largest, padded_head);
     // The routed experts of a layer are a unit too, padded over the expert data-parallel group.
     if (expert_zero) largest = std::max(largest, detail::ceil_div(l.expert_params, l.edp) * l.edp);
     const Bytes gradient = largest * gb;  // one unit's full gradient before its reduce-scatter
@@ -483,9 +491,14 @@ inline void stage_memory(const Scenario& base, const MemoryLayout& l, const Stag
                                       padded_head, k);
       } else {
         // The embedding opens the first chunk and the LM head closes the last.
-        gathered = std::max(
-            detail::max_window(emb, padded_embedding, per_chunk, padded_layer, false, 0, k),
-            detail::max_window(false, 0, per_chunk, padded_layer, head, padded_head, k));
+        const Count first =
+            detail::max_window(emb, padded_embedding, per_chunk, padded_layer, false, 0, k);
+        const Count last =
+            detail::max_window(false, 0, per_chunk, padded_layer, head, padded_head, k);
+        // DualPipeV's F&B pairs run a forward of one chunk and a backward of the other at once:
+        // both chunks' gathered units are alive (issue 29, item 7: the backend measured twice
+        // the one-chunk figure).
+        gathered = l.schedule == Schedule::dualpipe_v ? first + last : std::max(first, last);
       }
       // Zero-bubble schedules split the backward: the B pass gathers parameters and defers every
       // weight gradient, the W pass fills the unit gradient and reads no parameter, so the
@@ -493,14 +506,19 @@ inline void stage_memory(const Scenario& base, const MemoryLayout& l, const Stag
       const bool split =
           l.schedule == Schedule::zb_h1 || l.schedule == Schedule::zb_h2 || v_shape(l.schedule);
       // FP8: the gathered layers' fp8 copies (at most k of them).
-      const Bytes fp8 = std::min(k, per_chunk) * l.fp8_layer_state;
+      const Bytes fp8 =
+          std::min(k, per_chunk) * l.fp8_layer_state * (l.schedule == Schedule::dualpipe_v ? 2 : 1);
       zero_ws = split ? std::max(gathered * cb + fp8, gradient) : gathered * cb + fp8 + gradient;
     }
   }
   // Context parallel: the key/value exchange buffers of the layer whose attention runs, alive
   // with that layer's ZeRO-3 gathered units (docs/memory.md, "Context parallel").
   const Bytes cp_ws = u.layers > 0 ? cp_attention_buffer_bytes(m, l, act_tokens, cb) : 0;
-  sm.buffers_bytes = std::max(logits_ws, zero_ws + cp_ws);
+  // GPipe's last stage keeps every micro-batch's logits until its backward: while the first
+  // backward gathers units and fills unit gradients, the other m - 1 are alive (issue 29,
+  // item 7, measured by the backend at dp 1).
+  const Bytes waiting_logits = logits_ws - logits_one;
+  sm.buffers_bytes = std::max(logits_ws, waiting_logits + zero_ws + cp_ws);
   framework_terms(base, l, u, act, st, vocab, sm);
 }
 
