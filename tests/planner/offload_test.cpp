@@ -146,8 +146,8 @@ TEST(Offload, Zero3OffloadOnOneGpuKeepsTheGatheredUnit) {
     const double P = static_cast<double>(e.parameters);
     const DsBytes ds = ds_zero3(P, largest_unit(s), 1, 1, true, params, true, 1.5);
     const StageMemory& m = e.memory.stages[0];
-    const double gpu = static_cast<double>(m.weights_bytes + m.gradients_bytes +
-                                           m.optimizer_bytes + m.buffers_bytes);
+    const double gpu = static_cast<double>(m.weights_bytes + m.gradients_bytes + m.optimizer_bytes +
+                                           m.buffers_bytes);
     EXPECT_NEAR(gpu, ds.gpu, 1e-6 * ds.gpu) << params;
   }
 }
