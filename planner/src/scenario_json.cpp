@@ -250,6 +250,8 @@ class PointerTracker {
   }
   /// The first key an object repeats, if the parse stopped at one.
   [[nodiscard]] const std::optional<std::string>& duplicate() const { return duplicate_; }
+  /// Whether the parse stopped at an array or object nested deeper than kMaxJsonDepth.
+  [[nodiscard]] bool too_deep() const { return too_deep_; }
   bool end_object() { return pop(); }
   bool end_array() { return pop(); }
   bool parse_error(std::size_t, const std::string&, const json::exception&) { return false; }
@@ -279,6 +281,10 @@ class PointerTracker {
     return true;
   }
   bool push(bool array) {
+    if (frames_.size() >= static_cast<std::size_t>(kMaxJsonDepth)) {
+      too_deep_ = true;
+      return false;  // stop: pointer() names the container that holds the deepest one
+    }
     frames_.push_back({array, 0, std::nullopt, {}});
     return true;
   }
@@ -288,6 +294,7 @@ class PointerTracker {
   }
   std::vector<Frame> frames_;
   std::optional<std::string> duplicate_;
+  bool too_deep_ = false;
 };
 
 // nlohmann's message without its "[json.exception.<kind>.<id>] " prefix.
@@ -308,15 +315,27 @@ json parse_json_text(std::string_view text) {
         "", fmt::format("malformed JSON: a NUL byte at offset {} (JSON text has none)", nul));
   }
   try {
-    json doc = json::parse(text.begin(), text.end());
-    // RFC 8259 sec. 4: names within an object SHOULD be unique; a repeated one would silently
-    // override the first (nlohmann keeps the last), so it is refused at its pointer.
+    // First a pass that builds nothing (RFC 8259 sec. 9 lets a parser limit nesting): a document
+    // nested deeper than any distplan reads is refused before a tree is built (300,000 nested
+    // arrays crashed the search's recursive copies; a 16 MiB one took 1.6 GB to refuse; issue
+    // 29, items 11 and 12). RFC 8259 sec. 4: names within an object SHOULD be unique; a
+    // repeated one would silently override the first (nlohmann keeps the last), so it is
+    // refused at its pointer.
     PointerTracker tracker;
-    if (!json::sax_parse(text.begin(), text.end(), &tracker) && tracker.duplicate()) {
-      throw InputError(tracker.pointer(),
-                       fmt::format("duplicate key '{}': each key may appear once per object",
-                                   *tracker.duplicate()));
+    if (!json::sax_parse(text.begin(), text.end(), &tracker)) {
+      if (tracker.too_deep()) {
+        throw InputError(tracker.pointer(),
+                         fmt::format("JSON nested deeper than {} levels here (a scenario has "
+                                     "about 5); distplan reads no such document",
+                                     kMaxJsonDepth));
+      }
+      if (tracker.duplicate()) {
+        throw InputError(tracker.pointer(),
+                         fmt::format("duplicate key '{}': each key may appear once per object",
+                                     *tracker.duplicate()));
+      }
     }
+    json doc = json::parse(text.begin(), text.end());
     return doc;
   } catch (const json::parse_error& e) {
     // A syntax error or ill-formed UTF-8: the document itself is malformed; nlohmann's message
