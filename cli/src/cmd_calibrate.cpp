@@ -18,9 +18,11 @@
 namespace distplan::cli {
 
 void add_calibration_option(CLI::App& cmd, CommonOptions& opts) {
+  // An empty name was silently ignored (issue 29, item 15).
   cmd.add_option("--calibration", opts.calibration,
                  "distplan.calibration/v1 file (from `distplan calibrate`) whose assumptions "
-                 "replace the scenario's");
+                 "replace the scenario's")
+      ->check(non_empty_path());
 }
 
 void apply_calibration_file(const std::string& path, nlohmann::json& scenario_doc) {

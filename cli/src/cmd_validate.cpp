@@ -12,6 +12,7 @@
 // prints the comparison itself.
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -111,6 +112,29 @@ void maybe_inject_fault(int rank) {
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
 }
 
+// This process dies with its parent: `sig` when the parent (the launcher, mpirun, its daemon or
+// Slurm's step daemon) exits, whatever ends it, SIGKILL included (Linux PR_SET_PDEATHSIG; kept
+// across execve). When the parent is already gone (its pid is no longer the one seen before
+// arming), exits at once. Issue 29, item 14: after a SIGKILL of `distplan validate` mpirun and
+// the ranks ran on under init past --timeout.
+void die_with_parent(int sig) {
+  const pid_t parent = ::getppid();
+  ::prctl(PR_SET_PDEATHSIG, sig);
+  if (::getppid() != parent) std::_Exit(128 + sig);
+}
+
+// A rank's own bound (the launcher passes its --timeout plus a grace): a rank the launcher
+// could not stop (a lost launcher on another host) ends itself, exit 124 like timeout(1).
+void start_rank_watchdog(double seconds) {
+  if (!(seconds > 0)) return;
+  std::thread([seconds] {
+    std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+    std::fprintf(stderr, "validate: this rank did not finish within %g s (--timeout); it stops\n",
+                 seconds);
+    std::_Exit(124);
+  }).detach();
+}
+
 struct BackendResult {
   bool fits = true;
   std::string oom_message;
@@ -131,6 +155,8 @@ bool launches_locally(const ValidateOptions& o) {
 std::optional<BackendResult> run_rank_worker(const Scenario& s, const ValidateOptions& o) {
   if (!backend::mpi_available())
     throw std::runtime_error("validate: --rank-worker needs a build with MPI");
+  die_with_parent(SIGKILL);
+  start_rank_watchdog(o.timeout_seconds);
   backend::mpi_init_if_needed();
   const int rank = backend::mpi_world_rank();
   maybe_inject_fault(rank);
@@ -241,14 +267,32 @@ LaunchResult launch(const std::vector<std::string>& args, const std::string& out
   std::vector<char*> argv;
   for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
+  // The launcher's output and log go to files opened here and unlinked at once, with their
+  // folder: a launcher killed by SIGKILL leaves no folder behind (the kernel frees the files).
+  const int out = ::open(out_path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  const int err = ::open(log_path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  {
+    std::error_code ec;
+    fs::remove_all(folder.path, ec);
+    folder.path.clear();
+  }
+  if (out < 0 || err < 0) {
+    if (out >= 0) ::close(out);
+    if (err >= 0) ::close(err);
+    throw std::runtime_error("validate: cannot create the launcher's output files in " +
+                             fs::path(out_path).parent_path().string());
+  }
+  const pid_t self = ::getpid();
   const pid_t pid = ::fork();
   if (pid < 0) throw std::runtime_error("validate: fork failed");
   if (pid == 0) {
     ::setpgid(0, 0);
-    const int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    const int err = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (out >= 0) ::dup2(out, 1);
-    if (err >= 0) ::dup2(err, 2);
+    // mpirun (or srun) ends with this process however it ends: SIGTERM, on which it stops its
+    // ranks (each also dies with mpirun, die_with_parent in the rank worker).
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() != self) std::_Exit(128 + SIGTERM);
+    ::dup2(out, 1);
+    ::dup2(err, 2);
     ::execv(argv[0], argv.data());
     std::_Exit(127);
   }
@@ -276,14 +320,17 @@ LaunchResult launch(const std::vector<std::string>& args, const std::string& out
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  auto slurp = [](const std::string& path) {
-    std::ifstream f(path);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    return ss.str();
+  auto slurp = [](int fd) {
+    std::string text;
+    char buf[65536];
+    ::lseek(fd, 0, SEEK_SET);
+    for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) > 0;)
+      text.append(buf, static_cast<std::size_t>(n));
+    ::close(fd);
+    return text;
   };
-  r.out = slurp(out_path);
-  r.log = slurp(log_path);
+  r.out = slurp(out);
+  r.log = slurp(err);
   return r;
 }
 
@@ -370,22 +417,6 @@ void check_host_resources(const Scenario& s, const Estimate& e, const ValidateOp
   }
 }
 
-// The planner's levers the backend does not train with: a validation would run without them and
-// hold the plan against a different run, so it is refused at the field.
-void refuse_unvalidated_levers(const Scenario& s) {
-  const ParallelSpec& p = s.parallel;
-  if (p.offload_optimizer != Offload::none || p.offload_params != Offload::none) {
-    throw InputError(p.offload_optimizer != Offload::none ? "/parallel/offload_optimizer"
-                                                          : "/parallel/offload_params",
-                     "the backend keeps every model state on its device; offload is planned, not "
-                     "validated");
-  }
-  if (s.training.fp8 != Fp8Recipe::none) {
-    throw InputError("/training/precision",
-                     "the backend trains in fp32, fp16 or bf16; fp8 is planned, not validated");
-  }
-}
-
 BackendResult run_backend(const Scenario& s, const json& doc, const ValidateOptions& o) {
   BackendResult br;
   const Count ranks = ranks_of(s);
@@ -422,9 +453,12 @@ BackendResult run_backend(const Scenario& s, const json& doc, const ValidateOpti
   req.hostfile = o.hostfile;
   req.extra_args = o.launcher_args;
   req.ranks = ranks;
-  req.program = {self,         "validate",          "--rank-worker",           "--rank-worker-job",
-                 dir.string(), "--scenario-base64", base64_encode(doc.dump()), "--device",
-                 o.device,     "--steps",           std::to_string(o.steps)};
+  req.program = {self, "validate", "--rank-worker", "--rank-worker-job", dir.string(),
+                 "--scenario-base64", base64_encode(doc.dump()), "--device", o.device, "--steps",
+                 std::to_string(o.steps),
+                 // The ranks' own bound: the launcher stops them at --timeout (SIGTERM, SIGKILL
+                 // 3 s later); a rank whose launcher is gone ends itself a little later.
+                 "--timeout", fmt::format("{}", o.timeout_seconds + 30)};
   if (o.tf32) req.program.push_back("--tf32");
   // Linux limits one argument to 32 pages (MAX_ARG_STRLEN); a scenario is a few KiB.
   if (req.program[6].size() > 100000)
@@ -570,7 +604,6 @@ void install_validate(CLI::App& app) {
         return;
       }
     }
-    refuse_unvalidated_levers(s);
     backend::check_supported_on(s, device_of(opts->device));
     if (opts->emulate_rank >= ranks_of(s))
       throw InputError("", fmt::format("--emulate-rank {} is not a rank of the layout (0..{})",

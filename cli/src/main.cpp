@@ -32,8 +32,10 @@ void add_common_options(CLI::App& cmd, CommonOptions& opts, bool input_optional)
                                              "embedded Llama-2-70B on 64 x H100 scenario)"
                                            : "Scenario JSON file, or - for stdin");
   if (!input_optional) in->required();
+  // An empty name was silently ignored (issue 29, item 15): the run went on without the file.
   cmd.add_option("--hf-config", opts.hf_config,
-                 "Hugging Face config.json whose model replaces the scenario's model");
+                 "Hugging Face config.json whose model replaces the scenario's model")
+      ->check(non_empty_path());
   cmd.add_option("--format", opts.format, "Output: json (default) or table")
       ->transform(CLI::CheckedTransformer(
           std::map<std::string, Format>{{"json", Format::json}, {"table", Format::table}},

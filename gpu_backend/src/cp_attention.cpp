@@ -8,9 +8,10 @@
 namespace distplan::backend::trainer_detail {
 
 void Trainer::cp_attention_forward(int ui, HostVec& q, HostVec& k, HostVec& v, HostVec& out,
-                                   HostVec& lse) {
+                                   HostVec& lse, HostVec& out_heads) {
+  out_heads.clear();
   if (p_.cp_comm == CpComm::all_gather) return all_gather_attention_forward(q, k, v, out, lse);
-  if (p_.cp_comm == CpComm::a2a) return a2a_attention_forward(q, k, v, out, lse);
+  if (p_.cp_comm == CpComm::a2a) return a2a_attention_forward(q, k, v, out, lse, out_heads);
   ring_attention_forward(ui, q, k, v, out, lse);
 }
 
@@ -108,9 +109,11 @@ void Trainer::all_gather_attention_backward(const HostVec& dout, const HostVec& 
 }
 
 // DeepSpeed-Ulysses (Jacobs et al. 2023, sec. 3.2) as Transformer Engine's
-// AttnFuncWithCPAndQKVOA2A: q, k, v all-to-all from this rank's rows of every head to every row
-// of 1/cp of the heads, attention over the whole sequence, the output back; the backward
-// exchanges the output and its gradient again, then dQ, dK, dV back.
+// AttnFuncWithCPAndQKVOA2A (TE >= 2.9, context_parallel.py): q, k, v all-to-all from this rank's
+// rows of every head to every row of 1/cp of the heads, attention over the whole sequence, the
+// output back; the forward saves the head-sharded output, so the backward exchanges only dO,
+// then sends dQ, dK, dV back: four query-sized all-to-alls per layer (TE before 2.9 exchanged
+// [out, dO] in the backward, five).
 HostVec Trainer::seq_to_heads(const HostVec& x, Count heads, const char* what, Tensor& recv,
                               MemoryTag tag) {
   const Count b = t_.micro_batch_size, hc = heads / cp_, c = sl_ / 2;
@@ -154,8 +157,8 @@ HostVec Trainer::heads_to_seq(const HostVec& y, Count heads, const char* what, T
   return x;
 }
 
-void Trainer::a2a_attention_forward(HostVec& q, HostVec& k, HostVec& v, HostVec& out,
-                                    HostVec& lse) {
+void Trainer::a2a_attention_forward(HostVec& q, HostVec& k, HostVec& v, HostVec& out, HostVec& lse,
+                                    HostVec& out_heads) {
   const Count b = t_.micro_batch_size, s = t_.seq_length, ah = a_l_ / cp_, gh = g_l_ / cp_;
   // Buffers (the planner's 2 q + kv): the exchanged q, k, v and the output.
   Tensor qr, kr, vr, ob;
@@ -167,6 +170,7 @@ void Trainer::a2a_attention_forward(HostVec& q, HostVec& k, HostVec& v, HostVec&
                                b, ah, gh, d_);
   rnd(oh, cb_);
   out = heads_to_seq(oh, a_l_, kQo, &ob, MemoryTag::buffers);
+  out_heads = std::move(oh);
   q = std::move(qh);
   k = std::move(kh);
   v = std::move(vh);
@@ -177,12 +181,11 @@ void Trainer::a2a_attention_backward(const HostVec& dout, const HostVec& q, cons
                                      const HostVec& v, const HostVec& out, const HostVec& lse,
                                      HostVec& dq, HostVec& dk, HostVec& dv) {
   const Count s = t_.seq_length, ah = a_l_ / cp_, gh = g_l_ / cp_;
-  // The layer kept its output by rows: exchanged again with its gradient (as Transformer Engine).
-  Tensor orr, dor;
-  const HostVec oh = seq_to_heads(out, a_l_, kQo, orr, MemoryTag::buffers);
+  // `out` is the head-sharded output the forward saved: only dO is exchanged.
+  Tensor dor;
   const HostVec doh = seq_to_heads(dout, a_l_, kQo, dor, MemoryTag::temporaries);
   HostVec dqh(q.size(), 0.0f), dkh(k.size(), 0.0f), dvh(v.size(), 0.0f);
-  dev::flash_attention_backward(o_.device, doh.data(), q.data(), k.data(), v.data(), oh.data(),
+  dev::flash_attention_backward(o_.device, doh.data(), q.data(), k.data(), v.data(), out.data(),
                                 lse.data(), dqh.data(), dkh.data(), dvh.data(), s,
                                 t_.micro_batch_size, ah, gh, d_);
   rnd(dqh, cb_);

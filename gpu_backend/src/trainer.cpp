@@ -14,6 +14,8 @@
 #include <memory>
 #include <optional>
 #include <stdexcept>
+
+#include <fmt/format.h>
 #include "distplan/gpu_backend/cpu_ops.h"
 #include "distplan/gpu_backend/device_ops.h"
 #include "distplan/gpu_backend/gradient_dump.h"
@@ -105,7 +107,41 @@ Measurement Trainer::train() {
 
 using trainer_detail::Trainer;
 
+bool emulates(Framework f) noexcept {
+  // The trainer keeps Megatron-LM's copies (compute-dtype weights, gradient buffers in
+  // grad_accumulation_dtype, fp32 master weights and Adam moments, Megatron-style saved tensors)
+  // and replays PyTorch's caching allocator: the conventions of megatron and of generic, the
+  // textbook. DeepSpeed's and torchtitan's copies, buckets and loss differ by up to ±50 % per
+  // category (docs/memory.md, "Framework profiles"): a comparison would report those differences
+  // as prediction error.
+  return f == Framework::generic || f == Framework::megatron;
+}
+
 void check_supported(const Scenario& s) {
+  if (!emulates(s.training.framework)) {
+    throw InputError("/training/framework",
+                     fmt::format("the backend trains with Megatron-LM's conventions (framework "
+                                 "megatron or generic), not {}'s copies, buckets and loss; a "
+                                 "validation would report their differences as prediction error. "
+                                 "Plan, simulate or search it, or validate with megatron",
+                                 to_string(s.training.framework)));
+  }
+  const ParallelSpec& lever = s.parallel;
+  if (lever.offload_optimizer != Offload::none || lever.offload_params != Offload::none) {
+    throw InputError(lever.offload_optimizer != Offload::none ? "/parallel/offload_optimizer"
+                                                              : "/parallel/offload_params",
+                     "the backend keeps every model state on its device; offload is planned, not "
+                     "validated");
+  }
+  if (s.training.fp8 != Fp8Recipe::none) {
+    throw InputError("/training/precision",
+                     "the backend trains in fp32, fp16 or bf16; fp8 is planned, not validated");
+  }
+  if (s.model.qk_norm) {
+    throw InputError("/model/qk_norm",
+                     "the backend has no RMSNorm over each query and key head (Qwen3); plan or "
+                     "simulate the model");
+  }
   if (bidirectional(s.parallel.schedule) &&
       (s.model.tied_embeddings || s.parallel.zero_stage >= 2)) {
     // validate_scenario refuses both for DualPipe (not planned); a Scenario built in code could

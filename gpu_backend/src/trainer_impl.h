@@ -121,16 +121,17 @@ struct LayerParams {
 
 // Tensors one layer keeps from forward to backward: exactly the layer op table's saved entries.
 struct LayerSaved {
-  Tensor x;        // input_norm.input           (sp)
-  Tensor ln1;      // qkv.input                  (sp)
-  Tensor q, k, v;  // attention.q/k/v            (tp)
-  Tensor probs;    // attention.probs (standard) (tp), dropped by selective recompute
-  Tensor lse;      // attention.logsumexp (flash, fp32)
-  Tensor attn;     // attention_out.input        (tp)
-  Tensor x2;       // post_attention_norm.input  (sp)
-  Tensor ln2;      // mlp_in.input               (sp)
-  Tensor fc1;      // activation.input           (tp)
-  Tensor act;      // mlp_out.input              (tp)
+  Tensor x;           // input_norm.input           (sp)
+  Tensor ln1;         // qkv.input                  (sp)
+  Tensor q, k, v;     // attention.q/k/v            (tp)
+  Tensor probs;       // attention.probs (standard) (tp), dropped by selective recompute
+  Tensor lse;         // attention.logsumexp (flash, fp32)
+  Tensor attn;        // attention_out.input        (tp)
+  Tensor attn_heads;  // cp_comm a2a: the attention output head-sharded, for its backward (tp)
+  Tensor x2;          // post_attention_norm.input  (sp)
+  Tensor ln2;         // mlp_in.input               (sp)
+  Tensor fc1;         // activation.input           (tp)
+  Tensor act;         // mlp_out.input              (tp)
   // MoE layers: fc1/act above are the shared experts'; the routed block keeps its index maps
   // here and its tensors (router scores, expert inputs, expert FFN, returned outputs) below.
   std::shared_ptr<moe::BlockSaved<float>> moe;
@@ -261,8 +262,11 @@ class Trainer {
 
   // ---- context parallelism (cp_attention.cpp, ring_attention.cpp) ------------------------------
   // Attention of layer unit `ui` under cp > 1 by parallel.cp_comm. The forward may replace k and
-  // v by what the backward starts from (the ring's last block).
-  void cp_attention_forward(int ui, HostVec& q, HostVec& k, HostVec& v, HostVec& out, HostVec& lse);
+  // v by what the backward starts from (the ring's last block); under a2a it also returns the
+  // head-sharded output in `out_heads`, which the layer saves and the backward reads as `out`
+  // (for p2p and all_gather `out_heads` stays empty and `out` is the output the layer saved).
+  void cp_attention_forward(int ui, HostVec& q, HostVec& k, HostVec& v, HostVec& out, HostVec& lse,
+                            HostVec& out_heads);
   void cp_attention_backward(int ui, const HostVec& dout, const HostVec& q, const HostVec& k,
                              const HostVec& v, const HostVec& out, const HostVec& lse, HostVec& dq,
                              HostVec& dk, HostVec& dv);
@@ -281,9 +285,12 @@ class Trainer {
                        MemoryTag tag);
   HostVec heads_to_seq(const HostVec& y, Count heads, const char* what, Tensor* send_keep = nullptr,
                        MemoryTag tag = MemoryTag::temporaries);
-  // The forward replaces q, k, v and lse by their head-sharded forms, which the layer saves
-  // (Transformer Engine saves the exchanged tensors) and the backward reads.
-  void a2a_attention_forward(HostVec& q, HostVec& k, HostVec& v, HostVec& out, HostVec& lse);
+  // The forward replaces q, k, v and lse by their head-sharded forms and returns the output in
+  // both layouts (`out` by rows for the out projection, `out_heads` as the attention wrote it),
+  // which the layer saves (Transformer Engine >= 2.9 saves the exchanged tensors and the output
+  // before its all-to-all back) and the backward reads.
+  void a2a_attention_forward(HostVec& q, HostVec& k, HostVec& v, HostVec& out, HostVec& lse,
+                             HostVec& out_heads);
   void a2a_attention_backward(const HostVec& dout, const HostVec& q, const HostVec& k,
                               const HostVec& v, const HostVec& out, const HostVec& lse, HostVec& dq,
                               HostVec& dk, HostVec& dv);

@@ -138,8 +138,9 @@ Vec Trainer::layer_forward(int ui, const LayerParams& lp, LayerSaved& sv) {
     // tensors (a2a).
     // Context parallelism runs on the CPU only (check_supported_on): its ring and exchanges work
     // on host arrays.
-    HostVec hq = q.to_host(), hk = k.to_host(), hv = v.to_host(), ha, hl;
-    cp_attention_forward(ui, hq, hk, hv, ha, hl);
+    HostVec hq = q.to_host(), hk = k.to_host(), hv = v.to_host(), ha, hl, heads;
+    cp_attention_forward(ui, hq, hk, hv, ha, hl, heads);
+    if (!heads.empty()) sv.attn_heads = save_act(heads);
     q = Vec::from_host(o_.device, hq);
     k = Vec::from_host(o_.device, hk);
     v = Vec::from_host(o_.device, hv);
@@ -259,8 +260,9 @@ Vec Trainer::layer_backward(int ui, const LayerParams& lp, LayerSaved& sv, const
       dv = zeros(static_cast<Count>(v.size()));
   if (cp_ > 1) {  // on the CPU only, as the forward
     HostVec hdq, hdk, hdv;
+    const Tensor& out = p_.cp_comm == CpComm::a2a ? sv.attn_heads : sv.attn;
     cp_attention_backward(ui, dattn.to_host(), q.to_host(), k.to_host(), v.to_host(),
-                          rd(sv.attn).to_host(), rd(sv.lse).to_host(), hdq, hdk, hdv);
+                          rd(out).to_host(), rd(sv.lse).to_host(), hdq, hdk, hdv);
     dq = Vec::from_host(o_.device, hdq);
     dk = Vec::from_host(o_.device, hdk);
     dv = Vec::from_host(o_.device, hdv);

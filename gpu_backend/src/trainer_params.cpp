@@ -39,6 +39,7 @@ Unit Trainer::make_layer_unit(Count layer, LayerParams& lp) {
   u.kind = 0;
   const bool ln = m_.norm == Norm::layernorm;
   const Count kvh = m_.kv_hidden();
+  const Count qh = m_.q_hidden();  // heads × head_dim: hidden_size unless head_dim is explicit
   const Count f = m_.ffn_hidden_size;
   auto idx = [&](Param&) { return static_cast<int>(u.params.size()) - 1; };
   // Order of the layer op table: input_norm, qkv, attention_out, post_attention_norm, mlp_in,
@@ -46,13 +47,13 @@ Unit Trainer::make_layer_unit(Count layer, LayerParams& lp) {
   idx(u.add(1, h_, Init::one, uid(layer, 0), identity(), sp_)), lp.norm1_g = idx(u.params.back());
   if (ln)
     u.add(1, h_, Init::zero, uid(layer, 1), identity(), sp_), lp.norm1_b = idx(u.params.back());
-  u.add((h_ + 2 * kvh) / tp_, h_, Init::normal, uid(layer, 2), column_rows({h_, kvh, kvh}, h_));
+  u.add((qh + 2 * kvh) / tp_, h_, Init::normal, uid(layer, 2), column_rows({qh, kvh, kvh}, h_));
   lp.qkv_w = idx(u.params.back());
   if (m_.bias || m_.qkv_bias) {  // Qwen2: biases on q, k and v only
-    u.add((h_ + 2 * kvh) / tp_, 1, Init::zero, uid(layer, 3), column_rows({h_, kvh, kvh}, 1));
+    u.add((qh + 2 * kvh) / tp_, 1, Init::zero, uid(layer, 3), column_rows({qh, kvh, kvh}, 1));
     lp.qkv_b = idx(u.params.back());
   }
-  u.add(h_, h_ / tp_, Init::normal, uid(layer, 4), row_cols(h_)), lp.out_w = idx(u.params.back());
+  u.add(h_, qh / tp_, Init::normal, uid(layer, 4), row_cols(qh)), lp.out_w = idx(u.params.back());
   if (m_.bias)
     u.add(1, h_, Init::zero, uid(layer, 5), identity(), sp_), lp.out_b = idx(u.params.back());
   u.add(1, h_, Init::one, uid(layer, 6), identity(), sp_), lp.norm2_g = idx(u.params.back());

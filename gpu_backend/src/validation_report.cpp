@@ -130,30 +130,8 @@ ValidationReport compare(const Scenario& s, const Estimate& e, const Measurement
     }
     if (!present) continue;
     r.peak_bytes = std::max(r.peak_bytes, ms.bytes["total"]);
-    const std::map<std::string, Bytes> predicted =
-        predicted_bytes(e.memory.stages[static_cast<std::size_t>(st)]);
-    StageMemoryError es;
-    es.stage = st;
-    for (const char* c : kComparedCategories) {
-      // Host memory has no device runtime: runtime is not measured, and the measured total (the
-      // tracked joint peak) is compared with the predicted total less the runtime reserve. The
-      // generic profile has no allocator model (its reserved is its total): nothing to compare
-      // the allocator replay's reserved bytes with.
-      const bool reserved_unmodelled =
-          std::string(c) == "reserved" && !s.assumptions.framework_profile.models_allocator;
-      if (std::string(c) == "runtime" || reserved_unmodelled) {
-        es.by_category[c] = std::nullopt;
-        continue;
-      }
-      es.by_category[c] =
-          relative_error(static_cast<double>(predicted.at(c)), static_cast<double>(ms.bytes[c]));
-    }
     r.memory.push_back(std::move(ms));
-    r.memory_error.push_back(std::move(es));
   }
-  const Bytes runtime = e.memory.stages.empty() ? 0 : e.memory.stages.front().runtime_bytes;
-  r.peak_error = relative_error(static_cast<double>(e.memory.peak_bytes - runtime),
-                                static_cast<double>(r.peak_bytes));
 
   // Collectives per stage (the first rank of each stage), against stage_communication().
   for (int st = 0; st < pp; ++st) {
@@ -174,22 +152,8 @@ ValidationReport compare(const Scenario& s, const Estimate& e, const Measurement
     }
     StageCollectives p = planned_collectives(s, st), me = mc.finish(st);
     r.busiest_wire_bytes = std::max(r.busiest_wire_bytes, me.wire_bytes_per_gpu_per_step);
-    StageCollectivesError ec;
-    ec.stage = st;
-    ec.wire_bytes_per_gpu_per_step =
-        relative_error(static_cast<double>(p.wire_bytes_per_gpu_per_step),
-                       static_cast<double>(me.wire_bytes_per_gpu_per_step));
-    std::map<std::string, bool> keys;
-    for (const auto& [k, v] : p.by_op) keys[k] = true;
-    for (const auto& [k, v] : me.by_op) keys[k] = true;
-    for (const auto& [k, unused] : keys) {
-      const double pv = p.by_op.count(k) ? static_cast<double>(p.by_op.at(k).bytes) : 0.0;
-      const double mv = me.by_op.count(k) ? static_cast<double>(me.by_op.at(k).bytes) : 0.0;
-      ec.by_op[k] = relative_error(pv, mv);
-    }
     r.predicted_collectives.push_back(std::move(p));
     r.measured_collectives.push_back(std::move(me));
-    r.collectives_error.push_back(std::move(ec));
   }
 
   // Time: per-stage forward/backward times from the executed actions (a chunk action counts v
@@ -235,15 +199,73 @@ ValidationReport compare(const Scenario& s, const Estimate& e, const Measurement
   for (const auto& [st, b] : busy) r.time.compute_seconds = std::max(r.time.compute_seconds, b);
   for (const RankMeasurement& rm : m->ranks)
     r.time.optimizer_seconds = std::max(r.time.optimizer_seconds, rm.optimizer_seconds);
-  // The simulator's step excludes the optimizer and DP communication (a cost override replaces
-  // the whole cost model): compare it with the measured step less the optimizer.
-  r.simulated_step_error = relative_error(sr.step_seconds, step - r.time.optimizer_seconds);
-  if (whole) r.bubble_error = relative_error(sr.bubble_fraction, r.time.bubble_fraction);
-  // The planner's analytic time is for the scenario's GPU: compared only on that device.
-  if (settings.device == "cuda") r.step_error = relative_error(e.time.step_seconds, step);
+  fill_errors(r);
   r.losses = m->losses;
   r.skipped = m->skipped;
   return r;
+}
+
+void fill_errors(ValidationReport& r) {
+  const Scenario& s = r.scenario;
+  const Estimate& e = r.estimate;
+  r.memory_error.clear();
+  for (StageMemoryMeasured& ms : r.memory) {
+    const std::map<std::string, Bytes> predicted =
+        predicted_bytes(e.memory.stages[static_cast<std::size_t>(ms.stage)]);
+    StageMemoryError es;
+    es.stage = ms.stage;
+    for (const char* c : kComparedCategories) {
+      // Host memory has no device runtime: runtime is not measured, and the measured total (the
+      // tracked joint peak) is compared with the predicted total less the runtime reserve. The
+      // generic profile has no allocator model (its reserved is its total): nothing to compare
+      // the allocator replay's reserved bytes with.
+      const bool reserved_unmodelled =
+          std::string(c) == "reserved" && !s.assumptions.framework_profile.models_allocator;
+      if (std::string(c) == "runtime" || reserved_unmodelled) {
+        es.by_category[c] = std::nullopt;
+        continue;
+      }
+      es.by_category[c] =
+          relative_error(static_cast<double>(predicted.at(c)), static_cast<double>(ms.bytes[c]));
+    }
+    r.memory_error.push_back(std::move(es));
+  }
+  const Bytes runtime = e.memory.stages.empty() ? 0 : e.memory.stages.front().runtime_bytes;
+  r.peak_error = relative_error(static_cast<double>(e.memory.peak_bytes - runtime),
+                                static_cast<double>(r.peak_bytes));
+
+  r.collectives_error.clear();
+  for (std::size_t i = 0; i < r.measured_collectives.size(); ++i) {
+    const StageCollectives& p = r.predicted_collectives[i];
+    const StageCollectives& me = r.measured_collectives[i];
+    StageCollectivesError ec;
+    ec.stage = me.stage;
+    ec.wire_bytes_per_gpu_per_step =
+        relative_error(static_cast<double>(p.wire_bytes_per_gpu_per_step),
+                       static_cast<double>(me.wire_bytes_per_gpu_per_step));
+    std::map<std::string, bool> keys;
+    for (const auto& [k, v] : p.by_op) keys[k] = true;
+    for (const auto& [k, v] : me.by_op) keys[k] = true;
+    for (const auto& [k, unused] : keys) {
+      const double pv = p.by_op.count(k) ? static_cast<double>(p.by_op.at(k).bytes) : 0.0;
+      const double mv = me.by_op.count(k) ? static_cast<double>(me.by_op.at(k).bytes) : 0.0;
+      ec.by_op[k] = relative_error(pv, mv);
+    }
+    r.collectives_error.push_back(std::move(ec));
+  }
+
+  // The simulator's step excludes the optimizer and DP communication (a cost override replaces
+  // the whole cost model): compare it with the measured step less the optimizer.
+  const Seconds step = r.time.step_seconds;
+  r.simulated_step_error =
+      relative_error(r.simulated_step_seconds, step - r.time.optimizer_seconds);
+  // The bubble is measured when every stage was (not an emulated rank).
+  const bool whole = static_cast<Count>(r.memory.size()) == s.parallel.pp;
+  r.bubble_error.reset();
+  if (whole) r.bubble_error = relative_error(r.simulated_bubble_fraction, r.time.bubble_fraction);
+  // The planner's analytic time is for the scenario's GPU: compared only on that device.
+  r.step_error.reset();
+  if (r.settings.device == "cuda") r.step_error = relative_error(e.time.step_seconds, step);
 }
 
 std::string to_table(const ValidationReport& r) {

@@ -372,8 +372,27 @@ ValidationReport validation_report_from_json(const json& doc) {
     r.settings.emulate_rank = static_cast<int>(count_field(top, "emulate_rank", 0, r.ranks - 1));
   read_measured(mr, mm, r);
   read_predicted(required(top, "predicted"), r);
-  read_errors(required(top, "relative_error"), r);
+  const json& stored_errors = required(top, "relative_error");
+  read_errors(stored_errors, r);
   check_stages_agree(r);
+  // The relative errors are recomputed from the predicted and measured figures (fill_errors,
+  // compare()'s own): a stored error that differs, such as the 0 % of a file whose measured
+  // value was edited to an absurd one, is refused at its field, never shown (issue 29, item 8).
+  {
+    ValidationReport fresh = r;
+    fill_errors(fresh);
+    try {
+      expect_recomputed(to_json(fresh).at("relative_error"), stored_errors, "/relative_error");
+    } catch (const InputError& e) {
+      std::string what = e.what();
+      what = what.substr(0, what.find(':'));
+      if (const auto at = what.find("the plan gives"); at != std::string::npos)
+        what.replace(at, 14, "the measured and predicted figures give");
+      throw InputError(e.path(), what +
+                                     ": relative errors are recomputed, not read (an edited "
+                                     "file)");
+    }
+  }
   // A loss that was not a number (a diverged step) is written as null.
   each(losses, "/losses", [&](const json& x, const std::string& p, std::size_t) {
     if (!x.is_number() && !x.is_null())

@@ -465,6 +465,10 @@ void ScenarioEditor::applyScenario(const Scenario& from, const Scenario& to) {
 }
 
 void ScenarioEditor::presetChosen(const QString& path, const QString& name, bool model) {
+  // The preset already shown: its overrides stay (the combo box re-emits activated for it).
+  if (const json* current = lookup(doc_, path.toStdString());
+      !name.isEmpty() && current && presetOf(*current) == name)
+    return;
   if (!name.isEmpty()) {
     editValue(path, json(name.toStdString()));
     return;

@@ -3,6 +3,11 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include <fmt/format.h>
+
+#include "distplan/planner/checked.h"
+#include "distplan/planner/error.h"
+
 namespace distplan::detail {
 
 void check_failed(const char* expr, const char* msg, const char* func, const char* file, int line) {
@@ -12,3 +17,13 @@ void check_failed(const char* expr, const char* msg, const char* func, const cha
 }
 
 }  // namespace distplan::detail
+
+namespace distplan {
+
+void bytes_overflow(const char* path, const char* what) {
+  throw InputError(path, fmt::format("{} exceed the 2^63 - 1 = 9.2e18 bytes a 64-bit count holds; "
+                                     "distplan refuses rather than wrap (docs/limits.md)",
+                                     what));
+}
+
+}  // namespace distplan

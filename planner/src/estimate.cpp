@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "distplan/planner/check.h"
+#include "distplan/planner/checked.h"
 #include "distplan/planner/fp8.h"
 #include "distplan/planner/layer_ops.h"
 #include "distplan/planner/layout.h"
@@ -185,9 +186,11 @@ class Estimator {
     const Count pp = p_.pp;
     const Count v = p_.virtual_stages;
     MemoryLayout ml = memory_layout(s_);
-    const LayerActivation act = add_moe_activation(
-        layer_activation(table_, m_, local_training(), p_.tp, p_.sequence_parallel, p_.recompute),
-        moe_, p_.recompute);
+    const LayerActivation act =
+        add_cp_activation(add_moe_activation(layer_activation(table_, m_, local_training(), p_.tp,
+                                                              p_.sequence_parallel, p_.recompute),
+                                             moe_, p_.recompute),
+                          m_, p_.cp, p_.cp_comm, act_tokens(), p_.tp, cb(), p_.recompute);
     MemoryEstimate& mem = e.memory;
     mem.capacity_bytes = s_.cluster.gpu.memory_bytes;
     mem.stages.resize(static_cast<std::size_t>(pp));
@@ -224,8 +227,8 @@ class Estimator {
       nvme = std::max(nvme, sm.nvme_bytes);
     }
     const Count node_gpus = gpus_in_node();
-    mem.host_bytes_per_node = host * node_gpus;
-    mem.nvme_bytes_per_node = nvme * node_gpus;
+    mem.host_bytes_per_node = mul_bytes(host, node_gpus, "/model", "the host memory of one node");
+    mem.nvme_bytes_per_node = mul_bytes(nvme, node_gpus, "/model", "the NVMe bytes of one node");
     mem.host_capacity_bytes = s_.cluster.host_memory_bytes;
     mem.host_fits =
         mem.host_capacity_bytes == 0 || mem.host_bytes_per_node <= mem.host_capacity_bytes;
@@ -350,7 +353,8 @@ class Estimator {
                               : op == CollectiveOp::send_recv ? bytes
                                                               : bytes * (n - 1) / n)
                            : ring_wire_bytes(op, bytes, n);
-    c.wire_bytes_per_gpu_per_step = wire * calls;
+    c.wire_bytes_per_gpu_per_step = mul_bytes(wire, calls, "/training/global_batch_size",
+                                              "the bytes of one collective per step");
     c.seconds_per_step =
         static_cast<double>(calls) *
         (latency_steps(x, op) * x.latency + transfer_seconds(x, static_cast<double>(wire), bytes));
@@ -427,12 +431,15 @@ class Estimator {
         x.calls[1] = {CollectiveOp::reduce_scatter, "cp: key and value gradients", n * kv, 1, 0};
         break;
       case CpComm::a2a: {
-        const Bytes q = act_tokens() * m_.hidden_size / p_.tp * cb();
-        // q and the output (forward); the output again with dO, then dQ (backward: Transformer
-        // Engine's AttnFuncWithCPAndQKVOA2A.backward exchanges [out, dout] before the attention
-        // backward, context_parallel.py); k and v, then dK and dV.
+        // Query width heads × head_dim (q_hidden: not hidden_size when head_dim is explicit).
+        const Bytes q = act_tokens() * m_.q_hidden() / p_.tp * cb();
+        // q and the output (forward), dO and dQ (backward): Transformer Engine >= 2.9's
+        // AttnFuncWithCPAndQKVOA2A saves the head-sharded output and exchanges only dO before
+        // the attention backward (context_parallel.py; NVIDIA/TransformerEngine#2012), as
+        // DeepSpeed-Ulysses' DistributedAttention does (the backward of its _SeqAllToAll of the
+        // output and of q); k and v, then dK and dV.
         x.calls[0] = {CollectiveOp::all_to_all, "cp all-to-all: queries and outputs", q,
-                      5 + 2 * replay, 2};
+                      4 + 2 * replay, 2};
         x.calls[1] = {CollectiveOp::all_to_all, "cp all-to-all: keys and values", kv / 2,
                       4 + 2 * replay, 2};
         break;
@@ -769,7 +776,8 @@ class Estimator {
       Seconds tp_total = 0;
       // Add up this stage's figures; only the busiest stage's list is kept (below).
       auto tally = [&](const Collective& c) {
-        wire += c.wire_bytes_per_gpu_per_step;
+        wire = add_bytes(wire, c.wire_bytes_per_gpu_per_step, "/training/global_batch_size",
+                         "the bytes one GPU sends per step");
         switch (c.group) {
           case Group::tp:
             tp_total += c.seconds_per_step;
@@ -993,6 +1001,8 @@ class Estimator {
     k.optimizer = cpu_opt + (nvme_step > 0 ? nvme_step / nvme : 0.0) + param_up / pcie;
     const double pcie_bytes = grad_down + param_up + m * fetch_per_mb;
     const double nvme_bytes = nvme_step + m * nvme_fetch_per_mb;
+    if (pcie_bytes >= 0x1p63 || nvme_bytes * node_gpus >= 0x1p63)
+      bytes_overflow("/training/global_batch_size", "the offload traffic of one step");
     if (static_cast<Bytes>(pcie_bytes) >= out.pcie_bytes_per_gpu_per_step) {
       out.pcie_bytes_per_gpu_per_step = static_cast<Bytes>(pcie_bytes);
       out.nvme_bytes_per_node_per_step = static_cast<Bytes>(nvme_bytes * node_gpus);

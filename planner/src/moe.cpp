@@ -32,13 +32,16 @@ Count mla_parameters(const ModelSpec& m) noexcept {
   const Count h = m.hidden_size;
   const Count heads = m.num_attention_heads;
   const Count qk_head = a.qk_nope_head_dim + a.qk_rope_head_dim;
+  // The latent norms (q_a_layernorm, kv_a_layernorm) are of the model's norm kind: RMSNorm's
+  // weight, LayerNorm's weight and bias (issue 29, item 9: the bias was left out).
+  const Count per_width = m.norm == Norm::layernorm ? 2 : 1;
   Count n = 0;
   if (a.q_lora_rank > 0) {
-    n += h * a.q_lora_rank + a.q_lora_rank + a.q_lora_rank * heads * qk_head;
+    n += h * a.q_lora_rank + per_width * a.q_lora_rank + a.q_lora_rank * heads * qk_head;
   } else {
     n += h * heads * qk_head;
   }
-  n += h * (a.kv_lora_rank + a.qk_rope_head_dim) + a.kv_lora_rank;
+  n += h * (a.kv_lora_rank + a.qk_rope_head_dim) + per_width * a.kv_lora_rank;
   n += a.kv_lora_rank * heads * (a.qk_nope_head_dim + a.v_head_dim);
   n += heads * a.v_head_dim * h;
   return n;
@@ -118,7 +121,11 @@ double training_flops_per_token(const ModelSpec& m, Count seq_length) noexcept {
   Count input_embedding = m.vocab_size * m.hidden_size;
   if (m.position_embedding == PositionEmbedding::learned)
     input_embedding += m.max_position_embeddings * m.hidden_size;
-  const double matmul_params = static_cast<double>(count_parameters(m).active - input_embedding);
+  // Tied embeddings count the word table once among the parameters, but the LM head's matmul
+  // runs all the same (issue 29, item 9: it was dropped with the table).
+  const Count tied_head = m.tied_embeddings ? m.vocab_size * m.hidden_size : 0;
+  const double matmul_params =
+      static_cast<double>(count_parameters(m).active - input_embedding + tied_head);
   const double d_qk = static_cast<double>(
       m.mla.enabled() ? m.mla.qk_nope_head_dim + m.mla.qk_rope_head_dim : m.head_dim());
   const double d_v = static_cast<double>(m.mla.enabled() ? m.mla.v_head_dim : m.head_dim());

@@ -84,8 +84,13 @@ LayerFlops moe_layer_flops(const ModelSpec& m, Count tokens) noexcept {
   const double h = static_cast<double>(m.hidden_size);
   const double fe = static_cast<double>(e.expert_ffn_hidden_size);
   const double in_out = (m.mlp == Mlp::swiglu ? 2.0 : 1.0) * fe;
+  // With a capacity factor c < 1 the experts take c of the routed copies and drop the rest
+  // (docs/moe.md, "FLOPs of dropped tokens"): model FLOPs count the copies computed, as the
+  // step time does, so MFU stays the utilisation of the work done. c >= 1 (and dropless)
+  // computes every copy; padding up to the capacity is not model work.
+  const double computed = e.capacity_factor ? std::min(1.0, *e.capacity_factor) : 1.0;
   const double per_token = 2.0 * h * static_cast<double>(e.num_experts) +
-                           static_cast<double>(e.top_k) * 2.0 * h * (in_out + fe);
+                           computed * static_cast<double>(e.top_k) * 2.0 * h * (in_out + fe);
   f.forward = static_cast<double>(tokens) * per_token;
   f.backward_input = f.forward;
   f.backward_weight = f.forward;

@@ -34,6 +34,17 @@ constexpr Count kMaxDim = Count{1} << 22;  // hidden / ffn size limit (4M)
 // (1e-300 was accepted) the step came out infinite.
 constexpr double kMinPeakFlops = 1e6;  // FLOP/s
 constexpr double kMinBandwidth = 1e3;  // bytes/s
+
+// A figure where 0 means "none" (no FP8 tensor cores, no host link, no NVMe) and anything else
+// must reach `min`: a 1e-300 rate gave an infinite time, null in JSON (issue 29, item 15).
+std::optional<double> zero_or_at_least(ObjectReader& r, std::string_view key, double min,
+                                       double max, const char* none) {
+  const std::optional<double> v = r.number(key, 0, max, false);
+  if (v && *v > 0 && *v < min)
+    throw InputError(r.child(key),
+                     fmt::format("{}={:g} must be 0 ({}) or at least {:g}", key, *v, none, min));
+  return v;
+}
 constexpr double kMinEfficiency = 1e-3;
 
 template <typename E>
@@ -137,8 +148,8 @@ void read_peak_flops(const json& doc, const std::string& path, PeakFlops& f) {
   if (auto v = r.number("fp16", kMin, kMax, false)) f.fp16 = *v;
   if (auto v = r.number("bf16", kMin, kMax, false)) f.bf16 = *v;
   // 0 means no FP8 (MXFP8) tensor cores: fp8 training is then refused.
-  if (auto v = r.number("fp8", 0, kMax, false)) f.fp8 = *v;
-  if (auto v = r.number("mxfp8", 0, kMax, false)) f.mxfp8 = *v;
+  if (auto v = zero_or_at_least(r, "fp8", kMin, kMax, "no FP8 tensor cores")) f.fp8 = *v;
+  if (auto v = zero_or_at_least(r, "mxfp8", kMin, kMax, "no MXFP8 tensor cores")) f.mxfp8 = *v;
   r.finish();
 }
 
@@ -177,7 +188,8 @@ GpuSpec detail::read_gpu(const json& doc, const std::string& path) {
     g.flash_forward_efficiency = *v;
   if (auto v = r.number("flash_backward_efficiency", kMinEfficiency, 1, false))
     g.flash_backward_efficiency = *v;
-  if (auto v = r.number("pcie_bandwidth", 0, kMaxBw, false)) g.pcie_bandwidth = *v;
+  if (auto v = zero_or_at_least(r, "pcie_bandwidth", kMinBandwidth, kMaxBw, "no offload"))
+    g.pcie_bandwidth = *v;
   if (auto n = r.string("name"); n && !r.has("preset")) g.name = n->substr(0, 128);
   r.finish();
   if (r.has("preset") && !(g == before)) g.name += " (modified)";
@@ -301,6 +313,8 @@ class PointerTracker {
   }
   /// The first key an object repeats, if the parse stopped at one.
   [[nodiscard]] const std::optional<std::string>& duplicate() const { return duplicate_; }
+  /// Whether the parse stopped at an array or object nested deeper than kMaxJsonDepth.
+  [[nodiscard]] bool too_deep() const { return too_deep_; }
   bool end_object() { return pop(); }
   bool end_array() { return pop(); }
   bool parse_error(std::size_t, const std::string&, const json::exception&) { return false; }
@@ -330,6 +344,10 @@ class PointerTracker {
     return true;
   }
   bool push(bool array) {
+    if (frames_.size() >= static_cast<std::size_t>(kMaxJsonDepth)) {
+      too_deep_ = true;
+      return false;  // stop: pointer() names the container that holds the deepest one
+    }
     frames_.push_back({array, 0, std::nullopt, {}});
     return true;
   }
@@ -339,6 +357,7 @@ class PointerTracker {
   }
   std::vector<Frame> frames_;
   std::optional<std::string> duplicate_;
+  bool too_deep_ = false;
 };
 
 // nlohmann's message without its "[json.exception.<kind>.<id>] " prefix.
@@ -359,15 +378,27 @@ json parse_json_text(std::string_view text) {
         "", fmt::format("malformed JSON: a NUL byte at offset {} (JSON text has none)", nul));
   }
   try {
-    json doc = json::parse(text.begin(), text.end());
-    // RFC 8259 sec. 4: names within an object SHOULD be unique; a repeated one would silently
-    // override the first (nlohmann keeps the last), so it is refused at its pointer.
+    // First a pass that builds nothing (RFC 8259 sec. 9 lets a parser limit nesting): a document
+    // nested deeper than any distplan reads is refused before a tree is built (300,000 nested
+    // arrays crashed the search's recursive copies; a 16 MiB one took 1.6 GB to refuse; issue
+    // 29, items 11 and 12). RFC 8259 sec. 4: names within an object SHOULD be unique; a
+    // repeated one would silently override the first (nlohmann keeps the last), so it is
+    // refused at its pointer.
     PointerTracker tracker;
-    if (!json::sax_parse(text.begin(), text.end(), &tracker) && tracker.duplicate()) {
-      throw InputError(tracker.pointer(),
-                       fmt::format("duplicate key '{}': each key may appear once per object",
-                                   *tracker.duplicate()));
+    if (!json::sax_parse(text.begin(), text.end(), &tracker)) {
+      if (tracker.too_deep()) {
+        throw InputError(tracker.pointer(),
+                         fmt::format("JSON nested deeper than {} levels here (a scenario has "
+                                     "about 5); distplan reads no such document",
+                                     kMaxJsonDepth));
+      }
+      if (tracker.duplicate()) {
+        throw InputError(tracker.pointer(),
+                         fmt::format("duplicate key '{}': each key may appear once per object",
+                                     *tracker.duplicate()));
+      }
     }
+    json doc = json::parse(text.begin(), text.end());
     return doc;
   } catch (const json::parse_error& e) {
     // A syntax error or ill-formed UTF-8: the document itself is malformed; nlohmann's message
@@ -727,7 +758,8 @@ Scenario read_scenario(const json& doc, std::initializer_list<std::string_view> 
                                                 ? Count{2} << 30
                                                 : ClusterSpec::kRuntimeFromProfile);
     if (auto v = r.integer("host_memory_bytes", 0, Count{1} << 56)) c.host_memory_bytes = *v;
-    if (auto v = r.number("nvme_bandwidth", 0, kMaxBw, false)) c.nvme_bandwidth = *v;
+    if (auto v = zero_or_at_least(r, "nvme_bandwidth", kMinBandwidth, kMaxBw, "no NVMe offload"))
+      c.nvme_bandwidth = *v;
     r.finish();
   }
 

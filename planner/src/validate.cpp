@@ -323,18 +323,39 @@ void validate_scenario(const Scenario& s, bool refuse_unplanned) {
   const double h = static_cast<double>(m.hidden_size);
   const double a = static_cast<double>(m.num_attention_heads);
   const double f = static_cast<double>(m.ffn_hidden_size);
+  const MoeSpec& moe = m.moe;
+  const double shared = static_cast<double>(moe.num_shared_experts) *
+                        static_cast<double>(moe.shared_expert_ffn_hidden_size);
   // The s x s attention scores exist only under standard attention (flash attention keeps none).
   const double scores = t.attention == Attention::standard ? 5.0 * a * sq : 0.0;
-  const double per_layer_act = b * sq * (40.0 * h + 6.0 * f + scores) * 4.0;
-  const double act = per_layer_act * static_cast<double>(m.num_layers) *
+  const double per_layer_act = b * sq * (40.0 * h + 6.0 * std::max(f, shared) + scores) * 4.0;
+  // A MoE layer's routed part (moe_memory.h, moe_layer_activation): the router's scores over
+  // every expert, and per routed copy its index maps and, scaled by the capacity or imbalance
+  // factor, the copy, its expert's input projection and activation; at fp32, the bound also
+  // holds the four all-to-alls a copy takes per micro-batch (issue 29, item 1: 65,536 routed
+  // experts over 4 Mi tokens wrapped the total to -9.2e18).
+  double routed = 0;
+  if (moe.enabled()) {
+    const double factor = std::max(
+        1.0, moe.capacity_factor ? *moe.capacity_factor : s.assumptions.moe_load_imbalance);
+    const double ef = static_cast<double>(moe.expert_ffn_hidden_size);
+    routed = b * sq *
+             (5.0 * static_cast<double>(moe.num_experts) +
+              static_cast<double>(moe.top_k) * (16.0 + factor * (4.0 * h + 3.0 * ef + 2.0) * 4.0));
+  }
+  const double act = (per_layer_act + routed) * static_cast<double>(m.num_layers) *
                      static_cast<double>(std::max<Count>(m_mb, 1));
   const double logits =
       b * sq * static_cast<double>(m.vocab_size) * 6.0 * static_cast<double>(m_mb);
   if (act > kMaxBytes || logits > kMaxBytes) {
     fail("/training/seq_length",
-         fmt::format("activations of {:.3g} bytes per GPU exceed the {:.0e} bytes distplan can "
+         fmt::format("activations of {:.3g} bytes per GPU{} exceed the {:.0e} bytes distplan can "
                      "represent; lower seq_length, micro_batch_size or global_batch_size",
-                     std::max(act, logits), kMaxBytes));
+                     std::max(act, logits),
+                     routed > per_layer_act ? " (most of them MoE routed token copies: top_k per "
+                                              "token)"
+                                            : "",
+                     kMaxBytes));
   }
   // ZeRO-2 reduce-scatters gradients and ZeRO-3 all-gathers parameters once per micro-batch
   // (forward, backward, and a recompute replay), so their bytes per step grow as P·m: bounded at

@@ -133,10 +133,15 @@ class ListScheduler {
       }
       last = std::max(busy, last + comm_) + cost(kB, j);
     }
-    // A stage warms up with fewer forwards than the one before it.
+    // A stage warms up with fewer forwards than the one before it. The authors' loop stops
+    // short of that once a stage would run every forward (f + extra = m), which can leave a
+    // stage more warm-up forwards than the one before it has run (a slower stage 0, m close to
+    // p): a forward whose input does not exist yet, and an order that deadlocks. The previous
+    // stage's count is a hard bound (issue 29, item 10).
     for (Count j = 1; j < p_; ++j) {
       while (extra[ux(j)] > 0 && extra[ux(j)] >= extra[ux(j - 1)] && f_[ux(j)] + extra[ux(j)] < m_)
         --extra[ux(j)];
+      extra[ux(j)] = std::min(extra[ux(j)], extra[ux(j - 1)]);
     }
     for (Count j = 0; j < p_; ++j)
       for (Count k = 0; k < extra[ux(j)]; ++k) put(j, kF);

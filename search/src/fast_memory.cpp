@@ -3,7 +3,9 @@
 #include "distplan/search/fast_memory.h"
 
 #include <algorithm>
+#include <limits>
 
+#include "distplan/planner/error.h"
 #include "distplan/planner/estimate.h"
 #include "distplan/planner/fp8.h"
 #include "distplan/planner/layout.h"
@@ -50,8 +52,10 @@ void FastMemory::set_outer(const Outer& o) {
     routed_[sp] = moe_pass_costs(s.model, moe, rates);
     for (Recompute r :
          {Recompute::none, Recompute::selective, Recompute::full, Recompute::selective_op}) {
-      act_[sp][static_cast<int>(r)] =
-          add_moe_activation(layer_activation(table_, s.model, local, o.tp, sp == 1, r), moe, r);
+      act_[sp][static_cast<int>(r)] = add_cp_activation(
+          add_moe_activation(layer_activation(table_, s.model, local, o.tp, sp == 1, r), moe, r),
+          s.model, o.cp, s.parallel.cp_comm, o.micro_batch_size * local.seq_length, o.tp,
+          bytes_of(s.training.precision), r);
     }
   }
 }
@@ -121,8 +125,13 @@ Bytes FastMemory::stage_total(const Layout& l, Count st, const Split& split) con
                         split.stage_layers[static_cast<std::size_t>(st)], vocab_, layer_params_);
   units.chunk_layers = split.chunks[static_cast<std::size_t>(st)];
   StageMemory sm;
-  stage_memory(base_, ml, units, act_[l.sequence_parallel ? 1 : 0][static_cast<int>(l.recompute)],
-               stage, vocab_, sm);
+  try {
+    stage_memory(base_, ml, units, act_[l.sequence_parallel ? 1 : 0][static_cast<int>(l.recompute)],
+                 stage, vocab_, sm);
+  } catch (const InputError&) {
+    // Past 2^63 - 1 bytes (checked.h): no GPU holds it, and validation refuses the layout.
+    return std::numeric_limits<Bytes>::max();
+  }
   return sm.reserved_bytes;  // what fits compares (= total_bytes under the generic profile)
 }
 

@@ -39,6 +39,8 @@ std::string_view to_string(Reject r) noexcept {
       return "cp_needs_flash";
     case Reject::ep_divides_experts:
       return "ep_divides_experts";
+    case Reject::ep_needs_moe:
+      return "ep_needs_moe";
     case Reject::dualpipe_pp:
       return "dualpipe_pp";
     case Reject::dualpipe_microbatches:
@@ -290,8 +292,14 @@ void walk_outer(const Space& space, RejectCounts& rejected, Fn&& fn) {
                                            : moe           ? divisors(b.model.moe.num_experts)
                                                            : std::vector<Count>{1};
             for (Count ep : eps) {
+              // A dense model has no experts to split: its own reason, not a divisibility one
+              // (issue 29, item 15).
+              if (ep > 1 && !moe) {
+                bump(rejected, Reject::ep_needs_moe);
+                continue;
+              }
               if (ep < 1 ||
-                  (ep > 1 && (!moe || b.model.moe.num_experts % ep != 0 || (tc * dp) % ep != 0))) {
+                  (ep > 1 && (b.model.moe.num_experts % ep != 0 || (tc * dp) % ep != 0))) {
                 bump(rejected, Reject::ep_divides_experts);
                 continue;
               }

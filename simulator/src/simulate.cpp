@@ -601,6 +601,16 @@ std::vector<StageTimes> stage_times(const Scenario& s, const Estimate& e, const 
       const Seconds fb =
           c.forward_backward_seconds.value_or(c.forward_seconds + c.backward_seconds + w);
       require_finite(fb, "forward_backward_seconds");
+      // An overlapped F&B pair (DualPipe, DualPipeV) runs both passes: it cannot end before the
+      // longer of them (issue 29, item 9: 0 was accepted, a pair shorter than its forward).
+      if (const Seconds longer = std::max(c.forward_seconds, c.backward_seconds + w); fb < longer) {
+        throw InputError(
+            "/costs/forward_backward_seconds",
+            fmt::format("an overlapped forward and backward pair takes at least its longer pass: "
+                        "forward_backward_seconds = {} is below max(forward_seconds, "
+                        "backward_seconds + backward_weight_seconds) = {}",
+                        fb, longer));
+      }
       // The same on every stage: a chunk takes 1/v.
       for (ChunkTimes& x : t.chunk) {
         x.forward = c.forward_seconds / vd;

@@ -415,6 +415,13 @@ TEST(BadInput, UnreadableFilesAreInputErrors) {
   EXPECT_EQ(h.exit_code, 2) << h.err;
   EXPECT_EQ(h.out, "");
   EXPECT_EQ(json::parse(h.err)["error"]["path"], "/model/hf_config");
+  // An empty file name is refused, not ignored (issue 29, item 15).
+  for (const char* option : {"--hf-config", "--calibration"}) {
+    const CliResult e = run_cli({"plan", option, ""});
+    EXPECT_EQ(e.exit_code, 2) << option << e.err;
+    EXPECT_EQ(e.out, "") << option;
+    EXPECT_NE(e.err.find(option), std::string::npos) << e.err;
+  }
 }
 
 }  // namespace

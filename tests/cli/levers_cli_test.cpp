@@ -60,6 +60,12 @@ TEST(LeversCli, ValidateRefusesWhatTheBackendDoesNotTrainWith) {
       "/parallel/offload_optimizer");
   EXPECT_EQ(error_path("validate", tiny({{"dp", 2}}, {{"precision", "fp8"}})),
             "/training/precision");
+  // Frameworks whose copies and buckets the backend does not keep (issue 29, item 8): their
+  // differences would read as prediction error.
+  for (const char* framework : {"deepspeed", "fsdp2"})
+    EXPECT_EQ(error_path("validate", tiny({{"dp", 2}}, {{"framework", framework}})),
+              "/training/framework")
+        << framework;
 }
 
 }  // namespace

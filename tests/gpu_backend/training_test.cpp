@@ -24,6 +24,7 @@
 #include "distplan/planner/estimate.h"
 #include "distplan/planner/layout.h"
 #include "distplan/planner/scenario_json.h"
+#include "distplan/simulator/plan.h"
 #include "distplan/simulator/schedule.h"
 #include "distplan/simulator/simulate.h"
 #include "worker_launch.h"
@@ -44,6 +45,7 @@ struct Layout {
   // training.global_batch_size: DualPipe needs at least 2 pp micro-batches per data-parallel rank.
   int global_batch = 4;
   int layers = 4;  // model.num_layers: 5 splits unevenly over every pipeline of the matrix
+  int head_dim = 0;  // model.head_dim when > 0 (heads × head_dim ≠ hidden_size)
 };
 
 // Test names and failure messages show the layout's name.
@@ -74,6 +76,7 @@ nlohmann::json tiny_scenario(const Layout& l) {
     model["ffn_hidden_size"] = 128;
     model["bias"] = false;
   }
+  if (l.head_dim > 0) model["head_dim"] = l.head_dim;
   return {{"model", model},
           {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", ranks}, {"gpus_per_node", 8}}},
           {"training",
@@ -334,6 +337,77 @@ TEST(Training, RefusesTheBloomFeaturesItDoesNotTrain) {
   Scenario norm = ok;
   norm.model.embedding_norm = true;
   EXPECT_EQ(refused_field(norm), "/model/embedding_norm");
+}
+
+// Issue 29, item 7: ZeRO-3 at dp·cp = 1 still gathers every unit into a buffer of its own and
+// fills a unit gradient (the plan had none: up to 4.3x fewer buffer bytes than measured); GPipe's
+// last stage keeps the other micro-batches' logits while its first backward gathers; DualPipeV's
+// F&B pairs hold both chunks' gathered units. Each rank of pp = 2, dp = 1 runs in process (an
+// emulated rank) and its measured buffers are the plan's (the walk's, as validate compares):
+// exactly, but for DualPipeV's stage 0 whose plan counts the final norm's weights with its
+// gathered LM head (512 bytes, 0.08 %, above the measured peak).
+TEST(Training, ZeroThreeBuffersAtDataParallelOne) {
+  for (const char* schedule : {"1f1b", "gpipe", "zb_h1", "zb_v", "dualpipe_v"}) {
+    J parallel = {{"pp", 2}, {"zero_stage", 3}, {"schedule", schedule}};
+    if (std::string(schedule) == "zb_v" || std::string(schedule) == "dualpipe_v")
+      parallel["virtual_stages"] = 2;
+    J doc = tiny_scenario(Layout{"z3", parallel});
+    doc["training"]["framework"] = "generic";
+    const Scenario s = scenario_from_json(doc);
+    const Estimate e = sim::plan(s);
+    for (int rank = 0; rank < 2; ++rank) {
+      RunOptions o;
+      o.steps = 1;
+      o.comm = CommBackend::emulated;
+      o.emulate_rank = rank;
+      const Measurement m = run(s, o);
+      ASSERT_EQ(m.ranks.size(), 1u);
+      const double measured = static_cast<double>(m.ranks[0].memory.peak_of(MemoryTag::buffers));
+      const double planned =
+          static_cast<double>(e.memory.stages[static_cast<std::size_t>(rank)].buffers_bytes);
+      const double tol = std::string(schedule) == "dualpipe_v" ? 1e-3 * planned : 0.0;
+      EXPECT_NEAR(measured, planned, tol) << schedule << " stage " << rank;
+    }
+  }
+}
+
+// Issue 29, item 8: what the backend does not train is refused by run() itself, for every caller
+// (not only `distplan validate`): frameworks whose conventions it does not emulate, offload, fp8
+// and per-head q/k norms, each at its field. run() is called directly here, as a library user
+// would.
+TEST(Training, RunRefusesWhatItDoesNotTrainAtTheField) {
+  const Scenario ok = scenario_from_json(tiny_scenario(Layout{"single", J{{"tp", 1}}}));
+  auto run_field = [](const Scenario& s) {
+    RunOptions o;
+    o.steps = 1;
+    o.comm = CommBackend::emulated;
+    try {
+      (void)run(s, o);
+    } catch (const InputError& e) {
+      return e.path();
+    }
+    return std::string("accepted");
+  };
+  EXPECT_EQ(run_field(ok), "accepted");
+  EXPECT_TRUE(emulates(Framework::generic));
+  EXPECT_TRUE(emulates(Framework::megatron));
+  for (Framework f : {Framework::deepspeed, Framework::fsdp2}) {
+    Scenario x = ok;
+    x.training.framework = f;
+    EXPECT_FALSE(emulates(f));
+    EXPECT_EQ(run_field(x), "/training/framework") << to_string(f);
+  }
+  Scenario offload = ok;
+  offload.parallel.zero_stage = 1;
+  offload.parallel.offload_optimizer = Offload::cpu;
+  EXPECT_EQ(run_field(offload), "/parallel/offload_optimizer");
+  Scenario fp8 = ok;
+  fp8.training.precision = DType::bf16;
+  fp8.training.fp8 = Fp8Recipe::delayed;
+  EXPECT_EQ(run_field(fp8), "/training/precision");
+  Scenario qk = ok;
+  qk.model.qk_norm = true;
+  EXPECT_EQ(run_field(qk), "/model/qk_norm");
 }
 
 // The CUDA device (tensors in device memory, GEMMs in cuBLAS, the other ops through the device
@@ -666,7 +740,15 @@ INSTANTIATE_TEST_SUITE_P(
         Layout{"cp2_tp2_sp_a2a",
                J{{"cp", 2}, {"cp_comm", "a2a"}, {"tp", 2}, {"sequence_parallel", true}}},
         Layout{"llama_cp2_a2a_recompute_full",
-               J{{"cp", 2}, {"cp_comm", "a2a"}, {"recompute", "full"}}, "fp32", "flash", true}),
+               J{{"cp", 2}, {"cp_comm", "a2a"}, {"recompute", "full"}}, "fp32", "flash", true},
+        // An explicit head_dim (Qwen3's shapes: heads × head_dim = 2 × hidden here): the queries,
+        // the output and their exchanges are heads × head_dim wide, not hidden_size (issue 29,
+        // item 4), under every cp_comm.
+        Layout{"llama_cp2_a2a_head_dim", J{{"cp", 2}, {"cp_comm", "a2a"}}, "fp32", "flash", true,
+               false, "adamw", 4, 32},
+        Layout{"llama_cp2_head_dim", J{{"cp", 2}}, "fp32", "flash", true, false, "adamw", 4, 32},
+        Layout{"llama_cp2_all_gather_head_dim", J{{"cp", 2}, {"cp_comm", "all_gather"}}, "fp32",
+               "flash", true, false, "adamw", 4, 32}),
     [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

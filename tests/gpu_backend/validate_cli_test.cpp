@@ -13,6 +13,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -399,6 +400,40 @@ TEST(ValidateCli, TerminationSignalStopsEveryRankAndRemovesTheFolder) {
     }
     EXPECT_EQ(folders, 0);
   }
+}
+
+// SIGKILL to the launcher (what Python's subprocess does to `distplan validate` on Ctrl-C inside
+// distplan.validate()): it cannot stop anything itself, so mpirun and the ranks must die with
+// it (issue 29, item 14: they ran on under init past --timeout, with their job folder). Every
+// rank and mpirun are gone within seconds and no distplan-validate-<pid> folder is left.
+TEST(ValidateCli, KilledLauncherTakesItsRanksWithIt) {
+  const std::string dir = ::testing::TempDir() + "/validate_sigkill";
+  const std::string scenario = two_rank_scenario(dir);
+  const std::string tmp = dir + "/tmp";
+  std::system(("rm -rf " + tmp + " && mkdir -p " + tmp).c_str());
+  const std::string script =
+      "DISTPLAN_TEST_FAULT=hang DISTPLAN_TEST_FAULT_RANK=0 TMPDIR=" + tmp + " " + DISTPLAN_CLI +
+      " validate " + scenario + " --steps 2 --timeout 300 > " + tmp + "/stdout 2> " + tmp +
+      "/stderr & pid=$!; i=0; " + "while [ $(pgrep -f -c \"rank-worker-jo[b] " + tmp +
+      "/distplan-validate-\") -lt 2 ] && " +
+      "[ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done; sleep 0.5; kill -KILL $pid; wait $pid; " +
+      "echo $? > " + tmp + "/rc";
+  std::system(("bash -c '" + script + "'").c_str());
+  EXPECT_EQ(std::atoi(read_file(tmp + "/rc").c_str()), 128 + SIGKILL);
+  // The ranks exit as their parent does; give a loaded machine 20 s.
+  int left = processes_mentioning(tmp);
+  for (int i = 0; i < 200 && left > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    left = processes_mentioning(tmp);
+  }
+  EXPECT_EQ(left, 0);
+  int folders = 0;
+  if (DIR* d = opendir(tmp.c_str())) {
+    while (dirent* e = readdir(d))
+      if (std::string(e->d_name).rfind("distplan-validate-", 0) == 0) ++folders;
+    closedir(d);
+  }
+  EXPECT_EQ(folders, 0);
 }
 
 // ---- beyond one machine ------------------------------------------------------------------------

@@ -235,5 +235,28 @@ TEST(ValidationReportJson, AStalePredictedFigureIsRefusedAtItsPath) {
   expect_refused(doc, "/ranks", "recomputed from /scenario", [](json& d) { d["ranks"] = 4; });
 }
 
+// Issue 29, item 8: a result edited to hold an absurd measured value kept its stored 0 % error
+// and was shown so. The errors are recomputed from the measured and predicted figures: the
+// stored one is refused where it differs, and a consistent edit shows the error it implies.
+TEST(ValidationReportJson, AnEditedMeasurementIsNotShownWithItsStoredError) {
+  const json doc = read_fixture();
+  expect_refused(
+      doc, "/relative_error/memory/stages/0/weights_bytes", "relative errors are recomputed",
+      [](json& d) { d["measured"]["memory"]["stages"][0]["weights_bytes"] = Bytes{1} << 50; });
+  expect_refused(doc, "/relative_error/time/simulated_step_seconds",
+                 "relative errors are recomputed",
+                 [](json& d) { d["measured"]["time"]["step_seconds"] = 1e9; });
+  expect_refused(doc, "/relative_error/memory/peak_bytes", "relative errors are recomputed",
+                 [](json& d) { d["relative_error"]["memory"]["peak_bytes"] = 0.0; });
+  // The measured value with the error it implies is read, and shown with that error.
+  json edited = doc;
+  const Bytes planned = doc["predicted"]["memory"]["stages"][0]["weights_bytes"].get<Bytes>();
+  edited["measured"]["memory"]["stages"][0]["weights_bytes"] = 3 * planned;
+  edited["relative_error"]["memory"]["stages"][0]["weights_bytes"] = 2.0;
+  const ValidationReport r = validation_report_from_json(edited);
+  ASSERT_TRUE(r.memory_error[0].by_category.at("weights").has_value());
+  EXPECT_DOUBLE_EQ(*r.memory_error[0].by_category.at("weights"), 2.0);
+}
+
 }  // namespace
 }  // namespace distplan::backend

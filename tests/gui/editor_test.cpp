@@ -157,6 +157,31 @@ class EditorTest : public QObject {
     expectMemoryMatchesPlanner(w);
   }
 
+  // Picking the preset already shown again keeps the model's overrides (issue 29, item 15: the
+  // document's {"preset": ..., overrides} became the bare preset name).
+  void samePresetPickedAgainKeepsTheOverrides() {
+    MainWindow w(false);
+    loadDefault(w);
+    QVERIFY(setCount(w, "/model/num_layers", 40));
+    QCOMPARE(w.session()->scenario().model.num_layers, 40);
+    auto* box = w.editor()->findChild<QComboBox*>(QStringLiteral("/model"));
+    QVERIFY(box);
+    const int index = box->findData(QStringLiteral("llama2-70b"));
+    QVERIFY(index >= 0);
+    box->setCurrentIndex(index);
+    emit box->activated(index);
+    QVERIFY(w.session()->waitForPlan());
+    QCOMPARE(w.session()->scenario().model.num_layers, 40);
+    const nlohmann::json doc = w.editor()->document();
+    QCOMPARE(doc["model"].value("num_layers", 0), 40);
+    // Another preset replaces the model, overrides and all.
+    const int other = box->findData(QStringLiteral("llama2-7b"));
+    box->setCurrentIndex(other);
+    emit box->activated(other);
+    QVERIFY(w.session()->waitForPlan());
+    QCOMPARE(w.session()->scenario().model, *find_model_preset("llama2-7b"));
+  }
+
   void saveThenOpenGivesTheSameScenario() {
     QTemporaryDir dir;
     const QString path = dir.filePath(QStringLiteral("scenario.json"));

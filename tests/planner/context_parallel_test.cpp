@@ -69,8 +69,9 @@ TEST(ContextParallel, UlyssesForwardVolumeIsFourNhOverP) {
   // DeepSpeed-Ulysses (Jacobs et al. 2023, sec. 3.2): with multi-head attention the forward
   // all-to-alls of q, k, v and the output send 4·N·h/P elements per GPU per layer (N tokens, P
   // ranks), of which 1/P stays on the GPU. A multi-head model (kv heads = heads) makes it exact.
-  // The backward (Transformer Engine's AttnFuncWithCPAndQKVOA2A) exchanges the output, dO, dQ,
-  // dK and dV: 5·N·h/P, so the step's all-to-alls are 9/4 of the forward's.
+  // The backward mirrors it with dO, dQ, dK and dV (DeepSpeed's _SeqAllToAll backward;
+  // Transformer Engine >= 2.9's AttnFuncWithCPAndQKVOA2A, which saves the head-sharded output
+  // instead of exchanging it again): 4·N·h/P, so the step's all-to-alls are twice the forward's.
   json doc = cp_doc(1, 4, 2, "a2a");
   doc["model"] = {{"preset", "llama3.1-8b"}, {"num_kv_heads", 32}};
   const Estimate e = estimate(testing::scenario(doc));
@@ -81,9 +82,37 @@ TEST(ContextParallel, UlyssesForwardVolumeIsFourNhOverP) {
     EXPECT_EQ(c.op, CollectiveOp::all_to_all);
     step += c.wire_bytes_per_gpu_per_step;
   }
-  // Forward 4 and backward 5 tensors of N·h/P elements each.
-  const double per_layer_mb = static_cast<double>(step) * 4.0 / 9.0 / (32 * 4);
+  // Forward 4 and backward 4 tensors of N·h/P elements each.
+  const double per_layer_mb = static_cast<double>(step) / 2.0 / (32 * 4);
   EXPECT_DOUBLE_EQ(per_layer_mb, 4 * N * h / P * (P - 1) / P * 2);
+}
+
+TEST(ContextParallel, QueriesAreHeadsTimesHeadDimWide) {
+  // An explicit head_dim (Qwen3's shapes: heads × head_dim ≠ hidden; here 32 heads of 256 over
+  // h = 4096): the queries, the attention output, their all-to-alls and buffers are
+  // q = s/cp × 32 × 256 × 2 bytes, not s/cp × h (issue 29, item 4). Per layer and micro-batch:
+  // q and the output forward, dO and dQ backward (TE >= 2.9), and under a2a the head-sharded
+  // output saved for the backward.
+  const Count cp = 4, layers = 32, mbs = 4;
+  const Bytes q = (32768 / cp) * 32 * 256 * 2, kv = (32768 / cp) * 2 * 8 * 256 * 2;
+  auto plan = [&](const char* comm) {
+    json doc = cp_doc(1, cp, 2, comm);
+    doc["model"] = {{"preset", "llama3.1-8b"}, {"head_dim", 256}, {"vocab_size", 1024}};
+    doc["parallel"]["zero_stage"] = 3;  // the buffers above the logits workspace (as below)
+    return estimate(testing::scenario(doc));
+  };
+  const Estimate a2a = plan("a2a"), p2p = plan("p2p");
+  const Collective& qo =
+      find(a2a, Group::cp, CollectiveOp::all_to_all, "cp all-to-all: queries and outputs");
+  EXPECT_EQ(qo.bytes_per_call, q);
+  EXPECT_EQ(qo.calls_per_step, 4 * layers * mbs);
+  const Collective& k =
+      find(a2a, Group::cp, CollectiveOp::all_to_all, "cp all-to-all: keys and values");
+  EXPECT_EQ(k.bytes_per_call, kv / 2);
+  EXPECT_EQ(k.calls_per_step, 4 * layers * mbs);
+  const StageMemory &x = a2a.memory.stages[0], &y = p2p.memory.stages[0];
+  EXPECT_EQ(x.activation_bytes_per_microbatch - y.activation_bytes_per_microbatch, layers * q);
+  EXPECT_EQ(x.buffers_bytes - y.buffers_bytes, 2 * q + kv - std::max(2 * kv + 2 * q, 4 * kv));
 }
 
 TEST(ContextParallel, ActivationsAndTimeFallWithCp) {

@@ -160,7 +160,9 @@ TEST(MoeMemory, MixtralLayerActivationsByHand) {
   EXPECT_EQ(routed_tokens_per_gpu(tokens, 2, 1, 1.25), 10240);
   EXPECT_EQ(routed_tokens_per_gpu(tokens, 2, 2, 1.0), 16384);
   const MoeLayerActivation a = moe_layer_activation(m, tokens, 8192, 14336, 2);
-  EXPECT_EQ(a.router, 4096 * 8 * (2 + 1));  // bf16 scores and a one-byte routing map per expert
+  // bf16 scores and a one-byte routing map per expert; without shared experts (Mixtral) the
+  // router's bf16 input too (its weight gradient's, issue 29 item 5).
+  EXPECT_EQ(a.router, 4096 * 8 * (2 + 1) + 4096 * 4096 * 2);
   // int64 permutation indices before (4096·2) and after (8192) the all-to-all, and the bf16
   // expert outputs the combine weights by the scores.
   EXPECT_EQ(a.permutation, 4096 * 2 * 8 + 8192 * 8 + 8192LL * 4096 * 2);

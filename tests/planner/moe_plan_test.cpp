@@ -184,6 +184,34 @@ TEST(MoePlan, ModelFlopsAreSixTimesTheActiveParameters) {
   EXPECT_NEAR(training_flops_per_token(s.model, 4096) / (per_token + norms), 1.0, 1e-12);
 }
 
+// Dropped tokens (issue 29, item 2): with a capacity factor c < 1 the experts compute c of the
+// routed copies. Model FLOPs count the copies computed, the convention the step time follows, so
+// the expert share of 6·active shrinks by (1 - c) and MFU never passes 100 % (Mixtral at c 0.25
+// reported 100.7 %, at 1e-9 158 %). The oracle is 6 FLOPs per parameter and computed token.
+TEST(MoePlan, DroppedTokensAreNotModelFlops) {
+  json doc =
+      mixtral_doc(8, {{"tp", 1}, {"pp", 1}, {"dp", 8}, {"ep", 8}, {"recompute", "full"}}, 64);
+  doc["training"]["framework"] = "generic";
+  const Estimate dropless = estimate(planned(doc));
+  const double tokens = 64.0 * 4096, experts = 32.0 * 2 * kExpert;  // top-2 of each layer
+  for (double c : {2.0, 1.0, 0.5, 0.25, 1e-9}) {
+    doc["model"] = {{"preset", "mixtral-8x7b"},
+                    {"moe",
+                     {{"num_experts", 8},
+                      {"top_k", 2},
+                      {"expert_ffn_hidden_size", 14336},
+                      {"capacity_factor", c}}}};
+    const Estimate e = estimate(planned(doc));
+    const double dropped = 1.0 - std::min(1.0, c);
+    EXPECT_NEAR(dropless.compute.model_flops_per_step - e.compute.model_flops_per_step,
+                6.0 * experts * tokens * dropped, 1e-9 * dropless.compute.model_flops_per_step)
+        << "capacity " << c;
+    EXPECT_GT(e.time.mfu, 0.0) << "capacity " << c;
+    EXPECT_LE(e.time.mfu, 1.0) << "capacity " << c;
+    EXPECT_LE(e.compute.model_flops_per_step, e.compute.hardware_flops_per_step);
+  }
+}
+
 // Mistral-7B has Mixtral-8x7B's dense shape (hidden, heads, FFN, vocabulary): the estimate's
 // per-thread op-cost memo must not hand the dense layer's costs to the MoE model's
 // attention-only table. A fresh thread (an empty memo) is the reference.

@@ -220,6 +220,25 @@ TEST(MoeFlops, TrainingCostPerTokenMatchesTheDeepSeekV3HardwarePaper) {
   deeper.moe.top_k += 1;  // one more routed expert: 6 x 3 h f_e per MoE layer
   EXPECT_NEAR(training_flops_per_token(deeper, 4096) - training_flops_per_token(v3, 4096),
               6.0 * 58 * 3 * 7168 * 2048, 1.0);
+  // Tying the word table to the LM head drops a parameter copy, not the head's matmul (issue 29,
+  // item 9): the same FLOPs per token tied or untied.
+  ModelSpec tied = llama;
+  tied.tied_embeddings = true;
+  EXPECT_DOUBLE_EQ(training_flops_per_token(tied, 4096), training_flops_per_token(llama, 4096));
+}
+
+// MLA's latent norms (q_a_layernorm, kv_a_layernorm) are of the model's norm kind: a LayerNorm
+// model has a bias beside every norm weight, latent ones too (issue 29, item 9). LayerNorm over
+// RMSNorm adds one vector per norm: per layer the two of width h and the latent ones of widths
+// q_lora_rank and kv_lora_rank, and the final norm.
+TEST(MoeParameters, MlaLatentNormsFollowTheNormKind) {
+  ModelSpec rms = *find_model_preset("deepseek-v3");
+  ModelSpec ln = rms;
+  ln.norm = Norm::layernorm;
+  const Count extra =
+      rms.num_layers * (2 * rms.hidden_size + rms.mla.q_lora_rank + rms.mla.kv_lora_rank) +
+      rms.hidden_size;
+  EXPECT_EQ(count_parameters(ln).total - count_parameters(rms).total, extra);
 }
 
 // Every preset's model, echoed, reads back to itself (MoE, MLA and MTP fields included).

@@ -145,6 +145,23 @@ TEST(Offload, Zero3OffloadMatchesDeepSpeed) {
   }
 }
 
+// One GPU (dp·cp = 1, the canonical ZeRO-Infinity case): DeepSpeed's estimator still counts the
+// largest layer gathered with its gradient on the GPU (4 bytes per parameter of it); the plan
+// had no ZeRO-3 buffers at shard group 1 (Llama-2-7B: 0.77 GiB, 20 % of the GPU, missing; issue
+// 29, item 7).
+TEST(Offload, Zero3OffloadOnOneGpuKeepsTheGatheredUnit) {
+  for (bool params : {true, false}) {
+    const Scenario s = testing::scenario(offload_doc(1, 1, 3, "cpu", params ? "cpu" : "none"));
+    const Estimate e = estimate(s);
+    const double P = static_cast<double>(e.parameters);
+    const DsBytes ds = ds_zero3(P, largest_unit(s), 1, 1, true, params, true, 1.5);
+    const StageMemory& m = e.memory.stages[0];
+    const double gpu = static_cast<double>(m.weights_bytes + m.gradients_bytes + m.optimizer_bytes +
+                                           m.buffers_bytes);
+    EXPECT_NEAR(gpu, ds.gpu, 1e-6 * ds.gpu) << params;
+  }
+}
+
 TEST(Offload, NvmeHoldsTheSwappedStatesAndPinsBuffers) {
   json doc = offload_doc(8, 1, 3, "nvme", "nvme");
   doc["cluster"]["nvme_bandwidth"] = 25e9;

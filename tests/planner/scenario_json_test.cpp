@@ -76,6 +76,19 @@ TEST(ScenarioJson, RejectsEveryKindOfBadInput) {
   expect_error(with("/training/precision", "fp4"), "/training/precision", "not one of");
   expect_error(with("/model", "llama9-1t"), "/model", "unknown model preset");
   expect_error(with("/cluster/gpu", "h900"), "/cluster/gpu", "unknown GPU preset");
+  // Rates where 0 means none: anything else must make a finite time (issue 29, item 15: 1e-300
+  // gave null step times).
+  json nvme = with("/parallel/offload_optimizer", "nvme");
+  nvme["parallel"]["zero_stage"] = 3;
+  nvme["cluster"]["nvme_bandwidth"] = 1e-300;
+  expect_error(nvme, "/cluster/nvme_bandwidth", "must be 0 (no NVMe offload) or at least 1000");
+  json pcie = with("/cluster/gpu", json{{"preset", "h100-sxm-80gb"}, {"pcie_bandwidth", 1e-300}});
+  expect_error(pcie, "/cluster/gpu/pcie_bandwidth", "or at least 1000");
+  json fp8 =
+      with("/cluster/gpu", json{{"preset", "h100-sxm-80gb"}, {"peak_flops", {{"fp8", 1e-300}}}});
+  expect_error(fp8, "/cluster/gpu/peak_flops/fp8", "must be 0 (no FP8 tensor cores)");
+  json mx = with("/cluster/gpu", json{{"preset", "h100-sxm-80gb"}, {"peak_flops", {{"mxfp8", 5}}}});
+  expect_error(mx, "/cluster/gpu/peak_flops/mxfp8", "or at least 1e+06");
   json tp3 = with("/parallel/tp", 3);
   tp3["parallel"].erase("dp");
   tp3["cluster"]["num_gpus"] = 24;

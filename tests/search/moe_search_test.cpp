@@ -33,6 +33,20 @@ TEST(MoeSearch, MixtralOn32GpusReturnsExpertParallelLayouts) {
   EXPECT_GT(with_ep, 0);
 }
 
+// ep > 1 pinned for a dense model is counted under its own reason, not as an expert count that
+// ep does not divide (issue 29, item 15).
+TEST(MoeSearch, DenseModelsEpLayoutsHaveTheirOwnReason) {
+  nlohmann::json doc = request("llama2-7b", 8, 64);
+  doc["training"]["framework"] = "megatron";
+  doc["parallel"] = {{"ep", {1, 2}}};
+  const Request req = request_from_json(doc);
+  const Result r = run(req.space, req.options);
+  ASSERT_FALSE(r.plans.empty());
+  EXPECT_GT(r.rejected[static_cast<int>(Reject::ep_needs_moe)], 0u);
+  EXPECT_EQ(r.rejected[static_cast<int>(Reject::ep_divides_experts)], 0u);
+  for (const Plan& p : r.plans) EXPECT_EQ(p.layout.ep, 1);
+}
+
 // The lean path's peak equals estimate()'s on every layout of a MoE space, and its step bound
 // stays below the walk's step.
 TEST(MoeSearch, LeanMemoryPathAgreesWithEstimate) {

@@ -134,6 +134,24 @@ TEST(DualPipeV, BubbleIsTheReadmes) {
   }
 }
 
+// An overlapped F&B pair runs both passes: it cannot be shorter than the longer one (issue 29,
+// item 9: forward_backward_seconds 0 was simulated, a pair shorter than its forward). The
+// shortest accepted pair is max(F, B + W), at /costs/forward_backward_seconds.
+TEST(DualPipeV, APairShorterThanItsLongerPassIsRefused) {
+  const Scenario s = pipeline(2, 4, Schedule::dualpipe_v, 2);
+  for (double fb : {0.0, 1.0, 1.9}) {
+    try {
+      (void)simulate(s, uniform_estimate(2), chunk_costs(2, 1, 1, fb));
+      ADD_FAILURE() << "F&B " << fb << " accepted";
+    } catch (const InputError& e) {
+      EXPECT_EQ(e.path(), "/costs/forward_backward_seconds") << e.what();
+    }
+  }
+  EXPECT_NO_THROW((void)simulate(s, uniform_estimate(2), chunk_costs(2, 1, 1, 2)));
+  EXPECT_NO_THROW((void)simulate(s, uniform_estimate(2), chunk_costs(1, 2, 1, 3)));
+  EXPECT_THROW((void)simulate(s, uniform_estimate(2), chunk_costs(1, 2, 1, 2.9)), InputError);
+}
+
 TEST(DualPipeV, ActivationsArePpPlusOneChunksOnEveryDevice) {
   // README: activations PP + 1 per device, PP = 2p chunks of one stage; the planner's count.
   for (Count p = 1; p <= 8; ++p) {

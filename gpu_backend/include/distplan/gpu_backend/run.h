@@ -91,7 +91,12 @@ void check_nccl_pipeline(const ParallelSpec& p);
 /// True when built with CUDA and a GPU is visible (cudaGetDeviceCount succeeds with one or more).
 [[nodiscard]] bool cuda_available() noexcept;
 
-/// Throws InputError naming the field when the backend cannot run `s`.
+/// The training frameworks whose conventions the backend trains with (megatron, generic): the
+/// others are refused at /training/framework by check_supported.
+[[nodiscard]] bool emulates(Framework f) noexcept;
+/// Throws InputError naming the field when the backend cannot run `s`: a framework it does not
+/// emulate, offload, fp8, q/k norms, and the layouts docs/gpu_backend.md ("Limits") lists. run()
+/// and run_on_groups() call it, so every caller (the CLI, tests, a library user) is refused alike.
 void check_supported(const Scenario& s);
 /// The part of check_supported for Mixture-of-Experts models (nothing for a dense one): throws
 /// InputError at the field the CPU trainer does not implement (docs/gpu_backend.md, "Mixture of

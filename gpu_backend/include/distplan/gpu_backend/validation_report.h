@@ -131,6 +131,10 @@ void sum_by_op(StageCollectives& c);
                                        const std::string& oom_message,
                                        const ValidationSettings& settings);
 
+/// The relative errors of a report from its predicted and measured figures (compare() and the
+/// reader of a saved report both call it: an error is never taken from anywhere else).
+void fill_errors(ValidationReport& r);
+
 /// The distplan.validate/v1 document (docs/api.md).
 [[nodiscard]] nlohmann::json to_json(const ValidationReport& r);
 /// Reads a distplan.validate/v1 document (to_json's) back into the report: the inverse of to_json,

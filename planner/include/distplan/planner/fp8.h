@@ -22,8 +22,11 @@ namespace distplan {
 /// fp8 copy for the step's micro-batches in both layouts the GEMMs read (row-wise for the forward
 /// and dgrad, column-wise/transposed for wgrad: module/base.py's fp8 weight workspace, one byte
 /// each), plus the recipe's scales: per-tensor scale and amax history (delayed scaling:
-/// amax_history_len fp32 values for the input, weight and output gradient of every linear,
-/// TE common/recipe DelayedScaling); one fp32 scale per 128x128 weight block (blockwise,
+/// amax_history_len fp32 values and a scale for each of the five fp8 tensors of every linear,
+/// three forward (input, weight, output) and two backward (output gradient, input gradient):
+/// TE pytorch/module/base.py, num_fp8_tensors = num_gemms * 3 forward, * 2 backward, and
+/// DelayedScalingRecipeState's amax_history [len, n] and scale [n]); one fp32 scale per 128x128
+/// weight block (blockwise,
 /// DeepSeek-V3 sec. 3.3.1); one E8M0 byte per 32 elements in each layout (MXFP8).
 [[nodiscard]] inline Bytes fp8_layer_state_bytes(const LayerTable& table, Count tp, Fp8Recipe r,
                                                  const Assumptions& a) noexcept {
@@ -36,7 +39,7 @@ namespace distplan {
     case Fp8Recipe::none:
       break;
     case Fp8Recipe::delayed:
-      bytes += linears * 3 * (a.fp8_amax_history_len + 1) * 4;
+      bytes += linears * 5 * (a.fp8_amax_history_len + 1) * 4;
       break;
     case Fp8Recipe::current:
       bytes += linears * 3 * 4;

@@ -9,6 +9,7 @@
 #include <span>
 #include <vector>
 
+#include "distplan/planner/checked.h"
 #include "distplan/planner/estimate.h"
 #include "distplan/planner/layer_ops.h"
 #include "distplan/planner/layout.h"
@@ -89,12 +90,13 @@ inline Count max_window(bool has_first, Count first, Count n, Count mid, bool ha
 /// the per-step outputs being merged in the forward, and KV plus dKV in the backward;
 /// all_gather (AttnFuncWithCPAndKVAllGather) gathers the whole sequence's K and V, and in the
 /// backward their gradients before the reduce-scatter; a2a (AttnFuncWithCPAndQKVOA2A) holds the
-/// exchanged q, k, v and output, each the size of the local ones.
+/// exchanged q, k, v and output, each the size of the local ones. The query width is
+/// heads × head_dim (ModelSpec::q_hidden(), not hidden_size when head_dim is explicit).
 [[nodiscard]] inline Bytes cp_attention_buffer_bytes(const ModelSpec& m, const MemoryLayout& l,
                                                      Count tokens, Bytes cb) noexcept {
   if (l.cp <= 1) return 0;
   const Bytes kv = tokens * 2 * m.kv_hidden() / l.tp * cb;  // local K and V
-  const Bytes q = tokens * m.hidden_size / l.tp * cb;       // local q, and the output alike
+  const Bytes q = tokens * m.q_hidden() / l.tp * cb;        // local q, and the output alike
   switch (l.cp_comm) {
     case CpComm::p2p:
       return std::max(2 * kv + 2 * q, 4 * kv);
@@ -104,6 +106,23 @@ inline Count max_window(bool has_first, Count first, Count n, Count mid, bool ha
       return 2 * q + kv;
   }
   return 0;
+}
+
+/// What a layer saves for its backward under context parallelism beyond the layer table: with
+/// cp_comm a2a, Transformer Engine >= 2.9's AttnFuncWithCPAndQKVOA2A saves the attention output
+/// in the head layout it was computed in (before its all-to-all back), beside the sequence-layout
+/// output the out projection keeps, so that the backward exchanges only dO
+/// (transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py, since
+/// TE v2.9, NVIDIA/TransformerEngine#2012; docs/memory.md, "Context parallel"). Full
+/// recomputation rebuilds it with the layer (its working set).
+[[nodiscard]] inline LayerActivation add_cp_activation(LayerActivation a, const ModelSpec& m,
+                                                       Count cp, CpComm comm, Count tokens,
+                                                       Count tp, Bytes cb,
+                                                       Recompute recompute) noexcept {
+  if (cp <= 1 || comm != CpComm::a2a) return a;
+  const Bytes out = tokens * m.q_hidden() / tp * cb;
+  (recompute == Recompute::full ? a.working : a.kept) += out;
+  return a;
 }
 
 /// Optimizer bytes per parameter, the ZeRO paper's K (Rajbhandari et al. 2020, sec. 3.1).
@@ -257,17 +276,24 @@ struct StageUnitParams {
 /// allocator"): `sm` holds weights, gradients, optimizer, activations, buffers and transient; this
 /// fills runtime, allocated, total and reserved. The plan calls it again once the schedule's walk
 /// has replaced the activations and transient by those at the stage's joint peak.
-inline void stage_totals(const Scenario& base, const MemoryLayout& l, int st,
-                         StageMemory& sm) noexcept {
+inline void stage_totals(const Scenario& base, const MemoryLayout& l, int st, StageMemory& sm) {
   const FrameworkProfile& fw = base.assumptions.framework_profile;
-  const Bytes states = sm.weights_bytes + sm.gradients_bytes + sm.optimizer_bytes;
-  const Bytes churn = sm.activations_bytes + sm.buffers_bytes + sm.transient_bytes;
+  // The category sums, checked (checked.h): validation bounds each category, not their sum.
+  constexpr const char* kStates = "/model";
+  constexpr const char* kChurn = "/training/seq_length";
+  const Bytes states =
+      add_bytes(add_bytes(sm.weights_bytes, sm.gradients_bytes, kStates, "model states per GPU"),
+                sm.optimizer_bytes, kStates, "model states per GPU");
+  const Bytes churn = add_bytes(
+      add_bytes(sm.activations_bytes, sm.buffers_bytes, kChurn, "activations and buffers per GPU"),
+      sm.transient_bytes, kChurn, "activations and buffers per GPU");
   const Bytes reserve = base.cluster.runtime_reserve_bytes;
   if (!fw.models_allocator) {
     // generic: the flat reserve covers runtime, workspaces and the allocator.
     sm.runtime_bytes = std::max<Bytes>(reserve, 0);
-    sm.allocated_bytes = states + churn;
-    sm.total_bytes = sm.allocated_bytes + sm.runtime_bytes;
+    sm.allocated_bytes = add_bytes(states, churn, kChurn, "the memory of one GPU");
+    sm.total_bytes =
+        add_bytes(sm.allocated_bytes, sm.runtime_bytes, kChurn, "the memory of one GPU");
     sm.reserved_bytes = sm.total_bytes;
     return;
   }
@@ -280,17 +306,21 @@ inline void stage_totals(const Scenario& base, const MemoryLayout& l, int st,
                : reserve;
   const Bytes workspace = computed ? fw.cublas_workspace_bytes : 0;
   sm.runtime_bytes = outside + workspace;
-  sm.allocated_bytes = states + churn + workspace;
-  sm.total_bytes = sm.allocated_bytes + outside;
+  sm.allocated_bytes = add_bytes(add_bytes(states, churn, kChurn, "the memory of one GPU"),
+                                 workspace, kChurn, "the memory of one GPU");
+  sm.total_bytes = add_bytes(sm.allocated_bytes, outside, kChurn, "the memory of one GPU");
   // The allocator's segments: each model-state buffer and the workspace in one segment of their
   // own (rounded to 2 MiB); the bytes freed and reallocated every step with the fragmentation
   // factor on top, rounded likewise.
   using allocator::segment_bytes;
   auto seg = [](Bytes b) { return b > 0 ? segment_bytes(b) : Bytes{0}; };
-  const auto churn_reserved =
-      static_cast<Bytes>(static_cast<double>(churn) * (1.0 + fw.allocator_fragmentation));
-  sm.reserved_bytes = seg(sm.weights_bytes) + seg(sm.gradients_bytes) + seg(sm.optimizer_bytes) +
-                      seg(workspace) + seg(churn_reserved) + outside;
+  const double churn_reserved = static_cast<double>(churn) * (1.0 + fw.allocator_fragmentation);
+  if (churn_reserved >= 0x1p63) bytes_overflow(kChurn, "the allocator's segments of one GPU");
+  // Each segment is at most 2 MiB above its bytes: the sum is below the total plus 10 MiB.
+  sm.reserved_bytes = add_bytes(
+      seg(sm.weights_bytes) + seg(sm.gradients_bytes) + seg(sm.optimizer_bytes) + seg(workspace),
+      seg(static_cast<Bytes>(churn_reserved)) + outside, kChurn,
+      "the allocator's segments of one GPU");
 }
 
 /// The framework's terms of one stage (docs/memory.md, "Framework profiles", "Runtime and
@@ -299,7 +329,7 @@ inline void stage_totals(const Scenario& base, const MemoryLayout& l, int st,
 /// totals.
 inline void framework_terms(const Scenario& base, const MemoryLayout& l, const StageUnitParams& u,
                             const LayerActivation& act, int st, Count padded_vocab,
-                            StageMemory& sm) noexcept {
+                            StageMemory& sm) {
   const FrameworkProfile& fw = base.assumptions.framework_profile;
   const Bytes cb = bytes_of(base.training.precision);
   // Inside a layer's backward: the gradients of its largest activation (an op's output and input
@@ -329,8 +359,7 @@ inline void framework_terms(const Scenario& base, const MemoryLayout& l, const S
 /// `stage`. `act` is layer_activation() for the layout's tp, sequence parallelism and recompute
 /// (and the training's micro-batch size). Filled in place: estimate() writes its stages directly.
 inline void stage_memory(const Scenario& base, const MemoryLayout& l, const StageUnitParams& u,
-                         const LayerActivation& act, int st, Count vocab,
-                         StageMemory& sm) noexcept {
+                         const LayerActivation& act, int st, Count vocab, StageMemory& sm) {
   const ModelSpec& m = base.model;
   const TrainingSpec& t = base.training;
   const Count pp = l.pp;
@@ -456,8 +485,9 @@ inline void stage_memory(const Scenario& base, const MemoryLayout& l, const Stag
 
   // Buffers: the logits workspace lives from the last stage's forward to the loss gradient;
   // ZeRO-2/3 unit buffers live while a unit's gradient is reduced or its parameters are gathered.
-  // The two are never alive together, so the category's peak is the larger.
-  Bytes logits_ws = 0;
+  // One micro-batch's two are never alive together, so the category's peak is the larger (but
+  // for the logits GPipe keeps waiting, below).
+  Bytes logits_ws = 0, logits_one = 0;
   if (holds_head(l.schedule, pp, st)) {
     // Logits in the compute dtype (unless freed before the loss's backward) plus their fp32
     // copies for the vocab-parallel loss (one, the softmax, unless the framework's loss keeps
@@ -467,13 +497,20 @@ inline void stage_memory(const Scenario& base, const MemoryLayout& l, const Stag
         act_tokens * (vocab / tp) * (kept_logits + 4 * fw.loss_fp32_copies) / fw.loss_chunks;
     const Count live = l.schedule == Schedule::gpipe ? l.num_microbatches : 1;
     logits_ws = logits * live;
+    logits_one = logits;
   }
   Bytes zero_ws = 0;
   const bool expert_zero = l.expert_params > 0 && u.layers > 0 && l.edp > 1;
-  if ((S > 1 || expert_zero) && l.zero_stage >= 2) {
-    Count largest = S > 1 ? padded_layer : 0;
-    if (S > 1 && u.embeddings > 0) largest = std::max(largest, padded_embedding);
-    if (S > 1 && u.heads > 0) largest = std::max(largest, padded_head);
+  // ZeRO-3 gathers every unit into a buffer of its own and fills a unit gradient before handing
+  // it on, whatever the shard group: at dp·cp = 1 too (one GPU, or a pipeline at dp 1), where
+  // the "gather" copies the GPU's (or, offloaded, the host's) whole partition (DeepSpeed's
+  // partitioned parameters and FSDP2's unsharded parameter buffers exist at world size 1;
+  // issue 29, item 7). ZeRO-2 at S = 1 reduces into the gradient buffer itself.
+  const bool dense_zero = S > 1 || l.zero_stage == 3;
+  if ((dense_zero || expert_zero) && l.zero_stage >= 2) {
+    Count largest = dense_zero ? padded_layer : 0;
+    if (dense_zero && u.embeddings > 0) largest = std::max(largest, padded_embedding);
+    if (dense_zero && u.heads > 0) largest = std::max(largest, padded_head);
     // The routed experts of a layer are a unit too, padded over the expert data-parallel group.
     if (expert_zero) largest = std::max(largest, detail::ceil_div(l.expert_params, l.edp) * l.edp);
     const Bytes gradient = largest * gb;  // one unit's full gradient before its reduce-scatter
@@ -493,8 +530,13 @@ inline void stage_memory(const Scenario& base, const MemoryLayout& l, const Stag
         const Count vs = chunk_virtual_stage(l.schedule, pp, st, c);
         const bool opens = emb && vs == 0;
         const bool closes = head && vs == path_length(l.schedule, pp, v) - 1;
-        gathered = std::max(gathered, detail::max_window(opens, padded_embedding, n, padded_layer,
-                                                         closes, padded_head, k));
+        const Count window =
+            detail::max_window(opens, padded_embedding, n, padded_layer, closes, padded_head, k);
+        // DualPipeV's F&B pairs run a forward of one chunk and a backward of the other at once:
+        // both chunks' gathered units are alive (issue 29, item 7: the backend measured twice
+        // the one-chunk figure).
+        gathered = l.schedule == Schedule::dualpipe_v ? gathered + window
+                                                      : std::max(gathered, window);
         most_layers = std::max(most_layers, n);
       }
       // Zero-bubble schedules split the backward: the B pass gathers parameters and defers every
@@ -503,14 +545,19 @@ inline void stage_memory(const Scenario& base, const MemoryLayout& l, const Stag
       const bool split =
           l.schedule == Schedule::zb_h1 || l.schedule == Schedule::zb_h2 || v_shape(l.schedule);
       // FP8: the gathered layers' fp8 copies (at most k of them).
-      const Bytes fp8 = std::min(k, most_layers) * l.fp8_layer_state;
+      const Bytes fp8 = std::min(k, most_layers) * l.fp8_layer_state *
+                        (l.schedule == Schedule::dualpipe_v ? 2 : 1);
       zero_ws = split ? std::max(gathered * cb + fp8, gradient) : gathered * cb + fp8 + gradient;
     }
   }
   // Context parallel: the key/value exchange buffers of the layer whose attention runs, alive
   // with that layer's ZeRO-3 gathered units (docs/memory.md, "Context parallel").
   const Bytes cp_ws = u.layers > 0 ? cp_attention_buffer_bytes(m, l, act_tokens, cb) : 0;
-  sm.buffers_bytes = std::max(logits_ws, zero_ws + cp_ws);
+  // GPipe's last stage keeps every micro-batch's logits until its backward: while the first
+  // backward gathers units and fills unit gradients, the other m - 1 are alive (issue 29,
+  // item 7, measured by the backend at dp 1).
+  const Bytes waiting_logits = logits_ws - logits_one;
+  sm.buffers_bytes = std::max(logits_ws, waiting_logits + zero_ws + cp_ws);
   framework_terms(base, l, u, act, st, vocab, sm);
 }
 

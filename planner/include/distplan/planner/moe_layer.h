@@ -57,7 +57,7 @@ struct MoeLayerPlan {
 /// Matmul FLOPs of the routed part of one MoE layer for `tokens` tokens (all GPUs together):
 /// the router h -> num_experts and top_k expert FFNs per token, 2 FLOPs per multiply-add forward,
 /// as much again for each of the backward's input and weight gradients (Narayanan et al. 2021,
-/// sec. 5.1).
+/// sec. 5.1). With a capacity factor below 1 only the copies the experts keep are counted.
 [[nodiscard]] LayerFlops moe_layer_flops(const ModelSpec& m, Count tokens) noexcept;
 
 /// Op costs of the routed part on one GPU (docs/time.md, "Op costs"; docs/moe.md, "Time"): the

@@ -76,7 +76,8 @@ struct ExpertStateBytes {
 /// Bytes one MoE layer keeps for its backward per micro-batch on one GPU (Megatron-Core's
 /// router.py, token_dispatcher.py, moe_utils.py permute/unpermute, experts.py):
 struct MoeLayerActivation {
-  Bytes router = 0;       // scores (compute dtype) and the boolean routing map, tokens × E
+  Bytes router = 0;       // scores (compute dtype) and the boolean routing map, tokens × E;
+                          // without shared experts also its input, tokens × h
   Bytes permutation = 0;  // index maps of the permute on both sides of the all-to-all (int64)
                           // and the expert outputs the combine weights by the router's scores
   Bytes experts = 0;      // expert FFN: input, input-projection output, activation output
@@ -92,6 +93,10 @@ struct MoeLayerActivation {
   const bool gated = m.mlp == Mlp::swiglu;
   MoeLayerActivation a;
   a.router = tokens * e * (cb + 1);
+  // The router's input (the post-attention norm's output) for its weight gradient: without
+  // shared experts no other op keeps it (Megatron-Core's TopKRouter saves it through its linear;
+  // with shared experts the shared MLP's input is the same tensor, counted by the layer table).
+  if (m.moe.num_shared_experts == 0) a.router += tokens * h * cb;
   constexpr Bytes kIndex = 8;
   a.permutation = tokens * m.moe.top_k * kIndex + routed * kIndex + routed * h * cb;
   a.experts = routed * (h + (gated ? 3 : 2) * expert_ffn) * cb;

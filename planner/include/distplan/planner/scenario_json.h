@@ -15,6 +15,10 @@ namespace distplan {
 
 /// Parses a JSON document; malformed text throws InputError at path "".
 [[nodiscard]] nlohmann::json parse_json_text(std::string_view text);
+/// The deepest nesting of arrays and objects any distplan document has room for (a scenario
+/// nests about 5 deep, a validation result about 8); parse_json_text and the Python reader
+/// refuse deeper documents at the container that holds the first too-deep one.
+inline constexpr int kMaxJsonDepth = 64;
 
 /// Builds a scenario from a document (`model`, `cluster`, `training`, `parallel`, `assumptions`),
 /// fills defaults and validates it. Top-level keys in `extra_keys` are left to the caller

@@ -86,6 +86,7 @@ enum class Reject : int {
   cp_divides_heads,               // cp a2a: cp divides the heads and KV heads per TP rank
   cp_needs_flash,                 // cp only with flash attention
   ep_divides_experts,             // MoE: ep divides num_experts and tp·cp·dp (expert folding)
+  ep_needs_moe,                   // ep > 1 pinned for a dense model (no experts to split)
   moe_not_planned,                // MoE: a lever the planner refuses for MoE (docs/moe.md)
   dualpipe_pp,                    // dualpipe: pp even (>= 2)
   dualpipe_microbatches,          // dualpipe: an even number of micro-batches, at least 2 pp
