@@ -23,9 +23,11 @@ void install_plan(CLI::App& app) {
     const Scenario s = read_scenario(*opts, doc);
     const Estimate e = estimate(s);
     if (opts->format == Format::table) {
-      std::cout << format_plan_table(s, e);
+      std::cout << calibration_line(*opts) << format_plan_table(s, e);
     } else {
-      write_json(plan_to_json(s, e));
+      nlohmann::json out = plan_to_json(s, e);
+      note_calibration(*opts, out);
+      write_json(out);
     }
   });
 }
