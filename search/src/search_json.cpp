@@ -444,7 +444,8 @@ std::string format_result_table(const Request& req, const Result& r) {
         p.figures.mfu * 100);
   };
   const std::string header = fmt::format(
-      "{:>4} {:>3}{} {:>3} {:>3} {:>5}{} {:>6} {:>3} {:>9} {:>16} {:>3} {:>9} {:>10} {:>12} {:>5}\n",
+      "{:>4} {:>3}{} {:>3} {:>3} {:>5}{} {:>6} {:>3} {:>9} {:>16} {:>3} {:>9} {:>10} {:>12} "
+      "{:>5}\n",
       "rank", "tp", show_cp ? fmt::format(" {:>3}", "cp") : "", "pp", "v", "dp",
       show_ep ? fmt::format(" {:>3}", "ep") : "", "zero", "sp", "recompute", "schedule", "mb",
       "peak GiB", "step ms", "tokens/s", "MFU%");
