@@ -37,6 +37,37 @@ void apply_calibration_file(const std::string& path, nlohmann::json& scenario_do
 
 namespace {
 
+std::vector<std::pair<const FitParameter*, double>> calibration_values(const std::string& path) {
+  CommonOptions o;
+  o.input = path;
+  try {
+    return calibration_from_json(read_document(o));
+  } catch (const InputError& e) {
+    throw InputError(e.path(), fmt::format("--calibration file '{}': {}", path, e.what()));
+  }
+}
+
+}  // namespace
+
+void note_calibration(const CommonOptions& opts, nlohmann::json& out_doc) {
+  if (opts.calibration.empty() || !out_doc.is_object()) return;
+  nlohmann::json values = nlohmann::json::object();
+  for (const auto& [f, v] : calibration_values(opts.calibration)) values[std::string(f->name)] = v;
+  out_doc["calibration"] = {{"file", opts.calibration}, {"assumptions", values}};
+}
+
+std::string calibration_line(const CommonOptions& opts) {
+  if (opts.calibration.empty()) return {};
+  std::string values;
+  for (const auto& [f, v] : calibration_values(opts.calibration)) {
+    values += fmt::format("{}{} {:.4g}", values.empty() ? "" : ", ", f->name, v);
+  }
+  return fmt::format("calibration: {} applied ({})\n", opts.calibration,
+                     values.empty() ? "no assumptions" : values);
+}
+
+namespace {
+
 struct CalibrateOptions {
   std::vector<std::string> inputs;
   std::vector<std::string> fit;

@@ -25,9 +25,12 @@ void install_plan(CLI::App& app) {
     const Scenario s = read_scenario(*opts, doc);
     const Estimate e = sim::plan(s);
     if (opts->format == Format::table) {
-      std::cout << format_plan_table(s, e, [](const Scenario& x) { return sim::plan(x); });
+      std::cout << calibration_line(*opts)
+                << format_plan_table(s, e, [](const Scenario& x) { return sim::plan(x); });
     } else {
-      write_json(plan_to_json(s, e));
+      nlohmann::json out = plan_to_json(s, e);
+      note_calibration(*opts, out);
+      write_json(out);
     }
   });
 }

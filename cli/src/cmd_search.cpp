@@ -29,18 +29,9 @@ const std::map<std::string, search::ExportFormat> kExportFormats{
 // A layout that does not fit is refused (exit 2) unless `force`; forced, the export carries a
 // warning (a comment, and a line on stderr). docs/exports.md.
 void print_export(const Scenario& s, search::ExportFormat f, bool force) {
-  const search::Exported out = search::export_scenario(s, f);
-  const std::string fit = fmt::format(
-      "the layout does not fit: the planner's peak is {:.2f} GiB "
-      "per GPU, the GPU has {:.2f} GiB",
-      to_gib(out.peak_bytes), to_gib(out.capacity_bytes));
-  if (!out.fits && !force) {
-    throw InputError("/parallel", fit +
-                                      "; `distplan plan --format table` shows what would make "
-                                      "it fit, --force exports it anyway");
-  }
+  const search::Exported out = search::export_checked(s, f, force);
   std::cout << out.text;
-  if (!out.fits) std::cerr << "warning: " << fit << '\n';
+  if (!out.fits) std::cerr << "warning: " << search::fit_warning(out) << '\n';
   // JSON has no comments: the notes of a DeepSpeed export go to stderr.
   if (f == search::ExportFormat::deepspeed) {
     for (const std::string& n : out.notes) std::cerr << "note: " << n << '\n';
@@ -124,9 +115,11 @@ void install_search(CLI::App& app) {
       return;
     }
     if (opts->common.format == Format::table) {
-      std::cout << search::format_result_table(req, r);
+      std::cout << calibration_line(opts->common) << search::format_result_table(req, r);
     } else {
-      write_json(search::result_to_json(req, r));
+      nlohmann::json out = search::result_to_json(req, r);
+      note_calibration(opts->common, out);
+      write_json(out);
     }
   });
 }

@@ -90,9 +90,11 @@ void install_simulate(CLI::App& app) {
       throw;
     }
     if (opts->common.format == Format::table) {
-      std::cout << sim::format_simulate_table(s, r);
+      std::cout << calibration_line(opts->common) << sim::format_simulate_table(s, r);
     } else {
-      write_json(sim::simulate_to_json(s, r));
+      nlohmann::json out = sim::simulate_to_json(s, r);
+      note_calibration(opts->common, out);
+      write_json(out);
     }
   });
 }

@@ -37,6 +37,11 @@ void add_common_options(CLI::App& cmd, CommonOptions& opts, bool input_optional)
 void add_calibration_option(CLI::App& cmd, CommonOptions& opts);
 /// Writes the assumptions of the calibration file at `path` over those of `scenario_doc`.
 void apply_calibration_file(const std::string& path, nlohmann::json& scenario_doc);
+/// Names the applied --calibration (if any) in an output it changed: a JSON document gains
+/// "calibration": {"file", "assumptions"}; a table gains a first line naming the file and the
+/// values it set (docs/calibration.md).
+void note_calibration(const CommonOptions& opts, nlohmann::json& out_doc);
+[[nodiscard]] std::string calibration_line(const CommonOptions& opts);
 
 /// Reads the input document (file, stdin or the embedded default). InputError on any failure.
 [[nodiscard]] nlohmann::json read_document(const CommonOptions& opts);

@@ -1,6 +1,8 @@
 // distplan: plans, simulates and validates distributed training layouts. JSON in, JSON out.
-// Exit codes: 0 success, 2 invalid input (JSON error object on stderr), 1 internal failure.
+// Exit codes: 0 success, 2 invalid input (JSON error object on stderr, a line of text under
+// --format table), 1 internal failure.
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
@@ -8,6 +10,7 @@
 #include <iostream>
 #include <iterator>
 #include <sstream>
+#include <string_view>
 
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
@@ -95,10 +98,41 @@ void remove_partial_output(std::ofstream& out, const std::string& path) noexcept
 
 namespace {
 
+// `--format table` asks for output for people, errors included. Read from argv rather than from
+// the parsed options: an option error happens before (or instead of) parsing --format.
+bool table_format(int argc, char** argv) {
+  auto is_table = [](std::string v) {
+    std::transform(v.begin(), v.end(), v.begin(), [](unsigned char c) { return std::tolower(c); });
+    return v == "table";
+  };
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--format" && i + 1 < argc && is_table(argv[i + 1])) return true;
+    if (a.rfind("--format=", 0) == 0 && is_table(a.substr(9))) return true;
+  }
+  return false;
+}
+
+bool g_table_errors = false;
+
+// The error object on stderr (docs/api.md, "Errors"); under --format table the same fields as a
+// line of text: "distplan: invalid input at /parallel/tp: tp=3 does not divide ...".
+void print_error(const char* code, const std::string& path, const std::string& message) {
+  if (g_table_errors) {
+    const bool input = std::string_view(code) == "invalid_input";
+    std::cerr << "distplan: " << (input ? "invalid input" : "internal error")
+              << (path.empty() ? std::string() : " at " + path) << ": " << message << '\n';
+    return;
+  }
+  nlohmann::json err = {{"code", code}, {"message", message}};
+  if (std::string_view(code) == "invalid_input") err["path"] = path;
+  std::cerr << nlohmann::json{{"error", err}}.dump(-1, ' ', false,
+                                                   nlohmann::json::error_handler_t::replace)
+            << '\n';
+}
+
 void print_input_error(const distplan::InputError& e) {
-  nlohmann::json err = {
-      {"error", {{"code", "invalid_input"}, {"path", e.path()}, {"message", e.what()}}}};
-  std::cerr << err.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
+  print_error("invalid_input", e.path(), e.what());
 }
 
 }  // namespace
@@ -111,14 +145,13 @@ int main(int argc, char** argv) {
   std::sort(registry.begin(), registry.end(),
             [](const auto& a, const auto& b) { return a.order < b.order; });
   for (const auto& c : registry) c.install(app);
+  g_table_errors = table_format(argc, argv);
   try {
     app.parse(argc, argv);
     // Every write is checked: output that did not reach stdout is a failure, not a success.
     std::cout.flush();
     if (!std::cout) {
-      std::cerr
-          << R"({"error": {"code": "internal", "message": "cannot write to standard output"}})"
-          << '\n';
+      print_error("internal", "", "cannot write to standard output");
       return 1;
     }
   } catch (const CLI::Success& e) {
@@ -131,11 +164,10 @@ int main(int argc, char** argv) {
     print_input_error(e);
     return 2;
   } catch (const std::bad_alloc&) {
-    std::cerr << R"({"error": {"code": "internal", "message": "out of memory"}})" << '\n';
+    print_error("internal", "", "out of memory");
     return 1;
   } catch (const std::exception& e) {
-    nlohmann::json err = {{"error", {{"code", "internal"}, {"message", e.what()}}}};
-    std::cerr << err.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
+    print_error("internal", "", e.what());
     return 1;
   }
   return 0;

@@ -1,12 +1,15 @@
 // distplan-gui: the interactive planner. With --screenshot it renders one tab offscreen at the
 // given size, saves a PNG and exits (for docs and CI).
+#include <cmath>
 #include <cstdio>
 #include <optional>
+#include <utility>
 
 #include <QApplication>
 #include <QCommandLineParser>
 #include <QElapsedTimer>
 #include <QEventLoop>
+#include <QFileInfo>
 #include <QPixmap>
 #include <QSize>
 #include <QTimer>
@@ -14,6 +17,8 @@
 #include "mainwindow.h"
 #include "plansession.h"
 #include "searchview.h"
+#include "timelineview.h"
+#include "timelinewidget.h"
 #include "validationview.h"
 
 using distplan::gui::MainWindow;
@@ -34,6 +39,17 @@ std::optional<QSize> parseSize(const QString& text) {
     return std::nullopt;
   }
   return QSize(w, h);
+}
+
+/// Parses "FROM:TO" in milliseconds, 0 <= FROM < TO.
+std::optional<std::pair<double, double>> parseWindow(const QString& text) {
+  const QStringList parts = text.split(QLatin1Char(':'));
+  if (parts.size() != 2) return std::nullopt;
+  bool okA = false, okB = false;
+  const double a = parts[0].toDouble(&okA);
+  const double b = parts[1].toDouble(&okB);
+  if (!okA || !okB || !(a >= 0) || !(b > a) || !std::isfinite(b)) return std::nullopt;
+  return std::make_pair(a, b);
 }
 
 }  // namespace
@@ -73,13 +89,26 @@ int main(int argc, char** argv) {
       QCoreApplication::translate("main",
                                   "A `distplan validate` result to show in the Validation tab."),
       QStringLiteral("FILE"));
-  parser.addOptions({scenarioOption, tabOption, screenshotOption, sizeOption, validationOption});
+  const QCommandLineOption windowOption(
+      QStringLiteral("timeline-window"),
+      QCoreApplication::translate("main",
+                                  "With --screenshot: the Timeline tab shows FROM to TO "
+                                  "milliseconds of the step (e.g. 0:2000, its first two seconds)."),
+      QStringLiteral("FROM:TO"));
+  parser.addOptions(
+      {scenarioOption, tabOption, screenshotOption, sizeOption, validationOption, windowOption});
   if (!parser.parse(arguments)) {
     std::fprintf(stderr, "distplan-gui: %s\n", qPrintable(parser.errorText()));
     return 2;
   }
   if (parser.isSet(helpOption)) {
-    std::fputs(qPrintable(parser.helpText()), stdout);
+    // Without a QCoreApplication (none exists yet: --help needs no display) Qt writes
+    // "<executable_name>" where the program's name goes.
+    QString help = parser.helpText();
+    help.replace(QStringLiteral("<executable_name>"),
+                 arguments.isEmpty() ? QStringLiteral("distplan-gui")
+                                     : QFileInfo(arguments.first()).fileName());
+    std::fputs(qPrintable(help), stdout);
     return 0;
   }
   if (parser.isSet(versionOption)) {
@@ -92,6 +121,17 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "distplan-gui: --size \"%s\" is not WxH with each side 1 to %d\n",
                  qPrintable(parser.value(sizeOption)), kMaxScreenshotSide);
     return 2;
+  }
+  std::optional<std::pair<double, double>> timelineWindow;
+  if (parser.isSet(windowOption)) {
+    timelineWindow = parseWindow(parser.value(windowOption));
+    if (!timelineWindow) {
+      std::fprintf(stderr,
+                   "distplan-gui: --timeline-window \"%s\" is not FROM:TO in milliseconds with "
+                   "0 <= FROM < TO\n",
+                   qPrintable(parser.value(windowOption)));
+      return 2;
+    }
   }
   const QString tab = parser.value(tabOption);
   if (!tab.isEmpty() && !MainWindow::tabNames().contains(tab.toLower())) {
@@ -127,6 +167,10 @@ int main(int argc, char** argv) {
   window.resize(std::max(size->width(), 1280), std::max(size->height(), 800));
   window.show();
   window.session()->simulateNow();
+  if (timelineWindow) {
+    window.timelineView()->timeline()->showWindow(
+        timelineWindow->first / 1e3, (timelineWindow->second - timelineWindow->first) / 1e3);
+  }
   if (tab.compare(QStringLiteral("search"), Qt::CaseInsensitive) == 0 &&
       distplan::gui::SearchView::searchAvailable()) {
     QEventLoop loop;

@@ -54,7 +54,7 @@ MainWindow::MainWindow(bool persistent, QWidget* parent)
   auto* scroll = new QScrollArea;
   scroll->setWidget(editor_);
   scroll->setWidgetResizable(true);
-  scroll->setMinimumWidth(340);
+  scroll->setMinimumWidth(360);
   scroll->setHorizontalScrollBarPolicy(Qt::ScrollBarAlwaysOff);
 
   tabs_ = new QTabWidget;
@@ -87,7 +87,7 @@ MainWindow::MainWindow(bool persistent, QWidget* parent)
   splitter_->addWidget(right);
   splitter_->setStretchFactor(0, 0);
   splitter_->setStretchFactor(1, 1);
-  splitter_->setSizes({380, 1000});
+  splitter_->setSizes({400, 1040});
   setCentralWidget(splitter_);
 
   connect(editor_, &ScenarioEditor::edited, this, &MainWindow::editorEdited);
@@ -176,6 +176,7 @@ void MainWindow::createMenus() {
   fresh->setShortcut(QKeySequence::New);
   QAction* open = file->addAction(tr("&Open scenario…"), this, &MainWindow::openDialog);
   open->setShortcut(QKeySequence::Open);
+  file->addAction(tr("&Import Hugging Face config.json…"), this, &MainWindow::importHfConfigDialog);
   recentMenu_ = file->addMenu(tr("Open &recent"));
   QAction* save = file->addAction(tr("&Save scenario"), this, [this] { saveDialog(false); });
   save->setShortcut(QKeySequence::Save);
@@ -226,6 +227,8 @@ bool MainWindow::openScenario(const QString& path, QString* error) {
   try {
     text = read_input_file(QFile::encodeName(path).toStdString(), "scenario");
     doc = parse_json_text(text);
+    // A Hugging Face config.json is a model, not a scenario: it becomes the open scenario's model.
+    if (isHfConfig(doc)) return importHfConfig(path, error);
     (void)scenario_from_json(doc, {"search"});
   } catch (const InputError& e) {
     // A search document (lists of candidates, a `search` object) opens for the Search tab.
@@ -244,6 +247,47 @@ bool MainWindow::openScenario(const QString& path, QString* error) {
   documentEdited_ = false;
   setWindowModified(false);
   return true;
+}
+
+bool MainWindow::isHfConfig(const nlohmann::json& doc) {
+  return doc.is_object() && doc.contains("model_type") && !doc.contains("model") &&
+         !doc.contains("training");
+}
+
+bool MainWindow::importHfConfig(const QString& path, QString* error) {
+  try {
+    const nlohmann::json cfg =
+        parse_json_text(read_input_file(QFile::encodeName(path).toStdString(), "config.json"));
+    // The library's importer (as `distplan plan --hf-config`) reads it first, so a config it
+    // cannot plan is refused here, with its field, and the open scenario stays as it was.
+    (void)model_from_hf_config(cfg, "/model/hf_config");
+    // Opened on its own (no scenario yet): the default scenario's cluster and training around it.
+    if (!editor_->document().is_object() || !editor_->document().contains("cluster")) {
+      loadDefaultScenario();
+    }
+    editor_->editValues({{QStringLiteral("/model"), nlohmann::json{{"hf_config", cfg}}}});
+  } catch (const InputError& e) {
+    if (error) {
+      *error = tr("%1: %2%3")
+                   .arg(path,
+                        e.path().empty() ? QString()
+                                         : QString::fromStdString(e.path()) + QStringLiteral(": "),
+                        QString::fromUtf8(e.what()));
+    }
+    return false;
+  }
+  statusBar()->showMessage(
+      tr("Model imported from the Hugging Face config %1").arg(QFileInfo(path).fileName()), 8000);
+  return true;
+}
+
+void MainWindow::importHfConfigDialog() {
+  const QString path = QFileDialog::getOpenFileName(
+      this, tr("Import a Hugging Face config.json"), QFileInfo(currentFile_).path(),
+      tr("Hugging Face config (config.json *.json);;All files (*)"));
+  if (path.isEmpty()) return;
+  QString error;
+  if (!importHfConfig(path, &error)) QMessageBox::warning(this, tr("Cannot import"), error);
 }
 
 bool MainWindow::saveScenario(const QString& path, QString* error) {

@@ -5,6 +5,7 @@
 
 #include <QMainWindow>
 #include <QStringList>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 
 class QLabel;
@@ -36,6 +37,13 @@ class MainWindow : public QMainWindow {
   /// Opens a scenario or search file (read with the CLI's size bound); on failure returns false
   /// and sets `error` ("path: message").
   bool openScenario(const QString& path, QString* error = nullptr);
+  /// Makes the Hugging Face config.json at `path` the open scenario's model
+  /// ({"hf_config": ...}, read by the library's importer as `distplan plan --hf-config`); on
+  /// failure returns false, sets `error` ("path: /model/hf_config/...: message") and changes
+  /// nothing. openScenario() does this for a file that is a config.json.
+  bool importHfConfig(const QString& path, QString* error = nullptr);
+  /// A document that is a Hugging Face config.json (model_type, no scenario sections).
+  [[nodiscard]] static bool isHfConfig(const nlohmann::json& doc);
   /// Saves the document: the bytes read when nothing was edited, else the edited document.
   bool saveScenario(const QString& path, QString* error = nullptr);
   /// Shows the tab named `name` (summary, memory, communication, timeline, search, validation).
@@ -64,6 +72,7 @@ class MainWindow : public QMainWindow {
   void simulationChanged();
   void editorEdited();
   void openDialog();
+  void importHfConfigDialog();
   void saveDialog(bool saveAs);
   void copyPlanJson();
   void exportCurrentChart();

@@ -19,7 +19,7 @@ int MemoryModel::rowCount(const QModelIndex& parent) const {
 }
 
 int MemoryModel::columnCount(const QModelIndex& parent) const {
-  return parent.isValid() ? 0 : TotalColumn + 1;
+  return parent.isValid() ? 0 : ReservedColumn + 1;
 }
 
 QVariant MemoryModel::data(const QModelIndex& index, int role) const {
@@ -31,6 +31,12 @@ QVariant MemoryModel::data(const QModelIndex& index, int role) const {
     bytes = categoryBytes(s, kMemoryCategories[static_cast<std::size_t>(c - FirstCategoryColumn)]);
   } else if (c == TotalColumn) {
     bytes = s.total_bytes;
+  } else if (c == TransientColumn) {
+    bytes = s.transient_bytes;
+  } else if (c == AllocatedColumn) {
+    bytes = s.allocated_bytes;
+  } else if (c == ReservedColumn) {
+    bytes = s.reserved_bytes;
   }
   switch (role) {
     case Qt::DisplayRole:
@@ -49,7 +55,7 @@ QVariant MemoryModel::data(const QModelIndex& index, int role) const {
     case Qt::TextAlignmentRole:
       return QVariant(Qt::AlignRight | Qt::AlignVCenter);
     case Qt::ForegroundRole:
-      if (c == TotalColumn && s.total_bytes > memory_.capacity_bytes) return QBrush(Qt::red);
+      if (c == ReservedColumn && s.reserved_bytes > memory_.capacity_bytes) return QBrush(Qt::red);
       return {};
     default:
       return {};
@@ -62,6 +68,24 @@ QVariant MemoryModel::headerData(int section, Qt::Orientation orientation, int r
     return categoryColor(
         kMemoryCategories[static_cast<std::size_t>(section - FirstCategoryColumn)]);
   }
+  if (role == Qt::ToolTipRole) {
+    switch (section) {
+      case TotalColumn:
+        return tr("The categories plus the transient (docs/memory.md)");
+      case TransientColumn:
+        return tr("Inside a layer's backward: activation gradients, framework buckets");
+      case AllocatedColumn:
+        return tr(
+            "What the caching allocator hands out at the peak "
+            "(torch.cuda.max_memory_allocated)");
+      case ReservedColumn:
+        return tr(
+            "What the GPU holds: the allocator's segments plus the runtime outside it; "
+            "what fits compares");
+      default:
+        return {};
+    }
+  }
   if (role != Qt::DisplayRole) return {};
   switch (section) {
     case StageColumn:
@@ -70,12 +94,18 @@ QVariant MemoryModel::headerData(int section, Qt::Orientation orientation, int r
       return tr("Layers");
     case InflightColumn:
       return tr("In flight");
+    // GiB throughout (the view's caption says so), so thirteen columns fit beside the editor.
     case TotalColumn:
-      return tr("Total (GiB)");
+      return tr("Total");
+    case TransientColumn:
+      return tr("Transient");
+    case AllocatedColumn:
+      return tr("Allocated");
+    case ReservedColumn:
+      return tr("Reserved");
     default:
-      return tr("%1 (GiB)")
-          .arg(categoryLabel(
-              kMemoryCategories[static_cast<std::size_t>(section - FirstCategoryColumn)]));
+      return categoryLabel(
+          kMemoryCategories[static_cast<std::size_t>(section - FirstCategoryColumn)]);
   }
 }
 

@@ -1,5 +1,6 @@
 // Table model over the planner's per-stage memory: one row per pipeline stage, one column per
-// category (GiB shown, exact bytes in the tooltip and under Qt::UserRole).
+// category, then total, transient, allocated and reserved as the CLI's table has them (GiB shown,
+// exact bytes in the tooltip and under Qt::UserRole).
 #pragma once
 
 #include <vector>
@@ -14,7 +15,18 @@ class MemoryModel : public QAbstractTableModel {
   Q_OBJECT
 
  public:
-  enum Column { StageColumn, LayersColumn, InflightColumn, FirstCategoryColumn, TotalColumn = 9 };
+  // The CLI's columns (`distplan plan --format table`): the six categories, their total with the
+  // transient, then the transient alone, what the allocator hands out and what the GPU holds.
+  enum Column {
+    StageColumn,
+    LayersColumn,
+    InflightColumn,
+    FirstCategoryColumn,
+    TotalColumn = 9,
+    TransientColumn,
+    AllocatedColumn,
+    ReservedColumn,
+  };
 
   explicit MemoryModel(QObject* parent = nullptr);
 

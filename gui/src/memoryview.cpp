@@ -8,6 +8,7 @@
 #include <QChartView>
 #include <QCursor>
 #include <QHeaderView>
+#include <QLabel>
 #include <QLineSeries>
 #include <QPushButton>
 #include <QSplitter>
@@ -41,9 +42,21 @@ MemoryView::MemoryView(QWidget* parent) : QWidget(parent) {
   connect(exportButton, &QPushButton::clicked, this,
           [this] { exportWidgetWithDialog(this, chartView_, QStringLiteral("memory")); });
 
+  auto* tableBox = new QWidget(this);
+  auto* tableLayout = new QVBoxLayout(tableBox);
+  tableLayout->setContentsMargins(0, 0, 0, 0);
+  auto* caption = new QLabel(
+      tr("Per GPU, in GiB (2^30 bytes); exact bytes on hover. Total: the categories plus the "
+         "transient. Allocated: what the caching allocator hands out at the peak. Reserved: what "
+         "the GPU holds, the allocator's segments plus the runtime outside it (what fits "
+         "compares)."),
+      tableBox);
+  caption->setWordWrap(true);
+  tableLayout->addWidget(caption);
+  tableLayout->addWidget(table_, 1);
   auto* splitter = new QSplitter(Qt::Vertical, this);
   splitter->addWidget(chartView_);
-  splitter->addWidget(table_);
+  splitter->addWidget(tableBox);
   splitter->setStretchFactor(0, 3);
   splitter->setStretchFactor(1, 1);
   auto* layout = new QVBoxLayout(this);
@@ -87,6 +100,37 @@ void MemoryView::rebuildChart() {
     });
     bars_->append(set);
   }
+  // Above the categories, what the CLI lists beside them: the transient of a layer's backward
+  // (inside allocated) and the caching allocator's segments beyond it (reserved − total), so each
+  // bar stands as high as the stage's reserved bytes, what fits compares.
+  const auto addExtra = [this, &memory](const QString& name, const QColor& color,
+                                        Bytes (*bytes)(const StageMemory&), const QString& what) {
+    auto* set = new QBarSet(name);
+    set->setColor(color);
+    set->setBorderColor(color.darker(130));
+    for (const StageMemory& s : memory.stages) *set << to_gib(bytes(s));
+    connect(set, &QBarSet::hovered, this, [this, name, bytes, what](bool status, int index) {
+      const auto& stages = model_->memory().stages;
+      if (!status || index < 0 || index >= static_cast<int>(stages.size())) {
+        QToolTip::hideText();
+        return;
+      }
+      const StageMemory& s = stages[static_cast<std::size_t>(index)];
+      QToolTip::showText(QCursor::pos(), tr("Stage %1 — %2\n%3\n%4\nreserved %5")
+                                             .arg(s.stage)
+                                             .arg(name, formatBytesExact(bytes(s)), what,
+                                                  formatBytesExact(s.reserved_bytes)));
+    });
+    bars_->append(set);
+  };
+  addExtra(
+      tr("Transient"), QColor(0xed, 0xc9, 0x48),
+      [](const StageMemory& s) { return s.transient_bytes; },
+      tr("inside a layer's backward: activation gradients, framework buckets"));
+  addExtra(
+      tr("Allocator cache"), QColor(0xd7, 0xd7, 0xd7),
+      [](const StageMemory& s) { return std::max<Bytes>(0, s.reserved_bytes - s.total_bytes); },
+      tr("the caching allocator's segments beyond what is allocated (reserved − total)"));
   chart_->addSeries(bars_);
 
   capacity_ = new QLineSeries;
@@ -121,6 +165,13 @@ void MemoryView::rebuildChart() {
       tr("Memory per GPU by pipeline stage — peak %1 reserved (%2 allocated) of %3 (%4)")
           .arg(formatGiB(memory.peak_reserved_bytes), formatGiB(memory.peak_allocated_bytes),
                formatGiB(memory.capacity_bytes), memory.fits ? tr("fits") : tr("does not fit")));
+}
+
+double MemoryView::stackGiB(int stage) const {
+  double sum = 0;
+  if (!bars_) return sum;
+  for (QBarSet* set : bars_->barSets()) sum += set->at(stage);
+  return sum;
 }
 
 double MemoryView::barValueGiB(MemoryCategory category, int stage) const {

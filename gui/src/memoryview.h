@@ -1,5 +1,6 @@
-// Memory tab: a stacked bar per pipeline stage by category (GiB), the GPU's capacity as a line,
-// exact bytes on hover, and the same figures as a table.
+// Memory tab: a stacked bar per pipeline stage by category (GiB), topped by the transient and the
+// allocator's cache so it stands as high as the reserved bytes, the GPU's capacity as a line,
+// exact bytes on hover, and the CLI's columns as a table.
 #pragma once
 
 #include <QWidget>
@@ -31,6 +32,9 @@ class MemoryView : public QWidget {
   /// The bar heights drawn, in GiB: value of `category` on `stage`.
   [[nodiscard]] double barValueGiB(MemoryCategory category, int stage) const;
   [[nodiscard]] int barCount() const;
+  /// The height of stage `stage`'s whole bar in GiB: categories, transient and allocator cache,
+  /// i.e. the stage's reserved bytes.
+  [[nodiscard]] double stackGiB(int stage) const;
   /// The capacity line's height in GiB.
   [[nodiscard]] double capacityLineGiB() const;
 

@@ -175,14 +175,19 @@ ScenarioEditor::ScenarioEditor(QWidget* parent) : QWidget(parent) {
     auto* box = new QGroupBox(title, this);
     auto* form = new QFormLayout(box);
     form->setFieldGrowthPolicy(QFormLayout::AllNonFixedFieldsGrow);
+    // A label too long for the pane puts its field on the next line rather than squeezing it.
+    form->setRowWrapPolicy(QFormLayout::WrapLongRows);
     (this->*build)(form);
     layout->addWidget(box);
   };
-  group(tr("Model"), &ScenarioEditor::buildModelGroup);
-  group(tr("Mixture of Experts"), &ScenarioEditor::buildMoeGroup);
-  group(tr("GPU and cluster"), &ScenarioEditor::buildClusterGroup);
-  group(tr("Training"), &ScenarioEditor::buildTrainingGroup);
+  // What a person picks first (model, GPU, how many) and the layout come first, so at 1440 × 900
+  // the whole layout is in view beside the results; the presets' details follow.
+  group(tr("Model and cluster"), &ScenarioEditor::buildPresetsGroup);
   group(tr("Parallel layout"), &ScenarioEditor::buildParallelGroup);
+  group(tr("Training"), &ScenarioEditor::buildTrainingGroup);
+  group(tr("Model shape"), &ScenarioEditor::buildModelGroup);
+  group(tr("Mixture of Experts"), &ScenarioEditor::buildMoeGroup);
+  group(tr("GPU and links"), &ScenarioEditor::buildClusterGroup);
   group(tr("Assumptions"), &ScenarioEditor::buildAssumptionsGroup);
 
   auto* other = new QGroupBox(tr("Other fields in the file"), this);
@@ -284,8 +289,14 @@ QComboBox* ScenarioEditor::addPreset(QFormLayout* form, const QString& label, co
   return box;
 }
 
+void ScenarioEditor::buildPresetsGroup(QFormLayout* form) {
+  addPreset(form, tr("Model"), QStringLiteral("/model"), true);
+  addPreset(form, tr("GPU"), QStringLiteral("/cluster/gpu"), false);
+  addValue(form, tr("GPUs"), QStringLiteral("/cluster/num_gpus"), FieldUnit::plain);
+  addValue(form, tr("GPUs per node"), QStringLiteral("/cluster/gpus_per_node"), FieldUnit::plain);
+}
+
 void ScenarioEditor::buildModelGroup(QFormLayout* form) {
-  addPreset(form, tr("Preset"), QStringLiteral("/model"), true);
   addValue(form, tr("Name"), QStringLiteral("/model/name"), FieldUnit::plain);
   addValue(form, tr("Layers"), QStringLiteral("/model/num_layers"), FieldUnit::plain);
   addValue(form, tr("Hidden size"), QStringLiteral("/model/hidden_size"), FieldUnit::plain);
@@ -345,7 +356,6 @@ void ScenarioEditor::buildMoeGroup(QFormLayout* form) {
 }
 
 void ScenarioEditor::buildClusterGroup(QFormLayout* form) {
-  addPreset(form, tr("GPU"), QStringLiteral("/cluster/gpu"), false);
   addValue(form, tr("GPU memory"), QStringLiteral("/cluster/gpu/memory_bytes"), FieldUnit::giB,
            tr("GiB"));
   addValue(form, tr("Peak bf16"), QStringLiteral("/cluster/gpu/peak_flops/bf16"), FieldUnit::tera,
@@ -356,8 +366,6 @@ void ScenarioEditor::buildClusterGroup(QFormLayout* form) {
            tr("TFLOP/s"));
   addValue(form, tr("HBM bandwidth"), QStringLiteral("/cluster/gpu/memory_bandwidth"),
            FieldUnit::giga, tr("GB/s"));
-  addValue(form, tr("GPUs"), QStringLiteral("/cluster/num_gpus"), FieldUnit::plain);
-  addValue(form, tr("GPUs per node"), QStringLiteral("/cluster/gpus_per_node"), FieldUnit::plain);
   addValue(form, tr("Intra-node link"), QStringLiteral("/cluster/intra_node_bandwidth"),
            FieldUnit::giga, tr("GB/s"));
   addValue(form, tr("Inter-node link"), QStringLiteral("/cluster/inter_node_bandwidth"),

@@ -78,6 +78,7 @@ class ScenarioEditor : public QWidget {
   QCheckBox* addCheck(QFormLayout* form, const QString& label, const QString& path);
   QComboBox* addPreset(QFormLayout* form, const QString& label, const QString& path, bool model);
 
+  void buildPresetsGroup(QFormLayout* form);
   void buildModelGroup(QFormLayout* form);
   void buildMoeGroup(QFormLayout* form);
   void buildClusterGroup(QFormLayout* form);

@@ -1,5 +1,7 @@
 #include "searchmodel.h"
 
+#include <algorithm>
+
 #include "categories.h"
 
 namespace distplan::gui {
@@ -16,6 +18,21 @@ void SearchModel::setRows(std::vector<SearchRow> rows) {
   beginResetModel();
   rows_ = std::move(rows);
   endResetModel();
+}
+
+bool SearchModel::axisUsed(Column column) const {
+  return std::any_of(rows_.begin(), rows_.end(), [column](const SearchRow& r) {
+    switch (column) {
+      case CpColumn:
+        return r.parallel.cp > 1;
+      case VirtualStagesColumn:
+        return r.parallel.virtual_stages > 1;
+      case EpColumn:
+        return r.parallel.ep > 1;
+      default:
+        return true;
+    }
+  });
 }
 
 int SearchModel::rowCount(const QModelIndex& parent) const {
@@ -36,10 +53,16 @@ QVariant SearchModel::data(const QModelIndex& index, int role) const {
         return r.rank;
       case TpColumn:
         return QVariant::fromValue<qlonglong>(p.tp);
+      case CpColumn:
+        return QVariant::fromValue<qlonglong>(p.cp);
       case PpColumn:
         return QVariant::fromValue<qlonglong>(p.pp);
+      case VirtualStagesColumn:
+        return QVariant::fromValue<qlonglong>(p.virtual_stages);
       case DpColumn:
         return QVariant::fromValue<qlonglong>(p.dp);
+      case EpColumn:
+        return QVariant::fromValue<qlonglong>(p.ep);
       case MicroBatchColumn:
         return QVariant::fromValue<qlonglong>(r.micro_batch_size);
       case ZeroColumn:
@@ -70,6 +93,11 @@ QVariant SearchModel::data(const QModelIndex& index, int role) const {
         .arg(r.shard_group)
         .arg(p.dp);
   }
+  if (role == Qt::ToolTipRole && index.column() == CpColumn && p.cp > 1) {
+    return tr("context parallel: each sequence split over %1 GPUs (%2 exchange)")
+        .arg(p.cp)
+        .arg(qs(to_string(p.cp_comm)));
+  }
   if (role == Qt::ToolTipRole && index.column() == PeakColumn) {
     return tr("%1 of %2").arg(formatBytesExact(r.peak_bytes), formatGiB(r.capacity_bytes));
   }
@@ -80,10 +108,16 @@ QVariant SearchModel::data(const QModelIndex& index, int role) const {
       return r.rank;
     case TpColumn:
       return QVariant::fromValue<qlonglong>(p.tp);
+    case CpColumn:
+      return QVariant::fromValue<qlonglong>(p.cp);
     case PpColumn:
       return QVariant::fromValue<qlonglong>(p.pp);
+    case VirtualStagesColumn:
+      return QVariant::fromValue<qlonglong>(p.virtual_stages);
     case DpColumn:
       return QVariant::fromValue<qlonglong>(p.dp);
+    case EpColumn:
+      return QVariant::fromValue<qlonglong>(p.ep);
     case MicroBatchColumn:
       return QVariant::fromValue<qlonglong>(r.micro_batch_size);
     case ZeroColumn:
@@ -97,9 +131,6 @@ QVariant SearchModel::data(const QModelIndex& index, int role) const {
     case SequenceParallelColumn:
       return p.sequence_parallel ? tr("on") : tr("-");
     case ScheduleColumn:
-      if (p.schedule == Schedule::interleaved_1f1b) {
-        return tr("%1 ×%2").arg(qs(to_string(p.schedule))).arg(p.virtual_stages);
-      }
       return qs(to_string(p.schedule));
     case PeakColumn:
       return QString::number(to_gib(r.peak_bytes), 'f', 2);
@@ -120,6 +151,12 @@ QVariant SearchModel::headerData(int section, Qt::Orientation orientation, int r
   if (orientation != Qt::Horizontal) return {};
   if (role == Qt::ToolTipRole) {
     switch (section) {
+      case CpColumn:
+        return tr("context parallel size (the sequence split over cp GPUs)");
+      case VirtualStagesColumn:
+        return tr("virtual pipeline stages per GPU (interleaved and V schedules)");
+      case EpColumn:
+        return tr("expert parallel size (each MoE layer's experts split ep ways)");
       case MicroBatchColumn:
         return tr("micro-batch size");
       case ZeroColumn:
@@ -127,7 +164,7 @@ QVariant SearchModel::headerData(int section, Qt::Orientation orientation, int r
       case SequenceParallelColumn:
         return tr("sequence parallelism");
       case ScheduleColumn:
-        return tr("pipeline schedule; ×v: virtual stages of interleaved 1F1B");
+        return tr("pipeline schedule");
       default:
         return {};
     }
@@ -139,10 +176,16 @@ QVariant SearchModel::headerData(int section, Qt::Orientation orientation, int r
       return tr("#");
     case TpColumn:
       return tr("tp");
+    case CpColumn:
+      return tr("cp");
     case PpColumn:
       return tr("pp");
+    case VirtualStagesColumn:
+      return tr("v");
     case DpColumn:
       return tr("dp");
+    case EpColumn:
+      return tr("ep");
     case MicroBatchColumn:
       return tr("mb");
     case ZeroColumn:

@@ -1,5 +1,6 @@
 // Table model over the search's ranked plans (plain rows, so the view works with or without the
-// search library): layout, peak memory, step time, tokens/s, MFU.
+// search library): layout (tp, cp, pp, v, dp, ep, micro-batch, ZeRO, recompute, sp, schedule),
+// peak memory, step time, tokens/s, MFU, bubble.
 #pragma once
 
 #include <vector>
@@ -32,8 +33,11 @@ class SearchModel : public QAbstractTableModel {
   enum Column {
     RankColumn,
     TpColumn,
+    CpColumn,
     PpColumn,
+    VirtualStagesColumn,
     DpColumn,
+    EpColumn,
     MicroBatchColumn,
     ZeroColumn,
     RecomputeColumn,
@@ -53,6 +57,8 @@ class SearchModel : public QAbstractTableModel {
 
   void setRows(std::vector<SearchRow> rows);
   [[nodiscard]] const std::vector<SearchRow>& rows() const { return rows_; }
+  /// Whether a parallel axis column (cp, v, ep) holds anything but 1: the view hides it when not.
+  [[nodiscard]] bool axisUsed(Column column) const;
 
   [[nodiscard]] int rowCount(const QModelIndex& parent = {}) const override;
   [[nodiscard]] int columnCount(const QModelIndex& parent = {}) const override;

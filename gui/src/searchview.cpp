@@ -8,6 +8,7 @@
 #include <QChartView>
 #include <QComboBox>
 #include <QCursor>
+#include <QDoubleSpinBox>
 #include <QHBoxLayout>
 #include <QHeaderView>
 #include <QLabel>
@@ -75,6 +76,19 @@ SearchView::SearchView(QWidget* parent) : QWidget(parent) {
   topK_->setRange(1, 10000);  // the search request's own bound on top_k
   topK_->setValue(50);
   topK_->setPrefix(tr("top "));
+  // What fraction of the GPU's memory a plan must leave free (search.memory_margin): a layout at
+  // 79.9 of 80 GiB fits on paper and not after a fragmentation spike.
+  margin_ = new QDoubleSpinBox(this);
+  margin_->setObjectName(QStringLiteral("memoryMargin"));
+  margin_->setRange(0, 99);
+  margin_->setDecimals(0);
+  margin_->setSingleStep(5);
+  margin_->setValue(0);
+  margin_->setPrefix(tr("keep "));
+  margin_->setSuffix(tr(" % free"));
+  margin_->setToolTip(
+      tr("Memory margin: a plan fits when its peak is at most this much below the GPU's memory "
+         "(search.memory_margin)"));
   start_ = new QPushButton(tr("Search"), this);
   cancel_ = new QPushButton(tr("Cancel"), this);
   cancel_->setEnabled(false);
@@ -121,6 +135,7 @@ SearchView::SearchView(QWidget* parent) : QWidget(parent) {
   controls->addWidget(new QLabel(tr("Objective:"), this));
   controls->addWidget(objective_);
   controls->addWidget(topK_);
+  controls->addWidget(margin_);
   controls->addWidget(start_);
   controls->addWidget(cancel_);
   controls->addWidget(progress_, 1);
@@ -142,6 +157,7 @@ SearchView::SearchView(QWidget* parent) : QWidget(parent) {
   } else {
     status_->setText(tr("Search every layout of the current model, cluster and batch."));
   }
+  showUsedAxes();
   rebuildChart();
 }
 
@@ -187,11 +203,20 @@ void SearchView::setDocument(const nlohmann::json& doc) {
                               : request->options.objective == search::Objective::gpus ? 2
                                                                                       : 0);
   topK_->setValue(request->options.top_k);
+  setMemoryMargin(request->options.memory_margin);
   request_ = std::move(request);
   if (!job_) status_->setText(tr("Search the candidates and constraints of the opened file."));
 #else
   throw InputError("/search", "this build has no search library");
 #endif
+}
+
+double SearchView::memoryMargin() const {
+  return margin_->value() / 100;
+}
+
+void SearchView::setMemoryMargin(double fraction) {
+  margin_->setValue(fraction * 100);
 }
 
 bool SearchView::isRunning() const {
@@ -207,6 +232,7 @@ void SearchView::setRunning(bool running) {
   cancel_->setEnabled(running);
   objective_->setEnabled(!running);
   topK_->setEnabled(!running);
+  margin_->setEnabled(!running);
   if (running) {
     pollTimer_->start();
   } else {
@@ -236,6 +262,8 @@ void SearchView::startSearch() {
                       : objective == 2 ? search::Objective::gpus
                                        : search::Objective::throughput;
   options.top_k = topK_->value();
+  options.memory_margin = memoryMargin();
+  marginUsed_ = options.memory_margin;
   auto job = std::make_shared<Job>();
   job_ = job;
   options.progress = [job](double fraction, std::uint64_t evaluated) {
@@ -251,6 +279,7 @@ void SearchView::startSearch() {
         SearchRow r;
         r.rank = ++rank;
         r.parallel = search::parallel_of(p.layout);
+        r.parallel.cp_comm = space.base.parallel.cp_comm;
         r.shard_group = p.layout.fsdp_shard_size;
         r.micro_batch_size = p.layout.micro_batch_size;
         r.peak_bytes = p.figures.peak_bytes;
@@ -323,10 +352,19 @@ void SearchView::finishJob(const std::shared_ptr<Job>& job) {
     } else {
       model_->setRows(std::move(job->rows));
       status_->setText(job->summary);
+      showUsedAxes();
     }
   }
   rebuildChart();
   emit searchFinished();
+}
+
+// cp, v and ep get their column when a plan splits them (every axis that is not 1 is shown).
+void SearchView::showUsedAxes() {
+  for (SearchModel::Column c :
+       {SearchModel::CpColumn, SearchModel::VirtualStagesColumn, SearchModel::EpColumn}) {
+    table_->setColumnHidden(c, !model_->axisUsed(c));
+  }
 }
 
 void SearchView::rebuildChart() {
@@ -375,6 +413,19 @@ void SearchView::rebuildChart() {
     maxGiB = std::max(maxGiB, to_gib(capacity));
   }
   chart_->addSeries(capLine);
+  if (capacity > 0 && marginUsed_ > 0) {
+    // What the margin leaves usable: the plans shown are those left of this line.
+    auto* usable = new QLineSeries;
+    const double usableGiB = to_gib(capacity) * (1 - marginUsed_);
+    usable->setName(tr("usable with a %1 % margin").arg(marginUsed_ * 100, 0, 'f', 0));
+    usable->append(usableGiB, 0);
+    usable->append(usableGiB, maxTokens * 2);
+    QPen pen(QColor(0x55, 0x55, 0x55));
+    pen.setWidth(2);
+    pen.setStyle(Qt::DotLine);
+    usable->setPen(pen);
+    chart_->addSeries(usable);
+  }
   auto* x = new QValueAxis;
   x->setTitleText(tr("peak memory per GPU (GiB)"));
   x->setRange(0, maxGiB * 1.08);

@@ -17,6 +17,7 @@
 class QChart;
 class QChartView;
 class QComboBox;
+class QDoubleSpinBox;
 class QLabel;
 class QProgressBar;
 class QPushButton;
@@ -64,6 +65,10 @@ class SearchView : public QWidget {
   [[nodiscard]] QSortFilterProxyModel* proxy() const { return proxy_; }
   [[nodiscard]] QChartView* chartView() const { return chartView_; }
   [[nodiscard]] QString statusText() const;
+  /// The memory margin the next search keeps free, a fraction (0.05: a plan fits when its peak is
+  /// at most 95 % of the GPU's memory), as `search.memory_margin`.
+  [[nodiscard]] double memoryMargin() const;
+  void setMemoryMargin(double fraction);
 
  signals:
   /// A plan was double-clicked: its row in model().
@@ -75,6 +80,7 @@ class SearchView : public QWidget {
   void finishJob(const std::shared_ptr<Job>& job);
   void pollProgress();
   void rebuildChart();
+  void showUsedAxes();
   void setRunning(bool running);
 
   std::optional<Scenario> base_;
@@ -86,11 +92,13 @@ class SearchView : public QWidget {
   QChartView* chartView_ = nullptr;
   QComboBox* objective_ = nullptr;
   QSpinBox* topK_ = nullptr;
+  QDoubleSpinBox* margin_ = nullptr;
   QPushButton* start_ = nullptr;
   QPushButton* cancel_ = nullptr;
   QProgressBar* progress_ = nullptr;
   QLabel* status_ = nullptr;
   QTimer* pollTimer_ = nullptr;
+  double marginUsed_ = 0;          // the memory margin of the search shown
   std::shared_ptr<Job> job_;       // the running search the view waits for
   std::vector<QThread*> threads_;  // every worker still running (a cancelled one finishes alone)
 };

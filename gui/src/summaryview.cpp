@@ -49,8 +49,12 @@ SummaryView::SummaryView(QWidget* parent) : QWidget(parent) {
 
   auto* box = new QGroupBox(tr("What lowers the peak (double-click to apply)"), this);
   auto* v = new QVBoxLayout(box);
-  suggestionTable_ = new QTableWidget(0, 4, box);
-  suggestionTable_->setHorizontalHeaderLabels({tr("Change"), tr("Peak"), tr("Saves"), tr("Fits")});
+  suggestionTable_ = new QTableWidget(0, 5, box);
+  suggestionTable_->setHorizontalHeaderLabels(
+      {tr("Change"), tr("Peak"), tr("Saves"), tr("Step time"), tr("Fits")});
+  suggestionTable_->horizontalHeaderItem(3)->setToolTip(
+      tr("What the change costs in step time (analytic; negative: faster), as `distplan plan "
+         "--format table` lists it"));
   suggestionTable_->horizontalHeader()->setSectionResizeMode(QHeaderView::ResizeToContents);
   suggestionTable_->horizontalHeader()->setStretchLastSection(true);
   suggestionTable_->verticalHeader()->hide();
@@ -79,7 +83,13 @@ void SummaryView::setPlan(const Scenario& s, const Estimate& e,
     suggestionTable_->setItem(i, 0, item(QString::fromStdString(f.change)));
     suggestionTable_->setItem(i, 1, item(formatGiB(f.peak_bytes)));
     suggestionTable_->setItem(i, 2, item(formatGiB(f.saving_bytes)));
-    suggestionTable_->setItem(i, 3, item(f.fits ? tr("yes") : tr("no")));
+    suggestionTable_->setItem(i, 3,
+                              item(tr("%1%2 ms")
+                                       .arg(f.time_cost_seconds >= 0 ? "+" : "")
+                                       .arg(f.time_cost_seconds * 1e3, 0, 'f', 1)));
+    suggestionTable_->item(i, 3)->setToolTip(
+        tr("step %1 ms after the change").arg(f.step_seconds * 1e3, 0, 'f', 1));
+    suggestionTable_->setItem(i, 4, item(f.fits ? tr("yes") : tr("no")));
     suggestionTable_->item(i, 1)->setToolTip(formatBytesExact(f.peak_bytes));
   }
   refresh();
@@ -112,18 +122,15 @@ void SummaryView::refresh() {
                    .arg(formatGiB(m.capacity_bytes - m.peak_reserved_bytes))
              : tr("<span style='color:#b00020'>no</span><br><small>%1 over</small>")
                    .arg(formatGiB(m.peak_reserved_bytes - m.capacity_bytes)));
-  const ParallelSpec& p = scenario_.parallel;
+  // The layout as the CLI's plan table writes it: every parallel axis that is not 1, labelled.
   details_->setText(
-      tr("%1 on %2 × %3 · %4 parameters · tp %5 · pp %6 · dp %7 · ZeRO %8 · %9 "
-         "micro-batches per step · %10 GFLOP per step (model)")
+      tr("%1 on %2 × %3 · %4 parameters<br>%5<br>%6 micro-batches per step · %7 "
+         "GFLOP per step (model)")
           .arg(QString::fromStdString(scenario_.model.name),
                QString::number(scenario_.cluster.num_gpus),
                QString::fromStdString(scenario_.cluster.gpu.name),
-               locale.toString(static_cast<qlonglong>(estimate_.parameters)))
-          .arg(p.tp)
-          .arg(p.pp)
-          .arg(p.dp)
-          .arg(p.zero_stage)
+               locale.toString(static_cast<qlonglong>(estimate_.parameters)),
+               QString::fromStdString(layout_line(scenario_.parallel)).toHtmlEscaped())
           .arg(estimate_.num_microbatches)
           .arg(locale.toString(estimate_.compute.model_flops_per_step / 1e9, 'f', 0)));
   levers_->setText(leversText());

@@ -32,6 +32,12 @@ struct TimelineLane {
   std::vector<std::uint32_t> order;
   std::vector<double> starts;
   std::vector<double> maxEnds;
+  /// Seconds of the first k blocks (k = 0..n), all of them, the forward passes and the
+  /// weight-gradient passes: the busy time of any window is two binary searches (busySeconds), so
+  /// passes far narrower than a pixel are drawn as the share of each pixel they fill.
+  std::vector<double> busyPrefix;
+  std::vector<double> forwardPrefix;
+  std::vector<double> weightPrefix;
   bool operator==(const TimelineLane&) const = default;
 };
 
@@ -53,5 +59,18 @@ struct TimelineData {
 
 /// Builds `lanes` and `kindCounts` from `blocks`.
 void indexTimeline(TimelineData& data);
+
+/// Busy seconds of `lane` in [t0, t1), split by kind: blocks of one lane follow one another (a
+/// stream), so the time before t is the whole blocks that start earlier, less the part of the
+/// last of them that runs past t. Overlapping blocks (a communication lane's concurrent sends)
+/// count each, so `all` can exceed t1 - t0. `hint`: a block index near t0 and t1, where the
+/// searches start (any value gives the same answer).
+struct LaneBusy {
+  double all = 0;
+  double forward = 0;
+  double weight = 0;
+};
+[[nodiscard]] LaneBusy busySeconds(const TimelineData& data, const TimelineLane& lane, double t0,
+                                   double t1, std::size_t hint = 0);
 
 }  // namespace distplan::gui

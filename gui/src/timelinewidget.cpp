@@ -18,6 +18,38 @@ constexpr double kTopMargin = 28;     // time axis
 constexpr double kBottomMargin = 30;  // legend
 constexpr double kRightMargin = 12;
 constexpr double kCommLaneShare = 0.28;  // of a row's height, under the compute lane
+// Passes narrower than this are not drawn one by one (thousands of micro-batches would alternate
+// forward and backward colours pixel by pixel): each pixel column is shaded by the share of it the
+// lane is busy, so a steady state reads as a solid band and idle time as the hatched bubble.
+constexpr double kMinPassPixels = 3.0;
+// Pixels either side of a column over which its busy share and kind mix are read.
+constexpr double kComputeHaloPixels = 1.0;
+constexpr double kCommHaloPixels = 4.0;
+constexpr double kMixHaloPixels = 8.0;
+const QColor kLaneBackground(0xf4, 0xf4, 0xf4);
+
+/// `c` over the lane background with opacity `alpha` (opaque, so the hatch does not show through).
+QColor over(const QColor& c, double alpha) {
+  const auto mix = [alpha](int top, int bottom) {
+    return static_cast<int>(std::lround(alpha * top + (1 - alpha) * bottom));
+  };
+  return QColor(mix(c.red(), kLaneBackground.red()), mix(c.green(), kLaneBackground.green()),
+                mix(c.blue(), kLaneBackground.blue()));
+}
+
+/// The colours of `parts` mixed by weight.
+QColor blend(std::initializer_list<std::pair<QColor, double>> parts) {
+  double r = 0, g = 0, b = 0, w = 0;
+  for (const auto& [c, weight] : parts) {
+    r += weight * c.red();
+    g += weight * c.green();
+    b += weight * c.blue();
+    w += weight;
+  }
+  if (w <= 0) return kLaneBackground;
+  return QColor(static_cast<int>(std::lround(r / w)), static_cast<int>(std::lround(g / w)),
+                static_cast<int>(std::lround(b / w)));
+}
 
 /// A "nice" tick step (1, 2 or 5 × 10^k) giving about `target` ticks over `span`.
 double niceStep(double span, int target) {
@@ -95,6 +127,33 @@ QString TimelineWidget::kindName(BlockKind kind) {
       return tr("other");
   }
   return {};
+}
+
+void TimelineWidget::showWindow(double startSeconds, double spanSeconds) {
+  if (!(spanSeconds > 0)) return;
+  viewStart_ = startSeconds;
+  viewSpan_ = spanSeconds;
+  update();
+}
+
+double TimelineWidget::idleFraction(int stage) const {
+  const std::size_t lane = static_cast<std::size_t>(stage) * 2;
+  if (stage < 0 || lane >= data_->lanes.size() || data_->step_seconds <= 0) return 0;
+  const double busy = busySeconds(*data_, data_->lanes[lane], 0, data_->step_seconds).all;
+  return std::clamp(1 - busy / data_->step_seconds, 0.0, 1.0);
+}
+
+QColor TimelineWidget::densityColor(bool communication, double columnSeconds,
+                                    const LaneBusy& busy) {
+  const double share = std::clamp(busy.all / columnSeconds, 0.0, 1.0);
+  const QColor base =
+      communication
+          ? kindColor(BlockKind::communication)
+          : blend({{kindColor(BlockKind::forward), busy.forward},
+                   {kindColor(BlockKind::backward_weight), busy.weight},
+                   {kindColor(BlockKind::backward), busy.all - busy.forward - busy.weight}});
+  // A lane busy a few percent of a pixel still shows, faintly; a full one is the mixed colour.
+  return over(base, 0.25 + 0.75 * share);
 }
 
 void TimelineWidget::fit() {
@@ -188,13 +247,18 @@ void TimelineWidget::paintEvent(QPaintEvent*) {
       p.drawLine(QPointF(plot.left(), top + rh), QPointF(plot.right(), top + rh));
     }
   }
-  // Blocks: only those in the window; any narrower than a pixel merge into a pixel column.
+  // Blocks: only those in the window. One wide enough is drawn as itself; narrower ones shade
+  // the pixel columns they fall in by the share of each column the lane is busy (busySeconds).
   lastPainted_ = 0;
+  aggregated_ = false;
   const double t0 = secondsAt(plot.left());
   const double t1 = secondsAt(plot.right());
-  const double secondsPerPixel = viewSpan_ / plot.width();
+  const auto narrow = [this](const TimelineBlock& b) {
+    return xOf(b.end_seconds) - xOf(b.start_seconds) < kMinPassPixels;
+  };
   for (std::size_t laneIndex = 0; laneIndex < data_->lanes.size(); ++laneIndex) {
     if (!rowShown(static_cast<int>(laneIndex / 2))) continue;
+    const bool commLane = laneIndex % 2 == 1;
     const TimelineLane& lane = data_->lanes[laneIndex];
     const std::size_t n = lane.order.size();
     // The first block that ends at or after t0.
@@ -206,7 +270,7 @@ void TimelineWidget::paintEvent(QPaintEvent*) {
       // A V's returning chunk is drawn lighter and its label carries an up arrow, so both
       // directions of the V stay apart even where the labels do not fit.
       const QColor c = b.upward ? kindColor(b.kind).lighter(135) : kindColor(b.kind);
-      if (xOf(b.end_seconds) - xOf(b.start_seconds) >= 1.0) {
+      if (!narrow(b)) {
         p.fillRect(r, c);
         if (r.width() >= 3 && r.height() >= 3) {
           p.setPen(c.darker(140));
@@ -226,30 +290,70 @@ void TimelineWidget::paintEvent(QPaintEvent*) {
         ++i;
         continue;
       }
-      // Narrow: every block starting in this pixel column is drawn as one column.
-      const double column = std::floor(xOf(b.start_seconds));
-      const double columnEnd = viewStart_ + (column + 1 - plot.left()) * secondsPerPixel;
-      const std::size_t next = static_cast<std::size_t>(
-          std::lower_bound(lane.starts.begin() + static_cast<std::ptrdiff_t>(i) + 1,
-                           lane.starts.end(), columnEnd) -
-          lane.starts.begin());
-      p.fillRect(QRectF(column, r.top(), 1.0, r.height()), c);
-      ++lastPainted_;
-      // A wide block starting in the same column is drawn whole on the next turn.
-      const TimelineBlock& last = data_->blocks[lane.order[next - 1]];
-      const bool lastWide = next - 1 > i && xOf(last.end_seconds) - xOf(last.start_seconds) >= 1.0;
-      i = lastWide ? next - 1 : next;
+      // A run of narrow blocks: pixel column after pixel column while they cover it, each column
+      // one rectangle whatever the number of passes in it.
+      aggregated_ = true;
+      double column = std::floor(xOf(b.start_seconds));
+      std::size_t j = i + 1;  // the first block not yet in the run
+      while (column <= plot.right()) {
+        const double ta = secondsAt(column);
+        const double tb = secondsAt(column + 1);
+        const std::size_t from = j;
+        j = static_cast<std::size_t>(
+            std::lower_bound(lane.starts.begin() + static_cast<std::ptrdiff_t>(j),
+                             lane.starts.end(), tb) -
+            lane.starts.begin());
+        // A wide block starting in this column is the last to start in it (a lane is a stream):
+        // it is left to the walk, which draws it whole.
+        const bool wideHere = j > from && !narrow(data_->blocks[lane.order[j - 1]]);
+        if (wideHere) --j;
+        // The share is read over a few pixels around the column (a compute lane's forward and
+        // backward passes, a communication lane's sparse sends), so the band reads as one tone
+        // rather than a comb; a bubble wider than that window still shows as hatched idle time.
+        const double halo = (commLane ? kCommHaloPixels : kComputeHaloPixels) * (tb - ta);
+        LaneBusy busy = busySeconds(*data_, lane, ta - halo, tb + halo, j);
+        // The kinds' mix over a wider window: a pass one or two pixels wide would otherwise tint
+        // alternate columns towards its own colour.
+        const double mixHalo = kMixHaloPixels * (tb - ta);
+        const LaneBusy mix = busySeconds(*data_, lane, ta - mixHalo, tb + mixHalo, j);
+        if (mix.all > 0) {
+          busy.forward = busy.all * mix.forward / mix.all;
+          busy.weight = busy.all * mix.weight / mix.all;
+        }
+        // A compute column with nothing of its own stays idle (hatched), whatever its neighbours.
+        const bool own = commLane || busySeconds(*data_, lane, ta, tb, j).all > 0;
+        if (busy.all > 0 && own) {
+          p.fillRect(QRectF(column, r.top(), 1.0, r.height()),
+                     densityColor(commLane, tb - ta + 2 * halo, busy));
+          ++lastPainted_;
+        }
+        if (wideHere) break;
+        // Go on while the run's blocks reach into the next column or a narrow block starts there;
+        // a wide block (drawn whole by the walk) or a gap ends it.
+        const bool nextStartsSoon =
+            j < n && lane.starts[j] < secondsAt(column + 2 + (commLane ? 2 * kCommHaloPixels : 0));
+        if (nextStartsSoon && !narrow(data_->blocks[lane.order[j]])) break;
+        if (!(lane.maxEnds[j - 1] > tb || nextStartsSoon)) break;
+        column += 1;
+      }
+      i = j;
     }
   }
   p.restore();
 
   // Stage labels and the step's end.
   p.setPen(palette().color(QPalette::Text));
-  // One label per text height when the rows are thin.
+  // One label per text height when the rows are thin; with room, the stage's idle share of the
+  // step under its name (its bubble, whatever the zoom).
   const int labelEvery = std::max(1, static_cast<int>(std::ceil(fm.height() / std::max(rh, 1e-9))));
   for (int s = 0; s < data_->num_stages; s += labelEvery) {
-    p.drawText(QRectF(4, plot.top() + s * rh, kLeftMargin - 8, std::max(rh, double(fm.height()))),
-               Qt::AlignVCenter | Qt::AlignRight, tr("Stage %1").arg(s));
+    const QRectF labelRect(4, plot.top() + s * rh, kLeftMargin - 8,
+                           std::max(rh, double(fm.height())));
+    QString label = tr("Stage %1").arg(s);
+    if (rh >= 2.2 * fm.height()) {
+      label += QLatin1Char('\n') + tr("idle %1 %").arg(idleFraction(s) * 100, 0, 'f', 1);
+    }
+    p.drawText(labelRect, Qt::AlignVCenter | Qt::AlignRight, label);
   }
   const double xEnd = xOf(data_->step_seconds);
   if (xEnd >= plot.left() && xEnd <= plot.right()) {
@@ -271,6 +375,10 @@ void TimelineWidget::paintEvent(QPaintEvent*) {
     if (blockCount(k) > 0) legend(kindColor(k), kindName(k));
   }
   legend(QBrush(QColor(0xa0, 0xa0, 0xa0), Qt::BDiagPattern), tr("idle (bubble)"));
+  if (aggregated_) {
+    legend(QBrush(blend({{kindColor(BlockKind::forward), 1}, {kindColor(BlockKind::backward), 2}})),
+           tr("many passes: shade = busy share (zoom in)"));
+  }
   if (data_->v_shape) {
     legend(kindColor(BlockKind::forward).lighter(135),
            tr("lighter, \u2191: chunk 1, back up the V to stage 0"));

@@ -1,10 +1,11 @@
 // A Gantt chart of one simulated training step: one row per pipeline stage, forward, backward and
 // weight-gradient blocks coloured by kind and labelled by micro-batch, communication on a thin lane
-// under each row, idle time (bubbles) hatched. Wheel zooms around the cursor, dragging pans,
-// double-click fits the whole step; hovering a block names it and gives its start and end.
-// Painting is bounded by pixels, not by passes: each lane's blocks are indexed by start time, only
-// the visible window is visited, and blocks narrower than a pixel are merged into one pixel column
-// (coloured by the first block in it), so 2^20 passes paint as fast as a few hundred.
+// under each row, idle time (bubbles) hatched, each stage's idle share beside its name. Wheel
+// zooms around the cursor, dragging pans, double-click fits the whole step; hovering a block names
+// it and gives its start and end. Painting is bounded by pixels, not by passes: each lane's blocks
+// are indexed by start time, only the visible window is visited, and blocks narrower than a few
+// pixels are drawn as pixel columns shaded by the share of each column the lane is busy, so 2^20
+// passes paint as fast as a few hundred and thousands of micro-batches read as bands and bubbles.
 #pragma once
 
 #include <memory>
@@ -37,12 +38,22 @@ class TimelineWidget : public QWidget {
 
   void zoom(double factor, double anchorSeconds);
   void fit();
+  /// Shows [startSeconds, startSeconds + spanSeconds) (the --timeline-window of a screenshot).
+  void showWindow(double startSeconds, double spanSeconds);
+  /// The share of the step stage `stage`'s compute lane is idle (its bubble), 0..1.
+  [[nodiscard]] double idleFraction(int stage) const;
+  /// Whether the last paint shaded passes narrower than a few pixels instead of drawing them.
+  [[nodiscard]] bool lastPaintAggregated() const { return aggregated_; }
 
   /// The tooltip text of `b`: stage, pass, times and, for a pass of a MoE model, the planner's
   /// all-to-all seconds inside it.
   [[nodiscard]] QString blockDescription(const TimelineBlock& b) const;
 
   [[nodiscard]] static QColor kindColor(BlockKind kind);
+  /// A pixel column of passes too narrow to draw: the kinds' colours mixed by their busy seconds
+  /// in it, as opaque as the lane is busy (a quarter at least, so a little traffic still shows).
+  [[nodiscard]] static QColor densityColor(bool communication, double columnSeconds,
+                                           const LaneBusy& busy);
   [[nodiscard]] static QString kindName(BlockKind kind);
 
   [[nodiscard]] QSize sizeHint() const override { return {900, 360}; }
@@ -67,6 +78,7 @@ class TimelineWidget : public QWidget {
 
   std::shared_ptr<const TimelineData> data_ = std::make_shared<const TimelineData>();
   long long lastPainted_ = 0;
+  bool aggregated_ = false;
   double viewStart_ = 0;
   double viewSpan_ = 1;
   bool dragging_ = false;

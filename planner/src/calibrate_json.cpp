@@ -169,7 +169,8 @@ json calibration_to_json(const CalibrationResult& r, const std::vector<Calibrati
               {"iterations", r.iterations},
               {"condition_number", r.condition_number},
               {"at_bound", r.at_bound},
-              {"not_fitted", not_fitted}};
+              {"not_fitted", not_fitted},
+              {"exact_by_construction", r.exact_by_construction()}};
   if (!r.leave_one_out_note.empty()) fit["leave_one_out_note"] = r.leave_one_out_note;
   json per_run = json::array();
   for (std::size_t i = 0; i < r.run_fits.size() && i < runs.size(); ++i) {
@@ -241,6 +242,13 @@ std::string format_calibration_table(const CalibrationResult& r,
                      100 * r.mape_before, 100 * r.mape_after,
                      r.leave_one_out_mape ? fmt::format("{:.2f} %", 100 * *r.leave_one_out_mape)
                                           : "n/a (" + r.leave_one_out_note + ")");
+  if (r.exact_by_construction()) {
+    out += fmt::format(
+        "note: exact by construction: {} parameter{} fitted to {} run{} can match every run "
+        "whatever the model, so the MAPE after says nothing of its accuracy; calibrate on more "
+        "runs than parameters for a leave-one-out error\n",
+        r.parameters.size(), r.parameters.size() == 1 ? "" : "s", r.runs, r.runs == 1 ? "" : "s");
+  }
   out += fmt::format("\n{:<40}{:>12}{:>12}{:>12}{:>12}\n", "run (step time, ms)", "measured",
                      "before", "after", "left out");
   for (std::size_t i = 0; i < r.run_fits.size() && i < runs.size(); ++i) {

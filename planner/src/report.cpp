@@ -33,22 +33,31 @@ std::string human_count(double n) {
   return fmt::format("{:.0f}", n);
 }
 
+}  // namespace
+
+// Every axis that is not 1 is named: tp, pp and dp always, cp (with its exchange), v, ep and etp
+// when they split something, then ZeRO (with a hybrid shard group) and the schedule.
 std::string layout_line(const ParallelSpec& p) {
-  std::string out = p.cp > 1
-                        ? fmt::format("tp={} cp={} ({}) pp={} dp={}, ZeRO-{}", p.tp, p.cp,
-                                      to_string(p.cp_comm), p.pp, p.dp, p.zero_stage)
-                        : fmt::format("tp={} pp={} dp={}, ZeRO-{}", p.tp, p.pp, p.dp, p.zero_stage);
+  std::string out = fmt::format("tp={}", p.tp);
+  if (p.cp > 1) out += fmt::format(" cp={} ({})", p.cp, to_string(p.cp_comm));
+  out += fmt::format(" pp={}", p.pp);
+  if (p.virtual_stages > 1) out += fmt::format(" v={}", p.virtual_stages);
+  out += fmt::format(" dp={}", p.dp);
+  if (p.ep > 1) out += fmt::format(" ep={}", p.ep);
+  if (p.etp > 1) out += fmt::format(" etp={}", p.etp);
+  out += fmt::format(", ZeRO-{}", p.zero_stage);
   if (p.zero_stage > 0 && p.fsdp_shard_size != p.dp)
     out += fmt::format(" (shard {})", p.fsdp_shard_size);
   if (p.sequence_parallel) out += ", sequence parallel";
   out += fmt::format(", recompute {}, {}", to_string(p.recompute), to_string(p.schedule));
-  if (p.virtual_stages > 1) out += fmt::format(" v={}", p.virtual_stages);
   if (p.offload_optimizer != Offload::none)
     out += fmt::format(", optimizer offloaded to {}", to_string(p.offload_optimizer));
   if (p.offload_params != Offload::none)
     out += fmt::format(", parameters offloaded to {}", to_string(p.offload_params));
   return out;
 }
+
+namespace {
 
 // Tries `s` and appends it when it is valid and lowers the peak.
 void try_change(std::vector<FitSuggestion>& out, const PlanFunction& plan, const Estimate& base,

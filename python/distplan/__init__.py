@@ -15,6 +15,8 @@ from ._distplan import (
     simulate,
 )
 from ._errors import InputError
+from ._export import export
+from ._scenario import scenario
 from ._validate import validate
 
 __all__ = [
@@ -22,9 +24,11 @@ __all__ = [
     "__version__",
     "calibrate",
     "default_scenario",
+    "export",
     "plan",
     "plan_many",
     "presets",
+    "scenario",
     "search",
     "simulate",
     "validate",

@@ -1,12 +1,14 @@
 # Type stubs of the compiled core (python/src/module.cpp). Documents follow docs/api.md.
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
+from typing import Any, Dict, Iterable, List, Literal, Optional, Sequence, Union
 
 __version__: str
 
 def plan(scenario: Dict[str, Any]) -> Dict[str, Any]: ...
 def plan_many(
-    scenarios: Sequence[Dict[str, Any]], parts: Optional[Iterable[str]] = None
-) -> List[Dict[str, Any]]: ...
+    scenarios: Sequence[Dict[str, Any]],
+    parts: Optional[Iterable[str]] = None,
+    errors: Literal["raise", "return"] = "raise",
+) -> List[Any]: ...
 def simulate(
     scenario: Dict[str, Any], costs: Optional[Dict[str, Any]] = None
 ) -> Dict[str, Any]: ...

@@ -26,8 +26,9 @@ def executable() -> str:
     if found:
         return found
     raise FileNotFoundError(
-        "validate() needs the distplan executable: this package was built without it; set "
-        "DISTPLAN_EXECUTABLE or put distplan on PATH"
+        "validate() runs the distplan executable, which `pip install .` leaves out (it needs MPI "
+        "and the GPU backend): build it with `./build.sh build` and set "
+        "DISTPLAN_EXECUTABLE=build/cli/distplan, or put distplan on PATH"
     )
 
 

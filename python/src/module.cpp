@@ -18,6 +18,7 @@
 #include "distplan/planner/estimate.h"
 #include "distplan/planner/presets.h"
 #include "distplan/planner/scenario_json.h"
+#include "distplan/search/export.h"
 #include "distplan/search/search.h"
 #include "distplan/search/search_json.h"
 #include "distplan/simulator/plan.h"
@@ -37,12 +38,18 @@ pyb::object to_object(const json& j) {
   return pyb::reinterpret_steal<pyb::object>(o);
 }
 
-// distplan.InputError(message, path, code) lives in distplan/_errors.py; raised with the CLI's
-// code.
-void raise_input_error(const InputError& e) {
+// distplan.InputError(message, path, code) lives in distplan/_errors.py, with the CLI's code.
+pyb::object input_error_class() {
   static pyb::object cls = pyb::module_::import("distplan._errors").attr("InputError");
-  pyb::object exc = cls(pyb::str(e.what()), pyb::str(e.path()), pyb::str("invalid_input"));
-  PyErr_SetObject(cls.ptr(), exc.ptr());
+  return cls;
+}
+
+pyb::object input_error_object(const InputError& e) {
+  return input_error_class()(pyb::str(e.what()), pyb::str(e.path()), pyb::str("invalid_input"));
+}
+
+void raise_input_error(const InputError& e) {
+  PyErr_SetObject(input_error_class().ptr(), input_error_object(e).ptr());
 }
 
 pyb::object plan(pyb::handle scenario) {
@@ -91,11 +98,21 @@ unsigned plan_parts(pyb::handle parts) {
   return bits;
 }
 
+// errors=: "raise" (the first bad scenario raises, its path starting with its index) or "return"
+// (each bad scenario's InputError stands in its place, its path inside that scenario).
+bool return_errors(pyb::handle errors) {
+  const std::string mode = pyb::cast<std::string>(errors);
+  if (mode == "raise") return false;
+  if (mode == "return") return true;
+  throw pyb::value_error("errors must be \"raise\" or \"return\", not \"" + mode + "\"");
+}
+
 // Plans a list of scenarios in small blocks: each block's inputs are read with the GIL held,
 // planned without it, and its answers converted with it again. Small blocks keep the documents in
 // cache between building and converting, and memory bounded for long sweeps.
-pyb::list plan_many(pyb::handle scenarios, pyb::handle parts_arg) {
+pyb::list plan_many(pyb::handle scenarios, pyb::handle parts_arg, pyb::handle errors) {
   const unsigned parts = plan_parts(parts_arg);
+  const bool keep_going = return_errors(errors);
   const GcPause no_gc;
   PyObject* seq = PySequence_Fast(scenarios.ptr(), "plan_many takes a list of scenarios");
   if (seq == nullptr) throw pyb::error_already_set();
@@ -105,20 +122,38 @@ pyb::list plan_many(pyb::handle scenarios, pyb::handle parts_arg) {
   constexpr Py_ssize_t kBlock = 16;
   std::vector<json> docs;
   std::vector<json> outs;
+  // errors="return": the error of each failed scenario of the block (empty optional: planned).
+  std::vector<std::optional<InputError>> failed;
   for (Py_ssize_t begin = 0; begin < n; begin += kBlock) {
     const Py_ssize_t end = std::min(n, begin + kBlock);
     docs.clear();
+    failed.assign(static_cast<std::size_t>(end - begin), std::nullopt);
     for (Py_ssize_t i = begin; i < end; ++i) {
-      docs.push_back(from_python(PySequence_Fast_GET_ITEM(seq, i), "/" + std::to_string(i)));
+      PyObject* item = PySequence_Fast_GET_ITEM(seq, i);
+      if (!keep_going) {
+        docs.push_back(from_python(item, "/" + std::to_string(i)));
+        continue;
+      }
+      try {
+        docs.push_back(from_python(item));
+      } catch (const InputError& e) {
+        failed[static_cast<std::size_t>(i - begin)] = e;
+        docs.emplace_back();
+      }
     }
     outs.assign(docs.size(), json());
     {
       pyb::gil_scoped_release nogil;
       for (std::size_t k = 0; k < docs.size(); ++k) {
+        if (failed[k]) continue;
         try {
           const Scenario s = scenario_from_json(docs[k]);
           outs[k] = plan_to_json(s, sim::plan(s), parts);
         } catch (const InputError& e) {
+          if (keep_going) {
+            failed[k] = e;
+            continue;
+          }
           // The list is the document: the error's pointer starts at the scenario's index.
           throw InputError("/" + std::to_string(begin + static_cast<Py_ssize_t>(k)) + e.path(),
                            e.what());
@@ -126,7 +161,7 @@ pyb::list plan_many(pyb::handle scenarios, pyb::handle parts_arg) {
       }
     }
     for (std::size_t k = 0; k < outs.size(); ++k) {
-      PyObject* o = to_python(outs[k]);
+      PyObject* o = failed[k] ? input_error_object(*failed[k]).release().ptr() : to_python(outs[k]);
       if (o == nullptr) throw pyb::error_already_set();
       PyList_SET_ITEM(result.ptr(), begin + static_cast<Py_ssize_t>(k), o);  // steals o
     }
@@ -237,6 +272,36 @@ pyb::object calibrate_runs(pyb::handle runs, pyb::handle fit) {
   return to_object(out);
 }
 
+// A scenario's layout as a framework's launch settings (search::export_checked, as `distplan
+// export --to FORMAT [--force]`): the text with its notes and what the user still adds. A layout
+// that does not fit, or one the framework cannot run, raises InputError at its path.
+pyb::object export_layout(pyb::handle scenario, const std::string& to, bool force) {
+  const json doc = from_python(scenario.ptr());
+  std::optional<search::ExportFormat> format;
+  for (search::ExportFormat f : {search::ExportFormat::megatron, search::ExportFormat::deepspeed,
+                                 search::ExportFormat::torchtitan}) {
+    if (search::to_string(f) == to) format = f;
+  }
+  if (!format) {
+    throw InputError("", "export to megatron, deepspeed or torchtitan, not '" + to + "'");
+  }
+  json out;
+  {
+    pyb::gil_scoped_release nogil;
+    const Scenario s = scenario_from_json(doc);
+    const search::Exported e = search::export_checked(s, *format, force);
+    out = {{"to", to},
+           {"text", e.text},
+           {"notes", e.notes},
+           {"to_add", e.to_add},
+           {"fits", e.fits},
+           {"peak_bytes", e.peak_bytes},
+           {"capacity_bytes", e.capacity_bytes}};
+    if (!e.fits) out["warning"] = search::fit_warning(e);
+  }
+  return to_object(out);
+}
+
 pyb::object presets() {
   return to_object(presets_to_json());
 }
@@ -263,8 +328,11 @@ PYBIND11_MODULE(_distplan, m) {
   m.def("plan", &plan, pyb::arg("scenario"),
         "Memory per stage, communication, FLOPs and time of a layout (distplan.plan/v1).");
   m.def("plan_many", &plan_many, pyb::arg("scenarios"), pyb::arg("parts") = pyb::none(),
-        "plan() of each scenario of a list, in order; an error's path starts with the index. "
-        "parts: only these top-level members of each plan document (e.g. ['memory', 'time']).");
+        pyb::arg("errors") = "raise",
+        "plan() of each scenario of a list, in order. parts: only these top-level members of each "
+        "plan document (e.g. ['memory', 'time']). errors='raise': the first bad scenario raises "
+        "InputError, its path starting with the index; errors='return': each bad scenario's "
+        "InputError stands in its place in the list, its path inside that scenario.");
   m.def("_plan_many_phases", &plan_many_phases, pyb::arg("scenarios"),
         pyb::arg("parts") = pyb::none(),
         "plan_many's CPU seconds per phase on this list (bench/python_bench.py).");
@@ -274,6 +342,8 @@ PYBIND11_MODULE(_distplan, m) {
         "The best layouts of a model on a cluster (distplan.search/v1).");
   m.def("calibrate", &calibrate_runs, pyb::arg("runs"), pyb::arg("fit") = pyb::none(),
         "Fits the named time assumptions to measured runs (distplan.calibration/v1).");
+  m.def("_export", &export_layout, pyb::arg("scenario"), pyb::arg("to"), pyb::arg("force") = false,
+        "A scenario's layout as megatron | deepspeed | torchtitan launch settings.");
   m.def("presets", &presets, "The model and GPU presets (distplan.presets/v1).");
   m.def("default_scenario", &default_scenario_document,
         "The embedded example scenario (Llama-2-70B on 64 x H100-SXM-80GB), as a dict.");

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "distplan/planner/error.h"
 #include "distplan/planner/estimate.h"
 #include "distplan/planner/layout.h"
 #include "distplan/planner/units.h"
@@ -48,7 +49,7 @@ std::string_view dtype_name(DType d) {
 }
 
 // The first comment lines of a Megatron-LM or TOML export when the layout does not fit.
-std::string fit_warning(const Exported& e) {
+std::string warning_comment(const Exported& e) {
   if (e.fits) return {};
   return fmt::format(
       "# WARNING: this layout does not fit: the planner's peak is {:.2f} GiB per GPU, the GPU has "
@@ -249,7 +250,7 @@ Exported megatron(const Scenario& s, Exported out) {
        "checkpoints (--save, --load, --save-interval)"});
 
   std::ostringstream o;
-  o << fit_warning(out);
+  o << warning_comment(out);
   if (p.cp > 1) {
     o << fmt::format("# {} pretrain_gpt.py arguments for {} on {} GPUs: tp={} cp={} pp={} dp={}\n",
                      kMegatronVersion, m.name, s.cluster.num_gpus, p.tp, p.cp, p.pp, p.dp);
@@ -584,7 +585,7 @@ Exported torchtitan(const Scenario& s, Exported out) {
                 "[training] max_norm",
                 "[checkpoint] folder and interval"};
   std::ostringstream o;
-  o << fit_warning(out);
+  o << warning_comment(out);
   o << fmt::format("# {} job config for {} on {} GPUs: tp={}{} pp={} dp={} ZeRO-{}\n",
                    kTorchtitanVersion, s.model.name, s.cluster.num_gpus, p.tp,
                    p.cp > 1 ? fmt::format(" cp={}", p.cp) : "", p.pp, p.dp, p.zero_stage);
@@ -648,6 +649,24 @@ Exported export_scenario(const Scenario& s, ExportFormat format) {
       return torchtitan(s, seed);
   }
   return seed;
+}
+
+std::string fit_warning(const Exported& e) {
+  if (e.fits) return {};
+  return fmt::format(
+      "the layout does not fit: the planner's peak is {:.2f} GiB per GPU, the GPU "
+      "has {:.2f} GiB",
+      to_gib(e.peak_bytes), to_gib(e.capacity_bytes));
+}
+
+Exported export_checked(const Scenario& s, ExportFormat format, bool force) {
+  Exported out = export_scenario(s, format);
+  if (!out.fits && !force) {
+    throw InputError("/parallel", fit_warning(out) +
+                                      "; `distplan plan --format table` shows what would make it "
+                                      "fit, --force exports it anyway");
+  }
+  return out;
 }
 
 }  // namespace distplan::search

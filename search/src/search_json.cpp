@@ -332,8 +332,11 @@ json figures_to_json(const Figures& f) {
           {"mfu", f.mfu}};
 }
 
+// Each plan carries its whole scenario (the base with its layout, every default filled in), so
+// re-planning, simulating or exporting it needs no merging by hand.
 json plan_to_json_entry(const Scenario& base, const Plan& p, int rank) {
-  json j = {{"parallel", to_json(make_scenario(base, p.layout).parallel)},
+  const Scenario s = make_scenario(base, p.layout);
+  json j = {{"parallel", to_json(s.parallel)},
             {"micro_batch_size", p.layout.micro_batch_size},
             {"num_gpus", p.layout.num_gpus()},
             {"peak_bytes", p.figures.peak_bytes},
@@ -342,7 +345,8 @@ json plan_to_json_entry(const Scenario& base, const Plan& p, int rank) {
             {"tokens_per_second", p.figures.tokens_per_second},
             {"mfu", p.figures.mfu},
             {"bubble_fraction", p.bubble_fraction},
-            {"bound", figures_to_json(p.bound)}};
+            {"bound", figures_to_json(p.bound)},
+            {"scenario", to_json(s)}};
   if (rank > 0) j["rank"] = rank;
   return j;
 }
@@ -422,6 +426,16 @@ std::string format_result_table(const Request& req, const Result& r) {
       to_string(r.objective), r.evaluated, r.seconds,
       r.evaluate_seconds > 0 ? static_cast<double>(r.evaluated) / r.evaluate_seconds / 1e6 : 0.0,
       r.evaluate_seconds, r.threads, r.feasible, r.walked);
+  // cp and ep get a labelled column when a listed plan splits them (every axis that is not 1 is
+  // shown; a table of dense, short-sequence layouts keeps its width).
+  bool show_cp = false;
+  bool show_ep = false;
+  auto note_axes = [&](const Plan& p) {
+    show_cp = show_cp || p.layout.cp > 1;
+    show_ep = show_ep || p.layout.ep > 1;
+  };
+  for (const Plan& p : r.plans) note_axes(p);
+  if (r.closest) note_axes(*r.closest);
   auto row = [&](const Plan& p, const std::string& rank) {
     const Layout& l = p.layout;
     const std::string zero =
@@ -430,28 +444,32 @@ std::string format_result_table(const Request& req, const Result& r) {
             : (l.fsdp_shard_size > 0 ? fmt::format("{}/{}", l.zero_stage, l.fsdp_shard_size)
                                      : std::to_string(l.zero_stage));
     o << fmt::format(
-        "{:>4} {:>3} {:>3} {:>5} {:>3} {:>6} {:>3} {:>9} {:>16} {:>3} {:>9.2f} {:>10.1f} "
-        "{:>12.0f} {:>5.1f}{}{}{}\n",
-        rank, l.tp, l.pp, l.dp, l.virtual_stages, zero, l.sequence_parallel ? "on" : "-",
+        "{:>4} {:>3}{} {:>3} {:>3} {:>5}{} {:>6} {:>3} {:>9} {:>16} {:>3} {:>9.2f} {:>10.1f} "
+        "{:>12.0f} {:>5.1f}{}{}\n",
+        rank, l.tp, show_cp ? fmt::format(" {:>3}", l.cp) : "", l.pp, l.virtual_stages, l.dp,
+        show_ep ? fmt::format(" {:>3}", l.ep) : "", zero, l.sequence_parallel ? "on" : "-",
         to_string(l.recompute), to_string(l.schedule), l.micro_batch_size,
         to_gib(p.figures.peak_bytes), p.figures.step_seconds * 1e3, p.figures.tokens_per_second,
         p.figures.mfu * 100,
-        l.cp > 1 ? fmt::format(" cp={} ({})", l.cp, to_string(b.parallel.cp_comm)) : "",
-        l.ep > 1 ? fmt::format(" ep={}", l.ep) : "",
+        l.cp > 1 ? fmt::format(" cp_comm={}", to_string(b.parallel.cp_comm)) : "",
         l.split == SplitChoice::light_ends ? " light ends" : "");
   };
   const std::string header = fmt::format(
-      "{:>4} {:>3} {:>3} {:>5} {:>3} {:>6} {:>3} {:>9} {:>16} {:>3} {:>9} {:>10} {:>12} {:>5}\n",
-      "rank", "tp", "pp", "dp", "v", "zero", "sp", "recompute", "schedule", "mb", "peak GiB",
-      "step ms", "tokens/s", "MFU%");
+      "{:>4} {:>3}{} {:>3} {:>3} {:>5}{} {:>6} {:>3} {:>9} {:>16} {:>3} {:>9} {:>10} {:>12} "
+      "{:>5}\n",
+      "rank", "tp", show_cp ? fmt::format(" {:>3}", "cp") : "", "pp", "v", "dp",
+      show_ep ? fmt::format(" {:>3}", "ep") : "", "zero", "sp", "recompute", "schedule", "mb",
+      "peak GiB", "step ms", "tokens/s", "MFU%");
   if (!r.plans.empty()) {
     o << header;
     int rank = 1;
     for (const Plan& p : r.plans) row(p, std::to_string(rank++));
     o << fmt::format(
         "\nCapacity {:.2f} GiB per GPU, margin {:.0f}%. 'zero 3/8': ZeRO-3 sharded over "
-        "groups of 8.\n",
-        to_gib(r.plans.front().figures.capacity_bytes), req.options.memory_margin * 100);
+        "groups of 8; v: virtual stages.{}\n",
+        to_gib(r.plans.front().figures.capacity_bytes), req.options.memory_margin * 100,
+        show_cp ? fmt::format(" cp: context parallel ({} exchange).", to_string(b.parallel.cp_comm))
+                : "");
   } else {
     const bool below = r.rejected[static_cast<int>(Reject::below_target)] > 0;
     o << (r.evaluated == 0 ? "No layout satisfies the constraints and pins.\n"

@@ -106,7 +106,13 @@ TEST(CalibrateCli, FitsRunsAndRoundTripsThroughPlanSimulateAndSearch) {
   const CliResult s2 = run_cli({"simulate", fitted_file.string()});
   if (s2.exit_code == 0) {  // builds without the simulator have no `simulate`
     ASSERT_EQ(s1.exit_code, 0) << s1.err;
-    EXPECT_EQ(s1.out, s2.out);
+    // The same document, plus the calibration it applied: its file and the values it set.
+    json calibrated = json::parse(s1.out);
+    const json named = {{"file", cal_file.string()}, {"assumptions", cal.at("assumptions")}};
+    EXPECT_EQ(calibrated.at("calibration"), named);
+    calibrated.erase("calibration");
+    EXPECT_EQ(calibrated, json::parse(s2.out));
+    EXPECT_FALSE(json::parse(s2.out).contains("calibration"));
   }
   json search = scenarios()[3];
   search.erase("parallel");
@@ -120,6 +126,25 @@ TEST(CalibrateCli, FitsRunsAndRoundTripsThroughPlanSimulateAndSearch) {
   if (r2.exit_code == 0) {
     ASSERT_EQ(r1.exit_code, 0) << r1.err;
     EXPECT_EQ(json::parse(r1.out).at("plans"), json::parse(r2.out).at("plans"));
+    EXPECT_EQ(json::parse(r1.out).at("calibration").at("file"), cal_file.string());
+  }
+  // Every output the calibration changed names it; plan's JSON and every table too.
+  const auto plan_file = dir.write("p.json", scenarios()[2].dump());
+  EXPECT_EQ(plan(dir, scenarios()[2], {"--calibration", cal_file.string()}).at("calibration"),
+            json({{"file", cal_file.string()}, {"assumptions", cal.at("assumptions")}}));
+  for (const std::string command : {"plan", "simulate", "search"}) {
+    std::vector<std::string> args = {
+        command,         command == "search" ? q1.string() : plan_file.string(),
+        "--format",      "table",
+        "--calibration", cal_file.string()};
+    if (command == "search") args.push_back("--quiet");
+    const CliResult table = run_cli(args);
+    if (table.exit_code != 0 && command != "plan") continue;  // a build without the module
+    ASSERT_EQ(table.exit_code, 0) << command << ": " << table.err;
+    EXPECT_EQ(
+        table.out.rfind("calibration: " + cal_file.string() + " applied (compute_efficiency ", 0),
+        0u)
+        << command << ": " << table.out.substr(0, 200);
   }
 
   // The table for people.
@@ -127,6 +152,32 @@ TEST(CalibrateCli, FitsRunsAndRoundTripsThroughPlanSimulateAndSearch) {
   ASSERT_EQ(t.exit_code, 0) << t.err;
   EXPECT_NE(t.out.find("compute_efficiency"), std::string::npos);
   EXPECT_NE(t.out.find("MAPE before"), std::string::npos);
+  // Five runs, two parameters: a fit that could have missed.
+  EXPECT_EQ(t.out.find("exact by construction"), std::string::npos);
+  EXPECT_EQ(cal.at("fit").at("exact_by_construction"), false);
+}
+
+// As many parameters as runs fit every run whatever the model: flagged, in JSON and table, so a
+// 0.00 % after the fit is not read as accuracy.
+TEST(CalibrateCli, AsManyParametersAsRunsIsFlaggedExactByConstruction) {
+  TempDir dir;
+  json runs = runs_doc(dir);
+  runs["runs"] = json::array({runs["runs"][0], runs["runs"][2]});
+  const auto file = dir.write("two.json", runs.dump());
+  const CliResult j = run_cli({"calibrate", file.string()});
+  ASSERT_EQ(j.exit_code, 0) << j.err;
+  const json fit = json::parse(j.out).at("fit");
+  ASSERT_EQ(fit.at("parameters").size(), 2u);
+  EXPECT_EQ(fit.at("exact_by_construction"), true);
+  const CliResult t = run_cli({"calibrate", file.string(), "--format", "table"});
+  ASSERT_EQ(t.exit_code, 0) << t.err;
+  EXPECT_NE(t.out.find("note: exact by construction: 2 parameters fitted to 2 runs"),
+            std::string::npos)
+      << t.out;
+  // One parameter on the same two runs can miss: not flagged.
+  const CliResult one = run_cli({"calibrate", file.string(), "--fit", "compute_efficiency"});
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  EXPECT_EQ(json::parse(one.out).at("fit").at("exact_by_construction"), false);
 }
 
 TEST(CalibrateCli, TokensPerSecondValidateResultsAndSeveralFiles) {

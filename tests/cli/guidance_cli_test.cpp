@@ -90,6 +90,35 @@ json rejected(const json& doc, const std::string& cmd = "plan") {
   return error_of(run_cli(args));
 }
 
+// Asked for a table, a person gets errors as text too: the same path and message as the JSON
+// error object of the same command, on one line, exit 2, nothing on stdout.
+TEST(Guidance, TableFormatPrintsErrorsAsText) {
+  TempDir dir;
+  json bad = default_doc();
+  bad["parallel"]["tp"] = 3;
+  const auto file = dir.write("bad.json", bad.dump());
+  for (const std::vector<std::string>& format :
+       {std::vector<std::string>{"--format", "table"}, {"--format=TABLE"}}) {
+    for (const std::string command : {"plan", "simulate", "export"}) {
+      std::vector<std::string> base = {command, file.string()};
+      if (command == "export") base.insert(base.end(), {"--to", "megatron"});
+      const json e = error_of(run_cli(base));
+      std::vector<std::string> args = base;
+      args.insert(args.end(), format.begin(), format.end());
+      const CliResult t = run_cli(args);
+      EXPECT_EQ(t.exit_code, 2) << t.err;
+      EXPECT_EQ(t.out, "");
+      EXPECT_EQ(t.err, "distplan: invalid input at " + e.at("path").get<std::string>() + ": " +
+                           e.at("message").get<std::string>() + "\n")
+          << command;
+    }
+  }
+  // An option error, before the command's own options are read, follows the flag as well.
+  const CliResult option = run_cli({"plan", "--format", "table", "--no-such-option"});
+  EXPECT_EQ(option.exit_code, 2);
+  EXPECT_EQ(option.err.rfind("distplan: invalid input: ", 0), 0u) << option.err;
+}
+
 TEST(Guidance, MisspeltRequiredFieldIsReportedFirstWithItsSuggestion) {
   json doc = default_doc();
   doc["training"].erase("global_batch_size");

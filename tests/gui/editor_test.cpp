@@ -1,7 +1,10 @@
 // The scenario editor drives the plan: every edit recomputes it, the memory chart shows exactly
 // the planner's figures for the edited document, and invalid input shows the validator's message.
+#include <QComboBox>
 #include <QFile>
 #include <QLabel>
+#include <QLineEdit>
+#include <QScrollArea>
 #include <QTemporaryDir>
 #include <QtTest>
 #include <nlohmann/json.hpp>
@@ -51,6 +54,45 @@ class EditorTest : public QObject {
 
  private slots:
   void initTestCase() { QStandardPaths::setTestModeEnabled(true); }
+
+  // At 1440 × 900 (the screenshot size) every layout field is in view without scrolling, and no
+  // field of the editor is narrower than the text it shows.
+  void layoutIsInViewAndFieldsAreReadableAt1440x900() {
+    MainWindow w(false);
+    loadDefault(w);
+    w.resize(1440, 900);
+    w.show();
+    QCoreApplication::processEvents();
+    auto* scroll = w.findChild<QScrollArea*>();
+    QVERIFY(scroll != nullptr);
+    const QRect view = scroll->viewport()->rect();
+    for (const char* path :
+         {"/model", "/cluster/gpu", "/cluster/num_gpus", "/parallel/tp", "/parallel/pp",
+          "/parallel/cp", "/parallel/dp", "/parallel/zero_stage", "/parallel/sequence_parallel",
+          "/parallel/recompute", "/parallel/schedule", "/parallel/virtual_stages"}) {
+      auto* field = w.editor()->findChild<QWidget*>(QString::fromLatin1(path));
+      QVERIFY2(field != nullptr, path);
+      const QRect at(field->mapTo(scroll->viewport(), QPoint(0, 0)), field->size());
+      QVERIFY2(view.contains(at), qPrintable(QStringLiteral("%1 at y %2, view %3 high")
+                                                 .arg(QString::fromLatin1(path))
+                                                 .arg(at.bottom())
+                                                 .arg(view.height())));
+    }
+    for (QLineEdit* edit : w.editor()->findChildren<QLineEdit*>()) {
+      if (!edit->isVisible() || qobject_cast<QComboBox*>(edit->parent())) continue;
+      const int text = edit->fontMetrics().horizontalAdvance(edit->text());
+      QVERIFY2(text + 8 <= edit->width(), qPrintable(QStringLiteral("%1: '%2' in %3 px")
+                                                         .arg(edit->objectName(), edit->text())
+                                                         .arg(edit->width())));
+    }
+    for (QComboBox* box : w.editor()->findChildren<QComboBox*>()) {
+      if (!box->isVisible()) continue;
+      const int text = box->fontMetrics().horizontalAdvance(box->currentText());
+      QVERIFY2(text + 24 <= box->width(), qPrintable(QStringLiteral("%1: '%2' in %3 px")
+                                                         .arg(box->objectName(), box->currentText())
+                                                         .arg(box->width())));
+    }
+  }
 
   void defaultScenarioIsLlama70bOn64H100() {
     MainWindow w(false);

@@ -86,6 +86,9 @@ class HostileTest : public QObject {
       QCOMPARE(help.status, QProcess::NormalExit);
       QCOMPARE(help.exitCode, 0);
       QVERIFY(help.out.contains("--scenario"));
+      // The usage line names the program, not Qt's placeholder.
+      QVERIFY2(help.out.contains("Usage: distplan-gui"), help.out.constData());
+      QVERIFY(!help.out.contains("<executable_name>"));
       const Run version = runGui({QStringLiteral("--version")}, platform);
       QCOMPARE(version.status, QProcess::NormalExit);
       QCOMPARE(version.exitCode, 0);
@@ -106,6 +109,19 @@ class HostileTest : public QObject {
       QCOMPARE(r.status, QProcess::NormalExit);
       QCOMPARE(r.exitCode, 2);
       QVERIFY2(r.err.contains("--size"), r.err.constData());
+    }
+  }
+
+  void badTimelineWindowsAreRefused() {
+    for (const QString& window :
+         {QStringLiteral("5:5"), QStringLiteral("-1:3"), QStringLiteral("3"), QStringLiteral("a:b"),
+          QStringLiteral("10:2"), QStringLiteral("0:inf")}) {
+      const Run r = runGui({QStringLiteral("--screenshot"), QStringLiteral("/dev/null"),
+                            QStringLiteral("--timeline-window"), window},
+                           QString());
+      QCOMPARE(r.status, QProcess::NormalExit);
+      QCOMPARE(r.exitCode, 2);
+      QVERIFY2(r.err.contains("--timeline-window"), r.err.constData());
     }
   }
 

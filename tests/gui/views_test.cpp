@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <vector>
 
+#include <QDoubleSpinBox>
 #include <QFile>
 #include <QLabel>
 #include <QSignalSpy>
@@ -26,10 +27,12 @@
 #include "distplan/gpu_backend/validation_report.h"
 #include "distplan/planner/estimate.h"
 #include "distplan/planner/presets.h"
+#include "distplan/planner/report.h"
 #include "distplan/planner/scenario_json.h"
 #include "distplan/simulator/plan.h"
 #include "guitestutil.h"
 #include "mainwindow.h"
+#include "memorymodel.h"
 #include "memoryview.h"
 #include "plansession.h"
 #include "searchmodel.h"
@@ -175,6 +178,209 @@ class ViewsTest : public QObject {
              qPrintable(levers->text()));
     QVERIFY(chooseText(w, "/training/precision", QStringLiteral("fp8")));
     QVERIFY2(levers->text().contains(QStringLiteral("FP8")), qPrintable(levers->text()));
+  }
+
+  // The Memory tab has the CLI's columns, and each bar stands as high as the stage's reserved
+  // bytes, the figure its title and "fits" use: categories + transient + the allocator's cache.
+  void memoryBarsAddUpToReservedWithTheClisColumns() {
+    MainWindow w(false);
+    loadDefault(w);
+    QVERIFY(chooseText(w, "/training/framework", QStringLiteral("megatron")));
+    const Scenario& s = w.session()->scenario();
+    const Estimate& e = w.session()->estimate();
+    // The CLI's document of the same plan: its per-stage figures are the oracle of the cells.
+    const nlohmann::json doc = plan_to_json(s, e);
+    MemoryView* view = w.memoryView();
+    MemoryModel* model = view->model();
+    QCOMPARE(model->headerData(MemoryModel::ReservedColumn, Qt::Horizontal).toString(),
+             QStringLiteral("Reserved"));
+    for (int i = 0; i < model->rowCount(); ++i) {
+      const nlohmann::json& st = doc.at("memory").at("stages").at(i);
+      QVERIFY(st.at("transient_bytes").get<Bytes>() > 0);
+      QVERIFY(st.at("reserved_bytes").get<Bytes>() > st.at("total_bytes").get<Bytes>());
+      for (const auto& [column, key] : {std::pair{MemoryModel::TotalColumn, "total_bytes"},
+                                        {MemoryModel::TransientColumn, "transient_bytes"},
+                                        {MemoryModel::AllocatedColumn, "allocated_bytes"},
+                                        {MemoryModel::ReservedColumn, "reserved_bytes"}}) {
+        QCOMPARE(model->index(i, column).data(Qt::UserRole).toLongLong(), st.at(key).get<Bytes>());
+      }
+      const double reserved = to_gib(st.at("reserved_bytes").get<Bytes>());
+      QVERIFY2(std::abs(view->stackGiB(i) - reserved) <= 1e-9 * reserved,
+               qPrintable(QStringLiteral("%1 vs %2").arg(view->stackGiB(i)).arg(reserved)));
+    }
+  }
+
+  // "What lowers the peak" lists the step time each change costs, as the CLI's table does.
+  void fitSuggestionsShowTheirStepTimeCost() {
+    MainWindow w(false);
+    loadDefault(w);
+    // The README's example that does not fit: no sequence parallelism, no ZeRO, tp 8 alone.
+    nlohmann::json doc = w.editor()->document();
+    doc["parallel"] = {{"tp", 8}, {"pp", 1}, {"zero_stage", 0}};
+    w.editor()->setDocument(doc);
+    w.session()->setDocument(doc);
+    QVERIFY(w.session()->waitForPlan());
+    QVERIFY(w.session()->isValid());
+    QVERIFY(!w.session()->estimate().memory.fits);
+    auto* table = w.summaryView()->findChild<QTableWidget*>();
+    QVERIFY(table != nullptr && table->rowCount() > 0);
+    QCOMPARE(table->horizontalHeaderItem(3)->text(), QStringLiteral("Step time"));
+    // The CLI's table of the same plan: "<change> -X GiB -> Y GiB  +Z ms/step".
+    const std::string cli = format_plan_table(w.session()->scenario(), w.session()->estimate(),
+                                              [](const Scenario& x) { return sim::plan(x); });
+    for (int row = 0; row < table->rowCount(); ++row) {
+      const std::string change = table->item(row, 0)->text().toStdString();
+      const std::size_t at = cli.find("    " + change + " ");
+      QVERIFY2(at != std::string::npos, change.c_str());
+      const std::size_t end = cli.find(" ms/step", at);
+      const std::size_t begin = cli.rfind(' ', end - 1) + 1;
+      const double cliMs = std::stod(cli.substr(begin, end - begin));
+      const QString cell = table->item(row, 3)->text();
+      QVERIFY2(cell.endsWith(QStringLiteral(" ms")), qPrintable(cell));
+      QCOMPARE(cell.chopped(3).toDouble(), cliMs);
+    }
+  }
+
+  // The margin control: plans within the margin of the GPU's memory are left out.
+  void searchMarginKeepsPlansBelowTheUsableMemory() {
+    if (!SearchView::searchAvailable()) QSKIP("built without the search library");
+    MainWindow w(false);
+    loadDefault(w);
+    SearchView* view = w.searchView();
+    auto* spin = view->findChild<QDoubleSpinBox*>(QStringLiteral("memoryMargin"));
+    QVERIFY(spin != nullptr);
+    QSignalSpy finished(view, &SearchView::searchFinished);
+    const auto largestShare = [&] {
+      double most = 0;
+      for (const SearchRow& r : view->model()->rows()) {
+        most = std::max(most,
+                        static_cast<double>(r.peak_bytes) / static_cast<double>(r.capacity_bytes));
+      }
+      return most;
+    };
+    spin->setValue(0);
+    view->startSearch();
+    QVERIFY(finished.wait(240000));
+    QVERIFY2(largestShare() > 0.9, "without a margin some plan uses more than 90 %");
+    spin->setValue(10);
+    QCOMPARE(view->memoryMargin(), 0.10);
+    view->startSearch();
+    QVERIFY(finished.wait(240000));
+    QVERIFY(view->model()->rowCount() > 0);
+    QVERIFY2(largestShare() <= 0.9, qPrintable(QString::number(largestShare())));
+  }
+
+  // Every parallel axis that is not 1 has its labelled column: a long sequence splits over cp.
+  void searchTableShowsEveryAxisThatIsNotOne() {
+    if (!SearchView::searchAvailable()) QSKIP("built without the search library");
+    MainWindow w(false);
+    loadDefault(w);
+    SearchView* view = w.searchView();
+    QSignalSpy finished(view, &SearchView::searchFinished);
+    view->startSearch();
+    QVERIFY(finished.wait(240000));
+    // The default (4,096 tokens) never splits the sequence or the experts: no cp, no ep column.
+    QVERIFY(view->table()->isColumnHidden(SearchModel::CpColumn));
+    QVERIFY(view->table()->isColumnHidden(SearchModel::EpColumn));
+    QVERIFY(!view->table()->isColumnHidden(SearchModel::VirtualStagesColumn));
+    nlohmann::json doc = nlohmann::json::parse(R"({"model": "llama3.1-8b",
+      "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+      "training": {"seq_length": 131072, "global_batch_size": 8}})");
+    w.editor()->setDocument(doc);
+    w.session()->setDocument(doc);
+    QVERIFY(w.session()->waitForPlan());
+    view->startSearch();
+    QVERIFY(finished.wait(240000));
+    QVERIFY(!view->table()->isColumnHidden(SearchModel::CpColumn));
+    QCOMPARE(view->model()->headerData(SearchModel::CpColumn, Qt::Horizontal).toString(),
+             QStringLiteral("cp"));
+    bool split = false;
+    for (const SearchRow& r : view->model()->rows()) {
+      QCOMPARE(r.parallel.tp * r.parallel.cp * r.parallel.pp * r.parallel.dp, Count{8});
+      split = split || r.parallel.cp > 1;
+    }
+    QVERIFY(split);
+  }
+
+  // A Hugging Face config.json opens as the model of the scenario, through the library's
+  // importer: GPT-NeoX-20B has 20,554,567,680 parameters in its released checkpoint.
+  void huggingFaceConfigOpensAsTheModel() {
+    QTemporaryDir dir;
+    const QString path = dir.filePath(QStringLiteral("config.json"));
+    QFile f(path);
+    QVERIFY(f.open(QIODevice::WriteOnly));
+    f.write(R"({"model_type": "gpt_neox", "num_hidden_layers": 44, "hidden_size": 6144,
+      "num_attention_heads": 64, "intermediate_size": 24576, "vocab_size": 50432,
+      "max_position_embeddings": 2048, "architectures": ["GPTNeoXForCausalLM"]})");
+    f.close();
+    MainWindow w(false);
+    loadDefault(w);
+    QString error;
+    QVERIFY2(w.openScenario(path, &error), qPrintable(error));
+    QVERIFY(w.session()->waitForPlan());
+    QVERIFY(w.session()->isValid());
+    QCOMPARE(w.session()->estimate().parameters, Count{20554567680});
+    QVERIFY(w.editor()->document().at("model").contains("hf_config"));
+    // A config the importer refuses names its field and changes nothing.
+    const nlohmann::json before = w.editor()->document();
+    QFile g(dir.filePath(QStringLiteral("bad.json")));
+    QVERIFY(g.open(QIODevice::WriteOnly));
+    g.write(R"({"model_type": "llama"})");
+    g.close();
+    QVERIFY(!w.openScenario(g.fileName(), &error));
+    QVERIFY2(error.contains(QStringLiteral("/model/hf_config")), qPrintable(error));
+    QCOMPARE(w.editor()->document(), before);
+  }
+
+  // Thousands of micro-batches: passes narrower than a few pixels are shaded by the busy share of
+  // each pixel, so the steady state is one band (no alternating stripes), and each stage's idle
+  // share is the simulator's.
+  void timelineOfThousandsOfMicroBatchesReadsAsBandsAndBubbles() {
+    if (!PlanSession::simulatorAvailable()) QSKIP("built without the simulator");
+    MainWindow w(false);
+    loadDefault(w);
+    w.session()->simulateNow();
+    QVERIFY(w.session()->hasSimulation());
+    const SimulationSummary& sim = w.session()->simulation();
+    QVERIFY(w.session()->estimate().num_microbatches >= 256);
+    TimelineWidget t;
+    t.resize(1200, 600);
+    t.setTimeline(sim.timeline);
+    const QImage image = t.grab().toImage();
+    QVERIFY(t.lastPaintAggregated());
+    for (int s = 0; s < t.rowCount(); ++s) {
+      const double simulator =
+          1 - sim.stage_busy_seconds[static_cast<std::size_t>(s)] / sim.step_seconds;
+      QVERIFY2(
+          std::abs(t.idleFraction(s) - simulator) < 1e-9,
+          qPrintable(
+              QStringLiteral("stage %1: %2 vs %3").arg(s).arg(t.idleFraction(s)).arg(simulator)));
+    }
+    // Along the middle of stage 1's compute lane, over the middle half of the step: few colour
+    // changes (drawn pass by pass, forward and backward alternate every pixel or two).
+    const double plotLeft = 80, plotWidth = t.width() - 80 - 12;
+    const double rowHeight = (t.height() - 28 - 30) / static_cast<double>(t.rowCount());
+    const int y = static_cast<int>(28 + 1.35 * rowHeight);
+    // A change is a step of more than 24 in a channel: forward and backward colours differ by
+    // 56 to 88 per channel, shades of one band by a few units.
+    int changes = 0;
+    for (int x = static_cast<int>(plotLeft + plotWidth * 0.25) + 1;
+         x < static_cast<int>(plotLeft + plotWidth * 0.75); ++x) {
+      const QColor a = image.pixelColor(x, y), b = image.pixelColor(x - 1, y);
+      changes += std::max({std::abs(a.red() - b.red()), std::abs(a.green() - b.green()),
+                           std::abs(a.blue() - b.blue())}) > 24;
+    }
+    QVERIFY2(changes < 20, qPrintable(QString::number(changes)));
+    // A window of a few passes draws them one by one again: forward and backward alternate.
+    t.showWindow(sim.step_seconds * 0.5, sim.step_seconds * 0.01);
+    const QImage window = t.grab().toImage();
+    int passes = 0;
+    for (int x = static_cast<int>(plotLeft) + 1; x < static_cast<int>(plotLeft + plotWidth); ++x) {
+      const QColor a = window.pixelColor(x, y), b = window.pixelColor(x - 1, y);
+      passes += std::max({std::abs(a.red() - b.red()), std::abs(a.green() - b.green()),
+                          std::abs(a.blue() - b.blue())}) > 24;
+    }
+    QVERIFY2(passes >= 6, qPrintable(QString::number(passes)));
   }
 
   void searchFillsSortsAndLoadsAPlan() {

@@ -44,3 +44,19 @@ def test_sweep_example_runs(tmp_path):
     except ImportError:
         return
     assert (tmp_path / "mbs_sweep.png").stat().st_size > 10_000
+
+
+def test_scenario_example_prints_what_its_comment_says(tmp_path):
+    block = next(b for b in python_blocks() if "distplan.scenario(\"llama3.1-70b\"" in b)
+    expected = re.search(r"# (\d+): dp follows", block).group(1)
+    assert run_block(block, tmp_path).strip() == expected
+
+
+def test_grid_example_keeps_going_and_exports_the_best(tmp_path):
+    block = next(b for b in python_blocks() if "errors=\"return\"" in b)
+    out = run_block(block, tmp_path).splitlines()
+    valid, total = re.match(r"(\d+) of (\d+) layouts are valid and fit; (\d+) refused", out[0]).group(1, 2)
+    refused = int(re.match(r".*; (\d+) refused", out[0]).group(1))
+    assert int(total) == 15 and refused > 0 and int(valid) > 0
+    assert int(valid) + refused <= 15
+    assert out[1].startswith("--") or out[1].startswith("#")

@@ -125,6 +125,11 @@ struct CalibrationResult {
 
   /// `base` with the fitted values written in.
   [[nodiscard]] Assumptions apply(Assumptions base) const;
+  /// As many parameters as runs: the fit can match every run whatever the model, so mape_after
+  /// (near 0) says nothing about its accuracy; only runs it was not fitted to do.
+  [[nodiscard]] bool exact_by_construction() const noexcept {
+    return runs > 0 && static_cast<Count>(parameters.size()) >= runs;
+  }
 };
 
 /// Fits. Throws InputError (naming the JSON path) when the fit is under-determined or degenerate:

@@ -34,6 +34,11 @@ struct FitSuggestion {
 [[nodiscard]] std::vector<FitSuggestion> fit_suggestions(const Scenario& s, const Estimate& e,
                                                          const PlanFunction& plan);
 
+/// The layout in one line, as `plan --format table` prints it: "tp=8 cp=2 (p2p) pp=4 v=2 dp=2
+/// ep=8, ZeRO-1, sequence parallel, recompute selective, interleaved_1f1b". Every parallel axis
+/// that is not 1 is named with its label (tp, pp and dp always).
+[[nodiscard]] std::string layout_line(const ParallelSpec& p);
+
 /// The table of `e`, the plan of `s`; `plan` plans the changes that would make it fit.
 [[nodiscard]] std::string format_plan_table(const Scenario& s, const Estimate& e,
                                             const PlanFunction& plan);

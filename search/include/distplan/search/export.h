@@ -32,6 +32,15 @@ struct Exported {
 /// framework's own terms. The scenario must be valid (validate_scenario()).
 [[nodiscard]] Exported export_scenario(const Scenario& s, ExportFormat format);
 
+/// "the layout does not fit: the planner's peak is 81.20 GiB per GPU, the GPU has 80.00 GiB", or
+/// empty when the export's layout fits.
+[[nodiscard]] std::string fit_warning(const Exported& e);
+
+/// export_scenario as a person asks for it (the CLI's `export`, Python's distplan.export): a
+/// layout that does not fit is refused, InputError at /parallel naming its peak and the capacity,
+/// unless `force` (then `fit_warning` says why it was exported anyway). docs/exports.md.
+[[nodiscard]] Exported export_checked(const Scenario& s, ExportFormat format, bool force);
+
 /// Megatron-LM's Mixture-of-Experts arguments (experts, router, layer pattern, expert layout),
 /// appended to `args`; what Megatron-LM cannot express goes to `notes`. Nothing for a dense model.
 void megatron_moe_args(const Scenario& s, std::vector<std::string>& args,
