@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "distplan/planner/error.h"
+#include "distplan/planner/interval.h"
 #include "distplan/planner/layout.h"
 #include "distplan/planner/op_costs.h"
 #include "distplan/planner/validate.h"
@@ -368,6 +369,16 @@ std::string format_plan_table(const Scenario& s, const Estimate& e) {
                   "{:.0f} tokens/s, MFU {:.1f}%",
                   100 * device_rates(s).gemm_efficiency, e.time.step_seconds * 1e3,
                   e.time.tokens_per_second, 100 * e.time.mfu));
+  {
+    // docs/fidelity.md, "Prediction intervals".
+    const double gpus = static_cast<double>(s.cluster.num_gpus);
+    const ThroughputInterval ti = throughput_interval(s, e.time.tokens_per_second);
+    line(fmt::format(
+        "  {:.0f} tokens/s per GPU, {:.0f} % interval {:.0f}-{:.0f} ({} runs of the "
+        "public corpus{}, docs/fidelity.md)",
+        e.time.tokens_per_second / gpus, 100 * ti.confidence, ti.low / gpus, ti.high / gpus,
+        ti.runs, ti.pooled ? ", all kinds" : fmt::format(", {}", to_string(ti.kind))));
+  }
   line(fmt::format(
       "  compute {:.1f} ms, pipeline bubble {:.1f} ms ({:.1f}%), exposed DP "
       "communication {:.1f} ms, optimizer {:.1f} ms",

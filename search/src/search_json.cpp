@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "distplan/planner/error.h"
+#include "distplan/planner/interval.h"
 #include "distplan/planner/scenario_json.h"
 #include "distplan/planner/suggest.h"
 
@@ -324,13 +325,23 @@ json figures_to_json(const Figures& f) {
 }
 
 json plan_to_json_entry(const Scenario& base, const Plan& p, int rank) {
-  json j = {{"parallel", to_json(make_scenario(base, p.layout).parallel)},
+  const Scenario s = make_scenario(base, p.layout);
+  // The corpus residuals of this kind of run (docs/fidelity.md, "Prediction intervals").
+  const ThroughputInterval ti = throughput_interval(s, p.figures.tokens_per_second);
+  json j = {{"parallel", to_json(s.parallel)},
             {"micro_batch_size", p.layout.micro_batch_size},
             {"num_gpus", p.layout.num_gpus()},
             {"peak_bytes", p.figures.peak_bytes},
             {"capacity_bytes", p.figures.capacity_bytes},
             {"step_seconds", p.figures.step_seconds},
             {"tokens_per_second", p.figures.tokens_per_second},
+            {"tokens_per_second_interval",
+             {{"low", ti.low},
+              {"high", ti.high},
+              {"confidence", ti.confidence},
+              {"kind", to_string(ti.kind)},
+              {"pooled", ti.pooled},
+              {"runs", ti.runs}}},
             {"mfu", p.figures.mfu},
             {"bubble_fraction", p.bubble_fraction},
             {"simulated", p.simulated},
@@ -440,6 +451,17 @@ std::string format_result_table(const Request& req, const Result& r) {
     o << header;
     int rank = 1;
     for (const Plan& p : r.plans) row(p, std::to_string(rank++));
+    {
+      const Plan& best = r.plans.front();
+      const Scenario s = make_scenario(b, best.layout);
+      const double gpus = static_cast<double>(best.layout.num_gpus());
+      const ThroughputInterval ti = throughput_interval(s, best.figures.tokens_per_second);
+      o << fmt::format(
+          "\nRank 1: {:.0f} tokens/s per GPU, {:.0f} % interval {:.0f}-{:.0f} ({} runs of the "
+          "public corpus{}, docs/fidelity.md).",
+          best.figures.tokens_per_second / gpus, 100 * ti.confidence, ti.low / gpus, ti.high / gpus,
+          ti.runs, ti.pooled ? ", all kinds" : fmt::format(", {}", to_string(ti.kind)));
+    }
     o << fmt::format(
         "\nCapacity {:.2f} GiB per GPU, margin {:.0f}%. 'zero 3/8': ZeRO-3 sharded over "
         "groups of 8.\n",
