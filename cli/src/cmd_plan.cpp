@@ -1,4 +1,5 @@
-// distplan plan: per-stage memory, communication, FLOPs and analytic time (distplan.plan/v1).
+// distplan plan: per-stage memory, communication, FLOPs and the step time of the schedule walk
+// (distplan.plan/v1).
 #include <iostream>
 #include <memory>
 
@@ -6,8 +7,10 @@
 
 #include "command.h"
 #include "distplan/planner/estimate.h"
+#include "distplan/planner/interval.h"
 #include "distplan/planner/report.h"
 #include "distplan/planner/scenario_json.h"
+#include "distplan/simulator/plan.h"
 
 namespace distplan::cli {
 namespace {
@@ -21,11 +24,16 @@ void install_plan(CLI::App& app) {
   cmd->callback([opts] {
     const nlohmann::json doc = read_document(*opts);
     const Scenario s = read_scenario(*opts, doc);
-    const Estimate e = estimate(s);
+    const Estimate e = sim::plan(s);
+    const PlanFunction plan = [](const Scenario& x) { return sim::plan(x); };
     if (opts->format == Format::table) {
-      std::cout << format_plan_table(s, e);
+      std::cout << format_plan_table(s, e, plan);
     } else {
-      write_json(plan_to_json(s, e));
+      nlohmann::json j = plan_to_json(s, e);
+      // The corpus residuals of this kind of run (docs/fidelity.md, "Prediction intervals").
+      j["time"]["tokens_per_second_interval"] =
+          interval_to_json(throughput_interval(s, e.time.tokens_per_second, plan));
+      write_json(j);
     }
   });
 }

@@ -50,7 +50,7 @@ struct Residual {
   double log_error;
 };
 
-std::vector<Residual> corpus_residuals() {
+std::vector<Residual> corpus_residuals(const PlanFunction& plan) {
   std::vector<Residual> out;
   for (std::string_view file : kCorpusFiles) {
     const auto text = embedded_data_file(std::string(file));
@@ -59,7 +59,7 @@ std::vector<Residual> corpus_residuals() {
     for (const nlohmann::json& r : doc.at("runs")) {
       try {
         const Scenario s = scenario_from_json(r.at("scenario"));
-        const Estimate e = estimate(s);
+        const Estimate e = plan(s);
         const double predicted = e.time.tokens_per_second / static_cast<double>(s.cluster.num_gpus);
         const double measured = r.at("measured").at("tokens_per_second_per_gpu").get<double>();
         if (predicted > 0 && measured > 0) {
@@ -90,8 +90,9 @@ constexpr int kMinRuns = 5;
 
 }  // namespace
 
-ThroughputInterval throughput_interval(const Scenario& s, double predicted_tokens_per_second) {
-  static const std::vector<Residual> residuals = corpus_residuals();
+ThroughputInterval throughput_interval(const Scenario& s, double predicted_tokens_per_second,
+                                       const PlanFunction& plan) {
+  static const std::vector<Residual> residuals = corpus_residuals(plan);
   ThroughputInterval out;
   out.kind = run_kind(s);
   std::vector<double> x;

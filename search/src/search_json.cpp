@@ -12,6 +12,7 @@
 #include "distplan/planner/interval.h"
 #include "distplan/planner/scenario_json.h"
 #include "distplan/planner/suggest.h"
+#include "distplan/simulator/plan.h"
 
 namespace distplan::search {
 
@@ -234,10 +235,11 @@ void read_search(const json& v, Request& r) {
           read_enum(value, path, {Objective::throughput, Objective::memory, Objective::gpus});
     } else if (key == "memory_margin") {
       r.options.memory_margin = read_number(value, path, 0.0, 0.99);
-    } else if (key == "simulate_top") {
-      r.options.simulate_top = static_cast<int>(read_int(value, path, 0, kMaxTopK));
-    } else if (key == "simulate_within") {
-      r.options.simulate_within = read_number(value, path, 0.0, 1.0);
+    } else if (key == "simulate_top" || key == "simulate_within") {
+      throw InputError(path,
+                       "is no longer an option: every plan the search ranks is timed by the "
+                       "schedule walk, the search walks candidates in order of a lower bound "
+                       "until none can enter the best (docs/search.md); remove the field");
     } else if (key == "target_tokens_per_second") {
       r.options.target_tokens_per_second = read_number(value, path, 0.0, 1e18);
       has_target = true;
@@ -249,8 +251,8 @@ void read_search(const json& v, Request& r) {
       r.space.constraints = read_constraints(value);
     } else {
       unknown_key("/search", key,
-                  {"top_k", "objective", "memory_margin", "simulate_top",
-                   "target_tokens_per_second", "threads", "suggest", "constraints"});
+                  {"top_k", "objective", "memory_margin", "target_tokens_per_second", "threads",
+                   "suggest", "constraints"});
     }
   }
   if (r.options.objective == Objective::gpus && !has_target) {
@@ -324,10 +326,16 @@ json figures_to_json(const Figures& f) {
           {"mfu", f.mfu}};
 }
 
+// What every face plans with (docs/time.md, "One timing engine"): the intervals' residuals are
+// the schedule walk's.
+PlanFunction walk() {
+  return [](const Scenario& x) { return sim::plan(x); };
+}
+
 json plan_to_json_entry(const Scenario& base, const Plan& p, int rank) {
   const Scenario s = make_scenario(base, p.layout);
   // The corpus residuals of this kind of run (docs/fidelity.md, "Prediction intervals").
-  const ThroughputInterval ti = throughput_interval(s, p.figures.tokens_per_second);
+  const ThroughputInterval ti = throughput_interval(s, p.figures.tokens_per_second, walk());
   json j = {{"parallel", to_json(s.parallel)},
             {"micro_batch_size", p.layout.micro_batch_size},
             {"num_gpus", p.layout.num_gpus()},
@@ -335,17 +343,10 @@ json plan_to_json_entry(const Scenario& base, const Plan& p, int rank) {
             {"capacity_bytes", p.figures.capacity_bytes},
             {"step_seconds", p.figures.step_seconds},
             {"tokens_per_second", p.figures.tokens_per_second},
-            {"tokens_per_second_interval",
-             {{"low", ti.low},
-              {"high", ti.high},
-              {"confidence", ti.confidence},
-              {"kind", to_string(ti.kind)},
-              {"pooled", ti.pooled},
-              {"runs", ti.runs}}},
+            {"tokens_per_second_interval", interval_to_json(ti)},
             {"mfu", p.figures.mfu},
             {"bubble_fraction", p.bubble_fraction},
-            {"simulated", p.simulated},
-            {"analytic", figures_to_json(p.analytic)}};
+            {"bound", figures_to_json(p.bound)}};
   if (rank > 0) j["rank"] = rank;
   return j;
 }
@@ -383,8 +384,7 @@ json result_to_json(const Request& req, const Result& r) {
             {"layouts_per_second",
              r.evaluate_seconds > 0 ? static_cast<double>(r.evaluated) / r.evaluate_seconds : 0.0},
             {"threads", r.threads},
-            {"simulated", r.simulated},
-            {"simulator", r.simulator_available},
+            {"walked", r.walked},
             {"rejected", rejected},
             {"plans", plans}};
   if (r.objective == Objective::gpus) {
@@ -421,11 +421,10 @@ std::string format_result_table(const Request& req, const Result& r) {
   o << fmt::format(
       "Objective {}; evaluated {} layouts in {:.3f} s ({:.2f} M/s over {:.3f} s of evaluation, {} "
       "threads); "
-      "{} fit; {} simulated{}\n\n",
+      "{} fit; {} planned with the schedule walk\n\n",
       to_string(r.objective), r.evaluated, r.seconds,
       r.evaluate_seconds > 0 ? static_cast<double>(r.evaluated) / r.evaluate_seconds / 1e6 : 0.0,
-      r.evaluate_seconds, r.threads, r.feasible, r.simulated,
-      r.simulator_available ? "" : " (simulator not built: analytic ranking)");
+      r.evaluate_seconds, r.threads, r.feasible, r.walked);
   auto row = [&](const Plan& p, const std::string& rank) {
     const Layout& l = p.layout;
     const std::string zero =
@@ -435,11 +434,11 @@ std::string format_result_table(const Request& req, const Result& r) {
                                      : std::to_string(l.zero_stage));
     o << fmt::format(
         "{:>4} {:>3} {:>3} {:>5} {:>3} {:>6} {:>3} {:>9} {:>16} {:>3} {:>9.2f} {:>10.1f} "
-        "{:>12.0f} {:>5.1f}{}{}{}\n",
+        "{:>12.0f} {:>5.1f}{}{}\n",
         rank, l.tp, l.pp, l.dp, l.virtual_stages, zero, l.sequence_parallel ? "on" : "-",
         to_string(l.recompute), to_string(l.schedule), l.micro_batch_size,
         to_gib(p.figures.peak_bytes), p.figures.step_seconds * 1e3, p.figures.tokens_per_second,
-        p.figures.mfu * 100, p.simulated ? " sim" : "",
+        p.figures.mfu * 100,
         l.cp > 1 ? fmt::format(" cp={} ({})", l.cp, to_string(b.parallel.cp_comm)) : "",
         l.ep > 1 ? fmt::format(" ep={}", l.ep) : "");
   };
@@ -455,7 +454,7 @@ std::string format_result_table(const Request& req, const Result& r) {
       const Plan& best = r.plans.front();
       const Scenario s = make_scenario(b, best.layout);
       const double gpus = static_cast<double>(best.layout.num_gpus());
-      const ThroughputInterval ti = throughput_interval(s, best.figures.tokens_per_second);
+      const ThroughputInterval ti = throughput_interval(s, best.figures.tokens_per_second, walk());
       o << fmt::format(
           "\nRank 1: {:.0f} tokens/s per GPU, {:.0f} % interval {:.0f}-{:.0f} ({} runs of the "
           "public corpus{}, docs/fidelity.md).",

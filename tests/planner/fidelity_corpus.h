@@ -63,7 +63,7 @@ inline std::vector<std::string> kinds_of(const Scenario& s) {
   return k;
 }
 
-inline std::vector<CorpusRun> corpus_runs() {
+inline std::vector<CorpusRun> compute_corpus_runs() {
   std::vector<CorpusRun> out;
   for (const std::string& file : corpus_files()) {
     const nlohmann::json doc = reference(file);
@@ -84,7 +84,7 @@ inline std::vector<CorpusRun> corpus_runs() {
       try {
         const Scenario s = scenario(r["scenario"]);
         c.kinds = kinds_of(s);
-        const Estimate e = estimate(s);
+        const Estimate e = sim::plan(s);  // what `distplan plan` reports: the schedule walk
         c.predicted = e.time.tokens_per_second / static_cast<double>(s.cluster.num_gpus);
         c.fits = e.memory.fits;
         if (c.measured_memory_bytes) {
@@ -102,6 +102,12 @@ inline std::vector<CorpusRun> corpus_runs() {
     }
   }
   return out;
+}
+
+/// The planned corpus, once per test process.
+inline const std::vector<CorpusRun>& corpus_runs() {
+  static const std::vector<CorpusRun> runs = compute_corpus_runs();
+  return runs;
 }
 
 struct GroupError {
@@ -152,8 +158,9 @@ inline std::string render_corpus(const std::vector<CorpusRun>& runs) {
       "3 paper, Zero Bubble), each translated into a scenario with the hardware as it ran, the "
       "framework and its settings; each file names every run's source, the row it comes from, "
       "which inputs are stated, inferred or assumed, and the convention of the measured "
-      "figures. Predicted: what `distplan plan` reports (`time.tokens_per_second` / GPUs, the "
-      "shipped presets, no calibration). Throughput is tokens per second per GPU; where the "
+      "figures. Predicted: what `distplan plan` reports (`time.tokens_per_second` / GPUs: the "
+      "schedule walk over the op costs, the shipped presets, no calibration). Throughput is tokens "
+      "per second per GPU; where the "
       "source gives TFLOP/s or step times the file converts them with the source's own FLOP "
       "count or batch. Memory is in GiB (2^30 bytes): `reserved` is torch.cuda's "
       "max_memory_reserved (compared with the planner's allocator reserve less the CUDA context "
@@ -223,7 +230,7 @@ struct PresetFit {
 
 /// The calibration machinery (planner/src/calibrate.cpp) on the corpus: per GPU preset, the GEMM
 /// ceiling on its bf16 dense and CP runs, the FP8 ceiling on its FP8 runs, each alone.
-inline std::vector<PresetFit> preset_fits() {
+inline std::vector<PresetFit> compute_preset_fits() {
   struct Want {
     std::string gpu, parameter, runs_of;
   };
@@ -256,12 +263,19 @@ inline std::vector<PresetFit> preset_fits() {
       }
     }
     CalibrationOptions o;
+    o.step_seconds = sim::plan_step_seconds;  // fits match the plan's step (the walk)
     o.parameters = {w.parameter};
     const CalibrationResult c = calibrate(runs, o);
     out.push_back({w.gpu, w.parameter, w.runs_of, static_cast<int>(c.runs), c.values.at(0),
                    c.mape_before, c.mape_after, c.leave_one_out_mape});
   }
   return out;
+}
+
+/// The fits, computed once per test process (the doc test and the preset test share them).
+inline const std::vector<PresetFit>& preset_fits() {
+  static const std::vector<PresetFit> fits = compute_preset_fits();
+  return fits;
 }
 
 }  // namespace distplan::testing

@@ -217,7 +217,7 @@ TEST(Offload, RefusesWhatIsNotModelled) {
 // the communication table). DISTPLAN_WRITE_DOCS=1 rewrites the table.
 TEST(Offload, ReadmeExampleIsWhatThePlannerPrints) {
   const Scenario s = scenario_from_text(testing::readme_scenario("offload"));
-  const std::string table = format_plan_table(s, estimate(s));
+  const std::string table = testing::plan_table(s);
   const std::string want = table.substr(0, table.find("\nCommunication per GPU"));
   testing::check_readme_table("offload", want, "Offload.ReadmeExample*");
   const Estimate e = estimate(s);

@@ -5,6 +5,7 @@
 
 #include <string_view>
 
+#include "distplan/planner/report.h"
 #include "distplan/planner/spec.h"
 
 namespace distplan {
@@ -28,9 +29,11 @@ struct ThroughputInterval {
 /// The 90 % prediction interval of a scenario's measured tokens/s, given the planner's
 /// prediction: the corpus residuals r = ln(measured / predicted) of the planned runs of the
 /// scenario's kind (all planned runs when fewer than 5), read as a normal sample:
-/// predicted · exp(mean ± t(0.95, n−1) · sd · sqrt(1 + 1/n)). The corpus is planned once per
-/// process (thread-safe).
+/// predicted · exp(mean ± t(0.95, n−1) · sd · sqrt(1 + 1/n)). The corpus is planned with `plan`
+/// (the schedule walk, sim::plan, as every face plans) once per process, thread-safe: the first
+/// call's function sets the residuals.
 [[nodiscard]] ThroughputInterval throughput_interval(const Scenario& s,
-                                                     double predicted_tokens_per_second);
+                                                     double predicted_tokens_per_second,
+                                                     const PlanFunction& plan);
 
 }  // namespace distplan
