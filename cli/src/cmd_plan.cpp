@@ -7,6 +7,7 @@
 
 #include "command.h"
 #include "distplan/planner/estimate.h"
+#include "distplan/planner/interval.h"
 #include "distplan/planner/report.h"
 #include "distplan/planner/scenario_json.h"
 #include "distplan/simulator/plan.h"
@@ -24,12 +25,15 @@ void install_plan(CLI::App& app) {
     const nlohmann::json doc = read_document(*opts);
     const Scenario s = read_scenario(*opts, doc);
     const Estimate e = sim::plan(s);
+    const PlanFunction plan = [](const Scenario& x) { return sim::plan(x); };
     if (opts->format == Format::table) {
-      std::cout << calibration_line(*opts)
-                << format_plan_table(s, e, [](const Scenario& x) { return sim::plan(x); });
+      std::cout << calibration_line(*opts) << format_plan_table(s, e, plan);
     } else {
       nlohmann::json out = plan_to_json(s, e);
       note_calibration(*opts, out);
+      // The corpus residuals of this kind of run (docs/fidelity.md, "Prediction intervals").
+      out["time"]["tokens_per_second_interval"] =
+          interval_to_json(throughput_interval(s, e.time.tokens_per_second, plan));
       write_json(out);
     }
   });

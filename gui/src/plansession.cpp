@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "distplan/planner/error.h"
+#include "distplan/planner/interval.h"
 #include "distplan/planner/scenario_json.h"
 #include "distplan/simulator/plan.h"
 
@@ -103,7 +104,12 @@ void PlanSession::applyPlan(std::uint64_t generation, const std::shared_ptr<Plan
 
 QByteArray PlanSession::planJson() const {
   if (!scenario_) return {};
-  return QByteArray::fromStdString(plan_to_json(*scenario_, estimate_).dump(2));
+  // distplan plan's document, the prediction interval included (docs/fidelity.md).
+  nlohmann::json j = plan_to_json(*scenario_, estimate_);
+  j["time"]["tokens_per_second_interval"] =
+      interval_to_json(throughput_interval(*scenario_, estimate_.time.tokens_per_second,
+                                           [](const Scenario& x) { return sim::plan(x); }));
+  return QByteArray::fromStdString(j.dump(2));
 }
 
 bool PlanSession::simulatorAvailable() {

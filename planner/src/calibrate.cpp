@@ -33,6 +33,20 @@ constexpr std::array kFitParameters{
         "memory_efficiency", 1e-3, 1.0,
         "achieved / nominal HBM bandwidth of the bandwidth-bound kernels (0: the GPU preset's)",
         [](const Scenario& s) { return s.cluster.gpu.memory_efficiency; })),
+    when_named(preset_field<&Assumptions::fp8_compute_efficiency>(
+        "fp8_compute_efficiency", 1e-3, 1.0,
+        "FP8 GEMM ceiling: achieved / dense FP8 peak (0: the GPU preset's fp8_gemm_efficiency, "
+        "else its gemm_efficiency)",
+        [](const Scenario& s) {
+          const GpuSpec& g = s.cluster.gpu;
+          return g.fp8_gemm_efficiency > 0 ? g.fp8_gemm_efficiency : g.gemm_efficiency;
+        })),
+    when_named(fit_field<&Assumptions::grouped_gemm_efficiency>(
+        "grouped_gemm_efficiency", 1e-3, 1.0,
+        "MoE grouped GEMMs against a dense GEMM of the same tiles")),
+    when_named(fit_field<&Assumptions::clock_power_exponent>(
+        "clock_power_exponent", 0.0, 1.0,
+        "compute clock under a power limit: (limit / tdp)^exponent")),
     fit_field<&Assumptions::communication_efficiency>(
         "communication_efficiency", 1e-3, 1.0,
         "achieved / nominal link bandwidth of large collectives (bus bandwidth)"),

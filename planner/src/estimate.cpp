@@ -692,7 +692,7 @@ class Estimator {
   // these (they differ in pp, dp, ZeRO, schedule, recompute), so each thread keeps the last two
   // (SP off and on); any change of an input recomputes them.
   struct OpCosts {
-    std::array<double, 33> key{};
+    std::array<double, 36> key{};
     bool valid = false;
     PassCosts layer, embedding, head;
   };
@@ -700,8 +700,11 @@ class Estimator {
     const ModelSpec& m = m_;
     // A MoE model's table differs from a dense one's of the same shape (planner_layer_table):
     // its experts and shared experts are in the key.
-    const std::array<double, 33> key = {
+    const std::array<double, 36> key = {
         r.fp8_peak,
+        r.fp8_gemm_efficiency,
+        static_cast<double>(r.fp8_recipe),
+        static_cast<double>(r.kernels),
         static_cast<double>(m.moe.num_experts),
         static_cast<double>(m.moe.num_shared_experts * m.moe.shared_expert_ffn_hidden_size),
         static_cast<double>(p_.cp),

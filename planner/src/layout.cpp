@@ -300,7 +300,11 @@ Count group_size(const Scenario& s, Group g) noexcept {
 
 Link group_link(const Scenario& s, Group g) noexcept {
   const Count tp = s.parallel.tp;
-  const Count gpn = s.cluster.gpus_per_node;
+  // A group inside one NVLink fabric uses NVLink: the node, or the larger domain a system's
+  // NVLink switches join (GB200 NVL72: 72 GPUs over 18 trays of 4; docs/layout.md).
+  const Count gpn = std::max(s.cluster.gpus_per_node, s.cluster.nvlink_domain_size);
+  // A job inside one NVLink fabric crosses no slower link (a 64-GPU job on an NVL72 rack).
+  if (s.cluster.num_gpus <= gpn) return Link::intra_node;
   // Rank order (Megatron-Core, order "tp-cp-ep-dp-pp" without experts):
   // rank = tp_rank + TP * (cp_rank + CP * (dp_rank + DP * pp_rank)). A group whose members lie
   // within `span` consecutive ranks stays in a node when that span does.

@@ -123,9 +123,13 @@ PassCosts moe_pass_costs(const ModelSpec& m, const MoeLayerPlan& x, const Device
   const double M = R / n_exp;
   const double f = static_cast<double>(x.expert_ffn);
   const double in_out = (m.mlp == Mlp::swiglu ? 2.0 : 1.0) * f;
-  c.forward += gemm_seconds(r, M, in_out, h, n_exp) + gemm_seconds(r, M, h, f, n_exp);
-  c.backward_input += gemm_seconds(r, M, h, in_out, n_exp) + gemm_seconds(r, M, f, h, n_exp);
-  c.backward_weight += gemm_seconds(r, in_out, h, M, n_exp) + gemm_seconds(r, h, f, M, n_exp);
+  // A grouped GEMM (CUTLASS / cuBLAS grouped kernels) runs its per-expert problems below a dense
+  // GEMM of the same tiles (per-group scheduling and prologues): `grouped_gemm_efficiency`.
+  const double g = 1.0 / r.grouped_gemm_efficiency;
+  auto grouped = [&](double a, double b, double k) { return g * gemm_seconds(r, a, b, k, n_exp); };
+  c.forward += grouped(M, in_out, h) + grouped(M, h, f);
+  c.backward_input += grouped(M, h, in_out) + grouped(M, f, h);
+  c.backward_weight += grouped(in_out, h, M) + grouped(h, f, M);
   // The activation between the projections: read in_out, write f; backward reads both and the
   // output gradient, writes the input gradient.
   c.forward += memory_seconds(r, R * (in_out + f) * e, 1);

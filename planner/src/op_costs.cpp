@@ -31,22 +31,48 @@ FlopsPerSecond dense_peak(const GpuSpec& g, DType d) noexcept {
   return 0;
 }
 
+// Compute clock under a power limit (docs/time.md, "Power"): the preset's efficiencies hold at
+// its rated board power; below it the GPU lowers its clock until the tensor cores' draw fits,
+// dynamic power ~ f·V² with V ~ f (DVFS) giving f ~ P^(1/3) (`clock_power_exponent`). Memory-
+// bound kernels keep the HBM's rate.
+static double power_clock(const Scenario& s) noexcept {
+  const double tdp = s.cluster.gpu.tdp_watts;
+  const double limit = s.cluster.power_limit_watts;
+  if (tdp <= 0 || limit <= 0 || limit >= tdp) return 1.0;
+  return std::pow(limit / tdp, s.assumptions.clock_power_exponent);
+}
+
 DeviceRates device_rates(const Scenario& s) noexcept {
   const GpuSpec& g = s.cluster.gpu;
   const Assumptions& a = s.assumptions;
+  const TrainingSpec& t = s.training;
   DeviceRates r;
-  r.peak = dense_peak(g, s.training.precision);
+  r.clock = power_clock(s);
+  r.peak = dense_peak(g, t.precision) * r.clock;
   r.gemm_efficiency = a.compute_efficiency > 0 ? a.compute_efficiency : g.gemm_efficiency;
   r.k_overhead = g.gemm_k_overhead;
   r.sms = static_cast<double>(g.sm_count);
   r.hbm =
       g.memory_bandwidth * (a.memory_efficiency > 0 ? a.memory_efficiency : g.memory_efficiency);
-  r.launch = a.kernel_launch_seconds;
-  r.flash_forward = g.flash_forward_efficiency;
-  r.flash_backward = g.flash_backward_efficiency;
-  r.element_bytes = bytes_of(s.training.precision);
-  if (s.training.fp8 != Fp8Recipe::none) {
-    r.fp8_peak = s.training.fp8 == Fp8Recipe::mxfp8 ? g.peak_flops.mxfp8 : g.peak_flops.fp8;
+  // Whole-step CUDA graphs replay the kernels with no host launch gap between them.
+  r.launch = t.cuda_graphs ? 0.0 : a.kernel_launch_seconds;
+  r.kernels = t.kernels;
+  // PyTorch's scaled_dot_product_attention (eager and compiled stacks) runs FlashAttention-2;
+  // the fused stacks run cuDNN's / Transformer Engine's kernel (the preset's flash figures).
+  const bool sdpa = t.kernels != Kernels::fused;
+  r.flash_forward = sdpa && g.sdpa_forward_efficiency > 0 ? g.sdpa_forward_efficiency
+                                                          : g.flash_forward_efficiency;
+  r.flash_backward = sdpa && g.sdpa_backward_efficiency > 0 ? g.sdpa_backward_efficiency
+                                                            : g.flash_backward_efficiency;
+  r.element_bytes = bytes_of(t.precision);
+  r.grouped_gemm_efficiency = a.grouped_gemm_efficiency;
+  if (t.fp8 != Fp8Recipe::none) {
+    const bool mx = t.fp8 == Fp8Recipe::mxfp8;
+    r.fp8_recipe = t.fp8;
+    r.fp8_peak = (mx ? g.peak_flops.mxfp8 : g.peak_flops.fp8) * r.clock;
+    const double fp8 = g.fp8_gemm_efficiency > 0 ? g.fp8_gemm_efficiency : g.gemm_efficiency;
+    const double ceiling = mx && g.mxfp8_gemm_efficiency > 0 ? g.mxfp8_gemm_efficiency : fp8;
+    r.fp8_gemm_efficiency = a.fp8_compute_efficiency > 0 ? a.fp8_compute_efficiency : ceiling;
   }
   r.finish();
   return r;
@@ -58,7 +84,7 @@ void DeviceRates::finish() noexcept {
   inv_gemm_rate = 1.0 / (peak * gemm_efficiency);
   inv_flash_forward_rate = 1.0 / (peak * flash_forward);
   inv_flash_backward_rate = 1.0 / (peak * flash_backward);
-  inv_fp8_gemm_rate = fp8_peak > 0 ? 1.0 / (fp8_peak * gemm_efficiency) : 0.0;
+  inv_fp8_gemm_rate = fp8_peak > 0 ? 1.0 / (fp8_peak * fp8_gemm_efficiency) : 0.0;
 }
 
 namespace {
@@ -110,6 +136,51 @@ struct Dim {
   return std::max(compute, bytes * r.inv_hbm) + r.launch;
 }
 
+// Element-wise ops as eager PyTorch runs them (docs/time.md, "Kernel fusion"): bytes moved per
+// element of the op's bf16 input (or gated output, or logit), and kernels launched, counted from
+// the forward ops and their autograd backward in torchtitan's llama model at 9dec370
+// (torchtitan/models/norms.py RMSNorm, models/llama/model.py apply_rotary_emb, FeedForward,
+// repeat_kv, and train.py's cross_entropy(pred.float())). Fused stacks (Transformer Engine,
+// Megatron-LM's fused kernels) and torch.compile read each input and write each output once
+// (the figures in layer_pass_costs); compile leaves SDPA's layout copies and the loss (compiled
+// per transformer block) as they are.
+struct EagerOp {
+  double forward_bytes, backward_bytes, forward_kernels, backward_kernels;
+};
+// RMSNorm: x.float() (2 + 4), pow (4 + 4), mean (4), x * rsqrt (4 + 4), type_as (4 + 2),
+// * weight (2 + 2); backward: the mirror of each plus the weight's reduction.
+constexpr EagerOp kEagerRmsNorm{36, 76, 6, 11};
+// Rotary on q or k: .float() (2 + 4), complex multiply (4 + 4), type_as (4 + 2); backward alike.
+constexpr EagerOp kEagerRotary{20, 20, 3, 3};
+// SwiGLU per output element: silu(a) (2 + 2), silu(a) * b (4 + 2); backward dy * b, dy *
+// silu(a), silu's backward (6 each).
+constexpr EagerOp kEagerSwiglu{10, 18, 2, 3};
+// Cross-entropy per logit: .float() (2 + 4), log_softmax (4 + 4); backward: nll_loss's dense
+// gradient (4), log_softmax's backward (4 + 4 + 4), the cast back (4 + 2).
+constexpr EagerOp kEagerCrossEntropy{14, 22, 2, 3};
+
+// Quantisation bytes per element of an FP8 linear's input (forward) or output gradient
+// (backward), read in the compute dtype `e` and written as the row-wise and column-wise fp8
+// copies the forward and the two backward GEMMs read (TE's cast_transpose): delayed scaling
+// takes its scale from the amax history in the same pass; current scaling (TE
+// Float8CurrentScaling, torchao's dynamic tensorwise) first reads the tensor for its amax;
+// blockwise and MXFP8 scale each block inside the cast, writing one scale per 128 or 32 values
+// (fp32, E8M0) per copy.
+double fp8_cast_bytes(Fp8Recipe recipe, double e) noexcept {
+  switch (recipe) {
+    case Fp8Recipe::current:
+      return 2 * e + 2;
+    case Fp8Recipe::blockwise:
+      return e + 2 + 2 * 4.0 / 128;
+    case Fp8Recipe::mxfp8:
+      return e + 2 + 2 * 1.0 / 32;
+    case Fp8Recipe::delayed:
+    case Fp8Recipe::none:
+      break;
+  }
+  return e + 2;
+}
+
 }  // namespace
 
 double gemm_efficiency(const DeviceRates& r, double m, double n, double k, double batch) noexcept {
@@ -145,6 +216,8 @@ PassCosts layer_pass_costs(const LayerTable& table, const ModelSpec& m, const Tr
   const double d = static_cast<double>(m.head_dim());
   const double heads = static_cast<double>(m.num_attention_heads) / tpd;  // per rank
   const bool dropout = t.dropout > 0;
+  const bool eager = r.kernels == Kernels::eager;
+  const bool eager_rms = eager && m.norm == Norm::rmsnorm;
   const Dim dT(T);
   const std::array<double, kMaxLayerOps> op_share = selective_op_recompute_share(table);
   int index = 0;
@@ -153,9 +226,17 @@ PassCosts layer_pass_costs(const LayerTable& table, const ModelSpec& m, const Tr
     switch (op.kind) {
       case OpKind::norm:
         // Read x, write y; backward reads dy and x, writes dx (gamma/beta grads reduce in the
-        // same kernel pair).
-        fwd = memory_seconds(r, T_sp * h * 2 * e, 1);
-        bin = memory_seconds(r, T_sp * h * 3 * e, 2);
+        // same kernel pair). Eager RMSNorm is composed of point-wise ops (kEagerRmsNorm); eager
+        // LayerNorm is one ATen kernel each way.
+        if (eager_rms) {
+          fwd = memory_seconds(r, T_sp * h * kEagerRmsNorm.forward_bytes,
+                               kEagerRmsNorm.forward_kernels);
+          bin = memory_seconds(r, T_sp * h * kEagerRmsNorm.backward_bytes,
+                               kEagerRmsNorm.backward_kernels);
+        } else {
+          fwd = memory_seconds(r, T_sp * h * 2 * e, 1);
+          bin = memory_seconds(r, T_sp * h * 3 * e, 2);
+        }
         break;
       case OpKind::linear: {
         // Column-parallel: all tokens, output split t ways; row-parallel: input split t ways.
@@ -172,11 +253,13 @@ PassCosts layer_pass_costs(const LayerTable& table, const ModelSpec& m, const Tr
         c.gemm_forward += fwd;
         c.gemm_backward += bin + bw;
         if (fp8) {
-          // Quantisation, bandwidth bound: the forward casts X (read in the compute dtype, write
-          // the row-wise and column-wise fp8 copies, TE's cast_transpose), the backward dY alike.
-          // Weights are cast once per step (estimate.cpp, with the optimizer).
-          fwd += memory_seconds(r, T * K * (e + 2), 1);
-          bin += memory_seconds(r, T * N * (e + 2), 1);
+          // Quantisation, bandwidth bound: the forward casts X, the backward dY, by the recipe
+          // (fp8_cast_bytes); current scaling's amax is a kernel of its own. Weights are cast
+          // once per step (estimate.cpp, with the optimizer).
+          const double cast = fp8_cast_bytes(r.fp8_recipe, e);
+          const double kernels = r.fp8_recipe == Fp8Recipe::current ? 2 : 1;
+          fwd += memory_seconds(r, T * K * cast, kernels);
+          bin += memory_seconds(r, T * N * cast, kernels);
         }
         break;
       }
@@ -207,10 +290,32 @@ PassCosts layer_pass_costs(const LayerTable& table, const ModelSpec& m, const Tr
           if (dropout) bin += memory_seconds(r, scores * (2 * e + 1), 1);
         }
         if (m.position_embedding == PositionEmbedding::rotary) {
-          // Rotary on q and k: read and write them, forward and backward.
-          const double rope = (q_bytes + kv_bytes / 2) * 2;
-          fwd += memory_seconds(r, rope, 1);
-          bin += memory_seconds(r, rope, 1);
+          // Rotary on q and k: read and write them, forward and backward (eager: kEagerRotary
+          // per element, each of q and k its own kernels).
+          if (eager) {
+            const double elements = (q_bytes + kv_bytes / 2) / e;
+            fwd += memory_seconds(r, elements * kEagerRotary.forward_bytes,
+                                  2 * kEagerRotary.forward_kernels);
+            bin += memory_seconds(r, elements * kEagerRotary.backward_bytes,
+                                  2 * kEagerRotary.backward_kernels);
+          } else {
+            const double rope = (q_bytes + kv_bytes / 2) * 2;
+            fwd += memory_seconds(r, rope, 1);
+            bin += memory_seconds(r, rope, 1);
+          }
+        }
+        if (r.kernels != Kernels::fused && t.attention == Attention::flash) {
+          // PyTorch SDPA's layout (torchtitan's Attention.forward): repeat_kv materialises K
+          // and V at the query heads' count when kv < heads (read kv, write 2 q-sized tensors;
+          // the backward sums them back), and the (b, heads, s, d) output is made contiguous
+          // for the output projection (read and write q-sized, both ways). Fused stacks take
+          // GQA and the layout inside the attention kernel.
+          fwd += memory_seconds(r, 2 * q_bytes, 1);
+          bin += memory_seconds(r, 2 * q_bytes, 1);
+          if (m.num_kv_heads < m.num_attention_heads) {
+            fwd += memory_seconds(r, kv_bytes + 2 * q_bytes, 2);
+            bin += memory_seconds(r, 2 * q_bytes + kv_bytes, 2);
+          }
         }
         if (m.qk_norm) {
           // q and k RMSNorms (Qwen3), costed as the layer norms above: read and write forward;
@@ -230,8 +335,15 @@ PassCosts layer_pass_costs(const LayerTable& table, const ModelSpec& m, const Tr
         // GeLU: read and write the f/t-wide input; SwiGLU reads gate and up, writes one.
         const double width = static_cast<double>(op.saved[0].per_token) / tpd;
         const double out_w = m.mlp == Mlp::swiglu ? width / 2 : width;
-        fwd = memory_seconds(r, T * (width + out_w) * e, 1);
-        bin = memory_seconds(r, T * (out_w + 2 * width) * e, 1);  // read dy, x; write dx
+        if (eager && m.mlp == Mlp::swiglu) {
+          fwd = memory_seconds(r, T * out_w * kEagerSwiglu.forward_bytes,
+                               kEagerSwiglu.forward_kernels);
+          bin = memory_seconds(r, T * out_w * kEagerSwiglu.backward_bytes,
+                               kEagerSwiglu.backward_kernels);
+        } else {
+          fwd = memory_seconds(r, T * (width + out_w) * e, 1);
+          bin = memory_seconds(r, T * (out_w + 2 * width) * e, 1);  // read dy, x; write dx
+        }
         break;
       }
       case OpKind::dropout:
@@ -257,7 +369,15 @@ namespace {
 // A norm over `bytes` of hidden states outside the layers (the embedding norm, the final norm):
 // the forward reads and writes them, the backward reads the input and the output gradient and
 // writes the input gradient, in two kernels (the weight gradient's reduction is the second).
-void add_norm_costs(PassCosts& c, const DeviceRates& r, double bytes) noexcept {
+void add_norm_costs(PassCosts& c, const DeviceRates& r, const ModelSpec& m, double bytes) noexcept {
+  if (r.kernels == Kernels::eager && m.norm == Norm::rmsnorm) {
+    const double elements = bytes / static_cast<double>(r.element_bytes);
+    c.forward +=
+        memory_seconds(r, elements * kEagerRmsNorm.forward_bytes, kEagerRmsNorm.forward_kernels);
+    c.backward_input +=
+        memory_seconds(r, elements * kEagerRmsNorm.backward_bytes, kEagerRmsNorm.backward_kernels);
+    return;
+  }
   c.forward += memory_seconds(r, 2 * bytes, 1);
   c.backward_input += memory_seconds(r, 3 * bytes, 2);
 }
@@ -274,7 +394,7 @@ PassCosts embedding_pass_costs(const ModelSpec& m, const TrainingSpec& t, Count 
   const double pos = m.position_embedding == PositionEmbedding::learned ? 1.0 : 0.0;
   c.forward = memory_seconds(r, T * h * 2 * e + pos * T_sp * h * 3 * e, 1 + pos);
   c.backward_weight = memory_seconds(r, T * h * 2 * e + pos * T_sp * h * 2 * e, 1 + pos);
-  if (m.embedding_norm) add_norm_costs(c, r, T_sp * h * e);
+  if (m.embedding_norm) add_norm_costs(c, r, m, T_sp * h * e);
   return c;
 }
 
@@ -287,7 +407,7 @@ PassCosts head_pass_costs(const ModelSpec& m, const TrainingSpec& t, Count padde
   const double h = static_cast<double>(m.hidden_size);
   const double T_sp = sp ? T / tpd : T;
   const double Vt = static_cast<double>(padded_vocab) / tpd;
-  add_norm_costs(c, r, T_sp * h * e);  // final norm
+  add_norm_costs(c, r, m, T_sp * h * e);  // final norm
   // Vocab-parallel LM head.
   const Dim dT(T), dV(Vt), dh(h);
   const double f = gemm_time(r, dT, dV, h, 1);
@@ -300,8 +420,17 @@ PassCosts head_pass_costs(const ModelSpec& m, const TrainingSpec& t, Count padde
   c.gemm_backward = bi + bw;
   // Vocab-parallel cross-entropy (Megatron-LM): read the logits, write the fp32 softmax; backward
   // reads it and writes the logits' gradient.
-  c.forward += memory_seconds(r, T * Vt * (e + 4), 2);
-  c.backward_input += memory_seconds(r, T * Vt * (4 + e), 1);
+  // PyTorch stacks (eager, or compiled per transformer block) run F.cross_entropy on the
+  // upcast logits (kEagerCrossEntropy).
+  if (r.kernels != Kernels::fused) {
+    c.forward += memory_seconds(r, T * Vt * kEagerCrossEntropy.forward_bytes,
+                                kEagerCrossEntropy.forward_kernels);
+    c.backward_input += memory_seconds(r, T * Vt * kEagerCrossEntropy.backward_bytes,
+                                       kEagerCrossEntropy.backward_kernels);
+  } else {
+    c.forward += memory_seconds(r, T * Vt * (e + 4), 2);
+    c.backward_input += memory_seconds(r, T * Vt * (4 + e), 1);
+  }
   return c;
 }
 

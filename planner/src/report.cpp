@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "distplan/planner/error.h"
+#include "distplan/planner/interval.h"
 #include "distplan/planner/layout.h"
 #include "distplan/planner/op_costs.h"
 #include "distplan/planner/validate.h"
@@ -386,6 +387,16 @@ std::string format_plan_table(const Scenario& s, const Estimate& e, const PlanFu
       "{:.0f} tokens/s, MFU {:.1f}%",
       walked ? "schedule walk" : "closed-form lower bound", 100 * device_rates(s).gemm_efficiency,
       e.time.step_seconds * 1e3, e.time.tokens_per_second, 100 * e.time.mfu));
+  if (walked) {
+    // docs/fidelity.md, "Prediction intervals": the corpus residuals of the same engine.
+    const double gpus = static_cast<double>(s.cluster.num_gpus);
+    const ThroughputInterval ti = throughput_interval(s, e.time.tokens_per_second, plan);
+    line(fmt::format(
+        "  {:.0f} tokens/s per GPU, {:.0f} % interval {:.0f}-{:.0f} ({} runs of the public "
+        "corpus{}, docs/fidelity.md)",
+        e.time.tokens_per_second / gpus, 100 * ti.confidence, ti.low / gpus, ti.high / gpus,
+        ti.runs, ti.pooled ? ", all kinds" : fmt::format(", {}", to_string(ti.kind))));
+  }
   const double step = e.time.step_seconds > 0 ? e.time.step_seconds : 1.0;
   line(fmt::format(
       "  busiest stage's passes {:.1f} ms, pipeline bubble {:.1f} ms ({:.1f}% of the step), "

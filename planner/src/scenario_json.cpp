@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "distplan/planner/error.h"
+#include "distplan/planner/interval.h"
 #include "distplan/planner/layout.h"
 #include "distplan/planner/moe.h"
 #include "distplan/planner/presets.h"
@@ -190,6 +191,16 @@ GpuSpec detail::read_gpu(const json& doc, const std::string& path) {
     g.flash_backward_efficiency = *v;
   if (auto v = zero_or_at_least(r, "pcie_bandwidth", kMinBandwidth, kMaxBw, "no offload"))
     g.pcie_bandwidth = *v;
+  // Time-model figures beyond the roofline (docs/time.md): FP8 GEMM ceilings, PyTorch SDPA's
+  // flash kernel, the power the efficiencies hold at and the limit the GPU runs under, the
+  // NVLink fabric's size. 0 keeps each one's fallback.
+  if (auto v = r.number("fp8_gemm_efficiency", 0, 1, false)) g.fp8_gemm_efficiency = *v;
+  if (auto v = r.number("mxfp8_gemm_efficiency", 0, 1, false)) g.mxfp8_gemm_efficiency = *v;
+  if (auto v = r.number("sdpa_forward_efficiency", 0, 1, false)) g.sdpa_forward_efficiency = *v;
+  if (auto v = r.number("sdpa_backward_efficiency", 0, 1, false)) g.sdpa_backward_efficiency = *v;
+  if (auto v = r.number("tdp_watts", 0, 1e5, false)) g.tdp_watts = *v;
+  if (auto v = r.number("power_limit_watts", 0, 1e5, false)) g.power_limit_watts = *v;
+  if (auto v = r.integer("nvlink_domain_gpus", 0, Count{1} << 20)) g.nvlink_domain_gpus = *v;
   if (auto n = r.string("name"); n && !r.has("preset")) g.name = n->substr(0, 128);
   r.finish();
   if (r.has("preset") && !(g == before)) g.name += " (modified)";
@@ -717,6 +728,19 @@ Scenario read_scenario(const json& doc, std::initializer_list<std::string_view> 
         read_dtype(r, "grad_accumulation_dtype", fp32_grads ? DType::fp32 : t.precision);
     read_enum(r, "attention", t.attention, {"flash", "standard"});
     if (auto v = r.number("dropout", 0.0, 0.999, false)) t.dropout = *v;
+    // Time conventions of the framework (docs/time.md, "Kernel fusion"): torchtitan and FSDP
+    // runs are eager PyTorch unless compiled; Megatron-LM, DeepSpeed's Megatron and generic use
+    // fused kernels.
+    t.kernels = t.framework == Framework::fsdp2 ? Kernels::eager : Kernels::fused;
+    read_enum(r, "kernels", t.kernels, {"fused", "compiled", "eager"});
+    if (auto v = r.boolean("cuda_graphs")) t.cuda_graphs = *v;
+    if (r.has("optimizer_state_dtype")) {
+      t.optimizer_state_dtype = read_dtype(r, "optimizer_state_dtype", DType::fp32);
+      if (t.optimizer_state_dtype == DType::fp16) {
+        throw InputError(r.child("optimizer_state_dtype"),
+                         "optimizer states are fp32 or bf16 (Apex DistributedFusedAdam's dtype)");
+      }
+    }
     if (!seq) r.missing("seq_length", "seq_length is required");
     if (!gbs) r.missing("global_batch_size", "global_batch_size is required");
     t.seq_length = *seq;
@@ -736,9 +760,10 @@ Scenario read_scenario(const json& doc, std::initializer_list<std::string_view> 
     ClusterSpec& c = s.cluster;
     const json* gpu = r.take("gpu");
     if (!gpu) {
-      for (std::string_view k : {"num_gpus", "gpus_per_node", "intra_node_bandwidth",
-                                 "inter_node_bandwidth", "intra_node_latency", "inter_node_latency",
-                                 "runtime_reserve_bytes", "host_memory_bytes", "nvme_bandwidth"}) {
+      for (std::string_view k :
+           {"num_gpus", "gpus_per_node", "intra_node_bandwidth", "inter_node_bandwidth",
+            "intra_node_latency", "inter_node_latency", "runtime_reserve_bytes",
+            "host_memory_bytes", "nvme_bandwidth", "nvlink_domain_size", "power_limit_watts"}) {
         r.take(k);
       }
       r.missing("gpu", "gpu is required (a preset name or an object)");
@@ -760,6 +785,19 @@ Scenario read_scenario(const json& doc, std::initializer_list<std::string_view> 
     if (auto v = r.integer("host_memory_bytes", 0, Count{1} << 56)) c.host_memory_bytes = *v;
     if (auto v = zero_or_at_least(r, "nvme_bandwidth", kMinBandwidth, kMaxBw, "no NVMe offload"))
       c.nvme_bandwidth = *v;
+    // The NVLink fabric: a node unless the GPU's system joins more (GB200 NVL72's 72 GPUs over
+    // 18 trays of 4); groups inside it use the intra-node link (docs/layout.md).
+    c.nvlink_domain_size = r.integer("nvlink_domain_size", 1, Count{1} << 20)
+                               .value_or(std::max(c.gpus_per_node, c.gpu.nvlink_domain_gpus));
+    if (c.nvlink_domain_size < c.gpus_per_node || c.nvlink_domain_size % c.gpus_per_node != 0) {
+      throw InputError(r.child("nvlink_domain_size"),
+                       fmt::format("the NVLink domain must be a whole number of nodes of {} GPUs, "
+                                   "got {}",
+                                   c.gpus_per_node, c.nvlink_domain_size));
+    }
+    c.power_limit_watts =
+        r.number("power_limit_watts", 0, 1e5, false)
+            .value_or(c.gpu.power_limit_watts > 0 ? c.gpu.power_limit_watts : c.gpu.tdp_watts);
     r.finish();
   }
 
@@ -856,6 +894,7 @@ Scenario read_scenario(const json& doc, std::initializer_list<std::string_view> 
     };
     preset_or_efficiency("compute_efficiency", x.compute_efficiency);
     preset_or_efficiency("memory_efficiency", x.memory_efficiency);
+    preset_or_efficiency("fp8_compute_efficiency", x.fp8_compute_efficiency);
     if (auto v = r.number("communication_efficiency", kMinEfficiency, 1, false))
       x.communication_efficiency = *v;
     if (auto v = r.integer("nccl_half_bandwidth_bytes", 0, Count{1} << 40))
@@ -886,6 +925,9 @@ Scenario read_scenario(const json& doc, std::initializer_list<std::string_view> 
     if (auto v = r.integer("nvme_param_buffer_params", 1, Count{1} << 40))
       x.nvme_param_buffer_params = *v;
     if (auto v = r.integer("fp8_amax_history_len", 1, Count{1} << 20)) x.fp8_amax_history_len = *v;
+    if (auto v = r.number("clock_power_exponent", 0, 1, false)) x.clock_power_exponent = *v;
+    if (auto v = r.number("grouped_gemm_efficiency", kMinEfficiency, 1, false))
+      x.grouped_gemm_efficiency = *v;
     r.finish();
   }
   if (top.has("search") &&
@@ -963,7 +1005,14 @@ json to_json(const GpuSpec& g) {
           {"memory_efficiency", g.memory_efficiency},
           {"flash_forward_efficiency", g.flash_forward_efficiency},
           {"flash_backward_efficiency", g.flash_backward_efficiency},
-          {"pcie_bandwidth", g.pcie_bandwidth}};
+          {"pcie_bandwidth", g.pcie_bandwidth},
+          {"fp8_gemm_efficiency", g.fp8_gemm_efficiency},
+          {"mxfp8_gemm_efficiency", g.mxfp8_gemm_efficiency},
+          {"sdpa_forward_efficiency", g.sdpa_forward_efficiency},
+          {"sdpa_backward_efficiency", g.sdpa_backward_efficiency},
+          {"tdp_watts", g.tdp_watts},
+          {"power_limit_watts", g.power_limit_watts},
+          {"nvlink_domain_gpus", g.nvlink_domain_gpus}};
 }
 
 json to_json(const ParallelSpec& p) {
@@ -1010,7 +1059,9 @@ json to_json(const Scenario& s) {
         {"inter_node_latency", c.inter_node_latency},
         {"runtime_reserve_bytes", c.runtime_reserve_bytes},
         {"host_memory_bytes", c.host_memory_bytes},
-        {"nvme_bandwidth", c.nvme_bandwidth}}},
+        {"nvme_bandwidth", c.nvme_bandwidth},
+        {"nvlink_domain_size", c.nvlink_domain_size},
+        {"power_limit_watts", c.power_limit_watts}}},
       {"training",
        {{"seq_length", t.seq_length},
         {"global_batch_size", t.global_batch_size},
@@ -1020,11 +1071,15 @@ json to_json(const Scenario& s) {
         {"optimizer", to_string(t.optimizer)},
         {"grad_accumulation_dtype", to_string(t.grad_accumulation_dtype)},
         {"attention", to_string(t.attention)},
-        {"dropout", t.dropout}}},
+        {"dropout", t.dropout},
+        {"optimizer_state_dtype", to_string(t.optimizer_state_dtype)},
+        {"kernels", to_string(t.kernels)},
+        {"cuda_graphs", t.cuda_graphs}}},
       {"parallel", to_json(s.parallel)},
       {"assumptions",
        {{"compute_efficiency", a.compute_efficiency},
         {"memory_efficiency", a.memory_efficiency},
+        {"fp8_compute_efficiency", a.fp8_compute_efficiency},
         {"communication_efficiency", a.communication_efficiency},
         {"nccl_half_bandwidth_bytes", a.nccl_half_bandwidth_bytes},
         {"kernel_launch_seconds", a.kernel_launch_seconds},
@@ -1045,7 +1100,9 @@ json to_json(const Scenario& s) {
         {"nvme_sub_group_params", a.nvme_sub_group_params},
         {"nvme_param_buffer_count", a.nvme_param_buffer_count},
         {"nvme_param_buffer_params", a.nvme_param_buffer_params},
-        {"fp8_amax_history_len", a.fp8_amax_history_len}}},
+        {"fp8_amax_history_len", a.fp8_amax_history_len},
+        {"clock_power_exponent", a.clock_power_exponent},
+        {"grouped_gemm_efficiency", a.grouped_gemm_efficiency}}},
   };
   // A reserve computed from the framework's profile is not echoed (it depends on the layout);
   // the framework and its profile are, when they are not generic's.
@@ -1154,6 +1211,15 @@ unsigned plan_part(std::string_view name) noexcept {
     if (n == name) return part;
   }
   return 0;
+}
+
+json interval_to_json(const ThroughputInterval& ti) {
+  return {{"low", ti.low},
+          {"high", ti.high},
+          {"confidence", ti.confidence},
+          {"kind", to_string(ti.kind)},
+          {"pooled", ti.pooled},
+          {"runs", ti.runs}};
 }
 
 json plan_to_json(const Scenario& s, const Estimate& e, unsigned parts) {

@@ -111,6 +111,17 @@ std::string_view to_string(SplitRule v) noexcept {
   }
   return "?";
 }
+std::string_view to_string(Kernels v) noexcept {
+  switch (v) {
+    case Kernels::fused:
+      return "fused";
+    case Kernels::compiled:
+      return "compiled";
+    case Kernels::eager:
+      return "eager";
+  }
+  return "?";
+}
 std::string_view to_string(Schedule v) noexcept {
   switch (v) {
     case Schedule::gpipe:

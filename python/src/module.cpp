@@ -16,6 +16,7 @@
 #include "distplan/planner/calibrate_json.h"
 #include "distplan/planner/error.h"
 #include "distplan/planner/estimate.h"
+#include "distplan/planner/interval.h"
 #include "distplan/planner/presets.h"
 #include "distplan/planner/scenario_json.h"
 #include "distplan/search/export.h"
@@ -52,13 +53,24 @@ void raise_input_error(const InputError& e) {
   PyErr_SetObject(input_error_class().ptr(), input_error_object(e).ptr());
 }
 
+// distplan plan's document: plan_to_json and, with the time, the prediction interval from the
+// corpus residuals of the walk (docs/fidelity.md, "Prediction intervals"), as the CLI writes it.
+json plan_document(const Scenario& s, const Estimate& e, unsigned parts = plan_all) {
+  json j = plan_to_json(s, e, parts);
+  if (parts & plan_time) {
+    j["time"]["tokens_per_second_interval"] = interval_to_json(throughput_interval(
+        s, e.time.tokens_per_second, [](const Scenario& x) { return sim::plan(x); }));
+  }
+  return j;
+}
+
 pyb::object plan(pyb::handle scenario) {
   const json doc = from_python(scenario.ptr());
   json out;
   {
     pyb::gil_scoped_release nogil;
     const Scenario s = scenario_from_json(doc);
-    out = plan_to_json(s, sim::plan(s));
+    out = plan_document(s, sim::plan(s));
   }
   return to_object(out);
 }
@@ -148,7 +160,7 @@ pyb::list plan_many(pyb::handle scenarios, pyb::handle parts_arg, pyb::handle er
         if (failed[k]) continue;
         try {
           const Scenario s = scenario_from_json(docs[k]);
-          outs[k] = plan_to_json(s, sim::plan(s), parts);
+          outs[k] = plan_document(s, sim::plan(s), parts);
         } catch (const InputError& e) {
           if (keep_going) {
             failed[k] = e;
@@ -198,7 +210,7 @@ pyb::dict plan_many_phases(const pyb::list& items, pyb::handle parts_arg) {
   std::vector<json> outs;
   outs.reserve(parsed.size());
   for (std::size_t i = 0; i < parsed.size(); ++i)
-    outs.push_back(plan_to_json(parsed[i], estimates[i], parts));
+    outs.push_back(plan_document(parsed[i], estimates[i], parts));
   double t4 = cpu();
   {
     std::vector<pyb::object> objects;

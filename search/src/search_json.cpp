@@ -9,8 +9,10 @@
 #include <nlohmann/json.hpp>
 
 #include "distplan/planner/error.h"
+#include "distplan/planner/interval.h"
 #include "distplan/planner/scenario_json.h"
 #include "distplan/planner/suggest.h"
+#include "distplan/simulator/plan.h"
 
 namespace distplan::search {
 
@@ -332,10 +334,18 @@ json figures_to_json(const Figures& f) {
           {"mfu", f.mfu}};
 }
 
+// What every face plans with (docs/time.md, "One timing engine"): the intervals' residuals are
+// the schedule walk's.
+PlanFunction walk() {
+  return [](const Scenario& x) { return sim::plan(x); };
+}
+
 // Each plan carries its whole scenario (the base with its layout, every default filled in), so
 // re-planning, simulating or exporting it needs no merging by hand.
 json plan_to_json_entry(const Scenario& base, const Plan& p, int rank) {
   const Scenario s = make_scenario(base, p.layout);
+  // The corpus residuals of this kind of run (docs/fidelity.md, "Prediction intervals").
+  const ThroughputInterval ti = throughput_interval(s, p.figures.tokens_per_second, walk());
   json j = {{"parallel", to_json(s.parallel)},
             {"micro_batch_size", p.layout.micro_batch_size},
             {"num_gpus", p.layout.num_gpus()},
@@ -343,6 +353,7 @@ json plan_to_json_entry(const Scenario& base, const Plan& p, int rank) {
             {"capacity_bytes", p.figures.capacity_bytes},
             {"step_seconds", p.figures.step_seconds},
             {"tokens_per_second", p.figures.tokens_per_second},
+            {"tokens_per_second_interval", interval_to_json(ti)},
             {"mfu", p.figures.mfu},
             {"bubble_fraction", p.bubble_fraction},
             {"bound", figures_to_json(p.bound)},
@@ -464,6 +475,17 @@ std::string format_result_table(const Request& req, const Result& r) {
     o << header;
     int rank = 1;
     for (const Plan& p : r.plans) row(p, std::to_string(rank++));
+    {
+      const Plan& best = r.plans.front();
+      const Scenario s = make_scenario(b, best.layout);
+      const double gpus = static_cast<double>(best.layout.num_gpus());
+      const ThroughputInterval ti = throughput_interval(s, best.figures.tokens_per_second, walk());
+      o << fmt::format(
+          "\nRank 1: {:.0f} tokens/s per GPU, {:.0f} % interval {:.0f}-{:.0f} ({} runs of the "
+          "public corpus{}, docs/fidelity.md).",
+          best.figures.tokens_per_second / gpus, 100 * ti.confidence, ti.low / gpus, ti.high / gpus,
+          ti.runs, ti.pooled ? ", all kinds" : fmt::format(", {}", to_string(ti.kind)));
+    }
     o << fmt::format(
         "\nCapacity {:.2f} GiB per GPU, margin {:.0f}%. 'zero 3/8': ZeRO-3 sharded over "
         "groups of 8; v: virtual stages.{}\n",

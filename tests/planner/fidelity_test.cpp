@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include "distplan/planner/estimate.h"
+#include "fidelity_corpus.h"
 #include "test_util.h"
 
 namespace distplan {
@@ -74,11 +75,11 @@ Table table5() {
   return t;
 }
 
-std::string render(const std::vector<Table>& tables) {
+std::string render(const std::vector<Table>& tables, const std::string& corpus = "") {
   std::string md =
       "# Fidelity: predicted beside measured\n\n"
       "Written by `tests/planner/fidelity_test.cpp` from `data/reference/` with the shipped,\n"
-      "uncalibrated GPU presets (`DISTPLAN_WRITE_DOCS=1 planner_tests "
+      "shipped GPU presets (`DISTPLAN_WRITE_DOCS=1 planner_tests "
       "--gtest_filter='Fidelity.*'`\nrewrites it; `Fidelity.DocMatchesCode` fails when it "
       "drifts). The step is the plan's: the schedule walk over the op costs "
       "(docs/time.md).\nTarget: MAPE at most 5 % per table.\n";
@@ -102,7 +103,7 @@ std::string render(const std::vector<Table>& tables) {
       "few percent slow on Table 5, on the large models most. Within each table the trends "
       "(achieved FLOP/s rising with the hidden size; 20-29 % gained by sequence parallelism with "
       "selective recompute) come from the op costs, not from per-case figures.\n";
-  return md;
+  return md + corpus;
 }
 
 TEST(Fidelity, Narayanan2021Table1WithinFivePercent) {
@@ -137,7 +138,9 @@ TEST(Fidelity, SelectiveRecomputeWithSequenceParallelIsFasterAsMeasured) {
 
 TEST(Fidelity, DocMatchesCode) {
   const std::string path = std::string(DISTPLAN_SOURCE_DIR) + "/docs/fidelity.md";
-  const std::string want = render({table1(), table5()});
+  const std::string want =
+      render({table1(), table5()}, testing::render_corpus(testing::corpus_runs()) +
+                                       testing::render_fits(testing::preset_fits()));
   if (const char* w = std::getenv("DISTPLAN_WRITE_DOCS"); w && std::string(w) == "1") {
     std::ofstream(path) << want;
   }

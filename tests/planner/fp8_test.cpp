@@ -69,8 +69,10 @@ TEST(Fp8, WeightCopiesAndAmaxHistory) {
 }
 
 TEST(Fp8, LinearGemmsRunAtTheFp8Peak) {
-  // H100 SXM: 1979 vs 989 TFLOP/s dense. The layer's linear GEMMs take about half as long (the
-  // same ceiling fraction of a twice higher peak; one-byte operands); FLOPs are the model's.
+  // H100 SXM: 1979 vs 989 TFLOP/s dense. The layer's linear GEMMs run at the preset's FP8
+  // ceiling of a twice higher peak (one-byte operands): peak ratio x ceiling ratio (the FP8
+  // ceiling, fitted on the published FP8 runs, is below the bf16 one, docs/fidelity.md); FLOPs
+  // are the model's.
   const Scenario a = testing::scenario(doc("bf16"));
   const Scenario b = testing::scenario(doc("fp8", "current"));
   const PassCosts ca = layer_pass_costs(build_layer_table(a.model, a.training), a.model, a.training,
@@ -78,8 +80,11 @@ TEST(Fp8, LinearGemmsRunAtTheFp8Peak) {
   const PassCosts cb = layer_pass_costs(build_layer_table(b.model, b.training), b.model, b.training,
                                         1, false, device_rates(b));
   const double ratio = cb.gemm_forward / ca.gemm_forward;
-  EXPECT_GT(ratio, 0.49);
-  EXPECT_LT(ratio, 0.52);
+  const GpuSpec& g = a.cluster.gpu;
+  const double expected =
+      g.peak_flops.bf16 / g.peak_flops.fp8 * g.gemm_efficiency / g.fp8_gemm_efficiency;
+  EXPECT_GT(ratio, 0.98 * expected);
+  EXPECT_LT(ratio, 1.04 * expected);
   // The casts are extra bandwidth-bound kernels: the whole forward falls by less.
   EXPECT_GT(cb.forward - cb.gemm_forward, ca.forward - ca.gemm_forward);
   EXPECT_EQ(estimate(a).compute.model_flops_per_step, estimate(b).compute.model_flops_per_step);

@@ -122,7 +122,8 @@ TEST(ZbAuto, PlanIsTheWalkOfTheHeuristicsOrder) {
       const SimResult r = simulate(s, e);
       const Estimate p = plan(s);
       EXPECT_EQ(p.time.step_seconds, r.step_seconds) << "pp " << pp;
-      EXPECT_LE(e.time.step_seconds, r.step_seconds) << "pp " << pp;
+      // The bound can be tight: equal up to the rounding of two sums in different orders.
+      EXPECT_LE(e.time.step_seconds, r.step_seconds * (1 + 1e-12)) << "pp " << pp;
       for (std::size_t k = 0; k < r.stages.size(); ++k) {
         EXPECT_EQ(p.memory.stages[k].inflight_chunks, r.stages[k].peak_inflight_chunks);
         EXPECT_LE(r.stages[k].peak_inflight_chunks, s.parallel.zb_memory_limit());

@@ -127,9 +127,13 @@ inline Count max_window(bool has_first, Count first, Count n, Count mid, bool ha
 
 /// Optimizer bytes per parameter, the ZeRO paper's K (Rajbhandari et al. 2020, sec. 3.1).
 [[nodiscard]] inline Bytes optimizer_bytes_per_param(const TrainingSpec& t) noexcept {
-  // fp32 master weights (mixed precision only) plus Adam's m and v, or SGD's momentum.
-  const Bytes master = t.precision == DType::fp32 ? 0 : 4;
-  const Bytes states = t.optimizer == Optimizer::sgd ? 4 : 8;
+  // Master weights (mixed precision only) plus Adam's m and v, or SGD's momentum, each in the
+  // optimizer state dtype: fp32 by default; bf16 with Apex's DistributedFusedAdam(dtype=bf16),
+  // whose master copy (store_params) and moments are all bf16 (NeMo's distributed_fused_adam
+  // with `dtype: bf16`; apex/contrib/optimizers/distributed_fused_adam.py).
+  const Bytes e = bytes_of(t.optimizer_state_dtype);
+  const Bytes master = t.precision == DType::fp32 ? 0 : e;
+  const Bytes states = (t.optimizer == Optimizer::sgd ? 1 : 2) * e;
   return master + states;
 }
 

@@ -20,8 +20,13 @@ struct DeviceRates {
   Seconds launch = 0;          // per kernel
   double flash_forward = 0;    // achieved / dense peak
   double flash_backward = 0;
-  Bytes element_bytes = 2;      // compute dtype
-  FlopsPerSecond fp8_peak = 0;  // FP8 (or MXFP8) dense peak of the layers' linear GEMMs; 0: none
+  Bytes element_bytes = 2;         // compute dtype
+  FlopsPerSecond fp8_peak = 0;     // FP8 (or MXFP8) dense peak of the layers' linear GEMMs; 0: none
+  double fp8_gemm_efficiency = 0;  // ceiling of those GEMMs, achieved / fp8_peak
+  Fp8Recipe fp8_recipe = Fp8Recipe::none;
+  Kernels kernels = Kernels::fused;    // how the element-wise ops run (docs/time.md)
+  double clock = 1;                    // compute clock under the power limit, / the rated one
+  double grouped_gemm_efficiency = 1;  // MoE grouped GEMMs against a dense GEMM of their shape
   // Reciprocals, so that the per-op costs divide nowhere (the estimate's hot path); set by
   // device_rates() or finish().
   double inv_sms = 0, inv_gemm_rate = 0, inv_flash_forward_rate = 0, inv_flash_backward_rate = 0;
@@ -50,12 +55,12 @@ struct PassCosts {
   Seconds forward = 0;
   Seconds backward_input = 0;
   Seconds backward_weight = 0;
-  Seconds selective_recompute = 0;  // forward of the ops selective recompute re-runs
+  Seconds selective_recompute = 0;     // forward of the ops selective recompute re-runs
   Seconds selective_op_recompute = 0;  // forward of the ops per-op selective checkpointing re-runs
-  Seconds gemm_forward = 0;         // of `forward`, the linear layers' GEMMs (TP overlap window)
-  Seconds gemm_backward = 0;        // of the backward passes, the linear layers' GEMMs
-  Seconds attention_forward = 0;    // of `forward`, the attention core (context-parallel overlap)
-  Seconds attention_backward = 0;   // of `backward_input`, the attention core
+  Seconds gemm_forward = 0;            // of `forward`, the linear layers' GEMMs (TP overlap window)
+  Seconds gemm_backward = 0;           // of the backward passes, the linear layers' GEMMs
+  Seconds attention_forward = 0;   // of `forward`, the attention core (context-parallel overlap)
+  Seconds attention_backward = 0;  // of `backward_input`, the attention core
 };
 
 /// One transformer layer (all ops of the table) for a micro-batch of b sequences of length s,

@@ -70,6 +70,13 @@ enum PlanPart : unsigned {
 [[nodiscard]] unsigned plan_part(std::string_view name) noexcept;
 
 /// The `distplan.plan/v1` document; with `parts`, only those top-level members of it.
+struct ThroughputInterval;  // interval.h
+
+/// A throughput prediction interval (interval.h) as `{"low", "high", "confidence", "kind",
+/// "pooled", "runs"}`: `distplan plan` puts it under `time.tokens_per_second_interval`, `distplan
+/// search` on each plan.
+[[nodiscard]] nlohmann::json interval_to_json(const ThroughputInterval& ti);
+
 [[nodiscard]] nlohmann::json plan_to_json(const Scenario& s, const Estimate& e,
                                           unsigned parts = plan_all);
 

@@ -39,6 +39,11 @@ enum class CpComm { p2p, all_gather, a2a };
 /// activation tiles and 128x128 weight blocks, DeepSeek-V3), mxfp8 (1x32 blocks with E8M0
 /// scales, Blackwell). Everything else runs in bf16.
 enum class Fp8Recipe { none, delayed, current, blockwise, mxfp8 };
+/// How the element-wise ops around the GEMMs run (docs/time.md, "Kernel fusion"): fused kernels
+/// (Transformer Engine and Megatron-LM's fused norm, rotary, bias-activation, cross-entropy),
+/// torch.compile's generated kernels (one fused kernel per chain of point-wise ops), or eager
+/// PyTorch modules op by op, with their fp32 intermediates (torchtitan without compile).
+enum class Kernels { fused, compiled, eager };
 enum class Schedule {
   gpipe,
   one_f_one_b,
@@ -82,6 +87,7 @@ enum class Schedule {
 [[nodiscard]] std::string_view to_string(Offload v) noexcept;
 [[nodiscard]] std::string_view to_string(CpComm v) noexcept;
 [[nodiscard]] std::string_view to_string(Fp8Recipe v) noexcept;
+[[nodiscard]] std::string_view to_string(Kernels v) noexcept;
 [[nodiscard]] constexpr Bytes bytes_of(DType d) noexcept {
   return d == DType::fp32 ? 4 : 2;
 }
@@ -196,6 +202,18 @@ struct GpuSpec {
   double flash_forward_efficiency = 0.62;   // flash attention forward, achieved / dense peak
   double flash_backward_efficiency = 0.52;  // flash attention backward, achieved / dense peak
   BytesPerSecond pcie_bandwidth = 0;        // host link per GPU, one direction (0: offload refused)
+  // FP8 GEMMs' ceiling, achieved / dense FP8 peak (0: gemm_efficiency); per recipe on Blackwell.
+  double fp8_gemm_efficiency = 0;
+  double mxfp8_gemm_efficiency = 0;  // 0: fp8_gemm_efficiency
+  // FlashAttention-2 as PyTorch's scaled_dot_product_attention runs it (eager and compiled
+  // kernels), achieved / dense peak; 0: the flash_* figures (the fused stacks' kernel).
+  double sdpa_forward_efficiency = 0;
+  double sdpa_backward_efficiency = 0;
+  // Board power the efficiencies above are stated at (0: no power model), and the limit the GPU
+  // runs under (0: tdp_watts). Compute-bound kernels slow down below it (docs/time.md, "Power").
+  double tdp_watts = 0;
+  double power_limit_watts = 0;
+  Count nvlink_domain_gpus = 0;  // GPUs on one NVLink fabric (0: the node); GB200 NVL72: 72
   bool operator==(const GpuSpec&) const = default;
 };
 
@@ -211,6 +229,8 @@ struct ClusterSpec {
   // runtime_reserve_bytes below zero: computed from training.framework's profile (docs/memory.md,
   // "Runtime and allocator"); the reader sets it when a framework is named and no reserve is given.
   static constexpr Bytes kRuntimeFromProfile = -1;
+  Count nvlink_domain_size = 0;       // GPUs one NVLink fabric joins (set by the reader: >= node)
+  double power_limit_watts = 0;       // the GPUs' power limit (set by the reader: the GPU's)
   Bytes host_memory_bytes = 0;        // host memory per node (0: not given, not checked)
   BytesPerSecond nvme_bandwidth = 0;  // the node's NVMe, one direction (0: nvme offload refused)
   bool operator==(const ClusterSpec&) const = default;
@@ -228,6 +248,11 @@ struct TrainingSpec {
   Framework framework = Framework::generic;  // memory conventions (framework.h)
   // FP8 GEMMs in the layers; `precision` is then bf16 (the dtype of everything else).
   Fp8Recipe fp8 = Fp8Recipe::none;
+  // Optimizer states (master weights and moments) in fp32 or bf16 (Apex DistributedFusedAdam's
+  // `dtype`, as NeMo runs it; docs/memory.md).
+  DType optimizer_state_dtype = DType::fp32;
+  Kernels kernels = Kernels::fused;  // the reader sets the framework's default
+  bool cuda_graphs = false;          // whole-step CUDA graphs: no host launch gaps
   bool operator==(const TrainingSpec&) const = default;
 };
 
@@ -300,6 +325,9 @@ struct Assumptions {
   // memory_efficiency; a calibration sets them here.
   double compute_efficiency = 0;
   double memory_efficiency = 0;
+  // FP8 GEMM ceiling, achieved / FP8 peak (0: the GPU preset's fp8 / mxfp8 figure); a
+  // calibration sets it here.
+  double fp8_compute_efficiency = 0;
   double communication_efficiency = 0.8;         // achieved / nominal bus bandwidth, large messages
   Bytes nccl_half_bandwidth_bytes = 4 << 20;     // message size reaching half the bus bandwidth
   Seconds kernel_launch_seconds = 3e-6;          // per kernel, on the stream between kernels
@@ -325,6 +353,12 @@ struct Assumptions {
   Count nvme_param_buffer_count = 5;               // DeepSpeed offload_param.buffer_count
   Count nvme_param_buffer_params = 100000000;      // DeepSpeed offload_param.buffer_size
   Count fp8_amax_history_len = 1024;  // delayed scaling's history (TE DelayedScaling default)
+  // Clock of compute-bound kernels under a power limit: (limit / tdp)^exponent (dynamic power
+  // ~ f V^2 with V ~ f in the DVFS range: 1/3; docs/time.md, "Power").
+  double clock_power_exponent = 1.0 / 3.0;
+  // MoE grouped GEMMs (many small per-expert GEMMs in one launch) against a dense GEMM of the
+  // same tile and wave shape: achieved / dense ceiling (docs/time.md, "Mixture-of-Experts").
+  double grouped_gemm_efficiency = 1.0;
   bool operator==(const Assumptions&) const = default;
 };
 
