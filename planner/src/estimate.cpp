@@ -16,6 +16,7 @@
 #include "distplan/planner/offload.h"
 #include "distplan/planner/op_costs.h"
 #include "distplan/planner/overlap.h"
+#include "distplan/planner/peft.h"
 #include "distplan/planner/v_schedule.h"
 #include "distplan/planner/zb_auto.h"
 
@@ -189,10 +190,10 @@ class Estimator {
       const Count layers = layers_[static_cast<std::size_t>(st)];
       StageMemory& sm = mem.stages[static_cast<std::size_t>(st)];
       if (!zb_peak_.empty()) ml.zb_memory_limit = zb_peak_[static_cast<std::size_t>(st)];
-      stage_memory(
-          s_, ml,
-          stage_unit_params(m_, p_.tp, pp, p_.schedule, st, layers, vocab_, layer_params_rank_),
-          act, st, vocab_, sm);
+      StageUnitParams up =
+          stage_unit_params(m_, p_.tp, pp, p_.schedule, st, layers, vocab_, layer_params_rank_);
+      up.first_layer = v == 1 ? first_layer : 0;
+      stage_memory(s_, ml, up, act, st, vocab_, sm);
       if (v == 1) {
         sm.first_layer = first_layer;
         sm.end_layer = first_layer + layers;
@@ -230,7 +231,49 @@ class Estimator {
   }
 
   // FLOPs -------------------------------------------------------------------------------------
+  // Fine-tuning (peft.h, docs/peft.md): layer i is frozen below the trained ones (i <
+  // frozen_layers), the first trained one (where the gradient may start) or above it; each kind
+  // has its own flow, FLOPs and op costs.
+  enum PeftKind { kBelow, kFirst, kAbove };
+  struct PeftKindInfo {
+    LayerFlops flops;
+    PeftLayerFlow flow;
+  };
+  [[nodiscard]] PeftKindInfo peft_kind(int kind) const {
+    const PeftSpec& pe = t_.peft;
+    const Count n = pe.frozen_layers;
+    const Count layer = kind == kBelow ? 0 : kind == kFirst ? n : n + 1;
+    const bool trains = kind != kBelow;
+    const LoraLayer lora = trains ? lora_layer(table_, m_, pe) : LoraLayer{};
+    const bool own = trains && !pe.adapters();
+    const bool grad_in = kind == kAbove || peft_grad_reaches(pe, layer);
+    PeftKindInfo x;
+    x.flow = peft_layer_flow(table_, lora, own, grad_in, pe.dropout > 0);
+    x.flops =
+        peft_layer_flops(table_, lora, pe.rank, own, grad_in, t_.micro_batch_size, t_.seq_length);
+    return x;
+  }
+  // Layers of each kind among [first, first + count) (v = 1), or on a stage under v > 1
+  // (frozen_layers is 0 then: layer 0, the first, sits on stage 0).
+  [[nodiscard]] std::array<Count, 3> peft_kind_counts(Count first, Count count) const noexcept {
+    const Count n = t_.peft.frozen_layers, end = first + count;
+    std::array<Count, 3> c{};
+    c[kBelow] = std::max<Count>(0, std::min(end, n) - first);
+    c[kFirst] = first <= n && n < end ? 1 : 0;
+    c[kAbove] = count - c[kBelow] - c[kFirst];
+    return c;
+  }
+  [[nodiscard]] bool peft_head_trains() const noexcept {
+    const PeftSpec& pe = t_.peft;
+    return !pe.enabled() ||
+           (pe.method == PeftMethod::full && !(m_.tied_embeddings && pe.freeze_embeddings));
+  }
+
   void compute(Estimate& e) {
+    if (t_.peft.enabled()) {
+      peft_compute(e);
+      return;
+    }
     // Per micro-batch, all TP ranks together (Narayanan et al. 2021, eq. 3 derivation).
     lf_ = layer_flops(table_, t_.micro_batch_size, t_.seq_length);
     // MoE: the router and the top_k routed experts of every token (moe_layer.h).
@@ -248,6 +291,27 @@ class Estimator {
     if (p_.recompute == Recompute::full) recompute = L * lf_.forward;
     if (p_.recompute == Recompute::selective) recompute = L * lf_.selective_recompute;
     if (p_.recompute == Recompute::selective_op) recompute = L * lf_.selective_op_recompute;
+    e.compute.model_flops_per_step = mbs_per_step * model;
+    e.compute.hardware_flops_per_step = mbs_per_step * (model + recompute);
+  }
+
+  // Fine-tuning's FLOPs: the flows' halves of each layer kind and the adapters' GEMMs; the LM
+  // head's input gradient always (the layers below need it), its weight gradient only when it
+  // trains. Model FLOPs are what the step must compute (no frozen weight gradient).
+  void peft_compute(Estimate& e) {
+    head_fwd_ = 2.0 * static_cast<double>(t_.micro_batch_size * t_.seq_length) *
+                static_cast<double>(m_.hidden_size) * static_cast<double>(vocab_);
+    const std::array<Count, 3> n = peft_kind_counts(0, m_.num_layers);
+    double model = (peft_head_trains() ? 3 : 2) * head_fwd_, recompute = 0;
+    for (int k = kBelow; k <= kAbove; ++k) {
+      const PeftKindInfo x = peft_kind(k);
+      const double c = static_cast<double>(n[static_cast<std::size_t>(k)]);
+      model += c * (x.flops.forward + x.flops.backward_input + x.flops.backward_weight);
+      if (!x.flow.any) continue;  // no graph, nothing to recompute
+      if (p_.recompute == Recompute::full) recompute += c * x.flops.forward;
+      if (p_.recompute == Recompute::selective) recompute += c * x.flops.selective_recompute;
+    }
+    const double mbs_per_step = static_cast<double>(nmb_ * p_.dp);
     e.compute.model_flops_per_step = mbs_per_step * model;
     e.compute.hardware_flops_per_step = mbs_per_step * (model + recompute);
   }
@@ -480,8 +544,10 @@ class Estimator {
                                                    "parameters (embedding, forward+backward)",
                                                    "parameters (lm head, forward+backward)"};
 
-    // Data parallel / ZeRO, unit by unit (docs/communication.md).
-    for (int i = 0; i < 3; ++i) {
+    // Data parallel / ZeRO, unit by unit (docs/communication.md); fine-tuning reduces only what
+    // trains (peft_collectives).
+    if (t_.peft.enabled()) peft_collectives(st, m, out);
+    for (int i = 0; i < 3 && !t_.peft.enabled(); ++i) {
       const Unit& x = *all_units[i];
       if (x.count == 0) continue;
       const Bytes full_g = padded(x.params) * gb();
@@ -649,6 +715,78 @@ class Estimator {
     }
   }
 
+  // Fine-tuning's data-parallel collectives (docs/peft.md, "Communication"): gradients and the
+  // ZeRO-1/2 parameter gathers move the trainable part of each unit only (the adapters under
+  // LoRA: PEFT + DDP / FSDP / DeepSpeed reduce the parameters that require grad); ZeRO-3 gathers
+  // whole units, frozen parts as stored (a quantized base in its packed bytes), and a frozen
+  // layer without a backward only for its forward.
+  template <typename Sink>
+  void peft_collectives(int st, Count m, Sink& out) const {
+    const StageUnits su = units(st);
+    StageUnitParams up = stage_unit_params(m_, p_.tp, p_.pp, p_.schedule, st, su.layer.count,
+                                           vocab_, layer_params_rank_);
+    up.first_layer = stage_first_layer(st);
+    const PeftUnits x = peft_units(s_, table_, p_.tp, p_.zero_stage, up);
+    const bool below_backward = peft_kind(kBelow).flow.any;
+    struct Held {
+      const PeftUnit* unit;
+      Count count;
+      int name;
+      bool backward;
+    };
+    const Held held[] = {{&x.trained_layer, x.trained_layers, 0, true},
+                         {&x.frozen_layer, x.frozen_layers, 3, below_backward},
+                         {&x.embedding, su.embedding.count, 1, true},
+                         {&x.head, su.head.count, 2, true}};
+    static constexpr std::string_view kGrad[] = {"gradients (layers)", "gradients (embedding)",
+                                                 "gradients (lm head)", ""};
+    static constexpr std::string_view kParam[] = {"parameters (layers)", "parameters (embedding)",
+                                                  "parameters (lm head)", ""};
+    static constexpr std::string_view kGather[] = {
+        "parameters (layers, forward+backward)", "parameters (embedding, forward+backward)",
+        "parameters (lm head, forward+backward)", "parameters (frozen layers)"};
+    const Count S = shard();
+    for (const Held& h : held) {
+      if (h.count == 0) continue;
+      const PeftUnit& w = *h.unit;
+      const Bytes full_g = padded(w.trainable) * x.gradient;
+      const Bytes full_w = padded(w.trainable) * x.weight;
+      const int i = h.name;
+      const bool trains = w.trainable > 0;
+      switch (p_.zero_stage) {
+        case 0:
+          if (trains) add(out, Group::dp, CollectiveOp::all_reduce, kGrad[i], full_g, h.count);
+          break;
+        case 1:
+        case 2:
+          if (!trains) break;
+          add(out, Group::dp, CollectiveOp::reduce_scatter, kGrad[i], full_g,
+              h.count * (p_.zero_stage == 2 ? m : 1));
+          add(out, Group::dp, CollectiveOp::all_gather, kParam[i], full_w, h.count);
+          break;
+        default: {
+          const Bytes gathered = ceil_div(w.frozen_bytes, S) * S + full_w;
+          add(out, Group::dp, CollectiveOp::all_gather, kGather[i], gathered,
+              (h.backward ? 2 : 1) * h.count * m);
+          if (trains)
+            add(out, Group::dp, CollectiveOp::reduce_scatter, kGrad[i], full_g, h.count * m);
+          break;
+        }
+      }
+      if (p_.zero_stage > 0 && trains) {
+        add(out, Group::dp_replicate, CollectiveOp::all_reduce, kGrad[i],
+            ceil_div(w.trainable, S) * x.gradient, h.count);
+      }
+    }
+  }
+  // The first layer of stage `st` (v = 1; 0 under virtual stages, where frozen_layers is 0).
+  [[nodiscard]] Count stage_first_layer(int st) const noexcept {
+    if (p_.virtual_stages != 1) return 0;
+    Count first = 0;
+    for (int i = 0; i < st; ++i) first += layers_[static_cast<std::size_t>(i)];
+    return first;
+  }
+
   // Elements of one MoE layer's routed-experts unit on a rank: its expert parameters, padded to
   // a multiple of the expert data-parallel group under ZeRO (the unit is sharded over it).
   [[nodiscard]] Count expert_unit_elements() const {
@@ -741,7 +879,7 @@ class Estimator {
     const Count m = stage_passes(p_.schedule, nmb_);  // whole-stage passes per step (layout.h)
     for (int st = 0; st < pp; ++st) {
       // Middle stages with as many layers as the previous middle stage cost exactly the same.
-      if (st > 1 && st < pp - 1 &&
+      if (st > 1 && st < pp - 1 && t_.peft.frozen_layers == 0 &&
           layers_[static_cast<std::size_t>(st)] == layers_[static_cast<std::size_t>(st - 1)]) {
         e.stage_costs[static_cast<std::size_t>(st)] =
             e.stage_costs[static_cast<std::size_t>(st - 1)];
@@ -811,9 +949,31 @@ class Estimator {
       if (p_.recompute == Recompute::full) recompute = L * layer.forward;
       if (p_.recompute == Recompute::selective) recompute = L * layer.selective_recompute;
       if (p_.recompute == Recompute::selective_op) recompute = L * layer.selective_op_recompute;
-      if (holds_embedding(p_.schedule, pp, st)) fwd += emb.forward, bwd_w += emb.backward_weight;
+      if (t_.peft.enabled()) {
+        // Fine-tuning: each layer kind's own costs (no frozen weight gradients, adapters,
+        // dequantization); a layer without a backward recomputes nothing.
+        fwd = bwd_in = bwd_w = gemm_f = gemm_b = recompute = 0;
+        const std::array<Count, 3> n = peft_kind_counts(stage_first_layer(st), u.layer.count);
+        for (int kind = kBelow; kind <= kAbove; ++kind) {
+          const double c = static_cast<double>(n[static_cast<std::size_t>(kind)]);
+          if (c == 0) continue;
+          const PeftKindInfo x = peft_kind(kind);
+          const PassCosts pc = peft_layer_pass_costs(
+              table_, m_, t_, kind == kBelow ? LoraLayer{} : lora_layer(table_, m_, t_.peft),
+              x.flow, rates);
+          fwd += c * pc.forward, bwd_in += c * pc.backward_input, bwd_w += c * pc.backward_weight;
+          gemm_f += c * pc.gemm_forward, gemm_b += c * pc.gemm_backward;
+          if (x.flow.any && p_.recompute == Recompute::full) recompute += c * pc.forward;
+          if (x.flow.any && p_.recompute == Recompute::selective)
+            recompute += c * pc.selective_recompute;
+        }
+      }
+      const bool emb_w = peft_embedding_trains(t_.peft), head_w = peft_head_trains();
+      if (holds_embedding(p_.schedule, pp, st))
+        fwd += emb.forward, bwd_w += emb_w ? emb.backward_weight : 0.0;
       if (holds_head(p_.schedule, pp, st)) {
-        fwd += head.forward, bwd_in += head.backward_input, bwd_w += head.backward_weight;
+        fwd += head.forward, bwd_in += head.backward_input;
+        bwd_w += head_w ? head.backward_weight : 0.0;
         gemm_f += head.gemm_forward, gemm_b += head.gemm_backward;
       }
       const double per_mb_tp = m > 0 ? tp_total / static_cast<double>(m) : 0;
@@ -860,9 +1020,21 @@ class Estimator {
       // ZeRO-1 keeps full gradients but steps only its shard of them.
       const double grads_read = static_cast<double>(
           p_.zero_stage == 1 ? sm.gradients_bytes / shard() : sm.gradients_bytes);
-      const double touched =
+      double touched =
           grads_read + 2.0 * static_cast<double>(sm.optimizer_bytes) +
           static_cast<double>(p_.zero_stage == 3 ? sm.weights_bytes : sm.weights_bytes / shard());
+      if (t_.peft.enabled()) {
+        // Only the trainable parameters step: their gradients, states and weights.
+        StageUnitParams up = stage_unit_params(m_, p_.tp, pp, p_.schedule, st, u.layer.count,
+                                               vocab_, layer_params_rank_);
+        up.first_layer = stage_first_layer(st);
+        const PeftUnits x = peft_units(s_, table_, p_.tp, p_.zero_stage, up);
+        const double trainable =
+            static_cast<double>(ceil_div(x.trained_layer.trainable, shard()) * x.trained_layers +
+                                ceil_div(x.embedding.trainable, shard()) * u.embedding.count +
+                                ceil_div(x.head.trainable, shard()) * u.head.count);
+        touched = trainable * static_cast<double>(x.gradient + 2 * x.optimizer + x.weight);
+      }
       k.optimizer = memory_seconds(rates, touched, 1);
       if (p_.offload_optimizer != Offload::none) offload_costs(u, k, e.offload);
       if (t_.fp8 != Fp8Recipe::none && u.layer.count > 0) {

@@ -15,11 +15,14 @@
 #include "distplan/planner/error.h"
 #include "distplan/planner/layout.h"
 #include "distplan/planner/moe.h"
+#include "distplan/planner/moe_layer.h"
+#include "distplan/planner/peft.h"
 #include "distplan/planner/presets.h"
 #include "distplan/planner/suggest.h"
 #include "distplan/planner/validate.h"
 #include "json_reader.h"
 #include "moe_json.h"
+#include "peft_json.h"
 
 namespace distplan {
 
@@ -623,6 +626,7 @@ Scenario read_scenario(const json& doc, std::initializer_list<std::string_view> 
         read_dtype(r, "grad_accumulation_dtype", fp32_grads ? DType::fp32 : t.precision);
     read_enum(r, "attention", t.attention, {"flash", "standard"});
     if (auto v = r.number("dropout", 0.0, 0.999, false)) t.dropout = *v;
+    if (const json* peft = r.take("peft")) detail::read_peft(*peft, r.child("peft"), s.model, t);
     if (!seq) r.missing("seq_length", "seq_length is required");
     if (!gbs) r.missing("global_batch_size", "global_batch_size is required");
     t.seq_length = *seq;
@@ -937,6 +941,7 @@ json to_json(const Scenario& s) {
   // the framework and its profile are, when they are not generic's.
   if (c.runtime_reserve_bytes < 0) j["cluster"].erase("runtime_reserve_bytes");
   if (t.framework != Framework::generic) j["training"]["framework"] = to_string(t.framework);
+  if (t.peft.enabled()) j["training"]["peft"] = detail::peft_json(t.peft);
   if (t.framework != Framework::generic || a.framework_profile != FrameworkProfile{})
     j["assumptions"]["framework_profile"] = detail::framework_profile_json(a.framework_profile);
   return j;
@@ -1039,6 +1044,12 @@ json plan_to_json(const Scenario& s, const Estimate& e, unsigned parts) {
     auto& o = j.get_ref<json::object_t&>();
     put(o, "parameters", e.parameters);
     put(o, "active_parameters", count_parameters(s.model).active);
+    // As Hugging Face PEFT's print_trainable_parameters prints them (peft.h): trainable, and
+    // all (the base plus the adapters).
+    const PeftParameterCount pc = peft_parameter_count(
+        s.model, planner_layer_table(s.model, s.training), s.training.peft, e.parameters);
+    put(o, "trainable_parameters", pc.trainable);
+    put(o, "all_parameters", pc.all);
     put(o, "padded_vocab_size", e.padded_vocab_size);
     put(o, "num_microbatches", e.num_microbatches);
     put(top, "model_summary", std::move(j));

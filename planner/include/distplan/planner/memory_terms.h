@@ -115,7 +115,8 @@ inline Count max_window(bool has_first, Count first, Count n, Count mid, bool ha
 /// Parameters per TP rank of the units one stage holds (docs/memory.md, "Units"); a unit that the
 /// stage does not hold has count 0.
 struct StageUnitParams {
-  Count layer = 0, layers = 0;          // one layer's parameters, and the stage's layer count
+  Count layer = 0, layers = 0;  // one layer's parameters, and the stage's layer count
+  Count first_layer = 0;  // the stage's first layer (fine-tuning: frozen_layers); 0 under v > 1
   Count embedding = 0, embeddings = 0;  // stage 0
   Count head = 0, heads = 0;            // final norm and LM head, last stage
   [[nodiscard]] Count total() const noexcept {
@@ -251,7 +252,9 @@ inline void framework_terms(const Scenario& base, const MemoryLayout& l, const S
   // After a backward (its recompute working set freed): BF16_Optimizer's fp32 upcast of one
   // parameter's gradient, the largest one (runtime/bf16_optimizer.py, update_hp_grads). The
   // stage's peak is the larger of the two moments; the working set is already in activations.
-  if (fw.gradient_upcast_transient && fp32_gradients_beside_compute(base.training, l.zero_stage)) {
+  // (Fine-tuning with adapters: the trainable tensors are the small adapters; not counted.)
+  if (fw.gradient_upcast_transient && !base.training.peft.adapters() &&
+      fp32_gradients_beside_compute(base.training, l.zero_stage)) {
     const Bytes upcast = 4 * largest_parameter_elements(base.model, l.tp, u, padded_vocab);
     transient = std::max(transient, upcast - sm.working_bytes);
   }
@@ -289,12 +292,39 @@ inline void framework_terms(const Scenario& base, const MemoryLayout& l, const S
                       seg(workspace) + seg(churn_reserved) + outside;
 }
 
+/// The logits workspace of the stage that holds the LM head (buffers; 0 elsewhere): the logits
+/// in the compute dtype (unless freed before the loss's backward) plus their fp32 copies for the
+/// vocab-parallel loss (one, the softmax, unless the framework's loss keeps more), per loss
+/// chunk; GPipe keeps every micro-batch's.
+[[nodiscard]] inline Bytes logits_workspace_bytes(const Scenario& base, const MemoryLayout& l,
+                                                  int st, Count vocab) noexcept {
+  if (!holds_head(l.schedule, l.pp, st)) return 0;
+  const FrameworkProfile& fw = base.assumptions.framework_profile;
+  const Bytes cb = bytes_of(base.training.precision);
+  const Count act_tokens = l.micro_batch_size * (base.training.seq_length / l.cp);
+  const Bytes kept_logits = fw.loss_keeps_logits ? cb : 0;
+  const Bytes logits =
+      act_tokens * (vocab / l.tp) * (kept_logits + 4 * fw.loss_fp32_copies) / fw.loss_chunks;
+  const Count live = l.schedule == Schedule::gpipe ? l.num_microbatches : 1;
+  return logits * live;
+}
+
+/// stage_memory() under fine-tuning (training.peft; peft_memory.cpp, docs/peft.md): frozen
+/// parameters without gradients or optimizer states, adapters with both, a quantized base, and
+/// the activations of layers that pass gradients on.
+void peft_stage_memory(const Scenario& base, const MemoryLayout& l, const StageUnitParams& u,
+                       int st, Count vocab, StageMemory& sm) noexcept;
+
 /// Fills everything of `sm` but the layer range (first_layer, end_layer), for one GPU of
 /// `stage`. `act` is layer_activation() for the layout's tp, sequence parallelism and recompute
 /// (and the training's micro-batch size). Filled in place: estimate() writes its stages directly.
 inline void stage_memory(const Scenario& base, const MemoryLayout& l, const StageUnitParams& u,
                          const LayerActivation& act, int st, Count vocab,
                          StageMemory& sm) noexcept {
+  if (base.training.peft.enabled()) {
+    peft_stage_memory(base, l, u, st, vocab, sm);
+    return;
+  }
   const ModelSpec& m = base.model;
   const TrainingSpec& t = base.training;
   const Count pp = l.pp;
@@ -409,17 +439,7 @@ inline void stage_memory(const Scenario& base, const MemoryLayout& l, const Stag
   // Buffers: the logits workspace lives from the last stage's forward to the loss gradient;
   // ZeRO-2/3 unit buffers live while a unit's gradient is reduced or its parameters are gathered.
   // The two are never alive together, so the category's peak is the larger.
-  Bytes logits_ws = 0;
-  if (holds_head(l.schedule, pp, st)) {
-    // Logits in the compute dtype (unless freed before the loss's backward) plus their fp32
-    // copies for the vocab-parallel loss (one, the softmax, unless the framework's loss keeps
-    // more), per loss chunk.
-    const Bytes kept_logits = fw.loss_keeps_logits ? cb : 0;
-    const Bytes logits =
-        act_tokens * (vocab / tp) * (kept_logits + 4 * fw.loss_fp32_copies) / fw.loss_chunks;
-    const Count live = l.schedule == Schedule::gpipe ? l.num_microbatches : 1;
-    logits_ws = logits * live;
-  }
+  const Bytes logits_ws = logits_workspace_bytes(base, l, st, vocab);
   Bytes zero_ws = 0;
   const bool expert_zero = l.expert_params > 0 && u.layers > 0 && l.edp > 1;
   if ((S > 1 || expert_zero) && l.zero_stage >= 2) {

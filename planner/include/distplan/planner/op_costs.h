@@ -50,12 +50,12 @@ struct PassCosts {
   Seconds forward = 0;
   Seconds backward_input = 0;
   Seconds backward_weight = 0;
-  Seconds selective_recompute = 0;  // forward of the ops selective recompute re-runs
+  Seconds selective_recompute = 0;     // forward of the ops selective recompute re-runs
   Seconds selective_op_recompute = 0;  // forward of the ops per-op selective checkpointing re-runs
-  Seconds gemm_forward = 0;         // of `forward`, the linear layers' GEMMs (TP overlap window)
-  Seconds gemm_backward = 0;        // of the backward passes, the linear layers' GEMMs
-  Seconds attention_forward = 0;    // of `forward`, the attention core (context-parallel overlap)
-  Seconds attention_backward = 0;   // of `backward_input`, the attention core
+  Seconds gemm_forward = 0;            // of `forward`, the linear layers' GEMMs (TP overlap window)
+  Seconds gemm_backward = 0;           // of the backward passes, the linear layers' GEMMs
+  Seconds attention_forward = 0;   // of `forward`, the attention core (context-parallel overlap)
+  Seconds attention_backward = 0;  // of `backward_input`, the attention core
 };
 
 /// One transformer layer (all ops of the table) for a micro-batch of b sequences of length s,
@@ -65,6 +65,16 @@ struct PassCosts {
 [[nodiscard]] PassCosts layer_pass_costs(const LayerTable& table, const ModelSpec& m,
                                          const TrainingSpec& t, Count tp, bool sp,
                                          const DeviceRates& r, Count cp = 1) noexcept;
+
+struct LoraLayer;
+struct PeftLayerFlow;
+/// One layer under fine-tuning (tp = 1; docs/peft.md, "Time"): the table's ops with only the
+/// backward halves the flow runs (no weight gradient of a frozen weight), the LoRA adapters'
+/// small GEMMs, and a quantized base's dequantization before each GEMM.
+[[nodiscard]] PassCosts peft_layer_pass_costs(const LayerTable& table, const ModelSpec& m,
+                                              const TrainingSpec& t, const LoraLayer& lora,
+                                              const PeftLayerFlow& flow,
+                                              const DeviceRates& r) noexcept;
 
 /// The first stage's extra ops: the vocab-parallel embedding lookup (and its gradient scatter).
 [[nodiscard]] PassCosts embedding_pass_costs(const ModelSpec& m, const TrainingSpec& t, Count tp,
