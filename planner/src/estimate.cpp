@@ -708,7 +708,8 @@ class Estimator {
               expert_unit_elements() * gb(), u.layer.count);
         }
       }
-      if (m_.tied_embeddings && head_stage(p_.schedule, pp) != 0 && (st == 0 || st == pp - 1)) {
+      if (m_.tied_embeddings && head_stage(p_.schedule, pp) != 0 && (st == 0 || st == pp - 1) &&
+          peft_embedding_trains(t_.peft)) {
         add(out, Group::embedding, CollectiveOp::all_reduce, "tied embedding gradients",
             vocab_ * m_.hidden_size / p_.tp * gb(), 1);
       }
@@ -716,10 +717,10 @@ class Estimator {
   }
 
   // Fine-tuning's data-parallel collectives (docs/peft.md, "Communication"): gradients and the
-  // ZeRO-1/2 parameter gathers move the trainable part of each unit only (the adapters under
-  // LoRA: PEFT + DDP / FSDP / DeepSpeed reduce the parameters that require grad); ZeRO-3 gathers
-  // whole units, frozen parts as stored (a quantized base in its packed bytes), and a frozen
-  // layer without a backward only for its forward.
+  // ZeRO-1/2 parameter gathers move the trainable part of each unit only (PEFT + DDP / FSDP /
+  // DeepSpeed reduce the parameters that require grad; a layer's adapters are a unit of their
+  // own, "adapters"); ZeRO-3 gathers the frozen part as well, for the forward and, where a
+  // backward passes the unit, again for it.
   template <typename Sink>
   void peft_collectives(int st, Count m, Sink& out) const {
     const StageUnits su = units(st);
@@ -727,55 +728,62 @@ class Estimator {
                                            vocab_, layer_params_rank_);
     up.first_layer = stage_first_layer(st);
     const PeftUnits x = peft_units(s_, table_, p_.tp, p_.zero_stage, up);
+    const bool adapters = t_.peft.adapters();
     const bool below_backward = peft_kind(kBelow).flow.any;
-    struct Held {
-      const PeftUnit* unit;
-      Count count;
-      int name;
-      bool backward;
+    const bool emb_backward = peft_embedding_trains(t_.peft);
+    struct Part {
+      std::string_view grads, params, gather;  // labels
+      Count trainable = 0;
+      Bytes frozen_gathered = 0;
+      Count count = 0;
+      bool backward = true;
     };
-    const Held held[] = {{&x.trained_layer, x.trained_layers, 0, true},
-                         {&x.frozen_layer, x.frozen_layers, 3, below_backward},
-                         {&x.embedding, su.embedding.count, 1, true},
-                         {&x.head, su.head.count, 2, true}};
-    static constexpr std::string_view kGrad[] = {"gradients (layers)", "gradients (embedding)",
-                                                 "gradients (lm head)", ""};
-    static constexpr std::string_view kParam[] = {"parameters (layers)", "parameters (embedding)",
-                                                  "parameters (lm head)", ""};
-    static constexpr std::string_view kGather[] = {
-        "parameters (layers, forward+backward)", "parameters (embedding, forward+backward)",
-        "parameters (lm head, forward+backward)", "parameters (frozen layers)"};
     const Count S = shard();
-    for (const Held& h : held) {
+    PeftUnit adapter_unit;  // the adapters of a layer, as their own unit
+    adapter_unit.trainable = adapters ? x.trained_layer.trainable : 0;
+    const PeftUnit& layer_base = x.trained_layer;
+    const Part parts[] = {
+        // The trained layers' own units (their frozen base under LoRA).
+        {"gradients (layers)", "parameters (layers)", "parameters (layers, forward+backward)",
+         adapters ? 0 : layer_base.trainable, layer_base.frozen_gathered(S), x.trained_layers,
+         true},
+        {"gradients (adapters)", "parameters (adapters)", "parameters (adapters, forward+backward)",
+         adapter_unit.trainable, 0, adapters ? x.trained_layers : 0, true},
+        {"", "",
+         below_backward ? "parameters (layers, forward+backward)" : "parameters (layers, forward)",
+         0, x.frozen_layer.frozen_gathered(S), x.frozen_layers, below_backward},
+        {"gradients (embedding)", "parameters (embedding)",
+         emb_backward ? "parameters (embedding, forward+backward)"
+                      : "parameters (embedding, forward)",
+         x.embedding.trainable, x.embedding.frozen_gathered(S), su.embedding.count, emb_backward},
+        {"gradients (lm head)", "parameters (lm head)", "parameters (lm head, forward+backward)",
+         x.head.trainable, x.head.frozen_gathered(S), su.head.count, true}};
+    for (const Part& h : parts) {
       if (h.count == 0) continue;
-      const PeftUnit& w = *h.unit;
-      const Bytes full_g = padded(w.trainable) * x.gradient;
-      const Bytes full_w = padded(w.trainable) * x.weight;
-      const int i = h.name;
-      const bool trains = w.trainable > 0;
+      const Bytes full_g = padded(h.trainable) * x.gradient;
+      const Bytes full_w = padded(h.trainable) * x.weight;
+      const bool trains = h.trainable > 0;
       switch (p_.zero_stage) {
         case 0:
-          if (trains) add(out, Group::dp, CollectiveOp::all_reduce, kGrad[i], full_g, h.count);
+          if (trains) add(out, Group::dp, CollectiveOp::all_reduce, h.grads, full_g, h.count);
           break;
         case 1:
         case 2:
           if (!trains) break;
-          add(out, Group::dp, CollectiveOp::reduce_scatter, kGrad[i], full_g,
+          add(out, Group::dp, CollectiveOp::reduce_scatter, h.grads, full_g,
               h.count * (p_.zero_stage == 2 ? m : 1));
-          add(out, Group::dp, CollectiveOp::all_gather, kParam[i], full_w, h.count);
+          add(out, Group::dp, CollectiveOp::all_gather, h.params, full_w, h.count);
           break;
-        default: {
-          const Bytes gathered = ceil_div(w.frozen_bytes, S) * S + full_w;
-          add(out, Group::dp, CollectiveOp::all_gather, kGather[i], gathered,
+        default:
+          add(out, Group::dp, CollectiveOp::all_gather, h.gather, h.frozen_gathered + full_w,
               (h.backward ? 2 : 1) * h.count * m);
           if (trains)
-            add(out, Group::dp, CollectiveOp::reduce_scatter, kGrad[i], full_g, h.count * m);
+            add(out, Group::dp, CollectiveOp::reduce_scatter, h.grads, full_g, h.count * m);
           break;
-        }
       }
       if (p_.zero_stage > 0 && trains) {
-        add(out, Group::dp_replicate, CollectiveOp::all_reduce, kGrad[i],
-            ceil_div(w.trainable, S) * x.gradient, h.count);
+        add(out, Group::dp_replicate, CollectiveOp::all_reduce, h.grads,
+            ceil_div(h.trainable, S) * x.gradient, h.count);
       }
     }
   }

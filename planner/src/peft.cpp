@@ -337,10 +337,11 @@ LayerActivation peft_layer_activation(const LayerTable& table, const ModelSpec& 
       break;
     case Recompute::full: {
       // The checkpointed layer keeps its input (Hugging Face gradient checkpointing,
-      // torch.utils.checkpoint) and rebuilds the rest in its backward.
+      // torch.utils.checkpoint) and rebuilds the rest in its backward, reusing the kept input as
+      // its input norm's saved tensor when that norm keeps one.
       const Bytes in = b * s * m.hidden_size * cb;
       out.kept = sequence_parallel ? in / tp : in;
-      out.working = all;
+      out.working = all - (flow.saves[0] ? out.kept : 0);
       break;
     }
   }

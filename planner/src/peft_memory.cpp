@@ -61,8 +61,12 @@ PeftUnits peft_units(const Scenario& s, const LayerTable& table, Count tp, int z
   } else {
     lin = linear * (adapters ? storage_element_bytes(peft.base_storage) : cb);
   }
+  x.frozen_layer.frozen = u.layer;
   x.frozen_layer.frozen_bytes = lin + other * base_b;
   x.frozen_layer.quant_state = state;
+  // One float dtype for the whole frozen layer (the training backend's units hold one dtype).
+  if (!peft.quantized() && (!adapters || storage_element_bytes(peft.base_storage) == base_b))
+    x.frozen_layer.frozen_element = base_b;
   if (adapters) {
     x.trained_layer = x.frozen_layer;
     x.trained_layer.trainable = x.lora.params;
@@ -73,7 +77,9 @@ PeftUnits peft_units(const Scenario& s, const LayerTable& table, Count tp, int z
     if (peft_embedding_trains(peft)) {
       x.embedding.trainable = u.embedding;
     } else {
+      x.embedding.frozen = u.embedding;
       x.embedding.frozen_bytes = u.embedding * base_b;
+      x.embedding.frozen_element = base_b;
     }
   }
   // The head: final norm and (untied, or a tied copy on another stage) the LM head's matrix.
@@ -82,11 +88,15 @@ PeftUnits peft_units(const Scenario& s, const LayerTable& table, Count tp, int z
     const Count norm = m.norm_parameters();
     const Count matrix = u.head - norm;
     if (adapters) {
+      x.head.frozen = u.head;
       x.head.frozen_bytes = u.head * base_b;
+      x.head.frozen_element = base_b;
     } else {
       x.head_matrix_trains = !(m.tied_embeddings && peft.freeze_embeddings);
       x.head.trainable = norm + (x.head_matrix_trains ? matrix : 0);
-      x.head.frozen_bytes = (x.head_matrix_trains ? 0 : matrix) * cb;
+      x.head.frozen = x.head_matrix_trains ? 0 : matrix;
+      x.head.frozen_bytes = x.head.frozen * cb;
+      x.head.frozen_element = cb;
     }
   }
   return x;
@@ -126,7 +136,7 @@ void peft_stage_memory(const Scenario& base, const MemoryLayout& l, const StageU
                        {&units.embedding, u.embeddings},
                        {&units.head, u.heads}};
   Count full = 0, sharded = 0, largest_padded = 0;
-  Bytes frozen_w = 0, largest_unit_bytes = 0;
+  Bytes frozen_w = 0;
   for (const Held& x : held) {
     if (x.count == 0) continue;
     const PeftUnit& w = *x.unit;
@@ -135,14 +145,14 @@ void peft_stage_memory(const Scenario& base, const MemoryLayout& l, const StageU
     full += padded * x.count;
     sharded += shard * x.count;
     largest_padded = std::max(largest_padded, padded);
-    const Bytes frozen = l.zero_stage >= 3 ? ceil_div(w.frozen_bytes, S) : w.frozen_bytes;
-    frozen_w += (frozen + w.quant_state) * x.count;
-    largest_unit_bytes = std::max(largest_unit_bytes, w.frozen_bytes + padded * tw);
+    frozen_w += w.frozen_held(l.zero_stage, S) * x.count;
   }
   sm.parameters = u.total() + units.trained_layers * (adapters ? lora.params : 0);
   sm.weights_bytes = frozen_w + (l.zero_stage >= 3 ? sharded : full) * tw;
   // bitsandbytes' dynamic code for the double-quantized absmax: one per device.
-  if (peft.double_quant && u.layers > 0) sm.weights_bytes += kBnbDynamicCodeBytes;
+  if (peft.double_quant && u.layers > 0) frozen_w += kBnbDynamicCodeBytes;
+  sm.weights_bytes += peft.double_quant && u.layers > 0 ? kBnbDynamicCodeBytes : 0;
+  sm.frozen_weights_bytes = frozen_w;
   sm.gradients_bytes = (l.zero_stage >= 2 ? sharded : full) * tg;
   if (!adapters && fw.keeps_compute_dtype_gradients &&
       fp32_gradients_beside_compute(t, l.zero_stage))
@@ -232,9 +242,20 @@ void peft_stage_memory(const Scenario& base, const MemoryLayout& l, const StageU
   if (S > 1 && l.zero_stage >= 2) {
     zero_ws = largest_padded * tg;
     if (l.zero_stage == 3) {
-      const Count k = std::min<Count>(1 + base.assumptions.zero3_prefetch_layers,
-                                      (u.layers / v) + u.embeddings + u.heads);
-      zero_ws += k * largest_unit_bytes;
+      // Gathered units: the current one and zero3_prefetch_layers more of one pass, each with
+      // its frozen part and its adapters (gathered together); layers as the adapted ones.
+      auto gathered = [&](const PeftUnit& w) {
+        return w.frozen_gathered(S) + ceil_div(w.trainable, S) * S * tw;
+      };
+      const Count k = 1 + base.assumptions.zero3_prefetch_layers;
+      const Count per_chunk = u.layers / v;
+      const bool emb = u.embeddings > 0, hd = u.heads > 0;
+      const Bytes e = emb ? gathered(units.embedding) : 0, hb = hd ? gathered(units.head) : 0;
+      const Bytes lb =
+          gathered(units.trained_layers > 0 ? units.trained_layer : units.frozen_layer);
+      zero_ws += v == 1 ? detail::max_window(emb, e, per_chunk, lb, hd, hb, k)
+                        : std::max(detail::max_window(emb, e, per_chunk, lb, false, 0, k),
+                                   detail::max_window(false, 0, per_chunk, lb, hd, hb, k));
     }
   }
   Bytes dequant = 0;

@@ -966,6 +966,7 @@ json stage_memory_json(const StageMemory& m) {
   put(o, "inflight_chunks", m.inflight_chunks);
   put(o, "activation_bytes_per_microbatch", m.activation_bytes_per_microbatch);
   put(o, "weights_bytes", m.weights_bytes);
+  put(o, "frozen_weights_bytes", m.frozen_weights_bytes);
   put(o, "gradients_bytes", m.gradients_bytes);
   put(o, "optimizer_bytes", m.optimizer_bytes);
   put(o, "activations_bytes", m.activations_bytes);

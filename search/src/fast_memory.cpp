@@ -84,8 +84,11 @@ Bytes FastMemory::stage_total(const Layout& l, Count st, Count layer_count) cons
     ml.expert_params = expert_params_;
   }
   const int stage = static_cast<int>(st);
-  const StageUnitParams units = stage_unit_params(base_.model, l.tp, l.pp, l.schedule, stage,
-                                                  layer_count, vocab_, layer_params_);
+  StageUnitParams units = stage_unit_params(base_.model, l.tp, l.pp, l.schedule, stage, layer_count,
+                                            vocab_, layer_params_);
+  // The stage's first layer (peak_bytes evaluates stages 0, 1 and pp - 1 only).
+  if (l.virtual_stages == 1 && stage > 0)
+    units.first_layer = stage == l.pp - 1 ? base_.model.num_layers - layer_count : layers_first_;
   StageMemory sm;
   stage_memory(base_, ml, units, act_[l.sequence_parallel ? 1 : 0][static_cast<int>(l.recompute)],
                stage, vocab_, sm);

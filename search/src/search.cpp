@@ -175,14 +175,17 @@ void search_worker(const Space& space, const Options& opt, const std::vector<Out
       continue;  // drain the remaining indices so the progress loop ends
     }
     const std::uint64_t before = part.evaluated;
-    if (opt.fast_memory) fast.set_outer(outers[i]);
+    if (opt.fast_memory && !space.base.training.peft.enabled()) fast.set_outer(outers[i]);
     for_each_inner(space, outers[i], part.rejected, [&](const Layout& l) {
       Figures f;
       // zb_auto's activations come from its heuristic on the stage costs, which the lean path
       // does not have: it gives the limit's peak, an upper bound. A zb_auto layout that fits
       // under that bound fits, and may be pruned by its step bound; any other is estimated in
       // full.
-      const bool lean = opt.fast_memory;
+      // Fine-tuning's frozen layers move the peak off stages 0, 1 and pp - 1 and its step has
+      // no frozen weight gradients: the lean path's peak and bound are full training's, so a
+      // PEFT layout is estimated in full (docs/search.md).
+      const bool lean = opt.fast_memory && !space.base.training.peft.enabled();
       const bool exact_peak = l.schedule != Schedule::zb_auto;
       if (lean) {
         // Peak memory first, exactly as estimate() has it; only what fits is estimated in full.

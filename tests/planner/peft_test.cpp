@@ -11,6 +11,7 @@
 #include "distplan/planner/layer_ops.h"
 #include "distplan/planner/moe_layer.h"
 #include "distplan/planner/peft.h"
+#include "distplan/planner/report.h"
 #include "test_util.h"
 
 namespace distplan {
@@ -335,6 +336,22 @@ TEST(PeftPublished, Qlora65BFitsOneFortyEightGigabyteGpu) {
   const StageMemory& su = u.memory.stages[0];
   EXPECT_EQ(st.host_bytes, su.optimizer_bytes);
   EXPECT_EQ(su.allocated_bytes - st.allocated_bytes, su.optimizer_bytes);
+}
+
+}  // namespace
+}  // namespace distplan
+
+namespace distplan {
+namespace {
+
+// README's QLoRA example: its scenario block, planned, prints its table block (the first lines).
+// DISTPLAN_WRITE_DOCS=1 rewrites the table.
+TEST(PeftPublished, ReadmeQloraExampleIsWhatThePlannerPrints) {
+  const Scenario s = scenario_from_text(testing::readme_scenario("qlora"));
+  const std::string table = format_plan_table(s, estimate(s));
+  const std::string want = table.substr(0, table.find("\nCommunication per GPU"));
+  testing::check_readme_table("qlora", want, "PeftPublished.ReadmeQlora*");
+  EXPECT_TRUE(estimate(s).memory.fits);
 }
 
 }  // namespace

@@ -167,9 +167,23 @@ struct PeftLayerFlow {
 /// FSDP can shard them, and each weight's quantization state, not a parameter, stays whole on
 /// every rank).
 struct PeftUnit {
-  Count trainable = 0;     // parameters that train, per TP rank
-  Bytes frozen_bytes = 0;  // frozen parameters as stored (quantized: the packed values)
-  Bytes quant_state = 0;   // quantization state of the frozen weights (absmax, codes)
+  Count trainable = 0;       // parameters that train, per TP rank
+  Count frozen = 0;          // parameters that do not, per TP rank
+  Bytes frozen_bytes = 0;    // the frozen parameters as stored (quantized: the packed values)
+  Bytes frozen_element = 0;  // bytes per frozen element when one float dtype stores them all
+  Bytes quant_state = 0;     // quantization state of the frozen weights (absmax, codes)
+  /// The frozen part on one GPU: ZeRO pads a unit to a multiple of the shard group S (as it pads
+  /// the trainable part) and ZeRO-3 keeps 1/S of it; a packed quantized part pads its bytes.
+  [[nodiscard]] Bytes frozen_held(int zero_stage, Count S) const noexcept {
+    if (zero_stage == 0) return frozen_bytes + quant_state;
+    const Bytes padded = frozen_element > 0 ? (frozen + S - 1) / S * S * frozen_element
+                                            : (frozen_bytes + S - 1) / S * S;
+    return (zero_stage >= 3 ? padded / S : padded) + quant_state;
+  }
+  /// What a ZeRO-3 gather of the frozen part moves (the padded unit, its state excluded).
+  [[nodiscard]] Bytes frozen_gathered(Count S) const noexcept {
+    return frozen_held(1, S) - quant_state;
+  }
 };
 struct PeftUnits {
   PeftUnit frozen_layer, trained_layer, embedding, head;

@@ -11,13 +11,18 @@
 
 namespace distplan::search {
 
-enum class ExportFormat { megatron, deepspeed, torchtitan };
+/// peft: fine-tuning (training.peft) with Hugging Face PEFT, bitsandbytes and Accelerate.
+enum class ExportFormat { megatron, deepspeed, torchtitan, peft };
 [[nodiscard]] std::string_view to_string(ExportFormat f) noexcept;
 
 /// The framework versions whose argument names and config keys the exports use
 /// (docs/exports.md names the source files and commits).
 inline constexpr std::string_view kMegatronVersion = "Megatron-LM core_v0.15.3";
 inline constexpr std::string_view kTorchtitanVersion = "torchtitan v0.2.2";
+inline constexpr std::string_view kPeftVersion = "PEFT v0.20.0";
+inline constexpr std::string_view kBitsandbytesVersion = "bitsandbytes 0.49.2";
+inline constexpr std::string_view kAccelerateVersion =
+    "Accelerate (fsdp_config / deepspeed_config keys of PEFT v0.20.0's examples/sft/configs)";
 
 struct Exported {
   std::string text;                 // the arguments, JSON or TOML
@@ -31,6 +36,9 @@ struct Exported {
 /// The scenario's layout (tp, pp, dp, ZeRO, recompute, sp, schedule, batch) and model shape in the
 /// framework's own terms. The scenario must be valid (validate_scenario()).
 [[nodiscard]] Exported export_scenario(const Scenario& s, ExportFormat format);
+
+/// The fine-tuning export (export_peft.cpp): `seed` carries the fit, as export_scenario() sets it.
+[[nodiscard]] Exported export_peft(const Scenario& s, Exported seed);
 
 /// Megatron-LM's Mixture-of-Experts arguments (experts, router, layer pattern, expert layout),
 /// appended to `args`; what Megatron-LM cannot express goes to `notes`. Nothing for a dense model.
