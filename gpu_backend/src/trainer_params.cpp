@@ -102,6 +102,7 @@ void Trainer::build_units() {
         u.add(m_.max_position_embeddings, h_, Init::normal, uid(100000, 1), identity(), sp_);
       }
       u.chunk = static_cast<int>(c);
+      peft_unit(u, -1);
       ch.embedding = static_cast<int>(units_.size());
       units_.push_back(std::move(u));
     }
@@ -109,10 +110,13 @@ void Trainer::build_units() {
       LayerParams lp;
       units_.push_back(make_layer_unit(ch.first_layer + l, lp));
       units_.back().chunk = static_cast<int>(c);
+      peft_unit(units_.back(), ch.first_layer + l);
       ch.layer_units.push_back(static_cast<int>(units_.size()) - 1);
+      add_lora_unit(ch.first_layer + l, lp);  // fine-tuning: its flow, and its adapters
       if (lp.moe) {  // the layer's routed experts on this rank (trainer_moe.cpp)
         units_.push_back(make_expert_unit(ch.first_layer + l));
         units_.back().chunk = static_cast<int>(c);
+        peft_unit(units_.back(), ch.first_layer + l);
         lp.experts = static_cast<int>(units_.size()) - 1;
       }
       ch.layer_params.push_back(lp);
@@ -135,6 +139,7 @@ void Trainer::build_units() {
               [=, this](Count i) { return rank_row0 * h_ + i; });
       }
       u.chunk = static_cast<int>(c);
+      peft_unit(u, -1);
       ch.head = static_cast<int>(units_.size());
       const bool own = !m_.tied_embeddings || copy;
       head_w_unit_ = own ? ch.head : chunks_.empty() ? ch.embedding : chunks_.front().embedding;
@@ -163,10 +168,12 @@ void Trainer::build_units() {
     }
     const bool z3 = p_.zero_stage >= 3;
     const Count lo = opt_begin(u), n_opt = opt_count(u);
-    u.weights = Tensor(alloc_, {z3 ? u.shard : u.padded}, cb_, MemoryTag::weights);
+    u.weights = Tensor(alloc_, {z3 ? u.shard : u.padded}, u.wdt, MemoryTag::weights);
     u.weights.write(init.data() + (z3 ? lo : 0), z3 ? u.shard : u.padded);
-    u.grads = Tensor(alloc_, {p_.zero_stage >= 2 ? u.shard : u.padded}, gb_, MemoryTag::gradients);
-    if (cb_ != DType::fp32) {
+    if (u.frozen) continue;  // fine-tuning: weights only
+    u.grads =
+        Tensor(alloc_, {p_.zero_stage >= 2 ? u.shard : u.padded}, u.gdt, MemoryTag::gradients);
+    if (u.wdt != DType::fp32) {
       u.master = Tensor(alloc_, {n_opt}, DType::fp32, MemoryTag::optimizer);
       u.master.write(init.data() + lo, n_opt);
     }
@@ -334,6 +341,7 @@ Vec Trainer::param(Unit& u, int i) {
 void Trainer::add_grad(Unit& u, int i, const Vec& g) {
   if (i < 0) return;
   const Param& p = u.params[static_cast<std::size_t>(i)];
+  DISTPLAN_CHECK(!u.frozen, "a gradient of a frozen parameter");
   Tensor& dst = p_.zero_stage >= 2 ? u.unit_grad : u.grads;
   DISTPLAN_CHECK(static_cast<Count>(g.size()) == p.numel(), "gradient size");
   dev::add_into(o_.device, dst, p.offset, g.data(), p.numel());
@@ -343,37 +351,45 @@ void Trainer::acquire(int ui) {
   if (p_.zero_stage < 3) return;
   Unit& u = units_[static_cast<std::size_t>(ui)];
   if (!u.gathered.empty()) return;
-  u.gathered = Tensor(alloc_, {u.padded}, cb_, MemoryTag::buffers);
+  u.gathered = Tensor(alloc_, {u.padded}, u.wdt, MemoryTag::buffers);
   if (S_ > 1) {
     const auto t0 = now();
-    g_.dp->all_gather(u.weights.data(), u.gathered.data(), u.shard, cb_,
-                      std::string("parameters (") + unit_label(u.kind) + ", forward+backward)");
+    // A unit no backward passes (fine-tuning's frozen embedding and layers below the adapters)
+    // is gathered for the forward only.
+    g_.dp->all_gather(u.weights.data(), u.gathered.data(), u.shard, u.wdt,
+                      std::string("parameters (") + unit_label(u.kind) +
+                          (u.backward ? ", forward+backward)" : ", forward)"));
     mark(sim::Track::zero3, sim::SliceKind::zero3_gather, cur_mb_, u.chunk, t0);
   } else {
     dev::copy_bytes(o_.device, u.gathered.data(), u.weights.data(),
                     static_cast<std::size_t>(u.weights.bytes()));
   }
+  if (u.adapters >= 0) acquire(u.adapters);  // a layer's adapters with it
 }
 
 void Trainer::release(int ui) {
-  if (p_.zero_stage >= 3) units_[static_cast<std::size_t>(ui)].gathered.release();
+  if (p_.zero_stage < 3) return;
+  Unit& u = units_[static_cast<std::size_t>(ui)];
+  u.gathered.release();
+  if (u.adapters >= 0) release(u.adapters);
 }
 
 void Trainer::begin_unit_grad(int ui) {
+  if (ui < 0 || (ui = grad_unit(ui)) < 0) return;  // a frozen unit has no gradient
   Unit& u = units_[static_cast<std::size_t>(ui)];
   if (p_.zero_stage >= 2 && u.unit_grad.empty()) {
-    u.unit_grad = Tensor(alloc_, {u.padded}, gb_, MemoryTag::buffers);
+    u.unit_grad = Tensor(alloc_, {u.padded}, u.gdt, MemoryTag::buffers);
   }
 }
 
 void Trainer::end_unit_grad(int ui) {
-  if (p_.zero_stage < 2) return;
+  if (p_.zero_stage < 2 || ui < 0 || (ui = grad_unit(ui)) < 0) return;
   Unit& u = units_[static_cast<std::size_t>(ui)];
   sp_reduce_partials(u, u.unit_grad);
-  Tensor part(alloc_, {u.shard}, gb_, MemoryTag::temporaries);
+  Tensor part(alloc_, {u.shard}, u.gdt, MemoryTag::temporaries);
   if (S_ > 1) {
     const auto t0 = now();
-    g_.dp->reduce_scatter(u.unit_grad.data(), part.data(), u.shard, gb_,
+    g_.dp->reduce_scatter(u.unit_grad.data(), part.data(), u.shard, u.gdt,
                           std::string("gradients (") + unit_label(u.kind) + ")");
     mark(sim::Track::dp, sim::SliceKind::grad_reduce, cur_mb_, u.chunk, t0);
   } else {
