@@ -176,14 +176,16 @@ void check_supported(const Scenario& s) {
   const PeftSpec& pe = s.training.peft;
   if (pe.enabled()) {
     // Fine-tuning as the planner plans it (validate_scenario refuses the rest), on float units.
-    if (pe.quantized()) {
-      throw InputError("/training/peft/base_storage",
-                       "the backend stores the frozen base in a float dtype (bf16, fp16, fp32); "
-                       "plan and export nf4 / fp4 / int8, validate the layout with a float base");
+    if (pe.quantized() && s.parallel.zero_stage >= 3) {
+      throw InputError(
+          "/parallel/zero_stage",
+          "the backend shards a quantized base with ZeRO 0, 1 and 2 only (FSDP-QLoRA's "
+          "16-bit quant storage is planned, not run)");
     }
-    if (pe.adapters() && pe.base_dtype != (pe.base_storage == BaseStorage::fp32   ? DType::fp32
-                                           : pe.base_storage == BaseStorage::fp16 ? DType::fp16
-                                                                                  : DType::bf16)) {
+    if (pe.adapters() && !pe.quantized() &&
+        pe.base_dtype != (pe.base_storage == BaseStorage::fp32   ? DType::fp32
+                          : pe.base_storage == BaseStorage::fp16 ? DType::fp16
+                                                                 : DType::bf16)) {
       throw InputError("/training/peft/base_dtype",
                        "the backend holds a frozen layer in one dtype: base_dtype must be "
                        "base_storage's");
@@ -216,6 +218,11 @@ void check_supported(const Scenario& s) {
 
 Measurement run(const Scenario& s, const RunOptions& opts) {
   check_supported(s);
+  if (s.training.peft.quantized() && opts.device != Device::cpu) {
+    throw InputError("/training/peft/base_storage",
+                     "the backend keeps a quantized base on the CPU device (its bitsandbytes "
+                     "storage has no CUDA kernels here); validate it with --device cpu");
+  }
   check_moe_supported(s, opts.device, opts.comm);
   // The CUDA device keeps every tensor and working array in device memory (measured by the
   // tracking allocator over the device block cache); the trainer's ops run there (device_ops.h).

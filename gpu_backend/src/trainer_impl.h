@@ -29,6 +29,7 @@
 #include "distplan/planner/layer_ops.h"
 #include "distplan/planner/layout.h"
 #include "distplan/planner/peft.h"
+#include "quantized_weight.h"
 
 namespace distplan::backend::trainer_detail {
 
@@ -73,6 +74,9 @@ struct Param {
   Count offset = 0, rows = 0, cols = 1;
   Init init = Init::normal;
   bool sp_partial = false;  // gradient is a partial sum over TP ranks under sequence parallelism
+  // Fine-tuning's quantized base (QLoRA): the weight lives in the unit's `quant` segments, not in
+  // its flat buffer (offset is meaningless).
+  bool quantized = false;
   std::function<Count(Count)> global_index;
   [[nodiscard]] Count numel() const { return rows * cols; }
 };
@@ -95,6 +99,14 @@ struct Unit {
   bool frozen = false;
   int adapters = -1;
   bool backward = true;
+  // A quantized frozen weight is stored tensor by tensor as bitsandbytes stores the Hugging Face
+  // model's (q, k, v apart for llama names): rows [row0, row0 + rows) of parameter `param`.
+  struct QuantSegment {
+    int param = -1;
+    Count row0 = 0, rows = 0;
+    std::unique_ptr<QuantizedWeight> w;
+  };
+  std::vector<QuantSegment> quant;
   std::vector<Param> params;
   Count numel = 0;      // per TP rank
   Count padded = 0;     // rounded up to a multiple of the ZeRO shard size (planner: padded())
@@ -352,6 +364,9 @@ class Trainer {
   // non-null (the gradient goes on below).
   void lora_backward(int ui, const LayerParams& lp, int op, const Vec& dy, const Vec& x,
                      LayerSaved& sv, Vec* dx, std::vector<std::function<void()>>& jobs);
+  // A GEMM of a quantized frozen weight (QLoRA), tensor by tensor: forward y = x W^T, or with
+  // `backward` the input gradient dx = dy W.
+  Vec quantized_linear(Unit& u, int wi, const Vec& v, Count n, Count in, Count out, bool backward);
   // The unit whose gradient a layer's backward fills: its adapters, itself, or none (frozen).
   [[nodiscard]] int grad_unit(int ui) const;
   // Fine-tuning's dtypes and frozen flags of a built unit, and a layer's adapters and flow.
@@ -549,6 +564,13 @@ class Trainer {
   Vec ones_;  // h ones on the device: the norms' unit gamma in their weight-gradient pass
   OpIndex op_;
   LayerTable table_;  // the planner's layer op table of this model and training
+  // QLoRA's double quantization: the 8-bit code every quantized weight shares (one per device,
+  // as bitsandbytes caches it), tracked under weights.
+  TrackedBytes nested_code_;
+  // Stores a layer unit's linear weights quantized (QLoRA) and takes them out of its flat buffer.
+  void quantize_unit(Unit& u);
+  // Element i of parameter p's initial value on this rank (the same full model on every layout).
+  [[nodiscard]] float initial_value(const Param& p, Count i) const;
   double loss_sum_ = 0;
   float loss_scale_ = 1.0f;
   Count opt_steps_ = 0, good_steps_ = 0;

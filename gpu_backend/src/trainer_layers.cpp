@@ -60,6 +60,14 @@ void Trainer::norm_bwd_weight(Unit& u, int gi, int bi, const Vec& dy, const Vec&
 }
 
 Vec Trainer::linear_fwd(Unit& u, int wi, int bi, const Vec& x, Count n, Count in, Count out) {
+  if (u.params[static_cast<std::size_t>(wi)].quantized) {  // QLoRA's frozen base
+    Vec y = quantized_linear(u, wi, x, n, in, out, false);
+    if (bi >= 0) {
+      dev::add_bias_rows(o_.device, y.data(), param(u, bi).data(), n, out);
+      rnd(y, cb_);
+    }
+    return y;
+  }
   Vec b;
   if (bi >= 0) b = param(u, bi);
   Vec y = zeros(n * out);
@@ -72,6 +80,8 @@ Vec Trainer::linear_fwd(Unit& u, int wi, int bi, const Vec& x, Count n, Count in
 }
 
 Vec Trainer::linear_bwd_input(Unit& u, int wi, const Vec& dy, Count n, Count in, Count out) {
+  if (u.params[static_cast<std::size_t>(wi)].quantized)
+    return quantized_linear(u, wi, dy, n, in, out, true);
   Vec dx = zeros(n * in);
   dev::linear_backward_input(o_.device, dy.data(), unit_weights(u), param_offset(u, wi), dx.data(),
                              n, in, out);

@@ -22,7 +22,9 @@ void Trainer::peft_unit(Unit& u, Count layer) const {
   switch (u.kind) {
     case 0:  // a layer's own parameters: LoRA's frozen base, or full fine-tuning's layer
       u.frozen = adapters || !peft_layer_trains(pe, layer);
-      if (adapters) u.wdt = dtype_of(pe.base_storage);
+      // QLoRA: the flat buffer keeps the norms (and biases) in base_dtype; the linear weights
+      // are quantized apart.
+      if (adapters) u.wdt = pe.quantized() ? pe.base_dtype : dtype_of(pe.base_storage);
       break;
     case 1:  // the embedding: its backward is its weight gradient only
       u.frozen = !peft_embedding_trains(pe);
@@ -53,6 +55,36 @@ void Trainer::add_lora_unit(Count layer, LayerParams& lp) {
   }
   const int base = static_cast<int>(units_.size()) - 1;  // the layer's unit, just added
   units_.back().backward = lp.flow.any;
+  if (pe.quantized() && !lp.moe) {
+    // QLoRA: the frozen linear weights in bitsandbytes' storage, one tensor per Hugging Face
+    // module (quantize_unit fills them when the unit's storage is made).
+    Unit& u = units_.back();
+    const Count ql = a_l_ * d_, kvl = g_l_ * d_;
+    auto quantize = [&u](int param, std::initializer_list<Count> rows) {
+      u.params[static_cast<std::size_t>(param)].quantized = true;
+      Count row0 = 0;
+      for (Count r : rows) {
+        Unit::QuantSegment q;
+        q.param = param;
+        q.row0 = row0;
+        q.rows = r;
+        u.quant.push_back(std::move(q));
+        row0 += r;
+      }
+    };
+    if (pe.naming == PeftNaming::llama) {
+      quantize(lp.qkv_w, {ql, kvl, kvl});
+    } else {
+      quantize(lp.qkv_w, {ql + 2 * kvl});
+    }
+    quantize(lp.out_w, {h_});
+    if (m_.mlp == Mlp::swiglu) {
+      quantize(lp.in_w, {f_l_, f_l_});
+    } else {
+      quantize(lp.in_w, {f_l_});
+    }
+    quantize(lp.mlp_out_w, {h_});
+  }
   if (lora.count == 0) return;
   // The adapters of the layer, one unit: A (r x in) then B (out x r) per adapter. B starts like
   // every other weight of the backend (not PEFT's zeros), so the first step's gradient of A is
@@ -87,6 +119,33 @@ void Trainer::add_lora_unit(Count layer, LayerParams& lp) {
   u.chunk = units_.back().chunk;
   units_.push_back(std::move(u));
   units_[static_cast<std::size_t>(base)].adapters = static_cast<int>(units_.size()) - 1;
+}
+
+Vec Trainer::quantized_linear(Unit& u, int wi, const Vec& v, Count n, Count in, Count out,
+                              bool backward) {
+  // bitsandbytes' MatMul4Bit (autograd/_functions.py, v0.49): each weight dequantized to the
+  // compute dtype (a transient in buffers, one tensor at a time), then the GEMM; again for the
+  // input gradient. Forward: v = x (n, in) -> y (n, out); backward: v = dy (n, out) -> dx (n, in).
+  Vec r = zeros(n * (backward ? in : out));
+  for (const Unit::QuantSegment& q : u.quant) {
+    if (q.param != wi) continue;
+    HostVec w(static_cast<std::size_t>(q.rows * in));
+    q.w->dequantize(w.data());
+    Tensor t(alloc_, {q.rows * in}, cb_, MemoryTag::buffers);
+    t.write(w.data(), q.rows * in);
+    if (!backward) {
+      Vec y = zeros(n * q.rows);
+      dev::linear_forward(o_.device, v.data(), t, 0, nullptr, y.data(), n, in, q.rows);
+      dev::copy_block(o_.device, r.data() + q.row0, out, y.data(), q.rows, n, q.rows);
+    } else {
+      Vec dy = zeros(n * q.rows), dx = zeros(n * in);
+      dev::copy_block(o_.device, dy.data(), q.rows, v.data() + q.row0, out, n, q.rows);
+      dev::linear_backward_input(o_.device, dy.data(), t, 0, dx.data(), n, in, q.rows);
+      dev::add(o_.device, r.data(), dx.data(), r.data(), n * in);
+    }
+  }
+  rnd(r, cb_);
+  return r;
 }
 
 int Trainer::grad_unit(int ui) const {

@@ -35,6 +35,7 @@ void Trainer::dump_weights() const {
     HostVec wv(static_cast<std::size_t>(n));
     u.weights.read(wv.data(), n, 0);
     for (const Param& p : u.params) {
+      if (p.quantized) continue;  // below, as stored
       const Count a = std::max(lo, p.offset), b = std::min(lo + n, p.offset + p.numel());
       if (a >= b) continue;
       GradientRecord r;
@@ -42,6 +43,19 @@ void Trainer::dump_weights() const {
       for (Count j = a; j < b; ++j) {
         r.index.push_back(p.global_index(j - p.offset));
         r.value.push_back(wv[static_cast<std::size_t>(j - lo)]);
+      }
+      out.push_back(std::move(r));
+    }
+    // A quantized weight (QLoRA): its stored values, dequantized.
+    for (const Unit::QuantSegment& q : u.quant) {
+      const Param& p = u.params[static_cast<std::size_t>(q.param)];
+      HostVec w(static_cast<std::size_t>(q.rows * p.cols));
+      q.w->dequantize(w.data());
+      GradientRecord r;
+      r.param = p.uid;
+      for (Count i = 0; i < q.rows * p.cols; ++i) {
+        r.index.push_back(p.global_index(q.row0 * p.cols + i));
+        r.value.push_back(w[static_cast<std::size_t>(i)]);
       }
       out.push_back(std::move(r));
     }

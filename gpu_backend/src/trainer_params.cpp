@@ -150,21 +150,15 @@ void Trainer::build_units() {
   }
   // Storage and initial values.
   for (Unit& u : units_) {
+    if (!u.quant.empty()) quantize_unit(u);  // QLoRA: the linear weights leave the flat buffer
     const Count S = shard_size(u);
     u.padded = p_.zero_stage == 0 ? u.numel : (u.numel + S - 1) / S * S;
     u.shard = u.padded / S;
     HostVec init(static_cast<std::size_t>(u.padded), 0.0f);
     for (const Param& p : u.params) {
-      for (Count i = 0; i < p.numel(); ++i) {
-        float x = 0.0f;
-        if (p.init == Init::one) x = 1.0f;
-        if (p.init == Init::normal) {
-          // Uniform with the standard deviation 0.02 of GPT-2's init: half-width 0.02*sqrt(3).
-          x = 0.0346410f * uniform_pm1(mix(o_.seed ^ mix(p.uid) ^
-                                           static_cast<std::uint64_t>(p.global_index(i))));
-        }
-        init[static_cast<std::size_t>(p.offset + i)] = x;
-      }
+      if (p.quantized) continue;  // stored in the unit's quantized segments
+      for (Count i = 0; i < p.numel(); ++i)
+        init[static_cast<std::size_t>(p.offset + i)] = initial_value(p, i);
     }
     const bool z3 = p_.zero_stage >= 3;
     const Count lo = opt_begin(u), n_opt = opt_count(u);
@@ -181,6 +175,40 @@ void Trainer::build_units() {
     if (t_.optimizer != Optimizer::sgd)
       u.v = Tensor(alloc_, {n_opt}, DType::fp32, MemoryTag::optimizer);
   }
+}
+
+float Trainer::initial_value(const Param& p, Count i) const {
+  if (p.init == Init::one) return 1.0f;
+  if (p.init == Init::zero) return 0.0f;
+  // Uniform with the standard deviation 0.02 of GPT-2's init: half-width 0.02*sqrt(3).
+  return 0.0346410f *
+         uniform_pm1(mix(o_.seed ^ mix(p.uid) ^ static_cast<std::uint64_t>(p.global_index(i))));
+}
+
+void Trainer::quantize_unit(Unit& u) {
+  const PeftSpec& pe = t_.peft;
+  if (pe.double_quant && nested_code_.data() == nullptr) {
+    const std::vector<float> code = QuantizedWeight::nested_code_values();
+    nested_code_ = TrackedBytes(alloc_, kBnbDynamicCodeBytes, MemoryTag::weights);
+    std::memcpy(nested_code_.data(), code.data(), sizeof(float) * code.size());
+  }
+  const auto* nested = static_cast<const float*>(nested_code_.data());
+  for (Unit::QuantSegment& q : u.quant) {
+    const Param& p = u.params[static_cast<std::size_t>(q.param)];
+    HostVec w(static_cast<std::size_t>(q.rows * p.cols));
+    for (Count i = 0; i < q.rows * p.cols; ++i)
+      w[static_cast<std::size_t>(i)] = initial_value(p, q.row0 * p.cols + i);
+    q.w = std::make_unique<QuantizedWeight>(alloc_, pe.base_storage, pe.double_quant, w.data(),
+                                            q.rows, p.cols, nested);
+  }
+  // The flat buffer keeps the other parameters (norms, biases), packed in their order.
+  Count off = 0;
+  for (Param& p : u.params) {
+    if (p.quantized) continue;
+    p.offset = off;
+    off += p.numel();
+  }
+  u.numel = off;
 }
 
 Count Trainer::opt_begin(const Unit& u) const {

@@ -61,12 +61,17 @@ PeftUnits peft_units(const Scenario& s, const LayerTable& table, Count tp, int z
   } else {
     lin = linear * (adapters ? storage_element_bytes(peft.base_storage) : cb);
   }
-  x.frozen_layer.frozen = u.layer;
-  x.frozen_layer.frozen_bytes = lin + other * base_b;
-  x.frozen_layer.quant_state = state;
-  // One float dtype for the whole frozen layer (the training backend's units hold one dtype).
-  if (!peft.quantized() && (!adapters || storage_element_bytes(peft.base_storage) == base_b))
+  // The training backend's units hold one float dtype: a layer whose linear weights are stored
+  // as its other parameters is one float part; otherwise the linear weights are packed apart.
+  if (!peft.quantized() && (!adapters || storage_element_bytes(peft.base_storage) == base_b)) {
+    x.frozen_layer.frozen = u.layer;
     x.frozen_layer.frozen_element = base_b;
+  } else {
+    x.frozen_layer.frozen = other;
+    x.frozen_layer.frozen_element = base_b;
+    x.frozen_layer.packed = lin;
+    x.frozen_layer.quant_state = state;
+  }
   if (adapters) {
     x.trained_layer = x.frozen_layer;
     x.trained_layer.trainable = x.lora.params;
@@ -78,7 +83,6 @@ PeftUnits peft_units(const Scenario& s, const LayerTable& table, Count tp, int z
       x.embedding.trainable = u.embedding;
     } else {
       x.embedding.frozen = u.embedding;
-      x.embedding.frozen_bytes = u.embedding * base_b;
       x.embedding.frozen_element = base_b;
     }
   }
@@ -89,13 +93,11 @@ PeftUnits peft_units(const Scenario& s, const LayerTable& table, Count tp, int z
     const Count matrix = u.head - norm;
     if (adapters) {
       x.head.frozen = u.head;
-      x.head.frozen_bytes = u.head * base_b;
       x.head.frozen_element = base_b;
     } else {
       x.head_matrix_trains = !(m.tied_embeddings && peft.freeze_embeddings);
       x.head.trainable = norm + (x.head_matrix_trains ? matrix : 0);
       x.head.frozen = x.head_matrix_trains ? 0 : matrix;
-      x.head.frozen_bytes = x.head.frozen * cb;
       x.head.frozen_element = cb;
     }
   }

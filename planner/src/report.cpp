@@ -258,8 +258,10 @@ std::string format_plan_table(const Scenario& s, const Estimate& e) {
     std::string what = std::string(to_string(p.method));
     if (p.adapters()) {
       std::string targets;
-      for (std::string_view n : peft_target_names(p.naming, p.targets))
-        targets += (targets.empty() ? "" : ",") + std::string(n);
+      for (std::string_view n : peft_target_names(p.naming, p.targets)) {
+        if (!targets.empty()) targets += ',';
+        targets += n;
+      }
       what += fmt::format(" r={} on {}", p.rank, p.all_linear ? "all-linear" : targets);
     }
     if (p.frozen_layers > 0) what += fmt::format(", layers 0-{} frozen", p.frozen_layers - 1);

@@ -120,8 +120,10 @@ Exported export_peft(const Scenario& s, Exported out) {
     if (pe.all_linear) {
       targets = "all-linear";
     } else {
-      for (std::string_view n : peft_target_names(pe.naming, pe.targets))
-        targets += (targets.empty() ? "" : ",") + std::string(n);
+      for (std::string_view n : peft_target_names(pe.naming, pe.targets)) {
+        if (!targets.empty()) targets += ',';
+        targets += n;
+      }
     }
     arg("lora_target_modules", fmt::format("\"{}\"", targets));
     if (pe.frozen_layers > 0) {

@@ -1,5 +1,5 @@
 // Fine-tuning on the CPU backend (training.peft; docs/peft.md, docs/gpu_backend.md): LoRA adapters
-// on a frozen base. The base stays bit for bit what it was and has no gradient; the adapters'
+// on a frozen base, in a float dtype or quantized as bitsandbytes stores it (QLoRA). The base stays bit for bit what it was and has no gradient; the adapters'
 // gradient is the slope of the loss (a float64 directional finite difference along the step the
 // optimizer takes, for SGD and AdamW); every layout's adapter gradients equal one rank's; the
 // measured memory and collectives equal the planner's.
@@ -134,10 +134,16 @@ void expect_memory_is_planned(const Scenario& s, const Measurement& m) {
 }
 
 TEST(LoraTraining, FrozenBaseStaysBitForBitAndOnlyAdaptersHaveGradients) {
-  for (const J& peft : {kAllLinear, J{{"method", "lora"},
-                                      {"rank", 4},
-                                      {"target_modules", {"q_proj", "v_proj"}},
-                                      {"frozen_layers", 2}}}) {
+  for (const J& peft : {kAllLinear,
+                        J{{"method", "lora"},
+                          {"rank", 4},
+                          {"target_modules", {"q_proj", "v_proj"}},
+                          {"frozen_layers", 2}},
+                        J{{"method", "qlora"}, {"rank", 4}, {"target_modules", "all-linear"}},
+                        J{{"method", "qlora"},
+                          {"rank", 4},
+                          {"base_storage", "int8"},
+                          {"target_modules", {"o_proj", "down_proj"}}}}) {
     SCOPED_TRACE(peft.dump());
     const J doc = lora_doc(kOneRank, peft);
     const std::string w0 = fresh_dir("w0"), w3 = fresh_dir("w3"), g = fresh_dir("g");
@@ -170,9 +176,9 @@ TEST(LoraTraining, FrozenBaseStaysBitForBitAndOnlyAdaptersHaveGradients) {
 // first-order term of the float64 loss difference, the second order cancelled by two step sizes
 // (Richardson: with d(lr) = -a lr + c lr^2, a lr = -(2 d(lr) - d(2 lr) / 2)). A wrong adapter
 // gradient (a missing scale, a wrong column, a dropped term) or a wrong optimizer breaks it.
-void expect_gradient_is_the_slope(const char* optimizer) {
-  SCOPED_TRACE(optimizer);
-  const J doc = lora_doc(kOneRank, kAllLinear, optimizer);
+void expect_gradient_is_the_slope(const char* optimizer, const J& peft = kAllLinear) {
+  SCOPED_TRACE(optimizer + peft.dump());
+  const J doc = lora_doc(kOneRank, peft, optimizer);
   const std::string g = fresh_dir(std::string("slope_g_") + optimizer);
   (void)run_layout(doc, "slope", 1, 1e-3f, g, "", true);
   const auto grads = read_all(g);
@@ -223,6 +229,12 @@ TEST(LoraTraining, AdapterGradientIsTheSlopeOfTheLossUnderAdamW) {
   expect_gradient_is_the_slope("adamw");
 }
 
+// QLoRA: the gradient reaches the lower layers' adapters through the dequantized NF4 weights.
+TEST(LoraTraining, QloraAdapterGradientIsTheSlopeOfTheLoss) {
+  expect_gradient_is_the_slope(
+      "sgd", {{"method", "qlora"}, {"rank", 4}, {"alpha", 8}, {"target_modules", "all-linear"}});
+}
+
 struct LoraLayout {
   const char* name;
   J parallel;
@@ -261,6 +273,10 @@ TEST_P(LoraLayouts, AdapterGradientsAndLossesEqualOneRanksAndMemoryIsPlanned) {
 }
 
 const J kQv = {{"method", "lora"}, {"rank", 4}, {"target_modules", {"q_proj", "v_proj"}}};
+const J kQlora = {{"method", "qlora"}, {"rank", 4}, {"target_modules", "all-linear"}};
+const J kQloraFp4 = {{"method", "qlora"},     {"rank", 4},
+                     {"base_storage", "fp4"}, {"double_quant", false},
+                     {"base_dtype", "bf16"},  {"target_modules", {"q_proj", "k_proj", "up_proj"}}};
 const J kFrozen2 = {
     {"method", "lora"}, {"rank", 4}, {"target_modules", "all-linear"}, {"frozen_layers", 2}};
 
@@ -274,16 +290,20 @@ INSTANTIATE_TEST_SUITE_P(
         LoraLayout{"pp2_frozen2", {{"tp", 1}, {"pp", 2}, {"dp", 1}}, kFrozen2},
         LoraLayout{"pp2_dp2_zero1_recompute",
                    {{"tp", 1}, {"pp", 2}, {"dp", 2}, {"zero_stage", 1}, {"recompute", "full"}},
-                   kQv}),
+                   kQv},
+        LoraLayout{"qlora_dp2_zero2", {{"tp", 1}, {"pp", 1}, {"dp", 2}, {"zero_stage", 2}}, kQlora},
+        LoraLayout{"qlora_fp4_pp2_dp2_zero1",
+                   {{"tp", 1}, {"pp", 2}, {"dp", 2}, {"zero_stage", 1}},
+                   kQloraFp4}),
     [](const ::testing::TestParamInfo<LoraLayout>& i) { return std::string(i.param.name); });
 
 TEST(LoraTraining, RefusesWhatItDoesNotRun) {
-  J nf4 = lora_doc(kOneRank, {{"method", "qlora"}});
+  J nf4 = lora_doc({{"tp", 1}, {"pp", 1}, {"dp", 1}, {"zero_stage", 3}}, {{"method", "qlora"}});
   try {
     (void)run(scenario_for_training(nf4), RunOptions{});
-    FAIL() << "ran a 4-bit base";
+    FAIL() << "ran a 4-bit base under ZeRO-3";
   } catch (const InputError& e) {
-    EXPECT_EQ(e.path(), "/training/peft/base_storage");
+    EXPECT_EQ(e.path(), "/parallel/zero_stage");
   }
   J dropout = lora_doc(kOneRank, {{"method", "lora"}, {"dropout", 0.1}});
   EXPECT_THROW((void)run(scenario_for_training(dropout), RunOptions{}), InputError);

@@ -168,21 +168,22 @@ struct PeftLayerFlow {
 /// every rank).
 struct PeftUnit {
   Count trainable = 0;       // parameters that train, per TP rank
-  Count frozen = 0;          // parameters that do not, per TP rank
-  Bytes frozen_bytes = 0;    // the frozen parameters as stored (quantized: the packed values)
-  Bytes frozen_element = 0;  // bytes per frozen element when one float dtype stores them all
-  Bytes quant_state = 0;     // quantization state of the frozen weights (absmax, codes)
-  /// The frozen part on one GPU: ZeRO pads a unit to a multiple of the shard group S (as it pads
-  /// the trainable part) and ZeRO-3 keeps 1/S of it; a packed quantized part pads its bytes.
+  Count frozen = 0;          // frozen parameters held in one float dtype, per TP rank
+  Bytes frozen_element = 0;  // their bytes per element
+  Bytes packed = 0;          // frozen weights in a quantized (or second float) storage, bytes
+  Bytes quant_state = 0;     // quantization state of the packed weights (absmax, codes)
+  [[nodiscard]] Bytes frozen_bytes() const noexcept { return frozen * frozen_element + packed; }
+  /// The frozen part on one GPU: ZeRO pads a unit's float part to a multiple of the shard group S
+  /// (as it pads the trainable part) and ZeRO-3 keeps 1/S of it and of the packed bytes.
   [[nodiscard]] Bytes frozen_held(int zero_stage, Count S) const noexcept {
-    if (zero_stage == 0) return frozen_bytes + quant_state;
-    const Bytes padded = frozen_element > 0 ? (frozen + S - 1) / S * S * frozen_element
-                                            : (frozen_bytes + S - 1) / S * S;
-    return (zero_stage >= 3 ? padded / S : padded) + quant_state;
+    if (zero_stage == 0) return frozen_bytes() + quant_state;
+    const Count padded = (frozen + S - 1) / S * S;
+    if (zero_stage < 3) return padded * frozen_element + packed + quant_state;
+    return padded / S * frozen_element + (packed + S - 1) / S + quant_state;
   }
   /// What a ZeRO-3 gather of the frozen part moves (the padded unit, its state excluded).
   [[nodiscard]] Bytes frozen_gathered(Count S) const noexcept {
-    return frozen_held(1, S) - quant_state;
+    return (frozen + S - 1) / S * S * frozen_element + (packed + S - 1) / S * S;
   }
 };
 struct PeftUnits {
