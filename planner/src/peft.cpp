@@ -365,6 +365,13 @@ LayerFlops peft_layer_flops(const LayerTable& table, const LoraLayer& lora, Coun
     bool selective = false;
     for (int j = 0; j < op.num_saved; ++j) selective |= op.saved[j].dropped_by_selective;
     if (selective) f.selective_recompute += fwd;
+    // The s x s products above the causal diagonal (layer_flops), in the halves the flow runs.
+    const double masked =
+        0.5 * tokens * op.forward_flops_per_token_per_key * static_cast<double>(seq);
+    f.causal_masked_forward += masked;
+    f.causal_masked +=
+        masked * (1.0 + (flow.backward_input[k] ? op.backward_input_factor : 0.0) +
+                  (flow.backward_weight[k] ? op.backward_weight_factor : 0.0));
     for (const LoraModule& x : lora) {
       if (x.op != i) continue;
       const double in = static_cast<double>(x.in), out = static_cast<double>(x.out);

@@ -348,7 +348,7 @@ namespace {
 // DISTPLAN_WRITE_DOCS=1 rewrites the table.
 TEST(PeftPublished, ReadmeQloraExampleIsWhatThePlannerPrints) {
   const Scenario s = scenario_from_text(testing::readme_scenario("qlora"));
-  const std::string table = format_plan_table(s, estimate(s));
+  const std::string table = testing::plan_table(s);
   const std::string want = table.substr(0, table.find("\nCommunication per GPU"));
   testing::check_readme_table("qlora", want, "PeftPublished.ReadmeQlora*");
   EXPECT_TRUE(estimate(s).memory.fits);
