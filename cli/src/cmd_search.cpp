@@ -24,7 +24,8 @@ namespace {
 const std::map<std::string, search::ExportFormat> kExportFormats{
     {"megatron", search::ExportFormat::megatron},
     {"deepspeed", search::ExportFormat::deepspeed},
-    {"torchtitan", search::ExportFormat::torchtitan}};
+    {"torchtitan", search::ExportFormat::torchtitan},
+    {"peft", search::ExportFormat::peft}};
 
 // A layout that does not fit is refused (exit 2) unless `force`; forced, the export carries a
 // warning (a comment, and a line on stderr). docs/exports.md.
@@ -60,8 +61,8 @@ void install_search(CLI::App& app) {
       ->check(CLI::Range(1, search::kMaxTopK));
   cmd->add_option("--export", opts->export_format,
                   "Print the chosen plan as launch settings instead: megatron | deepspeed | "
-                  "torchtitan")
-      ->check(CLI::IsMember({"megatron", "deepspeed", "torchtitan"}));
+                  "torchtitan | peft (fine-tuning: Hugging Face PEFT + Accelerate)")
+      ->check(CLI::IsMember({"megatron", "deepspeed", "torchtitan", "peft"}));
   cmd->add_option("--rank", opts->export_rank, "Which plan --export prints (1 = best)")
       ->check(CLI::Range(1, 10000));
   cmd->add_flag("--quiet", opts->quiet, "No progress on stderr");
@@ -131,9 +132,9 @@ void install_export(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "export", "A scenario's layout as Megatron-LM arguments, DeepSpeed JSON or torchtitan TOML");
   add_common_options(*cmd, *opts, /*input_optional=*/true);
-  cmd->add_option("--to", *to, "megatron | deepspeed | torchtitan")
+  cmd->add_option("--to", *to, "megatron | deepspeed | torchtitan | peft")
       ->required()
-      ->check(CLI::IsMember({"megatron", "deepspeed", "torchtitan"}));
+      ->check(CLI::IsMember({"megatron", "deepspeed", "torchtitan", "peft"}));
   cmd->add_flag("--force", *force,
                 "Export a layout that does not fit (exit 0, with a warning) instead of refusing it "
                 "(exit 2)");

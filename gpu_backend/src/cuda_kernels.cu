@@ -603,6 +603,9 @@ __global__ void k_overflow(const float* x, std::size_t n, int* flag) {
   GRID_STRIDE(i, n) if (!isfinite(x[i]))* flag = 1;
 }
 
+__global__ void k_scale(float* x, float a, std::size_t n) {
+  GRID_STRIDE(i, n) x[i] *= a;
+}
 __global__ void k_add(const float* a, const float* b, float* y, std::size_t n) {
   GRID_STRIDE(i, n) y[i] = a[i] + b[i];
 }
@@ -775,6 +778,12 @@ bool has_overflow(const float* x, std::size_t n) {
 
 void add(const float* a, const float* b, float* y, std::size_t n) {
   k_add<<<blocks_for(n), kThreads>>>(a, b, y, n);
+  DISTPLAN_CUDA_CHECK_LAUNCH();
+}
+
+void scale(float* x, float a, std::size_t n) {
+  if (n == 0) return;
+  k_scale<<<blocks_for(n), kThreads>>>(x, a, n);
   DISTPLAN_CUDA_CHECK_LAUNCH();
 }
 

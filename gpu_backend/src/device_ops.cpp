@@ -391,6 +391,11 @@ void add([[maybe_unused]] Device d, const float* a, const float* b, float* y, Co
   for (Count i = 0; i < n; ++i) y[i] = a[i] + b[i];
 }
 
+void scale([[maybe_unused]] Device d, float* x, float a, Count n) {
+  DISTPLAN_ON_CUDA(cuda::scale(x, a, zz(n)));
+  for (Count i = 0; i < n; ++i) x[i] *= a;
+}
+
 void add_bias_rows([[maybe_unused]] Device d, float* y, const float* bias, Count N, Count O) {
   DISTPLAN_ON_CUDA(if (N * O > 0) cuda::add_bias(cuda::Type::fp32, y, bias, ii(N), ii(O)));
   for (Count n = 0; n < N; ++n)

@@ -97,6 +97,11 @@ std::string parameter_name(std::uint64_t param) {
   if (layer == 100000 && slot < 2) return std::string("embedding ") + kEmbedding[slot];
   if (layer == 100001 && slot < 3) return std::string("lm head ") + kHead[slot];
   if (layer < 100000 && slot < 12) return "layer " + std::to_string(layer) + " " + kLayer[slot];
+  // LoRA adapters (trainer_lora.cpp): slots 20 on, A then B of each adapter in the layer's order.
+  if (layer < 100000 && slot >= 20 && slot < 36) {
+    return "layer " + std::to_string(layer) + " lora " + std::to_string((slot - 20) / 2) +
+           (slot % 2 == 0 ? " A" : " B");
+  }
   return "parameter " + std::to_string(param);
 }
 

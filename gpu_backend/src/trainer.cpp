@@ -4,6 +4,8 @@
 // gathers and reduces them (planner/src/estimate.cpp).
 #include "trainer_impl.h"
 
+#include "distplan/planner/moe_layer.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -72,6 +74,19 @@ Trainer::Trainer(const Scenario& s, const RunOptions& o, ProcessGroups& g)
   // zb_auto's order comes from the planner's stage times, the same on every rank.
   program_ = p_.schedule == Schedule::zb_auto ? sim::scenario_program(s, estimate(s))
                                               : sim::make_schedule(p_.schedule, pp_, nmb_, v_);
+  // The planner's layer op table: fine-tuning's flow is per op (planner/peft.h).
+  table_ = planner_layer_table(m_, t_);
+  for (int i = 0; i < table_.num_ops; ++i) {
+    const std::string_view n = table_.ops[static_cast<std::size_t>(i)].name;
+    if (n == "input_norm") op_.norm1 = i;
+    if (n == "qkv") op_.qkv = i;
+    if (n == "attention") op_.attention = i;
+    if (n == "attention_out") op_.attn_out = i;
+    if (n == "post_attention_norm") op_.norm2 = i;
+    if (n == "mlp_in") op_.mlp_in = i;
+    if (n == "swiglu" || n == "gelu") op_.activation = i;
+    if (n == "mlp_out") op_.mlp_out = i;
+  }
   build_units();
   if (t_.precision == DType::fp16) loss_scale_ = 65536.0f;
 }
@@ -91,6 +106,7 @@ Measurement Trainer::train() {
     out.losses.push_back(loss);
     out.skipped.push_back(skipped);
   }
+  if (!o_.dump_weights.empty()) dump_weights();
   rm.rank = g_.world_rank;
   rm.coords = g_.coords;
   rm.memory = alloc_.stats();
@@ -194,11 +210,50 @@ void check_supported(const Scenario& s) {
                      "sequence parallelism needs seq_length / cp divisible by tp");
   }
   check_moe_supported(s);
+  const PeftSpec& pe = s.training.peft;
+  if (pe.enabled()) {
+    // Fine-tuning as the planner plans it (validate_scenario refuses the rest), on float units.
+    if (pe.quantized() && s.parallel.zero_stage >= 3) {
+      throw InputError(
+          "/parallel/zero_stage",
+          "the backend shards a quantized base with ZeRO 0, 1 and 2 only (FSDP-QLoRA's "
+          "16-bit quant storage is planned, not run)");
+    }
+    if (pe.adapters() && !pe.quantized() &&
+        pe.base_dtype != (pe.base_storage == BaseStorage::fp32   ? DType::fp32
+                          : pe.base_storage == BaseStorage::fp16 ? DType::fp16
+                                                                 : DType::bf16)) {
+      throw InputError("/training/peft/base_dtype",
+                       "the backend holds a frozen layer in one dtype: base_dtype must be "
+                       "base_storage's");
+    }
+    if (pe.dropout > 0)
+      throw InputError("/training/peft/dropout", "the backend trains LoRA without lora dropout");
+    if (pe.paged_optimizer) {
+      throw InputError("/training/peft/paged_optimizer",
+                       "the backend has no paged (unified-memory) optimizer states");
+    }
+    if (s.model.tied_embeddings && pe.freeze_embeddings && s.parallel.pp > 1 &&
+        !v_shape(s.parallel.schedule)) {
+      throw InputError("/training/peft/freeze_embeddings",
+                       "the backend's LM head unit holds the final norm and the tied copy "
+                       "together: a frozen tied copy needs pp = 1");
+    }
+    if (s.parallel.offload_optimizer != Offload::none) {
+      throw InputError("/parallel/offload_optimizer",
+                       "the backend does not offload fine-tuning's optimizer states");
+    }
+  }
   (void)pipeline_split(s);  // any split the planner plans (pipeline_split.h)
 }
 
 Measurement run(const Scenario& s, const RunOptions& opts) {
   check_supported(s);
+  if (s.training.peft.quantized() && opts.device != Device::cpu) {
+    throw InputError("/training/peft/base_storage",
+                     "the backend keeps a quantized base on the CPU device (its bitsandbytes "
+                     "storage has no CUDA kernels here); validate it with --device cpu");
+  }
   check_moe_supported(s, opts.device, opts.comm);
   // The CUDA device keeps every tensor and working array in device memory (measured by the
   // tracking allocator over the device block cache); the trainer's ops run there (device_ops.h).

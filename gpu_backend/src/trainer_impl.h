@@ -28,6 +28,8 @@
 #include "distplan/planner/error.h"
 #include "distplan/planner/layer_ops.h"
 #include "distplan/planner/layout.h"
+#include "distplan/planner/peft.h"
+#include "quantized_weight.h"
 
 namespace distplan::backend::trainer_detail {
 
@@ -72,18 +74,39 @@ struct Param {
   Count offset = 0, rows = 0, cols = 1;
   Init init = Init::normal;
   bool sp_partial = false;  // gradient is a partial sum over TP ranks under sequence parallelism
+  // Fine-tuning's quantized base (QLoRA): the weight lives in the unit's `quant` segments, not in
+  // its flat buffer (offset is meaningless).
+  bool quantized = false;
   std::function<Count(Count)> global_index;
   [[nodiscard]] Count numel() const { return rows * cols; }
 };
 
 inline const char* unit_label(int kind) {
-  static const char* kNames[] = {"layers", "embedding", "lm head", "experts"};
+  static const char* kNames[] = {"layers", "embedding", "lm head", "experts", "adapters"};
   return kNames[kind];
 }
 
 struct Unit {
-  int kind = 0;   // 0 layer, 1 embedding, 2 head, 3 a MoE layer's routed experts on this rank
+  int kind = 0;   // 0 layer, 1 embedding, 2 head, 3 a MoE layer's routed experts on this rank,
+                  // 4 a layer's LoRA adapters (fine-tuning)
   int chunk = 0;  // the model chunk holding it
+  // Fine-tuning (training.peft, planner/peft.h): the dtypes of the weights and gradients (the
+  // compute and gradient dtypes, but a frozen base and the adapters have their own), a frozen
+  // unit (weights only: no gradients, no optimizer states), the adapter unit of a layer
+  // (gathered and released with it), and whether a backward passes the unit (ZeRO-3 gathers it
+  // again there).
+  DType wdt = DType::bf16, gdt = DType::bf16;
+  bool frozen = false;
+  int adapters = -1;
+  bool backward = true;
+  // A quantized frozen weight is stored tensor by tensor as bitsandbytes stores the Hugging Face
+  // model's (q, k, v apart for llama names): rows [row0, row0 + rows) of parameter `param`.
+  struct QuantSegment {
+    int param = -1;
+    Count row0 = 0, rows = 0;
+    std::unique_ptr<QuantizedWeight> w;
+  };
+  std::vector<QuantSegment> quant;
   std::vector<Param> params;
   Count numel = 0;      // per TP rank
   Count padded = 0;     // rounded up to a multiple of the ZeRO shard size (planner: padded())
@@ -117,6 +140,16 @@ struct LayerParams {
   // experts in unit `experts` (two parameters per local expert: w_in, w_out).
   bool moe = false;
   int router_w = -1, router_b = -1, shared_in = -1, shared_out = -1, experts = -1;
+  // Fine-tuning: each LoRA adapter's A (r x in) and B (out x r) in the layer's adapter unit, the
+  // layer-table op it sits on and the columns of that op's output it adds to; which backward
+  // halves run and what is kept (peft_layer_flow; everything without fine-tuning).
+  struct Lora {
+    int a = -1, b = -1, op = -1;
+    Count in = 0, out = 0;
+    Count col = 0, ld = 0;  // its columns [col, col + out) of the op's output (ld wide)
+  };
+  std::vector<Lora> lora;
+  PeftLayerFlow flow;
 };
 
 // Tensors one layer keeps from forward to backward: exactly the layer op table's saved entries.
@@ -136,6 +169,7 @@ struct LayerSaved {
   // here and its tensors (router scores, expert inputs, expert FFN, returned outputs) below.
   std::shared_ptr<moe::BlockSaved<float>> moe;
   Tensor moe_scores, moe_x_in, moe_fc1, moe_act, moe_y_back;
+  std::vector<Tensor> lora_ax;  // each adapter's A x (b*s, r): B's saved input
 };
 
 struct HeadSaved {
@@ -319,8 +353,32 @@ class Trainer {
   bool flash() const;
   bool rotary() const;
 
-  // Forward of one layer from its saved input sv.x; fills `sv` and returns the output (Nl,h).
-  Vec layer_forward(int ui, const LayerParams& lp, LayerSaved& sv);
+  // Forward of one layer from its input x; fills `sv` with what the layer keeps (lp.flow) and
+  // returns the output (Nl,h).
+  Vec layer_forward(int ui, const LayerParams& lp, LayerSaved& sv, const Vec& x);
+
+  // ---- fine-tuning (trainer_lora.cpp) ---------------------------------------------------------
+  // The layer-table indices of the ops a layer runs (fine-tuning's flow is per op).
+  struct OpIndex {
+    int norm1 = 0, qkv = 1, attention = 2, attn_out = 3, norm2 = 5, mlp_in = 6, activation = 7,
+        mlp_out = 8;
+  };
+  // Adds the adapters on op `op` to its output y (N, out of the op): y[:, col:col+out] +=
+  // (alpha / r) B A x; keeps each A x in sv.lora_ax.
+  void lora_forward(int ui, const LayerParams& lp, int op, const Vec& x, Vec& y, LayerSaved& sv);
+  // The adapters' backward on op `op` from the op's output gradient dy (N, out of the op) and its
+  // input x: dB and dA go to `jobs`; B's input gradient always, and A's added into dx when dx is
+  // non-null (the gradient goes on below).
+  void lora_backward(int ui, const LayerParams& lp, int op, const Vec& dy, const Vec& x,
+                     LayerSaved& sv, Vec* dx, std::vector<std::function<void()>>& jobs);
+  // A GEMM of a quantized frozen weight (QLoRA), tensor by tensor: forward y = x W^T, or with
+  // `backward` the input gradient dx = dy W.
+  Vec quantized_linear(Unit& u, int wi, const Vec& v, Count n, Count in, Count out, bool backward);
+  // The unit whose gradient a layer's backward fills: its adapters, itself, or none (frozen).
+  [[nodiscard]] int grad_unit(int ui) const;
+  // Fine-tuning's dtypes and frozen flags of a built unit, and a layer's adapters and flow.
+  void peft_unit(Unit& u, Count layer) const;
+  void add_lora_unit(Count layer, LayerParams& lp);
 
   // x + branch (+ bias bi of unit u, added to the branch first, -1: none), rounded to the
   // compute dtype: the residual connection after a row-parallel projection.
@@ -458,6 +516,9 @@ class Trainer {
   // optimizer_step reads it), element by element with its parameter and index in the unsharded
   // tensor; ZeRO padding is left out (RunOptions::dump_gradients).
   void dump_gradients() const;
+  // The weights this rank holds after the last step (RunOptions::dump_weights), as the gradient
+  // dump's records.
+  void dump_weights() const;
 
   // Adam/AdamW or SGD on the device: gradients, fp32 master weights and the moments never leave
   // it; the compute-dtype weights are a cast of the master weights (round to nearest even, as
@@ -508,6 +569,15 @@ class Trainer {
   };
   std::vector<LossStats> pending_loss_;
   Vec ones_;  // h ones on the device: the norms' unit gamma in their weight-gradient pass
+  OpIndex op_;
+  LayerTable table_;  // the planner's layer op table of this model and training
+  // QLoRA's double quantization: the 8-bit code every quantized weight shares (one per device,
+  // as bitsandbytes caches it), tracked under weights.
+  TrackedBytes nested_code_;
+  // Stores a layer unit's linear weights quantized (QLoRA) and takes them out of its flat buffer.
+  void quantize_unit(Unit& u);
+  // Element i of parameter p's initial value on this rank (the same full model on every layout).
+  [[nodiscard]] float initial_value(const Param& p, Count i) const;
   double loss_sum_ = 0;
   float loss_scale_ = 1.0f;
   Count opt_steps_ = 0, good_steps_ = 0;

@@ -99,6 +99,7 @@ void Trainer::build_units() {
         u.add(m_.max_position_embeddings, h_, Init::normal, uid(100000, 1), identity(), sp_);
       }
       u.chunk = static_cast<int>(c);
+      peft_unit(u, -1);
       ch.embedding = static_cast<int>(units_.size());
       units_.push_back(std::move(u));
     }
@@ -106,10 +107,13 @@ void Trainer::build_units() {
       LayerParams lp;
       units_.push_back(make_layer_unit(ch.first_layer + l, lp));
       units_.back().chunk = static_cast<int>(c);
+      peft_unit(units_.back(), ch.first_layer + l);
       ch.layer_units.push_back(static_cast<int>(units_.size()) - 1);
+      add_lora_unit(ch.first_layer + l, lp);  // fine-tuning: its flow, and its adapters
       if (lp.moe) {  // the layer's routed experts on this rank (trainer_moe.cpp)
         units_.push_back(make_expert_unit(ch.first_layer + l));
         units_.back().chunk = static_cast<int>(c);
+        peft_unit(units_.back(), ch.first_layer + l);
         lp.experts = static_cast<int>(units_.size()) - 1;
       }
       ch.layer_params.push_back(lp);
@@ -132,6 +136,7 @@ void Trainer::build_units() {
               [=, this](Count i) { return rank_row0 * h_ + i; });
       }
       u.chunk = static_cast<int>(c);
+      peft_unit(u, -1);
       ch.head = static_cast<int>(units_.size());
       const bool own = !m_.tied_embeddings || copy;
       head_w_unit_ = own ? ch.head : chunks_.empty() ? ch.embedding : chunks_.front().embedding;
@@ -142,28 +147,24 @@ void Trainer::build_units() {
   }
   // Storage and initial values.
   for (Unit& u : units_) {
+    if (!u.quant.empty()) quantize_unit(u);  // QLoRA: the linear weights leave the flat buffer
     const Count S = shard_size(u);
     u.padded = p_.zero_stage == 0 ? u.numel : (u.numel + S - 1) / S * S;
     u.shard = u.padded / S;
     HostVec init(static_cast<std::size_t>(u.padded), 0.0f);
     for (const Param& p : u.params) {
-      for (Count i = 0; i < p.numel(); ++i) {
-        float x = 0.0f;
-        if (p.init == Init::one) x = 1.0f;
-        if (p.init == Init::normal) {
-          // Uniform with the standard deviation 0.02 of GPT-2's init: half-width 0.02*sqrt(3).
-          x = 0.0346410f * uniform_pm1(mix(o_.seed ^ mix(p.uid) ^
-                                           static_cast<std::uint64_t>(p.global_index(i))));
-        }
-        init[static_cast<std::size_t>(p.offset + i)] = x;
-      }
+      if (p.quantized) continue;  // stored in the unit's quantized segments
+      for (Count i = 0; i < p.numel(); ++i)
+        init[static_cast<std::size_t>(p.offset + i)] = initial_value(p, i);
     }
     const bool z3 = p_.zero_stage >= 3;
     const Count lo = opt_begin(u), n_opt = opt_count(u);
-    u.weights = Tensor(alloc_, {z3 ? u.shard : u.padded}, cb_, MemoryTag::weights);
+    u.weights = Tensor(alloc_, {z3 ? u.shard : u.padded}, u.wdt, MemoryTag::weights);
     u.weights.write(init.data() + (z3 ? lo : 0), z3 ? u.shard : u.padded);
-    u.grads = Tensor(alloc_, {p_.zero_stage >= 2 ? u.shard : u.padded}, gb_, MemoryTag::gradients);
-    if (cb_ != DType::fp32) {
+    if (u.frozen) continue;  // fine-tuning: weights only
+    u.grads =
+        Tensor(alloc_, {p_.zero_stage >= 2 ? u.shard : u.padded}, u.gdt, MemoryTag::gradients);
+    if (u.wdt != DType::fp32) {
       u.master = Tensor(alloc_, {n_opt}, DType::fp32, MemoryTag::optimizer);
       u.master.write(init.data() + lo, n_opt);
     }
@@ -171,6 +172,40 @@ void Trainer::build_units() {
     if (t_.optimizer != Optimizer::sgd)
       u.v = Tensor(alloc_, {n_opt}, DType::fp32, MemoryTag::optimizer);
   }
+}
+
+float Trainer::initial_value(const Param& p, Count i) const {
+  if (p.init == Init::one) return 1.0f;
+  if (p.init == Init::zero) return 0.0f;
+  // Uniform with the standard deviation 0.02 of GPT-2's init: half-width 0.02*sqrt(3).
+  return 0.0346410f *
+         uniform_pm1(mix(o_.seed ^ mix(p.uid) ^ static_cast<std::uint64_t>(p.global_index(i))));
+}
+
+void Trainer::quantize_unit(Unit& u) {
+  const PeftSpec& pe = t_.peft;
+  if (pe.double_quant && nested_code_.data() == nullptr) {
+    const std::vector<float> code = QuantizedWeight::nested_code_values();
+    nested_code_ = TrackedBytes(alloc_, kBnbDynamicCodeBytes, MemoryTag::weights);
+    std::memcpy(nested_code_.data(), code.data(), sizeof(float) * code.size());
+  }
+  const auto* nested = static_cast<const float*>(nested_code_.data());
+  for (Unit::QuantSegment& q : u.quant) {
+    const Param& p = u.params[static_cast<std::size_t>(q.param)];
+    HostVec w(static_cast<std::size_t>(q.rows * p.cols));
+    for (Count i = 0; i < q.rows * p.cols; ++i)
+      w[static_cast<std::size_t>(i)] = initial_value(p, q.row0 * p.cols + i);
+    q.w = std::make_unique<QuantizedWeight>(alloc_, pe.base_storage, pe.double_quant, w.data(),
+                                            q.rows, p.cols, nested);
+  }
+  // The flat buffer keeps the other parameters (norms, biases), packed in their order.
+  Count off = 0;
+  for (Param& p : u.params) {
+    if (p.quantized) continue;
+    p.offset = off;
+    off += p.numel();
+  }
+  u.numel = off;
 }
 
 Count Trainer::opt_begin(const Unit& u) const {
@@ -331,6 +366,7 @@ Vec Trainer::param(Unit& u, int i) {
 void Trainer::add_grad(Unit& u, int i, const Vec& g) {
   if (i < 0) return;
   const Param& p = u.params[static_cast<std::size_t>(i)];
+  DISTPLAN_CHECK(!u.frozen, "a gradient of a frozen parameter");
   Tensor& dst = p_.zero_stage >= 2 ? u.unit_grad : u.grads;
   DISTPLAN_CHECK(static_cast<Count>(g.size()) == p.numel(), "gradient size");
   dev::add_into(o_.device, dst, p.offset, g.data(), p.numel());
@@ -340,37 +376,45 @@ void Trainer::acquire(int ui) {
   if (p_.zero_stage < 3) return;
   Unit& u = units_[static_cast<std::size_t>(ui)];
   if (!u.gathered.empty()) return;
-  u.gathered = Tensor(alloc_, {u.padded}, cb_, MemoryTag::buffers);
+  u.gathered = Tensor(alloc_, {u.padded}, u.wdt, MemoryTag::buffers);
   if (S_ > 1) {
     const auto t0 = now();
-    g_.dp->all_gather(u.weights.data(), u.gathered.data(), u.shard, cb_,
-                      std::string("parameters (") + unit_label(u.kind) + ", forward+backward)");
+    // A unit no backward passes (fine-tuning's frozen embedding and layers below the adapters)
+    // is gathered for the forward only.
+    g_.dp->all_gather(u.weights.data(), u.gathered.data(), u.shard, u.wdt,
+                      std::string("parameters (") + unit_label(u.kind) +
+                          (u.backward ? ", forward+backward)" : ", forward)"));
     mark(sim::Track::zero3, sim::SliceKind::zero3_gather, cur_mb_, u.chunk, t0);
   } else {
     dev::copy_bytes(o_.device, u.gathered.data(), u.weights.data(),
                     static_cast<std::size_t>(u.weights.bytes()));
   }
+  if (u.adapters >= 0) acquire(u.adapters);  // a layer's adapters with it
 }
 
 void Trainer::release(int ui) {
-  if (p_.zero_stage >= 3) units_[static_cast<std::size_t>(ui)].gathered.release();
+  if (p_.zero_stage < 3) return;
+  Unit& u = units_[static_cast<std::size_t>(ui)];
+  u.gathered.release();
+  if (u.adapters >= 0) release(u.adapters);
 }
 
 void Trainer::begin_unit_grad(int ui) {
+  if (ui < 0 || (ui = grad_unit(ui)) < 0) return;  // a frozen unit has no gradient
   Unit& u = units_[static_cast<std::size_t>(ui)];
   if (p_.zero_stage >= 2 && u.unit_grad.empty()) {
-    u.unit_grad = Tensor(alloc_, {u.padded}, gb_, MemoryTag::buffers);
+    u.unit_grad = Tensor(alloc_, {u.padded}, u.gdt, MemoryTag::buffers);
   }
 }
 
 void Trainer::end_unit_grad(int ui) {
-  if (p_.zero_stage < 2) return;
+  if (p_.zero_stage < 2 || ui < 0 || (ui = grad_unit(ui)) < 0) return;
   Unit& u = units_[static_cast<std::size_t>(ui)];
   sp_reduce_partials(u, u.unit_grad);
-  Tensor part(alloc_, {u.shard}, gb_, MemoryTag::temporaries);
+  Tensor part(alloc_, {u.shard}, u.gdt, MemoryTag::temporaries);
   if (S_ > 1) {
     const auto t0 = now();
-    g_.dp->reduce_scatter(u.unit_grad.data(), part.data(), u.shard, gb_,
+    g_.dp->reduce_scatter(u.unit_grad.data(), part.data(), u.shard, u.gdt,
                           std::string("gradients (") + unit_label(u.kind) + ")");
     mark(sim::Track::dp, sim::SliceKind::grad_reduce, cur_mb_, u.chunk, t0);
   } else {

@@ -179,9 +179,14 @@ void Trainer::forward(Count step, Count mb, Count c) {
   for (Count l = 0; l < ch.num_layers; ++l, ++pi) {
     acquire_in_pass(pass, pi);
     LayerSaved& sv = st.layers[static_cast<std::size_t>(l)];
-    sv.x = save_act(x);
-    x = layer_forward(ch.layer_units[static_cast<std::size_t>(l)],
-                      ch.layer_params[static_cast<std::size_t>(l)], sv);
+    const LayerParams& lp = ch.layer_params[static_cast<std::size_t>(l)];
+    // The layer's input: its input norm's saved tensor, and what full recomputation restarts
+    // from; a layer without a backward (fine-tuning: below the adapters) keeps nothing.
+    if (lp.flow.saves[static_cast<std::size_t>(op_.norm1)] ||
+        (p_.recompute == Recompute::full && lp.flow.any))
+      sv.x = save_act(x);
+    Vec y = layer_forward(ch.layer_units[static_cast<std::size_t>(l)], lp, sv, x);
+    x = std::move(y);
     if (p_.recompute == Recompute::full) {
       Tensor keep = std::move(sv.x);
       sv = LayerSaved{};
@@ -233,7 +238,8 @@ void Trainer::head_forward(const Chunk& ch, ChunkState& st, const Vec& x, Count 
   HeadSaved hs;
   hs.x = save_act(x);
   const Vec y = norm_fwd(u, 0, ln ? 1 : -1, x, Nl_);
-  hs.ln = save_act(y);
+  // The LM head keeps its input for its weight gradient only (a frozen head needs W alone).
+  if (!units_[static_cast<std::size_t>(head_w_unit_)].frozen) hs.ln = save_act(y);
   const Vec yf = gather_in(y, "lm head input");
   Vec logits = linear_fwd(units_[static_cast<std::size_t>(head_w_unit_)], head_w_param_, -1, yf, N_,
                           h_, vl_);
@@ -286,15 +292,19 @@ Vec Trainer::head_backward(const Chunk& ch, ChunkState& st, const Vec& dlogits,
     dy = dyf;
   }
   HeadSaved* H = &hs;
-  jobs.push_back([this, wu, wi, dlogits, H] {
-    linear_bwd_weight(units_[static_cast<std::size_t>(wu)], wi, -1, dlogits,
-                      gather_in(rd(H->ln), "lm head input"), N_, h_, vl_);
-  });
+  if (!units_[static_cast<std::size_t>(wu)].frozen) {
+    jobs.push_back([this, wu, wi, dlogits, H] {
+      linear_bwd_weight(units_[static_cast<std::size_t>(wu)], wi, -1, dlogits,
+                        gather_in(rd(H->ln), "lm head input"), N_, h_, vl_);
+    });
+  }
   const Vec x = rd(hs.x);
   Vec dx = norm_bwd_input(u, 0, dy, x, Nl_);
-  jobs.push_back([this, ui, ln, dy, H] {
-    norm_bwd_weight(units_[static_cast<std::size_t>(ui)], 0, ln ? 1 : -1, dy, rd(H->x), Nl_);
-  });
+  if (!u.frozen) {
+    jobs.push_back([this, ui, ln, dy, H] {
+      norm_bwd_weight(units_[static_cast<std::size_t>(ui)], 0, ln ? 1 : -1, dy, rd(H->x), Nl_);
+    });
+  }
   rnd(dx, cb_);
   return dx;
 }
@@ -328,6 +338,9 @@ void Trainer::backward(Count mb, Count c, bool split) {
   ChunkState& st = states_.at({mb, c});
   std::vector<int> pass = chunk_units(ch);
   std::reverse(pass.begin(), pass.end());
+  // Fine-tuning: a unit no backward passes (a frozen embedding, layers below the adapters) is
+  // not gathered again.
+  std::erase_if(pass, [this](int ui) { return !units_[static_cast<std::size_t>(ui)].backward; });
   std::size_t pi = 0;
   Vec dy;
   // Each unit's weight jobs are run at once (non-split) or queued with the unit they complete.
@@ -359,22 +372,28 @@ void Trainer::backward(Count mb, Count c, bool split) {
     exchange(&in, from, tag(true, mb, vstage(c)));
     dy = rd(in);
   }
-  for (Count l = ch.num_layers - 1; l >= 0; --l, ++pi) {
+  for (Count l = ch.num_layers - 1; l >= 0; --l) {
+    const int ui = ch.layer_units[static_cast<std::size_t>(l)];
+    if (!units_[static_cast<std::size_t>(ui)].backward) continue;  // no gradient reaches it
     acquire_in_pass(pass, pi);
     LayerSaved& sv = st.layers[static_cast<std::size_t>(l)];
-    const int ui = ch.layer_units[static_cast<std::size_t>(l)];
     const LayerParams& lp = ch.layer_params[static_cast<std::size_t>(l)];
-    if (p_.recompute == Recompute::full) (void)layer_forward(ui, lp, sv);  // rebuild the layer
+    if (p_.recompute == Recompute::full) (void)layer_forward(ui, lp, sv, rd(sv.x));  // rebuild
     dy = layer_backward(ui, lp, sv, dy, jobs);
     flush(jobs, ui);
     if (!split) sv = LayerSaved{};
-    release(pass[pi]);
+    release(pass[pi++]);
   }
+  // Fine-tuning: below the first layer that trains no gradient goes on; the schedule's send
+  // still happens (zeros), as the planner counts it.
+  if (dy.size() == 0) dy = zeros(Nl_ * h_);
   if (ch.first) {
-    acquire_in_pass(pass, pi);
-    embedding_backward(ch, st, dy, jobs);
-    flush(jobs, pass[pi]);
-    release(pass[pi]);
+    if (units_[static_cast<std::size_t>(ch.embedding)].backward) {
+      acquire_in_pass(pass, pi);
+      embedding_backward(ch, st, dy, jobs);
+      flush(jobs, pass[pi]);
+      release(pass[pi]);
+    }
   } else if (const int to = stage_of(vstage(c) - 1); to == stage_) {
     keep_local(dy, tag(true, mb, vstage(c) - 1));
   } else {
@@ -410,7 +429,8 @@ std::pair<double, bool> Trainer::train_step(Count step) {
   loss_sum_ = 0;
   pending_loss_.clear();
   moe_routing_ = MoeRouting{};
-  for (Unit& u : units_) u.grads.zero();
+  for (Unit& u : units_)
+    if (!u.frozen) u.grads.zero();
   for (const sim::Action& a : program_.programs[static_cast<std::size_t>(stage_)]) {
     const auto t0 = now();
     cur_mb_ = a.microbatch;
@@ -441,7 +461,7 @@ std::pair<double, bool> Trainer::train_step(Count step) {
   // their gradients over the embedding group, once per step (Megatron-LM's
   // _allreduce_word_embedding_grads), before the data-parallel reduction.
   if (m_.tied_embeddings && head_stage(p_.schedule, pp_) != 0 &&
-      (stage_ == 0 || stage_ == pp_ - 1)) {
+      (stage_ == 0 || stage_ == pp_ - 1) && peft_embedding_trains(t_.peft)) {
     const auto te = now();
     Unit& u = units_[static_cast<std::size_t>(stage_ == 0 ? chunks_.front().embedding
                                                           : chunks_.back().head)];
@@ -453,7 +473,8 @@ std::pair<double, bool> Trainer::train_step(Count step) {
   }
   // Data-parallel reduction (ZeRO 0/1: once per step, unit by unit).
   for (Unit& u : units_) {
-    if (u.kind == 3) {  // routed experts: over the expert data-parallel group
+    if (u.frozen) continue;  // fine-tuning: nothing to reduce
+    if (u.kind == 3) {       // routed experts: over the expert data-parallel group
       reduce_expert_grads(u);
       continue;
     }
@@ -463,14 +484,15 @@ std::pair<double, bool> Trainer::train_step(Count step) {
     const bool dp_group = g_.dp->size() > 1;
     const bool reduces = (p_.zero_stage <= 1 && sp_) || dp_group || replicas;
     if (p_.zero_stage <= 1) sp_reduce_partials(u, u.grads);
+    const DType gd = u.gdt;
     if (dp_group) {
       const std::string what = std::string("gradients (") + unit_label(u.kind) + ")";
       if (p_.zero_stage == 0) {
-        g_.dp->all_reduce(u.grads.data(), u.grads.numel(), gb_, ReduceOp::sum, what);
+        g_.dp->all_reduce(u.grads.data(), u.grads.numel(), gd, ReduceOp::sum, what);
       } else if (p_.zero_stage == 1) {
-        Tensor part(alloc_, {u.shard}, gb_, MemoryTag::temporaries);
-        g_.dp->reduce_scatter(u.grads.data(), part.data(), u.shard, gb_, what);
-        char* dst = static_cast<char*>(u.grads.data()) + opt_begin(u) * bytes_of(gb_);
+        Tensor part(alloc_, {u.shard}, gd, MemoryTag::temporaries);
+        g_.dp->reduce_scatter(u.grads.data(), part.data(), u.shard, gd, what);
+        char* dst = static_cast<char*>(u.grads.data()) + opt_begin(u) * bytes_of(gd);
         dev::copy_bytes(o_.device, dst, part.data(), static_cast<std::size_t>(part.bytes()));
       }
     }
@@ -478,7 +500,7 @@ std::pair<double, bool> Trainer::train_step(Count step) {
     if (replicas) {
       char* base = static_cast<char*>(u.grads.data());
       const Count off = p_.zero_stage >= 2 ? 0 : opt_begin(u);
-      g_.dp_replicate->all_reduce(base + off * bytes_of(gb_), u.shard, gb_, ReduceOp::sum,
+      g_.dp_replicate->all_reduce(base + off * bytes_of(gd), u.shard, gd, ReduceOp::sum,
                                   std::string("gradients (") + unit_label(u.kind) + ")");
     }
     if (reduces) mark(sim::Track::dp, sim::SliceKind::grad_reduce, -1, u.chunk, tu);
@@ -489,6 +511,7 @@ std::pair<double, bool> Trainer::train_step(Count step) {
   double overflow = 0;
   if (t_.precision == DType::fp16) {
     for (Unit& u : units_) {
+      if (u.frozen) continue;
       const Count off = p_.zero_stage >= 2 ? 0 : opt_begin(u);
       if (dev::has_overflow(o_.device, u.grads, off, opt_count(u))) overflow = 1;
     }
@@ -496,7 +519,8 @@ std::pair<double, bool> Trainer::train_step(Count step) {
   }
   if (overflow == 0) {
     ++opt_steps_;
-    for (Unit& u : units_) optimizer_step(u);
+    for (Unit& u : units_)
+      if (!u.frozen) optimizer_step(u);
     if (t_.precision == DType::fp16 && ++good_steps_ % 1000 == 0) loss_scale_ *= 2.0f;
   } else {
     loss_scale_ /= 2.0f;

@@ -1,7 +1,7 @@
 // One rank of a backend run. Under mpirun every rank trains its part; rank 0 gathers every rank's
 // measurement and writes distplan.measurement/v1 JSON to --out (or stdout).
 //   distplan-backend-worker SCENARIO.json [--steps K] [--out FILE] [--emulate-rank R] [--lr X]
-//   [--repeat-batch] [--dump-gradients DIR]
+//   [--repeat-batch] [--dump-gradients DIR] [--dump-weights DIR]
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
@@ -32,6 +32,8 @@ int main(int argc, char** argv) {
       opts.repeat_batch = true;
     } else if (a == "--dump-gradients" && i + 1 < argc) {
       opts.dump_gradients = argv[++i];
+    } else if (a == "--dump-weights" && i + 1 < argc) {
+      opts.dump_weights = argv[++i];
     } else if (a == "--emulate-rank" && i + 1 < argc) {
       emulate = true;
       opts.emulate_rank = std::atoi(argv[++i]);

@@ -47,6 +47,12 @@ QVariant MemoryModel::data(const QModelIndex& index, int role) const {
       if (c == InflightColumn) return QString::number(s.inflight_microbatches, 'g', 4);
       return QString::number(to_gib(bytes), 'f', 2);
     case Qt::ToolTipRole:
+      if (bytes >= 0 && c == FirstCategoryColumn && s.frozen_weights_bytes > 0) {
+        // Fine-tuning: the frozen base and what trains (docs/peft.md).
+        return tr("%1\nfrozen %2\ntrained %3")
+            .arg(formatBytesExact(bytes), formatBytesExact(s.frozen_weights_bytes),
+                 formatBytesExact(bytes - s.frozen_weights_bytes));
+      }
       if (bytes >= 0) return formatBytesExact(bytes);
       return {};
     case Qt::UserRole:

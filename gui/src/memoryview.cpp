@@ -80,11 +80,38 @@ void MemoryView::rebuildChart() {
   bars_ = new QStackedBarSeries;
   QStringList stages;
   for (const StageMemory& s : memory.stages) stages << tr("Stage %1").arg(s.stage);
+  // Fine-tuning (docs/peft.md): the weights split into the frozen base (a lighter bar, first)
+  // and what trains.
+  frozen_ = std::any_of(memory.stages.begin(), memory.stages.end(),
+                        [](const StageMemory& s) { return s.frozen_weights_bytes > 0; });
+  if (frozen_) {
+    const QColor light = categoryColor(MemoryCategory::weights).lighter(150);
+    auto* set = new QBarSet(tr("Weights (frozen)"));
+    set->setColor(light);
+    set->setBorderColor(light.darker(130));
+    for (const StageMemory& s : memory.stages) *set << to_gib(s.frozen_weights_bytes);
+    connect(set, &QBarSet::hovered, this, [this](bool status, int index) {
+      const auto& stages = model_->memory().stages;
+      if (!status || index < 0 || index >= static_cast<int>(stages.size())) {
+        QToolTip::hideText();
+        return;
+      }
+      const StageMemory& s = stages[static_cast<std::size_t>(index)];
+      QToolTip::showText(QCursor::pos(), tr("Stage %1 — frozen weights (no gradients, no "
+                                            "optimizer states)\n%2\nstage total %3")
+                                             .arg(s.stage)
+                                             .arg(formatBytesExact(s.frozen_weights_bytes),
+                                                  formatBytesExact(s.total_bytes)));
+    });
+    bars_->append(set);
+  }
   for (MemoryCategory c : kMemoryCategories) {
-    auto* set = new QBarSet(categoryLabel(c));
+    const bool trained = frozen_ && c == MemoryCategory::weights;
+    auto* set = new QBarSet(trained ? tr("Weights (trained)") : categoryLabel(c));
     set->setColor(categoryColor(c));
     set->setBorderColor(categoryColor(c).darker(130));
-    for (const StageMemory& s : memory.stages) *set << to_gib(categoryBytes(s, c));
+    for (const StageMemory& s : memory.stages)
+      *set << to_gib(categoryBytes(s, c) - (trained ? s.frozen_weights_bytes : 0));
     connect(set, &QBarSet::hovered, this, [this, c](bool status, int index) {
       const auto& stages = model_->memory().stages;
       if (!status || index < 0 || index >= static_cast<int>(stages.size())) {
@@ -178,7 +205,14 @@ double MemoryView::barValueGiB(MemoryCategory category, int stage) const {
   const auto index =
       static_cast<int>(std::find(kMemoryCategories.begin(), kMemoryCategories.end(), category) -
                        kMemoryCategories.begin());
-  return bars_->barSets().at(index)->at(stage);
+  const int first = frozen_ ? 1 : 0;  // the frozen weights' set comes first
+  const double frozen =
+      frozen_ && category == MemoryCategory::weights ? bars_->barSets().at(0)->at(stage) : 0.0;
+  return bars_->barSets().at(first + index)->at(stage) + frozen;
+}
+
+double MemoryView::frozenWeightsGiB(int stage) const {
+  return frozen_ ? bars_->barSets().at(0)->at(stage) : -1.0;
 }
 
 int MemoryView::barCount() const {

@@ -29,8 +29,11 @@ class MemoryView : public QWidget {
 
   [[nodiscard]] QChartView* chartView() const { return chartView_; }
   [[nodiscard]] MemoryModel* model() const { return model_; }
-  /// The bar heights drawn, in GiB: value of `category` on `stage`.
+  /// The bar heights drawn, in GiB: value of `category` on `stage` (the weights: frozen and
+  /// trained together).
   [[nodiscard]] double barValueGiB(MemoryCategory category, int stage) const;
+  /// Fine-tuning: the frozen weights' bar on `stage` in GiB (-1 when the plan freezes nothing).
+  [[nodiscard]] double frozenWeightsGiB(int stage) const;
   [[nodiscard]] int barCount() const;
   /// The height of stage `stage`'s whole bar in GiB: categories, transient and allocator cache,
   /// i.e. the stage's reserved bytes.
@@ -40,6 +43,7 @@ class MemoryView : public QWidget {
 
  private:
   void rebuildChart();
+  bool frozen_ = false;  // the weights are drawn as frozen and trained bars (fine-tuning)
 
   MemoryModel* model_ = nullptr;
   QChart* chart_ = nullptr;

@@ -185,6 +185,7 @@ ScenarioEditor::ScenarioEditor(QWidget* parent) : QWidget(parent) {
   group(tr("Model and cluster"), &ScenarioEditor::buildPresetsGroup);
   group(tr("Parallel layout"), &ScenarioEditor::buildParallelGroup);
   group(tr("Training"), &ScenarioEditor::buildTrainingGroup);
+  group(tr("Fine-tuning"), &ScenarioEditor::buildPeftGroup);
   group(tr("Model shape"), &ScenarioEditor::buildModelGroup);
   group(tr("Mixture of Experts"), &ScenarioEditor::buildMoeGroup);
   group(tr("GPU and links"), &ScenarioEditor::buildClusterGroup);
@@ -393,6 +394,27 @@ void ScenarioEditor::buildTrainingGroup(QFormLayout* form) {
   addValue(form, tr("Dropout"), QStringLiteral("/training/dropout"), FieldUnit::plain);
   // The memory profile (docs/memory.md): allocated and reserved bytes as the framework measures.
   addChoice(form, tr("Framework"), QStringLiteral("/training/framework"), enumNames(kFrameworks));
+}
+
+// training.peft (docs/peft.md): LoRA, QLoRA, or full fine-tuning with frozen parts. The target
+// modules (a list of Hugging Face names, or "all-linear") are edited in the file.
+void ScenarioEditor::buildPeftGroup(QFormLayout* form) {
+  addChoice(form, tr("Method"), QStringLiteral("/training/peft/method"),
+            {QStringLiteral("none"), QStringLiteral("full"), QStringLiteral("lora"),
+             QStringLiteral("qlora")});
+  addValue(form, tr("LoRA rank"), QStringLiteral("/training/peft/rank"), FieldUnit::plain);
+  addValue(form, tr("LoRA alpha"), QStringLiteral("/training/peft/alpha"), FieldUnit::plain);
+  addValue(form, tr("LoRA dropout"), QStringLiteral("/training/peft/dropout"), FieldUnit::plain);
+  addChoice(form, tr("Base weights"), QStringLiteral("/training/peft/base_storage"),
+            {QStringLiteral("bf16"), QStringLiteral("fp16"), QStringLiteral("fp32"),
+             QStringLiteral("nf4"), QStringLiteral("fp4"), QStringLiteral("int8")});
+  addCheck(form, tr("Double quantization"), QStringLiteral("/training/peft/double_quant"));
+  addChoice(form, tr("Adapter dtype"), QStringLiteral("/training/peft/adapter_dtype"),
+            enumNames(kDTypes));
+  addValue(form, tr("Frozen layers"), QStringLiteral("/training/peft/frozen_layers"),
+           FieldUnit::plain);
+  addCheck(form, tr("Freeze embeddings"), QStringLiteral("/training/peft/freeze_embeddings"));
+  addCheck(form, tr("Paged optimizer"), QStringLiteral("/training/peft/paged_optimizer"));
 }
 
 void ScenarioEditor::buildParallelGroup(QFormLayout* form) {

@@ -83,6 +83,7 @@ class ScenarioEditor : public QWidget {
   void buildMoeGroup(QFormLayout* form);
   void buildClusterGroup(QFormLayout* form);
   void buildTrainingGroup(QFormLayout* form);
+  void buildPeftGroup(QFormLayout* form);
   void buildParallelGroup(QFormLayout* form);
   void buildAssumptionsGroup(QFormLayout* form);
 

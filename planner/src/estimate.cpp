@@ -18,6 +18,7 @@
 #include "distplan/planner/op_costs.h"
 #include "distplan/planner/overlap.h"
 #include "distplan/planner/pipeline_split.h"
+#include "distplan/planner/peft.h"
 
 namespace distplan {
 
@@ -168,6 +169,7 @@ class Estimator {
         stage_unit_params(m_, p_.tp, p_.pp, p_.schedule, stage,
                           layers_[static_cast<std::size_t>(stage)], vocab_, layer_params_rank_);
     x.chunk_layers = chunk_layers_[static_cast<std::size_t>(stage)];
+    x.first_layer = stage_first_layer(stage);
     return x;
   }
   [[nodiscard]] StageUnits units(int stage) const noexcept {
@@ -238,7 +240,49 @@ class Estimator {
   }
 
   // FLOPs -------------------------------------------------------------------------------------
+  // Fine-tuning (peft.h, docs/peft.md): layer i is frozen below the trained ones (i <
+  // frozen_layers), the first trained one (where the gradient may start) or above it; each kind
+  // has its own flow, FLOPs and op costs.
+  enum PeftKind { kBelow, kFirst, kAbove };
+  struct PeftKindInfo {
+    LayerFlops flops;
+    PeftLayerFlow flow;
+  };
+  [[nodiscard]] PeftKindInfo peft_kind(int kind) const {
+    const PeftSpec& pe = t_.peft;
+    const Count n = pe.frozen_layers;
+    const Count layer = kind == kBelow ? 0 : kind == kFirst ? n : n + 1;
+    const bool trains = kind != kBelow;
+    const LoraLayer lora = trains ? lora_layer(table_, m_, pe) : LoraLayer{};
+    const bool own = trains && !pe.adapters();
+    const bool grad_in = kind == kAbove || peft_grad_reaches(pe, layer);
+    PeftKindInfo x;
+    x.flow = peft_layer_flow(table_, lora, own, grad_in, pe.dropout > 0);
+    x.flops =
+        peft_layer_flops(table_, lora, pe.rank, own, grad_in, t_.micro_batch_size, t_.seq_length);
+    return x;
+  }
+  // Layers of each kind among [first, first + count) (v = 1), or on a stage under v > 1
+  // (frozen_layers is 0 then: layer 0, the first, sits on stage 0).
+  [[nodiscard]] std::array<Count, 3> peft_kind_counts(Count first, Count count) const noexcept {
+    const Count n = t_.peft.frozen_layers, end = first + count;
+    std::array<Count, 3> c{};
+    c[kBelow] = std::max<Count>(0, std::min(end, n) - first);
+    c[kFirst] = first <= n && n < end ? 1 : 0;
+    c[kAbove] = count - c[kBelow] - c[kFirst];
+    return c;
+  }
+  [[nodiscard]] bool peft_head_trains() const noexcept {
+    const PeftSpec& pe = t_.peft;
+    return !pe.enabled() ||
+           (pe.method == PeftMethod::full && !(m_.tied_embeddings && pe.freeze_embeddings));
+  }
+
   void compute(Estimate& e) {
+    if (t_.peft.enabled()) {
+      peft_compute(e);
+      return;
+    }
     // Per micro-batch, all TP ranks together (Narayanan et al. 2021, eq. 3 derivation).
     lf_ = layer_flops(table_, t_.micro_batch_size, t_.seq_length);
     // MoE: the router and the top_k routed experts of every token (moe_layer.h).
@@ -264,6 +308,33 @@ class Estimator {
       recompute = L * (lf_.forward - (flash ? lf_.causal_masked_forward : 0.0));
     if (p_.recompute == Recompute::selective) recompute = L * lf_.selective_recompute;
     if (p_.recompute == Recompute::selective_op) recompute = L * lf_.selective_op_recompute;
+    e.compute.model_flops_per_step = mbs_per_step * model;
+    e.compute.hardware_flops_per_step = mbs_per_step * ((flash ? model : full) + recompute);
+  }
+
+  // Fine-tuning's FLOPs: the flows' halves of each layer kind and the adapters' GEMMs; the LM
+  // head's input gradient always (the layers below need it), its weight gradient only when it
+  // trains. Model FLOPs are what the step must compute (no frozen weight gradient).
+  void peft_compute(Estimate& e) {
+    head_fwd_ = 2.0 * static_cast<double>(t_.micro_batch_size * t_.seq_length) *
+                static_cast<double>(m_.hidden_size) * static_cast<double>(vocab_);
+    // Causal attention as compute() counts it: model FLOPs without the masked half of the s x s
+    // products; hardware FLOPs with it where standard attention computes it.
+    const std::array<Count, 3> n = peft_kind_counts(0, m_.num_layers);
+    const bool flash = t_.attention == Attention::flash;
+    double full = (peft_head_trains() ? 3 : 2) * head_fwd_, masked = 0, recompute = 0;
+    for (int k = kBelow; k <= kAbove; ++k) {
+      const PeftKindInfo x = peft_kind(k);
+      const double c = static_cast<double>(n[static_cast<std::size_t>(k)]);
+      full += c * (x.flops.forward + x.flops.backward_input + x.flops.backward_weight);
+      masked += c * x.flops.causal_masked;
+      if (!x.flow.any) continue;  // no graph, nothing to recompute
+      if (p_.recompute == Recompute::full)
+        recompute += c * (x.flops.forward - (flash ? x.flops.causal_masked_forward : 0.0));
+      if (p_.recompute == Recompute::selective) recompute += c * x.flops.selective_recompute;
+    }
+    const double model = full - masked;
+    const double mbs_per_step = static_cast<double>(nmb_ * p_.dp);
     e.compute.model_flops_per_step = mbs_per_step * model;
     e.compute.hardware_flops_per_step = mbs_per_step * ((flash ? model : full) + recompute);
   }
@@ -502,8 +573,10 @@ class Estimator {
                                                    "parameters (embedding, forward+backward)",
                                                    "parameters (lm head, forward+backward)"};
 
-    // Data parallel / ZeRO, unit by unit (docs/communication.md).
-    for (int i = 0; i < 3; ++i) {
+    // Data parallel / ZeRO, unit by unit (docs/communication.md); fine-tuning reduces only what
+    // trains (peft_collectives).
+    if (t_.peft.enabled()) peft_collectives(st, m, out);
+    for (int i = 0; i < 3 && !t_.peft.enabled(); ++i) {
       const Unit& x = *all_units[i];
       if (x.count == 0) continue;
       const Bytes full_g = padded(x.params) * gb();
@@ -664,11 +737,91 @@ class Estimator {
               expert_unit_elements() * gb(), u.layer.count);
         }
       }
-      if (m_.tied_embeddings && head_stage(p_.schedule, pp) != 0 && (st == 0 || st == pp - 1)) {
+      if (m_.tied_embeddings && head_stage(p_.schedule, pp) != 0 && (st == 0 || st == pp - 1) &&
+          peft_embedding_trains(t_.peft)) {
         add(out, Group::embedding, CollectiveOp::all_reduce, "tied embedding gradients",
             vocab_ * m_.hidden_size / p_.tp * gb(), 1);
       }
     }
+  }
+
+  // Fine-tuning's data-parallel collectives (docs/peft.md, "Communication"): gradients and the
+  // ZeRO-1/2 parameter gathers move the trainable part of each unit only (PEFT + DDP / FSDP /
+  // DeepSpeed reduce the parameters that require grad; a layer's adapters are a unit of their
+  // own, "adapters"); ZeRO-3 gathers the frozen part as well, for the forward and, where a
+  // backward passes the unit, again for it.
+  template <typename Sink>
+  void peft_collectives(int st, Count m, Sink& out) const {
+    const StageUnits su = units(st);
+    StageUnitParams up = stage_unit_params(m_, p_.tp, p_.pp, p_.schedule, st, su.layer.count,
+                                           vocab_, layer_params_rank_);
+    up.first_layer = stage_first_layer(st);
+    const PeftUnits x = peft_units(s_, table_, p_.tp, p_.zero_stage, up);
+    const bool adapters = t_.peft.adapters();
+    const bool below_backward = peft_kind(kBelow).flow.any;
+    const bool emb_backward = peft_embedding_trains(t_.peft);
+    struct Part {
+      std::string_view grads, params, gather;  // labels
+      Count trainable = 0;
+      Bytes frozen_gathered = 0;
+      Count count = 0;
+      bool backward = true;
+    };
+    const Count S = shard();
+    PeftUnit adapter_unit;  // the adapters of a layer, as their own unit
+    adapter_unit.trainable = adapters ? x.trained_layer.trainable : 0;
+    const PeftUnit& layer_base = x.trained_layer;
+    const Part parts[] = {
+        // The trained layers' own units (their frozen base under LoRA).
+        {"gradients (layers)", "parameters (layers)", "parameters (layers, forward+backward)",
+         adapters ? 0 : layer_base.trainable, layer_base.frozen_gathered(S), x.trained_layers,
+         true},
+        {"gradients (adapters)", "parameters (adapters)", "parameters (adapters, forward+backward)",
+         adapter_unit.trainable, 0, adapters ? x.trained_layers : 0, true},
+        {"", "",
+         below_backward ? "parameters (layers, forward+backward)" : "parameters (layers, forward)",
+         0, x.frozen_layer.frozen_gathered(S), x.frozen_layers, below_backward},
+        {"gradients (embedding)", "parameters (embedding)",
+         emb_backward ? "parameters (embedding, forward+backward)"
+                      : "parameters (embedding, forward)",
+         x.embedding.trainable, x.embedding.frozen_gathered(S), su.embedding.count, emb_backward},
+        {"gradients (lm head)", "parameters (lm head)", "parameters (lm head, forward+backward)",
+         x.head.trainable, x.head.frozen_gathered(S), su.head.count, true}};
+    for (const Part& h : parts) {
+      if (h.count == 0) continue;
+      const Bytes full_g = padded(h.trainable) * x.gradient;
+      const Bytes full_w = padded(h.trainable) * x.weight;
+      const bool trains = h.trainable > 0;
+      switch (p_.zero_stage) {
+        case 0:
+          if (trains) add(out, Group::dp, CollectiveOp::all_reduce, h.grads, full_g, h.count);
+          break;
+        case 1:
+        case 2:
+          if (!trains) break;
+          add(out, Group::dp, CollectiveOp::reduce_scatter, h.grads, full_g,
+              h.count * (p_.zero_stage == 2 ? m : 1));
+          add(out, Group::dp, CollectiveOp::all_gather, h.params, full_w, h.count);
+          break;
+        default:
+          add(out, Group::dp, CollectiveOp::all_gather, h.gather, h.frozen_gathered + full_w,
+              (h.backward ? 2 : 1) * h.count * m);
+          if (trains)
+            add(out, Group::dp, CollectiveOp::reduce_scatter, h.grads, full_g, h.count * m);
+          break;
+      }
+      if (p_.zero_stage > 0 && trains) {
+        add(out, Group::dp_replicate, CollectiveOp::all_reduce, h.grads,
+            ceil_div(h.trainable, S) * x.gradient, h.count);
+      }
+    }
+  }
+  // The first layer of stage `st` (v = 1; 0 under virtual stages, where frozen_layers is 0).
+  [[nodiscard]] Count stage_first_layer(int st) const noexcept {
+    if (p_.virtual_stages != 1) return 0;
+    Count first = 0;
+    for (int i = 0; i < st; ++i) first += layers_[static_cast<std::size_t>(i)];
+    return first;
   }
 
   // Elements of one MoE layer's routed-experts unit on a rank: its expert parameters, padded to
@@ -767,7 +920,7 @@ class Estimator {
     for (int st = 0; st < pp; ++st) {
       // Middle stages whose chunks hold as many layers as the previous middle stage's cost
       // exactly the same.
-      if (st > 1 && st < pp - 1 &&
+      if (st > 1 && st < pp - 1 && t_.peft.frozen_layers == 0 &&
           chunk_layers_[static_cast<std::size_t>(st)] ==
               chunk_layers_[static_cast<std::size_t>(st - 1)]) {
         e.stage_costs[static_cast<std::size_t>(st)] =
@@ -871,6 +1024,7 @@ class Estimator {
                                         : 0.0;
       // Each chunk's pass waits for its send unless sends overlap compute.
       const double blocking_p2p = pp > 1 && !s_.assumptions.overlap_p2p ? k.p2p : 0.0;
+      const bool emb_w = peft_embedding_trains(t_.peft), head_w = peft_head_trains();
       k.chunks.assign(static_cast<std::size_t>(v), ChunkCosts{});
       k.forward = k.backward_input = k.backward_weight = k.recompute = 0;
       k.tp_communication = k.cp_communication = k.ep_communication = 0;
@@ -885,9 +1039,31 @@ class Estimator {
         if (p_.recompute == Recompute::full) recompute = L * layer.forward;
         if (p_.recompute == Recompute::selective) recompute = L * layer.selective_recompute;
         if (p_.recompute == Recompute::selective_op) recompute = L * layer.selective_op_recompute;
-        if (cu.embedding.count > 0) fwd += emb.forward, bwd_w += emb.backward_weight;
+        if (t_.peft.enabled()) {
+          // Fine-tuning: each layer kind's own costs (no frozen weight gradients, adapters,
+          // dequantization); a layer without a backward recomputes nothing. frozen_layers needs
+          // virtual_stages = 1, so a chunk is then the whole stage.
+          fwd = bwd_in = bwd_w = gemm_f = gemm_b = recompute = 0;
+          const std::array<Count, 3> n = peft_kind_counts(stage_first_layer(st), cu.layer.count);
+          for (int kind = kBelow; kind <= kAbove; ++kind) {
+            const double c = static_cast<double>(n[static_cast<std::size_t>(kind)]);
+            if (c == 0) continue;
+            const PeftKindInfo pk = peft_kind(kind);
+            const PassCosts pc = peft_layer_pass_costs(
+                table_, m_, t_, kind == kBelow ? LoraLayer{} : lora_layer(table_, m_, t_.peft),
+                pk.flow, rates);
+            fwd += c * pc.forward, bwd_in += c * pc.backward_input, bwd_w += c * pc.backward_weight;
+            gemm_f += c * pc.gemm_forward, gemm_b += c * pc.gemm_backward;
+            if (pk.flow.any && p_.recompute == Recompute::full) recompute += c * pc.forward;
+            if (pk.flow.any && p_.recompute == Recompute::selective)
+              recompute += c * pc.selective_recompute;
+          }
+        }
+        if (cu.embedding.count > 0)
+          fwd += emb.forward, bwd_w += emb_w ? emb.backward_weight : 0.0;
         if (cu.head.count > 0) {
-          fwd += head.forward, bwd_in += head.backward_input, bwd_w += head.backward_weight;
+          fwd += head.forward, bwd_in += head.backward_input;
+          bwd_w += head_w ? head.backward_weight : 0.0;
           gemm_f += head.gemm_forward, gemm_b += head.gemm_backward;
         }
         const double tp = chunk_tp[static_cast<std::size_t>(ch)];
@@ -935,9 +1111,21 @@ class Estimator {
       // ZeRO-1 keeps full gradients but steps only its shard of them.
       const double grads_read = static_cast<double>(
           p_.zero_stage == 1 ? sm.gradients_bytes / shard() : sm.gradients_bytes);
-      const double touched =
+      double touched =
           grads_read + 2.0 * static_cast<double>(sm.optimizer_bytes) +
           static_cast<double>(p_.zero_stage == 3 ? sm.weights_bytes : sm.weights_bytes / shard());
+      if (t_.peft.enabled()) {
+        // Only the trainable parameters step: their gradients, states and weights.
+        StageUnitParams up = stage_unit_params(m_, p_.tp, pp, p_.schedule, st, u.layer.count,
+                                               vocab_, layer_params_rank_);
+        up.first_layer = stage_first_layer(st);
+        const PeftUnits x = peft_units(s_, table_, p_.tp, p_.zero_stage, up);
+        const double trainable =
+            static_cast<double>(ceil_div(x.trained_layer.trainable, shard()) * x.trained_layers +
+                                ceil_div(x.embedding.trainable, shard()) * u.embedding.count +
+                                ceil_div(x.head.trainable, shard()) * u.head.count);
+        touched = trainable * static_cast<double>(x.gradient + 2 * x.optimizer + x.weight);
+      }
       k.optimizer = memory_seconds(rates, touched, 1);
       if (p_.offload_optimizer != Offload::none) offload_costs(u, k, e.offload);
       if (t_.fp8 != Fp8Recipe::none && u.layer.count > 0) {

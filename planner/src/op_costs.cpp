@@ -2,6 +2,7 @@
 // max(FLOPs / (peak * efficiency), bytes / achieved HBM bandwidth) + launch.
 #include "distplan/planner/op_costs.h"
 
+#include "distplan/planner/peft.h"
 #include "distplan/planner/selective_op.h"
 
 #include <algorithm>
@@ -202,8 +203,11 @@ Seconds memory_seconds(const DeviceRates& r, double bytes, double kernels) noexc
   return bytes * r.inv_hbm + kernels * r.launch;
 }
 
-PassCosts layer_pass_costs(const LayerTable& table, const ModelSpec& m, const TrainingSpec& t,
-                           Count tp, bool sp, const DeviceRates& r, Count cp) noexcept {
+namespace {
+
+// The layer's op costs; with `flow` (fine-tuning) only the backward halves the flow runs.
+PassCosts layer_costs(const LayerTable& table, const ModelSpec& m, const TrainingSpec& t, Count tp,
+                      bool sp, const DeviceRates& r, Count cp, const PeftLayerFlow* flow) noexcept {
   PassCosts c;
   const double e = static_cast<double>(r.element_bytes);
   const double cpd = static_cast<double>(cp);
@@ -250,6 +254,11 @@ PassCosts layer_pass_costs(const LayerTable& table, const ModelSpec& m, const Tr
         fwd = gemm_time(r, dT, dN, K, 1, fp8);  // Y = X W^T (bias fused in the epilogue)
         bin = gemm_time(r, dT, dK, N, 1, fp8);  // dX = dY W
         bw = gemm_time(r, dN, dK, T, 1, fp8);   // dW = dY^T X
+        if (flow != nullptr) {
+          const auto i = static_cast<std::size_t>(index);
+          if (!flow->backward_input[i]) bin = 0;
+          if (!flow->backward_weight[i]) bw = 0;
+        }
         c.gemm_forward += fwd;
         c.gemm_backward += bin + bw;
         if (fp8) {
@@ -357,10 +366,78 @@ PassCosts layer_pass_costs(const LayerTable& table, const ModelSpec& m, const Tr
         fwd = memory_seconds(r, T_sp * h * 3 * e, 1);
         break;
     }
+    if (flow != nullptr) {
+      const auto i = static_cast<std::size_t>(index);
+      if (!flow->backward_input[i]) {
+        if (op.kind == OpKind::attention_core) c.attention_backward -= bin;
+        bin = 0;
+      }
+      if (!flow->backward_weight[i]) bw = 0;
+    }
     c.forward += fwd;
     c.selective_op_recompute += op_share[index++] * fwd;
     c.backward_input += bin;
     c.backward_weight += bw;
+  }
+  return c;
+}
+
+}  // namespace
+
+PassCosts layer_pass_costs(const LayerTable& table, const ModelSpec& m, const TrainingSpec& t,
+                           Count tp, bool sp, const DeviceRates& r, Count cp) noexcept {
+  return layer_costs(table, m, t, tp, sp, r, cp, nullptr);
+}
+
+PassCosts peft_layer_pass_costs(const LayerTable& table, const ModelSpec& m, const TrainingSpec& t,
+                                const LoraLayer& lora, const PeftLayerFlow& flow,
+                                const DeviceRates& r) noexcept {
+  PassCosts c = layer_costs(table, m, t, 1, false, r, 1, &flow);
+  const PeftSpec& peft = t.peft;
+  const double e = static_cast<double>(r.element_bytes);
+  const double T = static_cast<double>(t.micro_batch_size * t.seq_length);
+  const double rank = static_cast<double>(peft.rank);
+  const Dim dT(T), dr(rank);
+  for (const LoraModule& x : lora) {
+    // Hu et al. 2021 (PEFT lora/layer.py Linear.forward): A's GEMM (r outputs), B's GEMM, the
+    // scaled add into the base output; backward dB, B's input gradient, dA, and A's input
+    // gradient when the gradient goes on below. With lora dropout a dropout of the input per
+    // adapter (read, write, one-byte mask).
+    const double in = static_cast<double>(x.in), out = static_cast<double>(x.out);
+    const Dim din(in), dout(out);
+    const bool on = flow.backward_input[static_cast<std::size_t>(x.op)];
+    const double f = gemm_time(r, dT, dr, in, 1) + gemm_time(r, dT, dout, rank, 1);
+    const double bi = gemm_time(r, dT, dr, out, 1) + (on ? gemm_time(r, dT, din, rank, 1) : 0.0);
+    const double bw = gemm_time(r, dout, dr, T, 1) + gemm_time(r, dr, din, T, 1);
+    double add = memory_seconds(r, T * out * 3 * e, 1);
+    if (peft.dropout > 0) add += memory_seconds(r, T * in * (2 * e + 1), 1);
+    c.forward += f + add;
+    c.backward_input += bi + (on ? memory_seconds(r, T * in * 3 * e, 1) : 0.0);
+    c.backward_weight += bw;
+    c.gemm_forward += f;
+    c.gemm_backward += bi + bw;
+  }
+  if (peft.quantized()) {
+    // bitsandbytes dequantizes each weight to the compute dtype before its GEMM (MatMul4Bit,
+    // autograd/_functions.py v0.49: F.dequantize_4bit in the forward and again for the input
+    // gradient; MatMul8bitLt's backward likewise): read the stored values and their state,
+    // write n elements.
+    for (const WeightTensor& w : layer_weight_tensors(m, peft.naming)) {
+      const double stored =
+          static_cast<double>(stored_weight_bytes(peft.base_storage, peft.double_quant, w));
+      const double once = memory_seconds(r, stored + static_cast<double>(w.numel()) * e, 1);
+      c.forward += once;
+      int op = -1;
+      for (int i = 0; i < table.num_ops; ++i) {
+        const std::string_view n = table.ops[static_cast<std::size_t>(i)].name;
+        const bool attn = (w.target & (peft_q | peft_k | peft_v | peft_qkv)) != 0;
+        if ((attn && n == "qkv") || (w.target == peft_o && n == "attention_out") ||
+            ((w.target & (peft_gate | peft_up)) != 0 && n == "mlp_in") ||
+            (w.target == peft_down && n == "mlp_out"))
+          op = i;
+      }
+      if (op >= 0 && flow.backward_input[static_cast<std::size_t>(op)]) c.backward_input += once;
+    }
   }
   return c;
 }

@@ -9,7 +9,9 @@
 #include "distplan/planner/error.h"
 #include "distplan/planner/interval.h"
 #include "distplan/planner/layout.h"
+#include "distplan/planner/moe_layer.h"
 #include "distplan/planner/op_costs.h"
+#include "distplan/planner/peft.h"
 #include "distplan/planner/validate.h"
 
 namespace distplan {
@@ -259,6 +261,27 @@ std::string format_plan_table(const Scenario& s, const Estimate& e, const PlanFu
                                            : std::string(to_string(t.precision)),
                   to_string(t.optimizer), t.seq_length, t.global_batch_size, t.micro_batch_size,
                   e.num_microbatches));
+  if (t.peft.enabled()) {
+    // Fine-tuning (docs/peft.md): what trains, as PEFT counts it, and how the base is stored.
+    const PeftSpec& p = t.peft;
+    const PeftParameterCount c =
+        peft_parameter_count(m, planner_layer_table(m, t), p, e.parameters);
+    std::string what = std::string(to_string(p.method));
+    if (p.adapters()) {
+      std::string targets;
+      for (std::string_view n : peft_target_names(p.naming, p.targets)) {
+        if (!targets.empty()) targets += ',';
+        targets += n;
+      }
+      what += fmt::format(" r={} on {}", p.rank, p.all_linear ? "all-linear" : targets);
+    }
+    if (p.frozen_layers > 0) what += fmt::format(", layers 0-{} frozen", p.frozen_layers - 1);
+    line(fmt::format("  fine-tuning: {}, base {}{}; {} of {} parameters train ({:.2f}%)", what,
+                     to_string(p.base_storage), p.double_quant ? " + double quantization" : "",
+                     human_count(static_cast<double>(c.trainable)),
+                     human_count(static_cast<double>(c.all)),
+                     100.0 * static_cast<double>(c.trainable) / static_cast<double>(c.all)));
+  }
   line("");
   line(fmt::format("Memory per GPU (GiB = 2^30 bytes), capacity {} GiB",
                    gib(e.memory.capacity_bytes)));

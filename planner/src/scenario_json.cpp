@@ -16,11 +16,14 @@
 #include "distplan/planner/interval.h"
 #include "distplan/planner/layout.h"
 #include "distplan/planner/moe.h"
+#include "distplan/planner/moe_layer.h"
+#include "distplan/planner/peft.h"
 #include "distplan/planner/presets.h"
 #include "distplan/planner/suggest.h"
 #include "distplan/planner/validate.h"
 #include "json_reader.h"
 #include "moe_json.h"
+#include "peft_json.h"
 
 namespace distplan {
 
@@ -741,6 +744,7 @@ Scenario read_scenario(const json& doc, std::initializer_list<std::string_view> 
                          "optimizer states are fp32 or bf16 (Apex DistributedFusedAdam's dtype)");
       }
     }
+    if (const json* peft = r.take("peft")) detail::read_peft(*peft, r.child("peft"), s.model, t);
     if (!seq) r.missing("seq_length", "seq_length is required");
     if (!gbs) r.missing("global_batch_size", "global_batch_size is required");
     t.seq_length = *seq;
@@ -1108,6 +1112,7 @@ json to_json(const Scenario& s) {
   // the framework and its profile are, when they are not generic's.
   if (c.runtime_reserve_bytes < 0) j["cluster"].erase("runtime_reserve_bytes");
   if (t.framework != Framework::generic) j["training"]["framework"] = to_string(t.framework);
+  if (t.peft.enabled()) j["training"]["peft"] = detail::peft_json(t.peft);
   if (t.framework != Framework::generic || a.framework_profile != FrameworkProfile{})
     j["assumptions"]["framework_profile"] = detail::framework_profile_json(a.framework_profile);
   return j;
@@ -1134,6 +1139,7 @@ json stage_memory_json(const StageMemory& m) {
   put(o, "inflight_chunks", m.inflight_chunks);
   put(o, "activation_bytes_per_microbatch", m.activation_bytes_per_microbatch);
   put(o, "weights_bytes", m.weights_bytes);
+  put(o, "frozen_weights_bytes", m.frozen_weights_bytes);
   put(o, "gradients_bytes", m.gradients_bytes);
   put(o, "optimizer_bytes", m.optimizer_bytes);
   put(o, "activations_bytes", m.activations_bytes);
@@ -1232,6 +1238,12 @@ json plan_to_json(const Scenario& s, const Estimate& e, unsigned parts) {
     auto& o = j.get_ref<json::object_t&>();
     put(o, "parameters", e.parameters);
     put(o, "active_parameters", count_parameters(s.model).active);
+    // As Hugging Face PEFT's print_trainable_parameters prints them (peft.h): trainable, and
+    // all (the base plus the adapters).
+    const PeftParameterCount pc = peft_parameter_count(
+        s.model, planner_layer_table(s.model, s.training), s.training.peft, e.parameters);
+    put(o, "trainable_parameters", pc.trainable);
+    put(o, "all_parameters", pc.all);
     put(o, "padded_vocab_size", e.padded_vocab_size);
     put(o, "num_microbatches", e.num_microbatches);
     put(top, "model_summary", std::move(j));

@@ -120,6 +120,65 @@ void check_expert_layout(const ModelSpec& m, const ParallelSpec& p) {
   }
 }
 
+// Fine-tuning (docs/peft.md, "Limits"): the layouts and models whose PEFT runs distplan models;
+// everything else is refused at its field.
+void check_peft(const Scenario& s) {
+  const PeftSpec& pe = s.training.peft;
+  if (!pe.enabled()) return;
+  const ModelSpec& m = s.model;
+  const ParallelSpec& p = s.parallel;
+  const char* at = "/training/peft";
+  if (m.moe.enabled() || m.mla.enabled() || m.mtp_layers > 0) {
+    fail(std::string(at) + "/method",
+         "fine-tuning of Mixture-of-Experts, MLA or multi-token-prediction models is not "
+         "modelled (adapters on experts and latent projections)");
+  }
+  if (pe.adapters() && pe.rank > m.hidden_size) {
+    fail(std::string(at) + "/rank", fmt::format("rank={} exceeds hidden_size={}: a LoRA update of "
+                                                "that rank is no longer low-rank",
+                                                pe.rank, m.hidden_size));
+  }
+  const bool trains_layers =
+      pe.frozen_layers < m.num_layers && (pe.method == PeftMethod::full || pe.targets != 0);
+  const bool head_trains =
+      pe.method == PeftMethod::full && !(m.tied_embeddings && pe.freeze_embeddings);
+  if (!trains_layers && !head_trains) {
+    fail(
+        std::string(at) + "/frozen_layers",
+        fmt::format("frozen_layers={} freezes every layer: nothing would train", pe.frozen_layers));
+  }
+  if (pe.adapters() && p.tp > 1) {
+    fail("/parallel/tp",
+         "LoRA adapters under tensor parallelism (Megatron-Bridge's ParallelLinearAdapter and its "
+         "gathers) are not modelled; fine-tune with data parallelism, ZeRO / FSDP and pipeline "
+         "stages");
+  }
+  if (p.cp > 1) fail("/parallel/cp", "context parallelism with fine-tuning is not modelled");
+  if (s.training.fp8 != Fp8Recipe::none)
+    fail("/training/precision", "fp8 GEMMs with fine-tuning are not modelled");
+  if (p.recompute == Recompute::selective_op) {
+    fail("/parallel/recompute",
+         "per-op selective checkpointing with fine-tuning is not modelled (none, selective or "
+         "full)");
+  }
+  if (bidirectional(p.schedule)) {
+    fail("/parallel/schedule", "DualPipe's two model copies with fine-tuning are not modelled");
+  }
+  if (pe.frozen_layers > 0 && p.virtual_stages > 1) {
+    fail(std::string(at) + "/frozen_layers",
+         "frozen layers with virtual pipeline stages are not modelled (a stage's chunks would "
+         "differ)");
+  }
+  if (p.offload_params != Offload::none) {
+    fail("/parallel/offload_params",
+         "parameter offload with fine-tuning is not modelled (offload_optimizer is)");
+  }
+  if (pe.paged_optimizer && p.offload_optimizer != Offload::none) {
+    fail(std::string(at) + "/paged_optimizer",
+         "a paged optimizer and optimizer offload both move the optimizer states: choose one");
+  }
+}
+
 }  // namespace
 
 void validate_scenario(const Scenario& s, bool refuse_unplanned) {
@@ -374,6 +433,7 @@ void validate_scenario(const Scenario& s, bool refuse_unplanned) {
     fail("/training/global_batch_size",
          "global_batch_size * seq_length exceeds 1e15 tokens per step");
   }
+  check_peft(s);
   // Last, once the layout is known to be well formed: what is counted but not planned yet.
   if (refuse_unplanned) detail::refuse_unplanned_model(s);
 }

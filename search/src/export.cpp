@@ -23,6 +23,8 @@ std::string_view to_string(ExportFormat f) noexcept {
       return "deepspeed";
     case ExportFormat::torchtitan:
       return "torchtitan";
+    case ExportFormat::peft:
+      return "peft";
   }
   return "?";
 }
@@ -395,6 +397,11 @@ Exported deepspeed(const Scenario& s, Exported out) {
        "optimizer.params (lr, betas, weight_decay) and a scheduler (e.g. WarmupDecayLR with "
        "total_num_steps, warmup_num_steps), gradient_clipping",
        "the model code itself (DeepSpeed takes the model from your script)"});
+  if (t.peft.enabled()) {
+    out.notes.push_back(
+        "fine-tuning: this DeepSpeed config is the one Hugging Face Accelerate / Trainer passes "
+        "on; the adapters, frozen base and quantization are in export peft");
+  }
   out.text = j.dump(2) + "\n";
   return out;
 }
@@ -640,7 +647,20 @@ Exported export_scenario(const Scenario& s, ExportFormat format) {
   seed.fits = mem.fits;
   seed.peak_bytes = mem.peak_reserved_bytes;  // what fits compares
   seed.capacity_bytes = mem.capacity_bytes;
+  const PeftSpec& pe = s.training.peft;
+  if (pe.enabled() && (format == ExportFormat::megatron || format == ExportFormat::torchtitan)) {
+    // Neither Megatron-LM nor torchtitan v0.2.2 trains LoRA adapters or a frozen 4-bit base
+    // (Megatron-Bridge's PEFT and torchtitan's LoRA converter, pytorch/torchtitan#2484, came
+    // later); the peft export runs it.
+    throw InputError(
+        "/training/peft",
+        fmt::format("{} has no fine-tuning with frozen parameters or adapters; "
+                    "export peft (Hugging Face PEFT + Accelerate) runs this layout",
+                    format == ExportFormat::megatron ? kMegatronVersion : kTorchtitanVersion));
+  }
   switch (format) {
+    case ExportFormat::peft:
+      return export_peft(s, seed);
     case ExportFormat::megatron:
       return megatron(s, seed);
     case ExportFormat::deepspeed:

@@ -124,6 +124,10 @@ Bytes FastMemory::stage_total(const Layout& l, Count st, const Split& split) con
       stage_unit_params(base_.model, l.tp, l.pp, l.schedule, stage,
                         split.stage_layers[static_cast<std::size_t>(st)], vocab_, layer_params_);
   units.chunk_layers = split.chunks[static_cast<std::size_t>(st)];
+  // The stage's first layer (fine-tuning's frozen_layers, which needs virtual_stages = 1).
+  if (l.virtual_stages == 1) {
+    for (Count i = 0; i < st; ++i) units.first_layer += split.stage_layers[static_cast<std::size_t>(i)];
+  }
   StageMemory sm;
   try {
     stage_memory(base_, ml, units, act_[l.sequence_parallel ? 1 : 0][static_cast<int>(l.recompute)],

@@ -165,7 +165,10 @@ bool fits(const Figures& f, double margin) {
 Figures bound_of(const Space& space, const Options& opt, FastMemory& fast, Scenario& s,
                  const Layout& l) {
   Figures f;
-  if (opt.fast_memory) {
+  // Fine-tuning's frozen layers move the peak off stages 0, 1 and pp - 1 and its step has no
+  // frozen weight gradients: the lean path's peak and bound are full training's, so a PEFT
+  // layout is bounded by estimate() (docs/search.md).
+  if (opt.fast_memory && !space.base.training.peft.enabled()) {
     f.peak_bytes = fast.peak_bytes(l);
     f.capacity_bytes = fast.capacity_bytes();
     f.step_seconds = fast.step_lower_bound(l);
@@ -174,7 +177,6 @@ Figures bound_of(const Space& space, const Options& opt, FastMemory& fast, Scena
     f = figures_of(estimate(s), s);
     return f;
   }
-  (void)space;
   apply_layout(s, l);
   f.tokens_per_second = tokens_per_second(s, f.step_seconds);
   f.mfu = 0;  // not needed to rank; the walk's is reported
@@ -198,7 +200,7 @@ void search_worker(const Space& space, const Options& opt, const std::vector<Out
       continue;  // drain the remaining indices so the progress loop ends
     }
     const std::uint64_t before = part.evaluated;
-    if (opt.fast_memory) fast.set_outer(outers[i]);
+    if (opt.fast_memory && !space.base.training.peft.enabled()) fast.set_outer(outers[i]);
     for_each_inner(space, outers[i], part.rejected, [&](const Layout& l) {
       const Figures f = bound_of(space, opt, fast, s, l);
       ++part.evaluated;

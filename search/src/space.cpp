@@ -47,6 +47,8 @@ std::string_view to_string(Reject r) noexcept {
       return "dualpipe_microbatches";
     case Reject::dualpipe_not_planned:
       return "dualpipe_not_planned";
+    case Reject::peft_not_planned:
+      return "peft_not_planned";
     case Reject::moe_not_planned:
       return "moe_not_planned";
     case Reject::tp_within_node:
@@ -208,6 +210,12 @@ void walk_outer(const Space& space, RejectCounts& rejected, Fn&& fn) {
       bump(rejected, Reject::tp_divides_ffn);
       continue;
     }
+    // Fine-tuning (validate.cpp, check_peft): adapters only without tensor parallelism.
+    const PeftSpec& peft = b.training.peft;
+    if (peft.adapters() && tp > 1) {
+      bump(rejected, Reject::peft_not_planned);
+      continue;
+    }
     // Context parallel, next in the rank order (docs/layout.md): the values validate.cpp accepts.
     const std::vector<Count> cps = !pin.cp.empty()    ? pin.cp
                                    : space.fewer_gpus ? range(1, n / tp)
@@ -215,6 +223,10 @@ void walk_outer(const Space& space, RejectCounts& rejected, Fn&& fn) {
     for (Count cp : cps) {
       if (cp < 1 || tp * cp > n || (!space.fewer_gpus && (n / tp) % cp != 0)) {
         bump(rejected, Reject::gpus_not_divisible);
+        continue;
+      }
+      if (cp > 1 && peft.enabled()) {
+        bump(rejected, Reject::peft_not_planned);
         continue;
       }
       if (cp > 1) {
@@ -344,7 +356,14 @@ void inner_lists(const Space& space, const Outer& o, RejectCounts& rejected, Inn
   out.virtual_stages.clear();
   const bool flat_allowed = allowed(pin.virtual_stages, Count{1});
   bool have_flat = false;
+  const PeftSpec& peft = b.training.peft;
   auto consider = [&](Schedule s) {
+    // Fine-tuning: no DualPipe; frozen layers only with one chunk per stage (check_peft).
+    if (peft.enabled() && (bidirectional(s) ||
+                           (peft.frozen_layers > 0 && (detail::is_interleaved(s) || v_shape(s))))) {
+      bump(rejected, Reject::peft_not_planned);
+      return;
+    }
     if (detail::is_interleaved(s)) {
       if (o.pp == 1 && c.interleaved_needs_pp) {
         bump(rejected, Reject::interleaved_needs_pp);
@@ -488,6 +507,8 @@ void inner_lists(const Space& space, const Outer& o, RejectCounts& rejected, Inn
   }
   if (moe && std::erase(out.recompute, Recompute::selective_op) > 0)
     bump(rejected, Reject::moe_not_planned);
+  if (b.training.peft.enabled() && std::erase(out.recompute, Recompute::selective_op) > 0)
+    bump(rejected, Reject::peft_not_planned);
 
   out.sequence_parallel.clear();
   const std::vector<bool> sps =

@@ -129,6 +129,30 @@ class EditorTest : public QObject {
     }
   }
 
+  // Fine-tuning (docs/peft.md): the editor's method and frozen layers reach the plan, and the
+  // memory chart draws the frozen weights apart from what trains.
+  void fineTuningFieldsSplitTheWeightsIntoFrozenAndTrained() {
+    MainWindow w(false);
+    loadDefault(w);
+    QCOMPARE(w.memoryView()->frozenWeightsGiB(0), -1.0);  // pre-training: nothing frozen
+    QVERIFY(chooseText(w, "/training/peft/method", QStringLiteral("full")));
+    QVERIFY(setCount(w, "/training/peft/frozen_layers", 20));
+    QVERIFY(w.session()->isValid());
+    QCOMPARE(w.session()->scenario().training.peft.method, PeftMethod::full);
+    QCOMPARE(w.session()->scenario().training.peft.frozen_layers, Count{20});
+    const Estimate e = estimate(scenario_from_json(w.editor()->document()));
+    // Stage 0 holds layers 0-19: all frozen, with the embedding (which trains).
+    const StageMemory& s0 = e.memory.stages.front();
+    QVERIFY(s0.frozen_weights_bytes > 0);
+    QCOMPARE(w.memoryView()->frozenWeightsGiB(0), to_gib(s0.frozen_weights_bytes));
+    QCOMPARE(w.memoryView()->frozenWeightsGiB(1), 0.0);
+    expectMemoryMatchesPlanner(w);
+    // LoRA adapters under tensor parallelism are refused at /parallel/tp.
+    QVERIFY(chooseText(w, "/training/peft/method", QStringLiteral("lora")));
+    QVERIFY(!w.session()->isValid());
+    QVERIFY(w.editor()->errorText().contains(QStringLiteral("/parallel/tp")));
+  }
+
   void tensorParallelOffersOnlyValidDivisors() {
     MainWindow w(false);
     loadDefault(w);

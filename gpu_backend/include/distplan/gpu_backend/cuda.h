@@ -142,6 +142,8 @@ void bias_swiglu_forward(const float* x, const float* bias, float* pre, float* y
 [[nodiscard]] bool has_overflow(const float* x, std::size_t n);
 /// y = a + b elementwise (residual connections); y may alias a or b.
 void add(const float* a, const float* b, float* y, std::size_t n);
+/// x *= a elementwise (the LoRA scale alpha / r).
+void scale(float* x, float a, std::size_t n);
 /// x rounded in place through storage type t (round to nearest even): the trainer's rounding of
 /// an fp32 working array to the compute dtype.
 void round_to(Type t, float* x, std::size_t n);

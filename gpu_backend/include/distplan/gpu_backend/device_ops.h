@@ -102,6 +102,8 @@ void write_tensor(Device d, Tensor& t, Count off, const float* in, Count n);
 // ---- elementwise and layout ops on working arrays -----------------------------------------------
 /// y = a + b (y may alias a or b).
 void add(Device d, const float* a, const float* b, float* y, Count n);
+/// x *= a (the LoRA scale alpha / r).
+void scale(Device d, float* x, float a, Count n);
 /// y (N,O) += bias (O) on every row.
 void add_bias_rows(Device d, float* y, const float* bias, Count N, Count O);
 /// out (C) += column sums of x (N,C), rows in order on the CPU.

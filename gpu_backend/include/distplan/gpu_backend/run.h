@@ -30,6 +30,10 @@ struct RunOptions {
   // Non-empty: after the first step's gradient reduction, before the optimizer, every rank writes
   // the reduced gradient it holds to DIR/rank<world rank>.grad (gradient_dump.h).
   std::string dump_gradients;
+  // Non-empty: after the last step every rank writes the weights it holds (its ZeRO-3 shard, or
+  // the whole unit) to DIR/rank<world rank>.weights, in the same format (fine-tuning's tests
+  // check that a frozen base is bit for bit what it was).
+  std::string dump_weights;
   // CUDA: fp32 GEMM inputs on TF32 tensor cores (10-bit mantissa inputs, fp32 accumulation).
   bool tf32 = false;
 };

@@ -30,6 +30,7 @@ struct StageMemory {
   Bytes embedding_activation_bytes = 0;  // of the above: the first virtual stage's own (dropout)
   Bytes head_activation_bytes = 0;       // of the above: the last virtual stage's (norm, LM head)
   Bytes weights_bytes = 0;
+  Bytes frozen_weights_bytes = 0;  // of weights_bytes: fine-tuning's frozen parameters (peft.h)
   Bytes gradients_bytes = 0;
   Bytes optimizer_bytes = 0;
   Bytes activations_bytes = 0;

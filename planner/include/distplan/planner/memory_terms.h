@@ -143,6 +143,7 @@ struct StageUnitParams {
   Count layer = 0, layers = 0;  // one layer's parameters, and the stage's layer count
   // The layers of each chunk (virtual_stages of them, pipeline_split.h); empty: layers / v each.
   std::span<const Count> chunk_layers;
+  Count first_layer = 0;  // the stage's first layer (fine-tuning: frozen_layers); 0 under v > 1
   Count embedding = 0, embeddings = 0;  // stage 0
   Count head = 0, heads = 0;            // final norm and LM head, last stage
   [[nodiscard]] Count total() const noexcept {
@@ -327,6 +328,29 @@ inline void stage_totals(const Scenario& base, const MemoryLayout& l, int st, St
       "the allocator's segments of one GPU");
 }
 
+/// The logits workspace of the stage that holds the LM head (buffers; 0 elsewhere): the logits
+/// in the compute dtype (unless freed before the loss's backward) plus their fp32 copies for the
+/// vocab-parallel loss (one, the softmax, unless the framework's loss keeps more), per loss
+/// chunk; GPipe keeps every micro-batch's.
+[[nodiscard]] inline Bytes logits_workspace_bytes(const Scenario& base, const MemoryLayout& l,
+                                                  int st, Count vocab) noexcept {
+  if (!holds_head(l.schedule, l.pp, st)) return 0;
+  const FrameworkProfile& fw = base.assumptions.framework_profile;
+  const Bytes cb = bytes_of(base.training.precision);
+  const Count act_tokens = l.micro_batch_size * (base.training.seq_length / l.cp);
+  const Bytes kept_logits = fw.loss_keeps_logits ? cb : 0;
+  const Bytes logits =
+      act_tokens * (vocab / l.tp) * (kept_logits + 4 * fw.loss_fp32_copies) / fw.loss_chunks;
+  const Count live = l.schedule == Schedule::gpipe ? l.num_microbatches : 1;
+  return logits * live;
+}
+
+/// stage_memory() under fine-tuning (training.peft; peft_memory.cpp, docs/peft.md): frozen
+/// parameters without gradients or optimizer states, adapters with both, a quantized base, and
+/// the activations of layers that pass gradients on.
+void peft_stage_memory(const Scenario& base, const MemoryLayout& l, const StageUnitParams& u,
+                       int st, Count vocab, StageMemory& sm);
+
 /// The framework's terms of one stage (docs/memory.md, "Framework profiles", "Runtime and
 /// allocator"): the backward's transient, the runtime, and allocated and reserved bytes.
 /// `sm` holds every category but the runtime; this fills the runtime, the transient and the
@@ -350,7 +374,9 @@ inline void framework_terms(const Scenario& base, const MemoryLayout& l, const S
   // After a backward (its recompute working set freed): BF16_Optimizer's fp32 upcast of one
   // parameter's gradient, the largest one (runtime/bf16_optimizer.py, update_hp_grads). The
   // stage's peak is the larger of the two moments; the working set is already in activations.
-  if (fw.gradient_upcast_transient && fp32_gradients_beside_compute(base.training, l.zero_stage)) {
+  // (Fine-tuning with adapters: the trainable tensors are the small adapters; not counted.)
+  if (fw.gradient_upcast_transient && !base.training.peft.adapters() &&
+      fp32_gradients_beside_compute(base.training, l.zero_stage)) {
     const Bytes upcast = 4 * largest_parameter_elements(base.model, l.tp, u, padded_vocab);
     transient = std::max(transient, upcast - sm.working_bytes);
   }
@@ -364,6 +390,10 @@ inline void framework_terms(const Scenario& base, const MemoryLayout& l, const S
 /// (and the training's micro-batch size). Filled in place: estimate() writes its stages directly.
 inline void stage_memory(const Scenario& base, const MemoryLayout& l, const StageUnitParams& u,
                          const LayerActivation& act, int st, Count vocab, StageMemory& sm) {
+  if (base.training.peft.enabled()) {
+    peft_stage_memory(base, l, u, st, vocab, sm);
+    return;
+  }
   const ModelSpec& m = base.model;
   const TrainingSpec& t = base.training;
   const Count pp = l.pp;
@@ -491,18 +521,10 @@ inline void stage_memory(const Scenario& base, const MemoryLayout& l, const Stag
   // ZeRO-2/3 unit buffers live while a unit's gradient is reduced or its parameters are gathered.
   // One micro-batch's two are never alive together, so the category's peak is the larger (but
   // for the logits GPipe keeps waiting, below).
-  Bytes logits_ws = 0, logits_one = 0;
-  if (holds_head(l.schedule, pp, st)) {
-    // Logits in the compute dtype (unless freed before the loss's backward) plus their fp32
-    // copies for the vocab-parallel loss (one, the softmax, unless the framework's loss keeps
-    // more), per loss chunk.
-    const Bytes kept_logits = fw.loss_keeps_logits ? cb : 0;
-    const Bytes logits =
-        act_tokens * (vocab / tp) * (kept_logits + 4 * fw.loss_fp32_copies) / fw.loss_chunks;
-    const Count live = l.schedule == Schedule::gpipe ? l.num_microbatches : 1;
-    logits_ws = logits * live;
-    logits_one = logits;
-  }
+  const Bytes logits_ws = logits_workspace_bytes(base, l, st, vocab);
+  const Bytes logits_one = l.schedule == Schedule::gpipe && l.num_microbatches > 0
+                               ? logits_ws / l.num_microbatches
+                               : logits_ws;
   Bytes zero_ws = 0;
   const bool expert_zero = l.expert_params > 0 && u.layers > 0 && l.edp > 1;
   // ZeRO-3 gathers every unit into a buffer of its own and fills a unit gradient before handing

@@ -71,6 +71,16 @@ struct PassCosts {
                                          const TrainingSpec& t, Count tp, bool sp,
                                          const DeviceRates& r, Count cp = 1) noexcept;
 
+struct LoraLayer;
+struct PeftLayerFlow;
+/// One layer under fine-tuning (tp = 1; docs/peft.md, "Time"): the table's ops with only the
+/// backward halves the flow runs (no weight gradient of a frozen weight), the LoRA adapters'
+/// small GEMMs, and a quantized base's dequantization before each GEMM.
+[[nodiscard]] PassCosts peft_layer_pass_costs(const LayerTable& table, const ModelSpec& m,
+                                              const TrainingSpec& t, const LoraLayer& lora,
+                                              const PeftLayerFlow& flow,
+                                              const DeviceRates& r) noexcept;
+
 /// The first stage's extra ops: the vocab-parallel embedding lookup (and its gradient scatter).
 [[nodiscard]] PassCosts embedding_pass_costs(const ModelSpec& m, const TrainingSpec& t, Count tp,
                                              bool sp, const DeviceRates& r) noexcept;

@@ -236,6 +236,59 @@ struct ClusterSpec {
   bool operator==(const ClusterSpec&) const = default;
 };
 
+/// Fine-tuning (`training.peft`; docs/peft.md): LoRA adapters (Hu et al. 2021) on chosen linear
+/// modules of a frozen base, QLoRA (Dettmers et al. 2023: LoRA on a bitsandbytes 4-bit base), or
+/// full fine-tuning with frozen parts. `none`: pre-training, every parameter trained.
+enum class PeftMethod { none, full, lora, qlora };
+/// How the frozen base's linear weights are stored: a floating dtype, bitsandbytes' blockwise
+/// 4-bit NF4 / FP4 (Params4bit) or LLM.int8 (Int8Params: int8 rows with an fp32 scale each).
+enum class BaseStorage { fp32, fp16, bf16, nf4, fp4, int8 };
+/// The Hugging Face modelling code whose module names `target_modules` uses: llama (Llama,
+/// Mistral, Qwen2, Qwen3: q_proj ... down_proj), gpt2 (c_attn, c_proj, c_fc), gpt_neox (GPT-NeoX,
+/// BLOOM: query_key_value, dense, dense_h_to_4h, dense_4h_to_h).
+enum class PeftNaming { llama, gpt2, gpt_neox };
+/// The linear modules of a layer an adapter can sit on, one bit each (peft.h maps the names).
+/// qkv: one adapter on a fused q/k/v projection (GPT-2 c_attn, NeoX query_key_value); up / down:
+/// the MLP's first and second linear (SwiGLU: gate_proj and up_proj are two).
+enum PeftTarget : unsigned {
+  peft_q = 1u << 0,
+  peft_k = 1u << 1,
+  peft_v = 1u << 2,
+  peft_qkv = 1u << 3,
+  peft_o = 1u << 4,
+  peft_gate = 1u << 5,
+  peft_up = 1u << 6,
+  peft_down = 1u << 7,
+};
+struct PeftSpec {
+  PeftMethod method = PeftMethod::none;
+  Count rank = 0;           // LoRA r
+  double alpha = 0;         // LoRA alpha (scale alpha / r); no memory or time effect
+  double dropout = 0;       // lora_dropout: each adapter's own dropout of its input
+  unsigned targets = 0;     // PeftTarget bits
+  bool all_linear = false;  // target_modules "all-linear" (exported as such)
+  PeftNaming naming = PeftNaming::llama;
+  BaseStorage base_storage = BaseStorage::bf16;  // the frozen linear weights
+  bool double_quant = false;       // bnb_4bit_use_double_quant: 8-bit absmax, fp32 per 256 blocks
+  DType base_dtype = DType::bf16;  // the base's other parameters (embeddings, head, norms, biases)
+  DType adapter_dtype = DType::fp32;  // the adapters' parameters (PEFT autocast_adapter_dtype)
+  Count frozen_layers = 0;            // the first n layers: no adapters (LoRA) or frozen (full)
+  bool freeze_embeddings = false;  // full: the word (and position) embedding frozen; LoRA: always
+  bool paged_optimizer = false;    // bitsandbytes paged AdamW: states in unified memory
+  // The embedding output requires grad (PEFT prepare_model_for_kbit_training's
+  // enable_input_require_grads under reentrant checkpointing): frozen layers save for backward.
+  bool input_requires_grad = false;
+  [[nodiscard]] bool enabled() const noexcept { return method != PeftMethod::none; }
+  [[nodiscard]] bool adapters() const noexcept {
+    return method == PeftMethod::lora || method == PeftMethod::qlora;
+  }
+  [[nodiscard]] bool quantized() const noexcept {
+    return base_storage == BaseStorage::nf4 || base_storage == BaseStorage::fp4 ||
+           base_storage == BaseStorage::int8;
+  }
+  bool operator==(const PeftSpec&) const = default;
+};
+
 struct TrainingSpec {
   Count seq_length = 0;
   Count global_batch_size = 0;  // sequences per optimizer step
@@ -253,6 +306,7 @@ struct TrainingSpec {
   DType optimizer_state_dtype = DType::fp32;
   Kernels kernels = Kernels::fused;  // the reader sets the framework's default
   bool cuda_graphs = false;          // whole-step CUDA graphs: no host launch gaps
+  PeftSpec peft;  // fine-tuning; method none: every parameter trained
   bool operator==(const TrainingSpec&) const = default;
 };
 

@@ -11,13 +11,18 @@
 
 namespace distplan::search {
 
-enum class ExportFormat { megatron, deepspeed, torchtitan };
+/// peft: fine-tuning (training.peft) with Hugging Face PEFT, bitsandbytes and Accelerate.
+enum class ExportFormat { megatron, deepspeed, torchtitan, peft };
 [[nodiscard]] std::string_view to_string(ExportFormat f) noexcept;
 
 /// The framework versions whose argument names and config keys the exports use
 /// (docs/exports.md names the source files and commits).
 inline constexpr std::string_view kMegatronVersion = "Megatron-LM core_v0.15.3";
 inline constexpr std::string_view kTorchtitanVersion = "torchtitan v0.2.2";
+inline constexpr std::string_view kPeftVersion = "PEFT v0.20.0";
+inline constexpr std::string_view kBitsandbytesVersion = "bitsandbytes 0.49.2";
+inline constexpr std::string_view kAccelerateVersion =
+    "Accelerate (fsdp_config / deepspeed_config keys of PEFT v0.20.0's examples/sft/configs)";
 
 struct Exported {
   std::string text;                 // the arguments, JSON or TOML
@@ -40,6 +45,9 @@ struct Exported {
 /// layout that does not fit is refused, InputError at /parallel naming its peak and the capacity,
 /// unless `force` (then `fit_warning` says why it was exported anyway). docs/exports.md.
 [[nodiscard]] Exported export_checked(const Scenario& s, ExportFormat format, bool force);
+
+/// The fine-tuning export (export_peft.cpp): `seed` carries the fit, as export_scenario() sets it.
+[[nodiscard]] Exported export_peft(const Scenario& s, Exported seed);
 
 /// Megatron-LM's Mixture-of-Experts arguments (experts, router, layer pattern, expert layout),
 /// appended to `args`; what Megatron-LM cannot express goes to `notes`. Nothing for a dense model.

@@ -91,6 +91,7 @@ enum class Reject : int {
   dualpipe_pp,                    // dualpipe: pp even (>= 2)
   dualpipe_microbatches,          // dualpipe: an even number of micro-batches, at least 2 pp
   dualpipe_not_planned,           // dualpipe: ZeRO-2/3 or tied embeddings (validate refuses)
+  peft_not_planned,               // fine-tuning: a lever validate refuses with training.peft
   // Constraints (liftable).
   tp_within_node,
   pp_divides_layers,
