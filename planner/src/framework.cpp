@@ -16,8 +16,22 @@ std::string_view to_string(Framework v) noexcept {
       return "megatron";
     case Framework::deepspeed:
       return "deepspeed";
-    case Framework::fsdp2:
-      return "fsdp2";
+    case Framework::torchtitan:
+      return "torchtitan";
+  }
+  return "generic";
+}
+
+std::string_view framework_title(Framework v) noexcept {
+  switch (v) {
+    case Framework::generic:
+      return "generic (distplan's textbook conventions, every layout it models)";
+    case Framework::megatron:
+      return "megatron (Megatron-LM core_v0.15.3)";
+    case Framework::deepspeed:
+      return "deepspeed (DeepSpeed v0.18.x)";
+    case Framework::torchtitan:
+      return "torchtitan (torchtitan v0.2.2, FSDP2 and torch.distributed.pipelining)";
   }
   return "generic";
 }
@@ -108,7 +122,7 @@ FrameworkProfile framework_profile(Framework f) noexcept {
       p.nccl_pipeline_slice_group = true;
       return p;
     }
-    case Framework::fsdp2: {
+    case Framework::torchtitan: {
       // torchtitan on FSDP2: sharded fp32 parameters are the master copy, bf16 only when
       // all-gathered (MixedPrecisionPolicy param_dtype bf16, reduce_dtype fp32). The loss
       // (train.py: cross_entropy(pred.float())) peaks in its backward after `del pred`: the saved

@@ -407,6 +407,7 @@ std::string format_result_table(const Request& req, const Result& r) {
   o << fmt::format("Search: {} on {} x {} ({} per node), global batch {}, sequence {}\n",
                    b.model.name, b.cluster.num_gpus, b.cluster.gpu.name, b.cluster.gpus_per_node,
                    b.training.global_batch_size, b.training.seq_length);
+  o << fmt::format("Framework {}\n", framework_title(b.training.framework));
   o << fmt::format(
       "Objective {}; evaluated {} layouts in {:.3f} s ({:.2f} M/s over {:.3f} s of evaluation, {} "
       "threads); "

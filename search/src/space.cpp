@@ -429,8 +429,8 @@ void inner_lists(const Space& space, const Outer& o, RejectCounts& rejected, Inn
   } else {
     out.recompute = {Recompute::none, Recompute::selective, Recompute::full};
   }
-  // torchtitan's per-op selective checkpointing exists only there: enumerated for fsdp2 runs.
-  if (pin.recompute.empty() && b.training.framework == Framework::fsdp2 && !moe) {
+  // torchtitan's per-op selective checkpointing exists only there: enumerated for torchtitan runs.
+  if (pin.recompute.empty() && b.training.framework == Framework::torchtitan && !moe) {
     out.recompute.push_back(Recompute::selective_op);
   }
   if (moe && std::erase(out.recompute, Recompute::selective_op) > 0)

@@ -82,7 +82,7 @@ TEST(FastMemory, AgreesWithEstimateWithFp32Gradients) {
 TEST(FastMemory, AgreesWithEstimateUnderEachFramework) {
   // Reserved bytes: NCCL buffers differ between end and middle stages, and the tied embedding
   // adds a peer on the first and last; the lean path's three stages still hold the peak.
-  for (const char* f : {"megatron", "deepspeed", "fsdp2"}) {
+  for (const char* f : {"megatron", "deepspeed", "torchtitan"}) {
     SCOPED_TRACE(f);
     expect_agreement(space_of("gpt3-1.3b", 24, 96, 2048,
                               {{"framework", f}, {"dropout", 0.1}, {"attention", "standard"}}));

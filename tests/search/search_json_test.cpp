@@ -118,7 +118,7 @@ TEST(SearchJson, BestPlanFedBackAsAScenarioGivesTheSameFigures) {
     scenario["parallel"] = plan.at("parallel");
     scenario["training"]["micro_batch_size"] = plan.at("micro_batch_size");
     const Estimate e = estimate(scenario_from_json(scenario));
-    EXPECT_EQ(plan.at("peak_bytes").get<Bytes>(), e.memory.peak_bytes);
+    EXPECT_EQ(plan.at("peak_bytes").get<Bytes>(), e.memory.peak_reserved_bytes);  // fits compares
     EXPECT_EQ(plan.at("step_seconds").get<double>(), e.time.step_seconds);
     EXPECT_EQ(plan.at("tokens_per_second").get<double>(), e.time.tokens_per_second);
     EXPECT_EQ(plan.at("mfu").get<double>(), e.time.mfu);

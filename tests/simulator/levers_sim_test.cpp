@@ -26,7 +26,7 @@ TEST(LeversSimulate, OffloadStepAgreesWithTheAnalyticTime) {
     nlohmann::json j = nlohmann::json::parse(R"({
       "model": "llama2-7b",
       "cluster": {"gpu": "h100-sxm-80gb", "gpus_per_node": 8, "nvme_bandwidth": 2.5e10},
-      "training": {"seq_length": 4096, "global_batch_size": 64},
+      "training": {"seq_length": 4096, "global_batch_size": 64, "framework": "generic"},
       "parallel": {"tp": 1, "sequence_parallel": false},
       "assumptions": {"overlap_compute_slowdown": 0}})");
     j["parallel"]["pp"] = c.pp;

@@ -11,9 +11,19 @@
 
 namespace distplan {
 
-/// `generic` keeps distplan's own conventions (the six categories and a flat runtime reserve).
-enum class Framework { generic, megatron, deepspeed, fsdp2 };
+/// The training framework a scenario assumes (`training.framework`, docs/scenario.md): what it
+/// runs (capabilities.h) and how it keeps memory (FrameworkProfile below). `megatron` is
+/// Megatron-LM / Megatron-Core (and NeMo, Megatron-Bridge, which drive it), `torchtitan` is
+/// PyTorch's torchtitan on FSDP2 and torch.distributed.pipelining (JSON also accepts its former
+/// name "fsdp2"), `deepspeed` is DeepSpeed's engine; `generic` keeps distplan's own textbook
+/// conventions (the six categories, a flat runtime reserve) and runs every layout distplan models.
+/// The scenario reader's default is `megatron`; a default-constructed TrainingSpec is `generic`,
+/// the aggregate's zero state, with a zero profile to match.
+enum class Framework { generic, megatron, deepspeed, torchtitan };
 [[nodiscard]] std::string_view to_string(Framework v) noexcept;
+/// The framework and the version whose code its conventions and capabilities are read from, for
+/// people ("megatron (Megatron-LM core_v0.15.3)"); tables and exports print it.
+[[nodiscard]] std::string_view framework_title(Framework v) noexcept;
 
 /// One framework's memory conventions. Defaults are generic's (all framework terms off).
 struct FrameworkProfile {
