@@ -271,6 +271,10 @@ LayerFlops layer_flops(const LayerTable& table, Count micro_batch, Count seq) no
     for (int i = 0; i < op.num_saved; ++i) selective |= op.saved[i].dropped_by_selective;
     if (selective) f.selective_recompute += fwd;
     f.selective_op_recompute += op_share[index++] * fwd;
+    const double masked =
+        0.5 * tokens * op.forward_flops_per_token_per_key * static_cast<double>(seq);
+    f.causal_masked_forward += masked;
+    f.causal_masked += masked * (1.0 + op.backward_input_factor + op.backward_weight_factor);
   }
   return f;
 }

@@ -114,11 +114,12 @@ Bytes FastMemory::peak_bytes(const Layout& l) const noexcept {
 }
 
 Seconds FastMemory::step_lower_bound(const Layout& l) const noexcept {
-  // Per micro-batch on one GPU of a stage: its layers' forward, backward and recomputation
-  // op costs (the planner's own), plus the norm, LM head and loss on the last stage. estimate()'s
-  // stage time adds TP communication and blocking sends to these; its step is at least m times the
-  // slowest stage (every schedule's pipeline term is m * t_max plus non-negative bubble, p2p,
-  // exposed-communication and optimizer terms).
+  // A lower bound of the walked step (docs/search.md, "Ranking by the walk"). Per micro-batch on
+  // one GPU of a stage: its layers' forward, backward and recomputation op costs (the planner's
+  // own), plus the norm, LM head and loss on the last stage. The walk's passes add TP, CP and EP
+  // communication and blocking sends to these, and an F&B pair hides only communication, so each
+  // stage's compute stream is busy at least m times this; and unless steps overlap, a stage
+  // starts no earlier than the first micro-batch's forward through the chunks before it.
   const int sp = l.sequence_parallel ? 1 : 0;
   const PassCosts& c = layer_[sp];
   const PassCosts& x = routed_[sp];  // MoE: the routed part (zero for a dense model)
@@ -127,49 +128,38 @@ Seconds FastMemory::step_lower_bound(const Layout& l) const noexcept {
   if (l.recompute == Recompute::full) per_layer += c.forward + x.forward;
   if (l.recompute == Recompute::selective) per_layer += c.selective_recompute;
   if (l.recompute == Recompute::selective_op) per_layer += c.selective_op_recompute;
+  const double forward_per_layer = c.forward + x.forward;
   const double head = head_[sp].forward + head_[sp].backward_input + head_[sp].backward_weight;
   auto stage = [&](Count layers, bool last) {
     return static_cast<double>(layers) * per_layer + (last ? head : 0.0);
   };
-  double busiest = stage(layers_first_, l.pp == 1);
+  const double m = static_cast<double>(stage_passes(l.schedule, num_microbatches_));
   if (bidirectional(l.schedule)) {
     // Two model stages per stage, the ends with the LM head (and embedding), m/2 whole-stage
     // passes per step (layout.h, stage_passes).
-    return static_cast<double>(stage_passes(l.schedule, num_microbatches_)) *
-           stage(2 * (base_.model.num_layers / l.pp), true);
+    return m * stage(2 * (base_.model.num_layers / l.pp), true);
   }
+  // The LM head sits on head_stage(): the last stage, or stage 0 under a V (layout.h).
+  const Count head_st = head_stage(l.schedule, l.pp);
+  double bound = m * stage(layers_first_, head_st == 0);
   if (l.pp > 1) {
-    busiest = std::max(busiest, stage(layers_last_, true));
-    busiest = std::max(busiest, stage(layers_second_, l.pp == 2));
+    const double v = static_cast<double>(l.virtual_stages);
+    const bool fill = !steps_overlap(l.schedule);
+    // Where a stage's last pass is a whole backward of its first chunk, that gradient goes back
+    // through every stage before it (GPipe, 1F1B, interleaved 1F1B; estimate.cpp, time()).
+    const bool drain = l.schedule == Schedule::gpipe || l.schedule == Schedule::one_f_one_b ||
+                       l.schedule == Schedule::interleaved_1f1b;
+    const double backward_per_layer = per_layer - forward_per_layer;
+    auto around = [&](double layers_before) {
+      return (fill ? layers_before / v * forward_per_layer : 0.0) +
+             (drain ? layers_before / v * backward_per_layer : 0.0);
+    };
+    const double before_last = static_cast<double>(base_.model.num_layers - layers_last_);
+    bound = std::max(bound, around(before_last) + m * stage(layers_last_, head_st == l.pp - 1));
+    bound = std::max(bound, around(static_cast<double>(layers_first_)) +
+                                m * stage(layers_second_, head_st == 1));
   }
-  // The pipeline term's bubble where its closed form bounds it by compute alone: GPipe and 1F1B
-  // (m - 1) t_max + sum_s t_s >= (m - 1) busiest + all stages' compute; interleaved
-  // m t_max + (p - 1) t_max / v. ZB-H1/H2's and the V schedules' bubble depends on F + B - W of the
-  // slowest stage: left out (m t_max only).
-  const double m = static_cast<double>(num_microbatches_);
-  const double p = static_cast<double>(l.pp);
-  double pipe = m * busiest;
-  switch (l.schedule) {
-    case Schedule::gpipe:
-    case Schedule::one_f_one_b: {
-      const double all_stages = static_cast<double>(base_.model.num_layers) * per_layer + head;
-      pipe = (m - 1) * busiest + all_stages;
-      break;
-    }
-    case Schedule::interleaved_1f1b:
-      pipe = m * busiest + (p - 1) * busiest / static_cast<double>(l.virtual_stages);
-      break;
-    case Schedule::zb_h1:
-    case Schedule::zb_h2:
-    case Schedule::zb_v:
-    case Schedule::v_half:
-    case Schedule::v_min:
-    case Schedule::dualpipe_v:
-    case Schedule::dualpipe:
-    case Schedule::zb_auto:
-      break;
-  }
-  return pipe;
+  return bound;
 }
 
 }  // namespace distplan::search
