@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "distplan/planner/capabilities.h"
+
 namespace distplan::search {
 
 std::string_view to_string(Reject r) noexcept {
@@ -42,6 +44,16 @@ std::string_view to_string(Reject r) noexcept {
       return "dualpipe_microbatches";
     case Reject::dualpipe_not_planned:
       return "dualpipe_not_planned";
+    case Reject::framework_schedule:
+      return "framework_schedule";
+    case Reject::framework_sharding:
+      return "framework_sharding";
+    case Reject::framework_parallel:
+      return "framework_parallel";
+    case Reject::framework_recompute:
+      return "framework_recompute";
+    case Reject::framework_split:
+      return "framework_split";
     case Reject::moe_not_planned:
       return "moe_not_planned";
     case Reject::tp_within_node:
@@ -149,6 +161,8 @@ void walk_outer(const Space& space, RejectCounts& rejected, Fn&& fn) {
   const Count layers = b.model.num_layers;
   const Count batch = b.training.global_batch_size;
   if (n <= 0 || batch <= 0 || layers <= 0) return;
+  // What the framework runs (capabilities.h): the same rows validate_scenario() refuses by.
+  const FrameworkCapabilities& caps = capabilities(b.training.framework);
 
   const std::vector<Count> tps =
       !pin.tp.empty() ? pin.tp : (space.fewer_gpus ? range(1, n) : divisors(n));
@@ -167,6 +181,11 @@ void walk_outer(const Space& space, RejectCounts& rejected, Fn&& fn) {
     }
     if (b.model.ffn_hidden_size % tp != 0) {
       bump(rejected, Reject::tp_divides_ffn);
+      continue;
+    }
+    if (tp > 1 && (!caps.tensor_parallel.runs ||
+                   (b.assumptions.tp_comm_overlap && !caps.tp_comm_overlap.runs))) {
+      bump(rejected, Reject::framework_parallel);
       continue;
     }
     // Context parallel, next in the rank order (docs/layout.md): the values validate.cpp accepts.
@@ -198,6 +217,10 @@ void walk_outer(const Space& space, RejectCounts& rejected, Fn&& fn) {
           bump(rejected, Reject::min_tokens_per_cp_rank);
           continue;
         }
+        if (!caps.context_parallel[static_cast<std::size_t>(b.parallel.cp_comm)].runs) {
+          bump(rejected, Reject::framework_parallel);
+          continue;
+        }
       }
       const Count tc = tp * cp;
       const std::vector<Count> pps = !pin.pp.empty() ? pin.pp : range(1, std::min(layers, n / tc));
@@ -213,6 +236,20 @@ void walk_outer(const Space& space, RejectCounts& rejected, Fn&& fn) {
         if (c.pp_divides_layers && layers % pp != 0) {
           bump(rejected, Reject::pp_divides_layers);
           continue;
+        }
+        if (pp > 1 && tp > 1 && !caps.pipeline_with_tensor_parallel.runs) {
+          bump(rejected, Reject::framework_parallel);
+          continue;
+        }
+        if (pp > 1 && layers % pp != 0 && caps.split != SplitRule::any) {
+          // The planner's even split (stage_layer_counts) in the framework's terms.
+          Scenario x = b;
+          x.parallel.pp = pp;
+          x.parallel.layers_per_stage.clear();
+          if (!split_expressible(x, caps.split)) {
+            bump(rejected, Reject::framework_split);
+            continue;
+          }
         }
         std::vector<Count> dps;
         if (!space.fewer_gpus) {
@@ -258,6 +295,10 @@ void walk_outer(const Space& space, RejectCounts& rejected, Fn&& fn) {
                 bump(rejected, Reject::ep_divides_experts);
                 continue;
               }
+              if (ep > 1 && !caps.expert_parallel.runs) {
+                bump(rejected, Reject::framework_parallel);
+                continue;
+              }
               if (!fn(Outer{tp, pp, dp, mb, cp, ep})) return;
             }
           }
@@ -286,6 +327,7 @@ void inner_lists(const Space& space, const Outer& o, RejectCounts& rejected, Inn
   const Candidates& pin = space.candidates;
   const Count layers = b.model.num_layers;
   const Count m = b.training.global_batch_size / (o.dp * o.micro_batch_size);
+  const FrameworkCapabilities& caps = capabilities(b.training.framework);
 
   // zb_auto is searched only when named in parallel.schedule: its heuristic runs for every layout
   // whose peak the lean path cannot bound (docs/search.md), a hundred times an estimate's cost.
@@ -300,6 +342,17 @@ void inner_lists(const Space& space, const Outer& o, RejectCounts& rejected, Inn
   const bool flat_allowed = allowed(pin.virtual_stages, Count{1});
   bool have_flat = false;
   auto consider = [&](Schedule s) {
+    // The schedule, and the send/receive overlap the scenario assumes with it.
+    const Assumptions& a = b.assumptions;
+    const bool interleaved = detail::is_interleaved(s);
+    if (!caps.schedule[static_cast<std::size_t>(s)].runs ||
+        (o.pp > 1 && a.overlap_p2p &&
+         !(interleaved ? caps.overlap_p2p_interleaved : caps.overlap_p2p).runs) ||
+        (interleaved && o.pp == 2 && !a.overlap_p2p &&
+         !caps.interleaved_pp2_without_p2p_overlap.runs)) {
+      bump(rejected, Reject::framework_schedule);
+      return;
+    }
     if (detail::is_interleaved(s)) {
       if (o.pp == 1 && c.interleaved_needs_pp) {
         bump(rejected, Reject::interleaved_needs_pp);
@@ -393,9 +446,27 @@ void inner_lists(const Space& space, const Outer& o, RejectCounts& rejected, Inn
       bump(rejected, Reject::invalid_scenario);
       continue;
     }
+    const auto zi = static_cast<std::size_t>(z);
+    const bool replicas_beside_model_parallel =
+        z == 0 && o.dp > 1 && (o.tp > 1 || o.cp > 1 || o.pp > 1 || o.ep > 1);
+    if (!caps.zero_stage[zi].runs || (o.pp > 1 && !caps.sharding_with_pipeline[zi].runs) ||
+        (o.tp > 1 && !caps.sharding_with_tensor_parallel[zi].runs) ||
+        (replicas_beside_model_parallel && !caps.replicas_with_model_parallel.runs) ||
+        (z == 0 && o.cp > 1 && !caps.unsharded_with_context_parallel.runs) ||
+        (bp.offload_optimizer != Offload::none && !caps.offload_with_zero[zi].runs) ||
+        ((z == 1 || z == 2) && b.assumptions.overlap_param_gather_after_step &&
+         !caps.overlap_param_gather_after_step.runs)) {
+      bump(rejected, Reject::framework_sharding);
+      continue;
+    }
     out.zero_stages.push_back(z);
   }
 
+  for (std::size_t z = 0; z < out.hybrid.size(); ++z) out.hybrid[z] = caps.hybrid_shard[z].runs;
+  out.zero12_needs_interleaved = b.assumptions.overlap_param_gather_after_step &&
+                                 !caps.overlap_param_gather_after_step_flat.runs;
+  out.expert_group = o.ep > 1 && !caps.expert_parallel_beyond_shard.runs ? o.ep : 1;
+  out.shard_base = o.tp * o.cp;
   out.shard_sizes.clear();
   if (!pin.fsdp_shard_size.empty()) {
     for (Count s : pin.fsdp_shard_size) {
@@ -435,6 +506,10 @@ void inner_lists(const Space& space, const Outer& o, RejectCounts& rejected, Inn
   }
   if (moe && std::erase(out.recompute, Recompute::selective_op) > 0)
     bump(rejected, Reject::moe_not_planned);
+  const auto unsupported = std::erase_if(out.recompute, [&](Recompute r) {
+    return !caps.recompute[static_cast<std::size_t>(r)].runs;
+  });
+  for (std::size_t i = 0; i < unsupported; ++i) bump(rejected, Reject::framework_recompute);
 
   out.sequence_parallel.clear();
   const std::vector<bool> sps =
@@ -446,6 +521,12 @@ void inner_lists(const Space& space, const Outer& o, RejectCounts& rejected, Inn
     }
     if (sp && o.tp == 1 && c.sequence_parallel_needs_tp) {
       bump(rejected, Reject::sequence_parallel_needs_tp);
+      continue;
+    }
+    if (o.tp > 1 &&
+        (!(sp ? caps.sequence_parallel : caps.tensor_parallel_without_sp).runs ||
+         (!sp && b.assumptions.tp_comm_overlap && !caps.tp_comm_overlap_without_sp.runs))) {
+      bump(rejected, Reject::framework_parallel);
       continue;
     }
     // Under context parallelism each of the 2·cp (a2a: cp) chunks is split over tp again.
@@ -466,18 +547,33 @@ std::uint64_t count_layouts(const Space& space, std::uint64_t stop_above) {
   std::uint64_t total = 0;
   walk_outer(space, scratch, [&](const Outer& o) {
     detail::inner_lists(space, o, scratch, lists);
-    std::uint64_t zero = 0;    // (ZeRO stage, shard) pairs, as for_each_inner walks them
-    std::uint64_t zero01 = 0;  // the pairs of ZeRO 0/1 (dualpipe's)
+    std::uint64_t zero = 0;       // (ZeRO stage, shard) pairs, as for_each_inner walks them
+    std::uint64_t zero01 = 0;     // the pairs of ZeRO 0/1 (dualpipe's)
+    std::uint64_t zero_flat = 0;  // the pairs a schedule other than interleaved takes
     for (int z : lists.zero_stages) {
-      const std::uint64_t pairs = z == 0 ? 1 : lists.shard_sizes.size();
+      // The whole-group shard (0) always; hybrid sizes where the framework runs them; experts
+      // folded into the shard group where the framework needs it.
+      std::uint64_t pairs = 0;
+      if (z == 0) {
+        pairs = lists.experts_fold(1) ? 1 : 0;
+      } else {
+        for (Count sh : lists.shard_sizes) {
+          if (sh != 0 && !lists.hybrid[static_cast<std::size_t>(z)]) continue;
+          if (lists.experts_fold(sh == 0 ? o.dp : sh)) ++pairs;
+        }
+      }
+      // ZeRO-1/2 outside the interleaved schedule are skipped when the framework's gather
+      // behind the next forward needs it (InnerLists::zero12_needs_interleaved).
+      const bool flat_ok = !(lists.zero12_needs_interleaved && (z == 1 || z == 2));
       zero += pairs;
-      if (z <= 1) zero01 += pairs;
+      if (flat_ok) zero_flat += pairs;
+      if (z <= 1 && flat_ok) zero01 += pairs;
     }
     std::uint64_t pairs = 0;  // (schedule, v, ZeRO stage, shard)
     for (Schedule sched : lists.schedules) {
       pairs += bidirectional(sched)            ? zero01
                : detail::is_interleaved(sched) ? lists.virtual_stages.size() * zero
-                                               : zero;
+                                               : zero_flat;
     }
     total += pairs * lists.recompute.size() * lists.sequence_parallel.size();
     return total <= stop_above;

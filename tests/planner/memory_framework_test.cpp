@@ -123,8 +123,14 @@ TEST(MemoryFramework, DeepSpeedCountsItsReduceBucket) {
   const StageMemory ds = estimate(testing::scenario(d)).memory.stages[0];
   d["assumptions"]["framework_profile"] = {{"reduce_bucket_elements", 0}};
   const StageMemory none = estimate(testing::scenario(d)).memory.stages[0];
-  // reduce_bucket_size 5e8 elements in bf16.
-  EXPECT_EQ(ds.transient_bytes - none.transient_bytes, Bytes{500'000'000} * 2);
+  // reduce_bucket_size 5e8 elements in bf16, double-buffered with overlap_comm (the default
+  // assumptions.overlap_grad_reduce; stage_1_and_2.py backward_prologue), one buffer without.
+  EXPECT_EQ(ds.transient_bytes - none.transient_bytes, Bytes{500'000'000} * 2 * 2);
+  d["assumptions"]["overlap_grad_reduce"] = false;
+  const StageMemory one = estimate(testing::scenario(d)).memory.stages[0];
+  d["assumptions"]["framework_profile"] = {{"reduce_bucket_elements", 0}};
+  EXPECT_EQ(one.transient_bytes - estimate(testing::scenario(d)).memory.stages[0].transient_bytes,
+            Bytes{500'000'000} * 2);
 }
 
 TEST(MemoryFramework, ExplicitReserveReplacesTheRuntimeTerms) {

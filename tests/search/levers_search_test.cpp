@@ -20,10 +20,11 @@ namespace distplan::search {
 namespace {
 
 nlohmann::json long_context(const char* comm) {
-  return {{"model", "llama3.1-8b"},
-          {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", 16}, {"gpus_per_node", 8}}},
-          {"training", {{"seq_length", 65536}, {"global_batch_size", 16}}},
-          {"parallel", {{"cp_comm", comm}}}};
+  return {
+      {"model", "llama3.1-8b"},
+      {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", 16}, {"gpus_per_node", 8}}},
+      {"training", {{"framework", "generic"}, {"seq_length", 65536}, {"global_batch_size", 16}}},
+      {"parallel", {{"cp_comm", comm}}}};
 }
 
 void expect_agreement(const Space& sp) {
@@ -70,7 +71,7 @@ TEST(LeversSearch, SearchFindsContextParallelForLongSequences) {
   // 131,072 tokens of Llama-3.1-8B on 8 H100s: the fastest layout splits the sequence.
   nlohmann::json doc = long_context("p2p");
   doc["cluster"]["num_gpus"] = 8;
-  doc["training"] = {{"seq_length", 131072}, {"global_batch_size", 8}};
+  doc["training"] = {{"framework", "generic"}, {"seq_length", 131072}, {"global_batch_size", 8}};
   Request req = request_from_json(doc);
   const Result r = run(req.space, req.options);
   ASSERT_FALSE(r.plans.empty());
