@@ -43,7 +43,7 @@ constexpr std::array kDTypes = {DType::fp32, DType::fp16, DType::bf16};
 constexpr std::array kOptimizers = {Optimizer::adamw, Optimizer::adam, Optimizer::sgd};
 constexpr std::array kAttentions = {Attention::flash, Attention::standard};
 constexpr std::array kFrameworks = {Framework::generic, Framework::megatron, Framework::deepspeed,
-                                    Framework::fsdp2};
+                                    Framework::torchtitan};
 constexpr std::array kRecomputes = {Recompute::none, Recompute::selective, Recompute::full,
                                     Recompute::selective_op};
 constexpr std::array kSchedules = {

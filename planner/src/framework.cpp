@@ -16,8 +16,22 @@ std::string_view to_string(Framework v) noexcept {
       return "megatron";
     case Framework::deepspeed:
       return "deepspeed";
-    case Framework::fsdp2:
-      return "fsdp2";
+    case Framework::torchtitan:
+      return "torchtitan";
+  }
+  return "generic";
+}
+
+std::string_view framework_title(Framework v) noexcept {
+  switch (v) {
+    case Framework::generic:
+      return "generic (distplan's textbook conventions, every layout it models)";
+    case Framework::megatron:
+      return "megatron (Megatron-LM core_v0.15.3)";
+    case Framework::deepspeed:
+      return "deepspeed (DeepSpeed v0.18.0)";
+    case Framework::torchtitan:
+      return "torchtitan (torchtitan v0.2.2, FSDP2 and torch.distributed.pipelining)";
   }
   return "generic";
 }
@@ -96,6 +110,11 @@ FrameworkProfile framework_profile(Framework f) noexcept {
       p.keeps_compute_dtype_gradients = true;
       p.gradient_upcast_transient = true;
       p.pipeline_output_buffers = true;
+      // Gradients in the model's dtype unless data_types.grad_accum_dtype says otherwise
+      // (runtime/engine.py get_data_types, at tag v0.18.0); the ZeRO optimizers upcast their
+      // partition at the step (runtime/zero/stage_1_and_2.py, stage3.py).
+      p.fp32_gradients_with_bf16 = false;
+      p.optimizer_step_upcast = true;
       // NCCL groups of the pipeline engine (runtime/pipe/topology.py creates its own groups;
       // same commit): send/recv between neighbours (runtime/pipe/p2p.py, torch >= 1.8: one
       // communicator per rank pair in ProcessGroupNCCL), the loss broadcast over the pipeline
@@ -108,7 +127,7 @@ FrameworkProfile framework_profile(Framework f) noexcept {
       p.nccl_pipeline_slice_group = true;
       return p;
     }
-    case Framework::fsdp2: {
+    case Framework::torchtitan: {
       // torchtitan on FSDP2: sharded fp32 parameters are the master copy, bf16 only when
       // all-gathered (MixedPrecisionPolicy param_dtype bf16, reduce_dtype fp32). The loss
       // (train.py: cross_entropy(pred.float())) peaks in its backward after `del pred`: the saved
@@ -116,6 +135,7 @@ FrameworkProfile framework_profile(Framework f) noexcept {
       // logits (the forward's bf16 + 2 fp32 is smaller).
       FrameworkProfile p = pytorch_runtime();
       p.sharded_params_are_master = true;
+      p.fsdp_unsharded_with_pipeline = true;
       p.loss_fp32_copies = 3;
       p.loss_keeps_logits = false;
       // A 1-D device mesh over every rank reuses the default group (DeviceMesh): the data-parallel
@@ -140,6 +160,8 @@ void read_framework_profile(const nlohmann::json& doc, const std::string& path,
   if (auto v = r.boolean("sharded_params_are_master")) p.sharded_params_are_master = *v;
   if (auto v = r.boolean("keeps_compute_dtype_gradients")) p.keeps_compute_dtype_gradients = *v;
   if (auto v = r.boolean("gradient_upcast_transient")) p.gradient_upcast_transient = *v;
+  if (auto v = r.boolean("optimizer_step_upcast")) p.optimizer_step_upcast = *v;
+  if (auto v = r.boolean("fsdp_unsharded_with_pipeline")) p.fsdp_unsharded_with_pipeline = *v;
   if (auto v = r.boolean("pipeline_output_buffers")) p.pipeline_output_buffers = *v;
   if (auto v = r.integer("reduce_bucket_elements", 0, kMaxElements)) p.reduce_bucket_elements = *v;
   if (auto v = r.integer("reduce_buckets", 1, 16)) p.reduce_buckets = *v;
@@ -171,6 +193,8 @@ nlohmann::json framework_profile_json(const FrameworkProfile& p) {
           {"sharded_params_are_master", p.sharded_params_are_master},
           {"keeps_compute_dtype_gradients", p.keeps_compute_dtype_gradients},
           {"gradient_upcast_transient", p.gradient_upcast_transient},
+          {"optimizer_step_upcast", p.optimizer_step_upcast},
+          {"fsdp_unsharded_with_pipeline", p.fsdp_unsharded_with_pipeline},
           {"pipeline_output_buffers", p.pipeline_output_buffers},
           {"reduce_bucket_elements", p.reduce_bucket_elements},
           {"reduce_buckets", p.reduce_buckets},

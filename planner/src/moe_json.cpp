@@ -32,6 +32,7 @@ void read_moe(const json& doc, const std::string& path, MoeSpec& e) {
   if (auto v = r.integer("layer_frequency", 1, 100000)) e.layer_frequency = *v;
   if (auto i = r.choice("router", {"softmax", "sigmoid"})) e.router = static_cast<Router>(*i);
   if (auto v = r.boolean("router_bias")) e.router_bias = *v;
+  if (auto v = r.number("aux_loss_coeff", 0.0, 1000.0, false)) e.aux_loss_coeff = *v;
   if (const json* c = r.take("capacity_factor")) {
     if (c->is_null()) {
       e.capacity_factor.reset();
@@ -249,6 +250,7 @@ void put_moe_mla_fields(const ModelSpec& m, json& j) {
                 {"layer_frequency", e.layer_frequency},
                 {"router", to_string(e.router)},
                 {"router_bias", e.router_bias},
+                {"aux_loss_coeff", e.aux_loss_coeff},
                 {"capacity_factor", e.capacity_factor ? json(*e.capacity_factor) : json()}};
     if (e.shared_expert_ffn_hidden_size > 0)
       j["moe"]["shared_expert_ffn_hidden_size"] = e.shared_expert_ffn_hidden_size;
@@ -314,12 +316,23 @@ void map_hf_moe_mla(const json& cfg, const std::string& path, std::string_view t
   };
   // Qwen3 normalises each query and key head (HF Qwen3Attention q_norm, k_norm).
   if (t == "qwen3" || t == "qwen3_moe") m.qk_norm = true;
+  // The load-balancing loss's coefficient: router_aux_loss_coef (transformers MixtralConfig,
+  // Qwen2MoeConfig, Qwen3MoeConfig; their default 0.001), DeepSeek's aux_loss_alpha (the
+  // released configuration_deepseek.py, default 0.001).
+  auto coefficient = [&](const char* key) {
+    auto it = cfg.find(key);
+    if (it == cfg.end() || it->is_null()) return 0.001;
+    if (!it->is_number() || it->get<double>() < 0 || it->get<double>() > 1000)
+      fail(path + "/" + key, fmt::format("{} must be a number between 0 and 1000", key));
+    return it->get<double>();
+  };
 
   if (t == "mixtral") {
     // MixtralSparseMoeBlock: every layer; experts of intermediate_size; softmax router, dropless.
     m.moe.num_experts = field("num_local_experts", 1, std::nullopt);
     m.moe.top_k = field("num_experts_per_tok", 1, std::nullopt);
     m.moe.expert_ffn_hidden_size = m.ffn_hidden_size;
+    m.moe.aux_loss_coeff = coefficient("router_aux_loss_coef");
   } else if (t == "qwen2_moe" || t == "qwen3_moe") {
     // Qwen2MoeDecoderLayer / Qwen3MoeDecoderLayer: layer i is sparse when it is not in
     // mlp_only_layers and (i + 1) % decoder_sparse_step == 0; only step 1 (every layer) is mapped.
@@ -335,6 +348,7 @@ void map_hf_moe_mla(const json& cfg, const std::string& path, std::string_view t
     m.moe.num_experts = field("num_experts", 1, std::nullopt);
     m.moe.top_k = field("num_experts_per_tok", 1, std::nullopt);
     m.moe.expert_ffn_hidden_size = field("moe_intermediate_size", 1, std::nullopt);
+    m.moe.aux_loss_coeff = coefficient("router_aux_loss_coef");
     if (t == "qwen2_moe") {
       // One shared expert of shared_expert_intermediate_size behind a sigmoid gate (h -> 1).
       const Count shared = field("shared_expert_intermediate_size", 0, 0);
@@ -357,6 +371,7 @@ void map_hf_moe_mla(const json& cfg, const std::string& path, std::string_view t
     m.moe.top_k = field("num_experts_per_tok", 1, std::nullopt);
     m.moe.expert_ffn_hidden_size = field("moe_intermediate_size", 1, std::nullopt);
     m.moe.num_shared_experts = field("n_shared_experts", 0, 0);
+    m.moe.aux_loss_coeff = coefficient("aux_loss_alpha");
     if (m.moe.num_shared_experts > 0)
       m.moe.shared_expert_ffn_hidden_size = m.moe.expert_ffn_hidden_size;
     m.moe.first_dense_layers = field("first_k_dense_replace", 0, 0);

@@ -156,8 +156,7 @@ void peft_stage_memory(const Scenario& base, const MemoryLayout& l, const StageU
   sm.weights_bytes += peft.double_quant && u.layers > 0 ? kBnbDynamicCodeBytes : 0;
   sm.frozen_weights_bytes = frozen_w;
   sm.gradients_bytes = (l.zero_stage >= 2 ? sharded : full) * tg;
-  if (!adapters && fw.keeps_compute_dtype_gradients &&
-      fp32_gradients_beside_compute(t, l.zero_stage))
+  if (!adapters && fw.keeps_compute_dtype_gradients && bf16_optimizer_layout(t, l))
     sm.gradients_bytes += full * cb;
   sm.optimizer_bytes = (l.zero_stage >= 1 ? sharded : full) * tk;
   if (l.offload_optimizer != Offload::none) {

@@ -116,7 +116,7 @@ std::vector<FitSuggestion> single_changes(const Scenario& s, const Estimate& e,
       Scenario x = s;
       x.parallel.recompute = Recompute::selective;
       try_change(out, plan, e, s.cluster.num_gpus, "selective recompute", x);
-      if (s.training.framework == Framework::fsdp2) {  // torchtitan's per-op policy
+      if (s.training.framework == Framework::torchtitan) {  // torchtitan's per-op policy
         x.parallel.recompute = Recompute::selective_op;
         try_change(out, plan, e, s.cluster.num_gpus, "per-op selective checkpointing", x);
       }
@@ -250,6 +250,7 @@ std::string format_plan_table(const Scenario& s, const Estimate& e, const PlanFu
   const auto& t = s.training;
   line(fmt::format("distplan plan: {} on {} x {} ({} per node)", m.name, s.cluster.num_gpus,
                    s.cluster.gpu.name, s.cluster.gpus_per_node));
+  line(fmt::format("  framework: {}", framework_title(t.framework)));
   line(fmt::format("  layout: {}", layout_line(s.parallel)));
   line(fmt::format("  model: {} parameters, {} layers, hidden {}, {} heads ({} kv), vocab {}",
                    human_count(static_cast<double>(e.parameters)), m.num_layers, m.hidden_size,

@@ -722,7 +722,13 @@ Scenario read_scenario(const json& doc, std::initializer_list<std::string_view> 
       t.fp8 = recipe;
     }
     read_enum(r, "optimizer", t.optimizer, {"adamw", "adam", "sgd"});
-    read_enum(r, "framework", t.framework, {"generic", "megatron", "deepspeed", "fsdp2"});
+    // The framework the plan assumes; megatron when absent (docs/scenario.md). "fsdp2" is
+    // torchtitan's former name here and stays accepted.
+    t.framework = Framework::megatron;
+    if (const auto i =
+            r.choice("framework", {"generic", "megatron", "deepspeed", "torchtitan", "fsdp2"})) {
+      t.framework = *i == 4 ? Framework::torchtitan : static_cast<Framework>(*i);
+    }
     s.assumptions.framework_profile = framework_profile(t.framework);
     // A framework that keeps fp32 gradients under bf16 sets the default (docs/memory.md).
     const bool fp32_grads =
@@ -734,7 +740,7 @@ Scenario read_scenario(const json& doc, std::initializer_list<std::string_view> 
     // Time conventions of the framework (docs/time.md, "Kernel fusion"): torchtitan and FSDP
     // runs are eager PyTorch unless compiled; Megatron-LM, DeepSpeed's Megatron and generic use
     // fused kernels.
-    t.kernels = t.framework == Framework::fsdp2 ? Kernels::eager : Kernels::fused;
+    t.kernels = t.framework == Framework::torchtitan ? Kernels::eager : Kernels::fused;
     read_enum(r, "kernels", t.kernels, {"fused", "compiled", "eager"});
     if (auto v = r.boolean("cuda_graphs")) t.cuda_graphs = *v;
     if (r.has("optimizer_state_dtype")) {
@@ -1109,9 +1115,10 @@ json to_json(const Scenario& s) {
         {"grouped_gemm_efficiency", a.grouped_gemm_efficiency}}},
   };
   // A reserve computed from the framework's profile is not echoed (it depends on the layout);
-  // the framework and its profile are, when they are not generic's.
+  // the framework always is (every output names the framework it assumed), and its profile
+  // when it is not generic's.
   if (c.runtime_reserve_bytes < 0) j["cluster"].erase("runtime_reserve_bytes");
-  if (t.framework != Framework::generic) j["training"]["framework"] = to_string(t.framework);
+  j["training"]["framework"] = to_string(t.framework);
   if (t.peft.enabled()) j["training"]["peft"] = detail::peft_json(t.peft);
   if (t.framework != Framework::generic || a.framework_profile != FrameworkProfile{})
     j["assumptions"]["framework_profile"] = detail::framework_profile_json(a.framework_profile);

@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "distplan/planner/capabilities.h"
 #include "distplan/planner/error.h"
 #include "distplan/planner/layer_ops.h"
 #include "distplan/planner/layout.h"
@@ -434,7 +435,9 @@ void validate_scenario(const Scenario& s, bool refuse_unplanned) {
          "global_batch_size * seq_length exceeds 1e15 tokens per step");
   }
   check_peft(s);
-  // Last, once the layout is known to be well formed: what is counted but not planned yet.
+  // Once the layout is known to be well formed: what the framework cannot run
+  // (capabilities.h), then what is counted but not planned yet.
+  if (auto r = framework_refusal(s)) fail(r->path, r->message);
   if (refuse_unplanned) detail::refuse_unplanned_model(s);
 }
 

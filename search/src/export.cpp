@@ -1,4 +1,6 @@
-// Layout exports. Mappings and departures: docs/exports.md.
+// Layout exports: Megatron-LM arguments and the DeepSpeed config (torchtitan's TOML:
+// export_torchtitan.cpp). Each writes exactly the planned layout or refuses; mappings:
+// docs/exports.md.
 #include "distplan/search/export.h"
 
 #include <algorithm>
@@ -7,6 +9,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "distplan/planner/capabilities.h"
 #include "distplan/planner/error.h"
 #include "distplan/planner/estimate.h"
 #include "distplan/planner/layout.h"
@@ -29,28 +32,23 @@ std::string_view to_string(ExportFormat f) noexcept {
   return "?";
 }
 
-namespace {
-
-using detail::megatron_split_args;
-using detail::SplitArgs;
-using detail::torchtitan_split_lines;
-
-Count accumulation_steps(const Scenario& s) {
-  return s.training.global_batch_size / (s.training.micro_batch_size * s.parallel.dp);
+Framework framework_of(ExportFormat f) noexcept {
+  switch (f) {
+    case ExportFormat::megatron:
+      return Framework::megatron;
+    case ExportFormat::deepspeed:
+      return Framework::deepspeed;
+    case ExportFormat::torchtitan:
+      return Framework::torchtitan;
+    case ExportFormat::peft:
+      // Accelerate runs PEFT over FSDP or DeepSpeed: the plan's framework profile stands.
+      return Framework::generic;
+  }
+  return Framework::generic;
 }
 
-Count shard(const Scenario& s) {
-  return s.shard_size();
-}
-bool hybrid(const Scenario& s) {
-  return s.parallel.zero_stage > 0 && shard(s) < s.parallel.dp;
-}
+namespace detail {
 
-std::string_view dtype_name(DType d) {
-  return d == DType::fp32 ? "fp32" : d == DType::bf16 ? "bf16" : "fp16";
-}
-
-// The first comment lines of a Megatron-LM or TOML export when the layout does not fit.
 std::string warning_comment(const Exported& e) {
   if (e.fits) return {};
   return fmt::format(
@@ -65,9 +63,29 @@ std::string to_add_lines(const Exported& e) {
   return out;
 }
 
-std::string schedule_note(const Scenario& s, std::string_view framework) {
-  return fmt::format("schedule {} is not built into {}; its default schedule runs instead",
-                     to_string(s.parallel.schedule), framework);
+}  // namespace detail
+
+namespace {
+
+using detail::megatron_split_args;
+using detail::SplitArgs;
+using detail::torchtitan_split_lines;
+using detail::warning_comment;
+using detail::to_add_lines;
+
+Count accumulation_steps(const Scenario& s) {
+  return s.training.global_batch_size / (s.training.micro_batch_size * s.parallel.dp);
+}
+
+Count shard(const Scenario& s) {
+  return s.shard_size();
+}
+bool hybrid(const Scenario& s) {
+  return s.parallel.zero_stage > 0 && shard(s) < s.parallel.dp;
+}
+
+std::string_view dtype_name(DType d) {
+  return d == DType::fp32 ? "fp32" : d == DType::bf16 ? "bf16" : "fp16";
 }
 
 Exported megatron(const Scenario& s, Exported out) {
@@ -115,13 +133,13 @@ Exported megatron(const Scenario& s, Exported out) {
   }
   if (m.position_embedding == PositionEmbedding::rotary) {
     // Megatron-LM parses --rotary-base as an integer.
-    if (m.rope_theta == static_cast<double>(static_cast<Count>(m.rope_theta))) {
-      arg("--rotary-base", static_cast<Count>(m.rope_theta));
-    } else {
-      out.notes.push_back(fmt::format(
-          "rope_theta {} is not an integer; Megatron-LM's --rotary-base takes integers only",
-          m.rope_theta));
+    if (m.rope_theta != static_cast<double>(static_cast<Count>(m.rope_theta))) {
+      throw InputError("/model/rope_theta",
+                       fmt::format("rope_theta {} is not an integer; Megatron-LM's --rotary-base "
+                                   "takes integers only (arguments.py, type=int)",
+                                   m.rope_theta));
     }
+    arg("--rotary-base", static_cast<Count>(m.rope_theta));
     if (m.rope_scaling_factor > 0) {
       // Megatron-LM's Llama-3 scaling fixes low/high frequency factors 1 and 4 and an original
       // context of 8192, as Llama 3.1 uses.
@@ -152,10 +170,6 @@ Exported megatron(const Scenario& s, Exported out) {
     flag("--accumulate-allreduce-grads-in-fp32");
   } else if (t.precision == DType::bf16 && g == DType::bf16) {
     flag("--grad-reduce-in-bf16");
-  } else if (g != t.precision) {
-    out.notes.push_back(fmt::format(
-        "{} gradients with {} compute cannot be set in Megatron-LM; it keeps {} gradients",
-        dtype_name(g), dtype_name(t.precision), t.precision == DType::fp16 ? "fp16" : "fp32"));
   }
   arg("--optimizer", t.optimizer == Optimizer::sgd ? "sgd" : "adam");
   if (t.fp8 != Fp8Recipe::none) {
@@ -180,8 +194,11 @@ Exported megatron(const Scenario& s, Exported out) {
   const SplitArgs split = megatron_split_args(s);
   for (const std::string& a : split.args) args.push_back(a);
   for (const std::string& n : split.notes) out.notes.push_back(n);
-  if (p.schedule != Schedule::one_f_one_b && p.schedule != Schedule::interleaved_1f1b && p.pp > 1) {
-    out.notes.push_back(schedule_note(s, "Megatron-LM (1F1B)"));
+  // 1F1B is the default with pp > 1; the capability table admits no other schedule.
+  if (p.schedule == Schedule::interleaved_1f1b) {
+    // overlap_p2p_comm is on by default in the interleaved schedule (arguments.py); a plan that
+    // does not overlap the sends turns it off.
+    if (!s.assumptions.overlap_p2p) flag("--no-overlap-p2p-communication");
   }
   if (p.sequence_parallel) flag("--sequence-parallel");
   if (p.cp > 1) {
@@ -199,13 +216,10 @@ Exported megatron(const Scenario& s, Exported out) {
     arg("--recompute-method", "uniform");
     arg("--recompute-num-layers", 1);
   }
-  if (p.recompute == Recompute::selective_op) {
-    out.notes.push_back(
-        "per-op selective checkpointing (selective_op) is torchtitan's policy; Megatron-LM has no "
-        "equivalent, so no recompute flag is written and the run keeps every activation");
-  }
   if (p.zero_stage >= 1) flag("--use-distributed-optimizer");
-  if (p.zero_stage == 1 && hybrid(s)) {
+  // Hybrid sharding: replicas of a shard group (the distributed optimizer's instances, and
+  // Megatron FSDP's HSDP, core/distributed/fsdp/mcore_fsdp_adapter.py enable_hsdp).
+  if (p.zero_stage >= 1 && hybrid(s)) {
     arg("--num-distributed-optimizer-instances", p.dp / shard(s));
   }
   if (p.zero_stage >= 2) {
@@ -213,33 +227,31 @@ Exported megatron(const Scenario& s, Exported out) {
     arg("--data-parallel-sharding-strategy",
         p.zero_stage == 2 ? "optim_grads" : "optim_grads_params");
     arg("--ckpt-format", "fsdp_dtensor");  // the only format Megatron FSDP accepts
-    out.notes.push_back("Megatron FSDP needs CUDA_DEVICE_MAX_CONNECTIONS unset or above 1");
-    if (hybrid(s)) {
-      out.notes.push_back(fmt::format(
-          "Megatron-LM FSDP shards over the whole data-parallel group ({} GPUs), not groups of {}",
-          p.dp, shard(s)));
-    }
+    out.to_add.emplace_back(
+        "CUDA_DEVICE_MAX_CONNECTIONS unset or above 1 in the environment (Megatron FSDP asserts "
+        "it)");
+  } else if (p.tp > 1 || p.cp > 1) {
+    out.to_add.emplace_back(
+        "CUDA_DEVICE_MAX_CONNECTIONS=1 in the environment (arguments.py asserts it with tensor or "
+        "context parallelism before Blackwell)");
   }
   if (p.offload_optimizer == Offload::cpu) {
-    // Megatron-Core's hybrid-device optimizer: the distributed optimizer's states on the host.
+    // Megatron-Core's hybrid-device optimizer: the distributed optimizer's states on the host;
+    // it runs on the precision-aware optimizer's code path, which arguments.py requires.
     flag("--optimizer-cpu-offload");
     arg("--optimizer-offload-fraction", 1.0);
+    flag("--use-precision-aware-optimizer");
     flag("--overlap-cpu-optimizer-d2h-h2d");
-    if (p.zero_stage >= 2) {
-      out.notes.push_back(
-          "Megatron-LM offloads the distributed optimizer's states; with Megatron FSDP the "
-          "gradients stay on the GPU");
-    }
   }
-  if (p.offload_optimizer == Offload::nvme || p.offload_params != Offload::none) {
-    out.notes.push_back(fmt::format(
-        "Megatron-LM has no {} offload; DeepSpeed's ZeRO-Infinity (the deepspeed export) runs it",
-        p.offload_params != Offload::none ? "parameter" : "NVMe"));
+  // The overlaps the plan assumed.
+  const Assumptions& a = s.assumptions;
+  if (p.dp * p.cp > 1 && a.overlap_grad_reduce) flag("--overlap-grad-reduce");
+  if (p.zero_stage >= 1 && p.dp * p.cp > 1 && a.overlap_grad_reduce && a.overlap_param_gather) {
+    flag("--overlap-param-gather");  // arguments.py: needs --overlap-grad-reduce
+    if (a.overlap_param_gather_after_step && p.zero_stage <= 2)
+      flag("--overlap-param-gather-with-optimizer-step");
   }
-  if (p.dp > 1 && s.assumptions.overlap_grad_reduce) flag("--overlap-grad-reduce");
-  if (p.zero_stage >= 1 && p.dp > 1 && s.assumptions.overlap_param_gather) {
-    flag("--overlap-param-gather");
-  }
+  if (a.tp_comm_overlap && p.tp > 1) flag("--tp-comm-overlap");
 
   // What every run adds, before what this model needs beyond Megatron-LM (added above).
   out.to_add.insert(
@@ -276,10 +288,26 @@ Exported megatron(const Scenario& s, Exported out) {
 Exported deepspeed(const Scenario& s, Exported out) {
   const TrainingSpec& t = s.training;
   const ParallelSpec& p = s.parallel;
+  // JSON has no comments: the header goes first among the notes (stderr).
+  out.notes.push_back(fmt::format("{} config for {} on {} GPUs: tp={} pp={} dp={} ZeRO-{}",
+                                  kDeepSpeedVersion, s.model.name, s.cluster.num_gpus, p.tp, p.pp,
+                                  p.dp, p.zero_stage));
   nlohmann::ordered_json j;
-  j["train_batch_size"] = t.global_batch_size;
+  // DeepSpeed's check (runtime/config.py _batch_assertion): train_batch_size =
+  // train_micro_batch_size_per_gpu x gradient_accumulation_steps x its world size, which is the
+  // pipeline grid's data-parallel size with a PipelineModule (its mpu) and, for a plain model,
+  // dist.get_world_size(): with AutoTP every TP rank counts, each group of tp seeing the same
+  // sequences.
+  const Count ds_world = p.pp > 1 ? p.dp : p.tp * p.dp;
+  j["train_batch_size"] = t.micro_batch_size * accumulation_steps(s) * ds_world;
   j["train_micro_batch_size_per_gpu"] = t.micro_batch_size;
   j["gradient_accumulation_steps"] = accumulation_steps(s);
+  if (ds_world != p.dp) {
+    out.notes.push_back(fmt::format(
+        "train_batch_size counts DeepSpeed's world of {} GPUs (tp x dp): {} sequences per step "
+        "reach the model, each seen by the {} ranks of a tensor-parallel group",
+        ds_world, t.global_batch_size, p.tp));
+  }
   if (t.precision == DType::bf16) j["bf16"] = {{"enabled", true}};
   if (t.precision == DType::fp16) j["fp16"] = {{"enabled", true}};
   if (t.precision != DType::fp32) {
@@ -291,6 +319,10 @@ Exported deepspeed(const Scenario& s, Exported out) {
   zero["stage"] = p.zero_stage;
   zero["overlap_comm"] = s.assumptions.overlap_grad_reduce;
   zero["contiguous_gradients"] = true;
+  // The buckets the plan's memory counts (FrameworkProfile, docs/memory.md).
+  const FrameworkProfile& fw = s.assumptions.framework_profile;
+  if (p.zero_stage == 1 || p.zero_stage == 2)
+    zero["reduce_bucket_size"] = fw.reduce_bucket_elements;
   // ZeRO-Offload / ZeRO-Infinity (DeepSpeed zero_optimization.offload_optimizer / offload_param).
   auto offload = [](Offload o) {
     nlohmann::ordered_json j = {{"device", std::string(to_string(o))}, {"pin_memory", true}};
@@ -305,46 +337,32 @@ Exported deepspeed(const Scenario& s, Exported out) {
         "nvme_path: a directory on the node's NVMe (the export writes /local_nvme)");
   }
   if (p.zero_stage == 3) {
-    zero["stage3_prefetch_bucket_size"] = "auto";
+    zero["stage3_prefetch_bucket_size"] = fw.prefetch_bucket_elements;
     if (hybrid(s)) zero["mics_shard_size"] = shard(s);
-  } else if (hybrid(s)) {
-    out.notes.push_back(fmt::format(
-        "DeepSpeed shards ZeRO-{} over the whole data-parallel group ({} GPUs), not groups of {}",
-        p.zero_stage, p.dp, shard(s)));
   }
   j["zero_optimization"] = zero;
   // Tensor parallelism through AutoTP training; the pipeline through PipelineModule(num_stages=pp).
   if (p.tp > 1) j["tensor_parallel"] = {{"autotp_size", p.tp}};
   if (p.pp > 1) {
-    j["pipeline"] = {{"stages", p.pp}, {"partition", "uniform"}};
-    if (s.model.num_layers % p.pp != 0) {
-      out.notes.push_back(fmt::format(
-          "{} layers do not split evenly over {} stages; DeepSpeed's uniform partition places the "
-          "extra layers differently from the plan",
-          s.model.num_layers, p.pp));
-    }
-    if (p.schedule != Schedule::one_f_one_b) {
-      out.notes.push_back(schedule_note(s, "the DeepSpeed pipeline engine (1F1B)"));
-    }
+    // The pipeline engine runs TrainSchedule (1F1B); the stages come from the model code.
+    out.to_add.push_back(fmt::format(
+        "the model as a PipelineModule(layers=..., num_stages={}, partition_method=\"type:<your "
+        "decoder layer class>\"{}): {} layers per stage, the embedding on the first and the LM "
+        "head on the last",
+        p.pp, p.recompute == Recompute::full ? ", activation_checkpoint_interval=1" : "",
+        s.model.num_layers / p.pp));
   }
-  if (p.recompute != Recompute::none) {
-    j["activation_checkpointing"] = {{"partition_activations", p.sequence_parallel},
+  if (p.recompute == Recompute::full) {
+    // Every layer checkpointed (deepspeed.checkpointing.checkpoint; the PipelineModule's
+    // activation_checkpoint_interval=1 with a pipeline).
+    j["activation_checkpointing"] = {{"partition_activations", false},
                                      {"contiguous_memory_optimization", false},
                                      {"number_checkpoints", s.model.num_layers / p.pp}};
-    if (p.recompute == Recompute::selective_op) {
-      out.notes.push_back(
-          "per-op selective checkpointing (selective_op) is torchtitan's policy; DeepSpeed's "
-          "activation_checkpointing is full-layer");
+    if (p.pp == 1) {
+      out.to_add.emplace_back(
+          "deepspeed.checkpointing.checkpoint(layer, ...) around each decoder layer's forward in "
+          "the model code");
     }
-    if (p.recompute == Recompute::selective) {
-      out.notes.push_back(
-          "selective recompute is a model-code choice (Megatron-DeepSpeed "
-          "--recompute-granularity selective); DeepSpeed's activation_checkpointing is full-layer");
-    }
-  }
-  if (p.sequence_parallel) {
-    out.notes.push_back(
-        "sequence parallelism is a model-code choice (Megatron-DeepSpeed --sequence-parallel)");
   }
   if (s.model.moe.enabled()) {
     // DeepSpeed-MoE (deepspeed/moe/layer.py, MoE): the experts and their expert-parallel size are
@@ -365,25 +383,10 @@ Exported deepspeed(const Scenario& s, Exported out) {
           e.num_shared_experts, e.shared_expert_ffn_hidden_size));
     }
     if (e.router == Router::sigmoid) {
-      out.notes.push_back(
-          "DeepSpeed-MoE's gates are softmax top-k; the plan's sigmoid router is model code");
+      throw InputError("/model/moe/router",
+                       "DeepSpeed-MoE's gate is a softmax top-k (deepspeed/moe/sharded_moe.py "
+                       "TopKGate); it has no sigmoid router");
     }
-  }
-  if (t.fp8 != Fp8Recipe::none) {
-    out.notes.push_back(fmt::format(
-        "FP8 ({} scaling) is Transformer Engine in the model code (te.fp8_autocast); DeepSpeed's "
-        "config has no FP8 switch",
-        to_string(t.fp8)));
-  }
-  if (p.cp > 1) {
-    out.notes.push_back(
-        p.cp_comm == CpComm::a2a
-            ? fmt::format("DeepSpeed-Ulysses is a model-code choice (Megatron-DeepSpeed "
-                          "--ds-sequence-parallel-size {})",
-                          p.cp)
-            : fmt::format("DeepSpeed has no {} context parallelism; Megatron-LM "
-                          "(--context-parallel-size {}) runs it",
-                          to_string(p.cp_comm), p.cp));
   }
   if (t.optimizer != Optimizer::sgd) {
     j["optimizer"] = {{"type", t.optimizer == Optimizer::adamw ? "AdamW" : "Adam"}};
@@ -406,241 +409,24 @@ Exported deepspeed(const Scenario& s, Exported out) {
   return out;
 }
 
-std::string toml_string(std::string_view v) {
-  return fmt::format("\"{}\"", v);
-}
-
-// torchtitan v0.2.2's Llama-3 flavors (torchtitan/models/llama3/__init__.py, llama3_args), with the
-// SwiGLU width its FeedForward derives from ffn_dim_multiplier and multiple_of
-// (model/model.py: 2/3 of 4·dim, times the multiplier, rounded up to multiple_of). Every flavor
-// uses RoPE theta 500000 with Llama-3 scaling factor 8 (model/args.py RoPEScalingArgs) and
-// vocabulary 128256.
-struct TorchtitanFlavor {
-  std::string_view name;
-  Count dim, n_layers, n_heads, n_kv_heads;
-  double ffn_dim_multiplier;
-  Count multiple_of;
-};
-constexpr TorchtitanFlavor kTorchtitanLlama3[] = {
-    {"8B", 4096, 32, 32, 8, 1.3, 1024},
-    {"70B", 8192, 80, 64, 8, 1.3, 4096},
-    {"405B", 16384, 126, 128, 8, 1.2, 4096},
-};
-constexpr double kTorchtitanRopeTheta = 500000.0;
-constexpr double kTorchtitanRopeScaling = 8.0;
-constexpr Count kTorchtitanVocab = 128256;
-
-Count torchtitan_ffn(const TorchtitanFlavor& f) {
-  Count hidden = 2 * (4 * f.dim) / 3;
-  hidden = static_cast<Count>(f.ffn_dim_multiplier * static_cast<double>(hidden));
-  return f.multiple_of * ((hidden + f.multiple_of - 1) / f.multiple_of);
-}
-
-// The [model] section: the Llama-3 flavor with this model's shape, or what to register.
-std::string torchtitan_model(const ModelSpec& m, Exported& out) {
-  if (m.moe.enabled()) {
-    // torchtitan's llama3 is dense; its MoE models (qwen3, llama4, deepseek_v3) have their own
-    // model code and flavors, none of which this exporter matches by shape.
-    out.notes.push_back(fmt::format(
-        "torchtitan's llama3 model is dense: this MoE model ({} routed experts of width {}, "
-        "top-{}, {} shared) needs one of torchtitan's MoE models (qwen3, llama4, deepseek_v3) "
-        "with a \"distplan_custom\" flavor of this shape",
-        m.moe.num_experts, m.moe.expert_ffn_hidden_size, m.moe.top_k, m.moe.num_shared_experts));
-    return "\n[model]\nname = \"distplan_custom_moe\"\nflavor = \"distplan_custom\"\n";
-  }
-  const bool llama_architecture = m.mlp == Mlp::swiglu && m.norm == Norm::rmsnorm &&
-                                  m.position_embedding == PositionEmbedding::rotary && !m.bias &&
-                                  !m.qkv_bias && !m.tied_embeddings && m.explicit_head_dim == 0 &&
-                                  !m.qk_norm && !m.embedding_norm;
-  std::string flavor;
-  for (const TorchtitanFlavor& f : kTorchtitanLlama3) {
-    if (llama_architecture && m.hidden_size == f.dim && m.num_layers == f.n_layers &&
-        m.num_attention_heads == f.n_heads && m.num_kv_heads == f.n_kv_heads &&
-        m.ffn_hidden_size == torchtitan_ffn(f) && m.vocab_size == kTorchtitanVocab &&
-        m.rope_theta == kTorchtitanRopeTheta && m.rope_scaling_factor == kTorchtitanRopeScaling) {
-      flavor = std::string(f.name);
-    }
-  }
-  if (flavor.empty()) {
-    flavor = "distplan_custom";
-    if (llama_architecture) {
-      out.notes.push_back(fmt::format(
-          "no torchtitan Llama-3 flavor has this shape: add \"distplan_custom\" to llama3_args "
-          "(dim={}, n_layers={}, n_heads={}, n_kv_heads={}, vocab_size={}, rope_theta={}, an "
-          "ffn_dim_multiplier/multiple_of giving a SwiGLU width of {})",
-          m.hidden_size, m.num_layers, m.num_attention_heads, m.num_kv_heads, m.vocab_size,
-          m.rope_theta, m.ffn_hidden_size));
-    } else {
-      out.notes.push_back(
-          "torchtitan's llama3 model is SwiGLU, RMSNorm, rotary, bias-free and untied, with head "
-          "width hidden / heads, no q/k or embedding norms; this model is not, so it needs its "
-          "own model code in torchtitan");
-    }
-  }
-  return fmt::format("\n[model]\nname = \"llama3\"\nflavor = {}\n", toml_string(flavor));
-}
-
-Exported torchtitan(const Scenario& s, Exported out) {
-  const TrainingSpec& t = s.training;
-  const ParallelSpec& p = s.parallel;
-  // FSDP2 always shards parameters, gradients and optimizer states (ZeRO-3 layout); replicas of
-  // a shard group form the HSDP replicate dimension. ZeRO-0 is plain replication (DDP).
-  Count replicate = p.dp;
-  Count shard_degree = 1;
-  std::string reshard = "default";
-  if (p.zero_stage >= 1) {
-    shard_degree = shard(s);
-    replicate = p.dp / shard_degree;
-    if (p.zero_stage <= 2) {
-      reshard = "never";  // parameters stay gathered between forward and backward
-      out.notes.push_back(fmt::format(
-          "torchtitan (FSDP2) has no ZeRO-{}; the nearest is full sharding with "
-          "fsdp_reshard_after_forward = \"never\", which also shards parameters at rest",
-          p.zero_stage));
-    }
-  }
-  std::string schedule;
-  switch (p.schedule) {
-    case Schedule::gpipe:
-      schedule = "GPipe";
-      break;
-    case Schedule::one_f_one_b:
-      schedule = "1F1B";
-      break;
-    case Schedule::interleaved_1f1b:
-      schedule = "Interleaved1F1B";
-      break;
-    case Schedule::zb_h1:
-    case Schedule::zb_h2:
-    case Schedule::zb_auto:
-      schedule = "InterleavedZeroBubble";
-      break;
-    case Schedule::zb_v:
-      // torch.distributed.pipelining's ScheduleZBVZeroBubble: two stages per rank in a V
-      // (get_schedule_class name "ZBVZeroBubble", pytorch/pytorch schedules.py).
-      schedule = "ZBVZeroBubble";
-      break;
-    case Schedule::dualpipe_v:
-      // torch.distributed.pipelining's ScheduleDualPipeV (get_schedule_class name "DualPipeV",
-      // pytorch/pytorch torch/distributed/pipelining/schedules.py).
-      schedule = "DualPipeV";
-      break;
-    case Schedule::dualpipe:
-      // torch.distributed.pipelining has ScheduleDualPipeV (the cut-in-half) but no
-      // bidirectional DualPipe.
-      schedule = "1F1B";
-      out.notes.push_back(schedule_note(s, "torchtitan (only its cut-in-half, DualPipeV)"));
-      break;
-    case Schedule::v_half:
-    case Schedule::v_min:
-      schedule = "ZBVZeroBubble";
-      out.notes.push_back(fmt::format(
-          "torchtitan has no {} schedule; ZBVZeroBubble places the same V but keeps about {} "
-          "times the activations",
-          to_string(p.schedule), p.schedule == Schedule::v_half ? 2 : 3));
-      break;
-  }
-  if ((p.schedule == Schedule::zb_h1 || p.schedule == Schedule::zb_h2 ||
-       p.schedule == Schedule::zb_auto) &&
-      p.pp > 1) {
-    out.notes.push_back(fmt::format(
-        "schedule {} maps to torch.distributed.pipelining's InterleavedZeroBubble (a looped "
-        "schedule with one stage per rank here)",
-        to_string(p.schedule)));
-  }
-  if (!p.sequence_parallel && p.tp > 1) {
-    out.notes.push_back("torchtitan's tensor parallelism always shards the sequence (sp on)");
-  }
-  // torchtitan v0.2.2 (config/job_config.py): mixed_precision_param is bfloat16 or float32,
-  // mixed_precision_reduce float32 only.
-  if (t.precision == DType::fp16) {
-    out.notes.push_back("torchtitan has no fp16 training; the export uses bfloat16");
-  }
-  if (t.grad_accumulation_dtype != DType::fp32 && t.precision != DType::fp32) {
-    out.notes.push_back(fmt::format(
-        "torchtitan reduces gradients in float32 only; the plan's {} gradients become fp32",
-        dtype_name(t.grad_accumulation_dtype)));
-  }
-  // Context parallelism (torch.distributed.tensor.experimental.context_parallel): "alltoall"
-  // passes the KV shards around the ring, "allgather" gathers them; Ulysses' head all-to-all
-  // has no counterpart.
-  if (p.cp > 1 && p.cp_comm == CpComm::a2a) {
-    out.notes.push_back(
-        "torchtitan's context parallelism is ring attention (rotate method alltoall or "
-        "allgather), not DeepSpeed-Ulysses' head all-to-all; the export uses allgather");
-  }
-  // FSDP2's CPUOffloadPolicy moves parameters, gradients and optimizer states together.
-  const bool cpu_offload = p.offload_optimizer != Offload::none;
-  if (cpu_offload && !(p.zero_stage == 3 && p.offload_optimizer == Offload::cpu &&
-                       p.offload_params == Offload::cpu)) {
-    out.notes.push_back(
-        "torchtitan's enable_cpu_offload (FSDP2 CPUOffloadPolicy) offloads parameters, "
-        "gradients and optimizer states to host memory together; the plan offloads less or to "
-        "NVMe");
-  }
-  if (t.fp8 != Fp8Recipe::none) {
-    out.notes.push_back(fmt::format(
-        "FP8 ({} scaling): enable torchtitan's float8 (or mx for MXFP8) model converter for the "
-        "linear layers; the export does not write it",
-        to_string(t.fp8)));
-  }
-  const std::string model_section = torchtitan_model(s.model, out);
-  out.to_add = {"[model] hf_assets_path: the folder with the tokenizer (vocabulary " +
-                    std::to_string(s.model.vocab_size) + ")",
-                "[training] dataset (or dataset_path) and steps",
-                "[optimizer] lr, weight_decay and [lr_scheduler] warmup_steps, decay_type; "
-                "[training] max_norm",
-                "[checkpoint] folder and interval"};
-  std::ostringstream o;
-  o << warning_comment(out);
-  o << fmt::format("# {} job config for {} on {} GPUs: tp={}{} pp={} dp={} ZeRO-{}\n",
-                   kTorchtitanVersion, s.model.name, s.cluster.num_gpus, p.tp,
-                   p.cp > 1 ? fmt::format(" cp={}", p.cp) : "", p.pp, p.dp, p.zero_stage);
-  for (const std::string& n : out.notes) o << "# note: " << n << '\n';
-  o << to_add_lines(out);
-  o << model_section;
-  o << "\n[training]\n";
-  // Without a pipeline a local batch is one micro-batch and the rest is gradient accumulation;
-  // with a pipeline the local batch is split into pipeline micro-batches.
-  o << "local_batch_size = " << (p.pp > 1 ? t.global_batch_size / p.dp : t.micro_batch_size)
-    << '\n';
-  o << "global_batch_size = " << t.global_batch_size << '\n';
-  o << "seq_len = " << t.seq_length << '\n';
-  o << "mixed_precision_param = "
-    << toml_string(t.precision == DType::fp32 ? "float32" : "bfloat16") << '\n';
-  o << "mixed_precision_reduce = \"float32\"\n";
-  if (cpu_offload) o << "enable_cpu_offload = true\n";
-  o << "\n[parallelism]\n";
-  o << "data_parallel_replicate_degree = " << replicate << '\n';
-  o << "data_parallel_shard_degree = " << shard_degree << '\n';
-  o << "fsdp_reshard_after_forward = " << toml_string(reshard) << '\n';
-  o << "tensor_parallel_degree = " << p.tp << '\n';
-  o << "pipeline_parallel_degree = " << p.pp << '\n';
-  // torchtitan's MoE models shard their routed experts over expert_parallel_degree ranks.
-  if (s.model.moe.enabled()) o << "expert_parallel_degree = " << p.ep << '\n';
-  if (p.cp > 1) {
-    o << "context_parallel_degree = " << p.cp << '\n';
-    o << "context_parallel_rotate_method = "
-      << toml_string(p.cp_comm == CpComm::p2p ? "alltoall" : "allgather") << '\n';
-  }
-  if (p.pp > 1) {
-    o << "pipeline_parallel_schedule = " << toml_string(schedule) << '\n';
-    o << "pipeline_parallel_microbatch_size = " << t.micro_batch_size << '\n';
-    // The plan's split and stages per rank in torchtitan's settings (export_split.h).
-    for (const std::string& line : torchtitan_split_lines(s)) o << line << '\n';
-  }
-  o << "\n[activation_checkpoint]\n";
-  // torchtitan's mode "selective" with selective_ac_option "op" is selective_op.
-  const bool op_sac = p.recompute == Recompute::selective || p.recompute == Recompute::selective_op;
-  o << "mode = " << toml_string(op_sac ? "selective" : to_string(p.recompute)) << '\n';
-  if (op_sac) o << "selective_ac_option = \"op\"\n";
-  out.text = o.str();
-  return out;
-}
-
 }  // namespace
 
 Exported export_scenario(const Scenario& s, ExportFormat format) {
+  // The plan's memory and its layout are the framework's own: a plan made under another
+  // framework would run with other conventions, so it is refused rather than translated.
+  const Framework fw = framework_of(format);
+  if (format != ExportFormat::peft && s.training.framework != fw) {
+    throw InputError(
+        "/training/framework",
+        fmt::format("the plan assumed training.framework {}; an export to {} needs a plan made "
+                    "under {} (what it runs, how it keeps memory): set \"framework\": \"{}\" "
+                    "in training and plan or search again",
+                    to_string(s.training.framework), to_string(format), to_string(fw),
+                    to_string(fw)));
+  }
+  // validate_scenario() refused what the framework cannot run; a scenario built in code is
+  // checked here too.
+  if (auto r = framework_refusal(s)) throw InputError(r->path, r->message);
   // The fit is known before the text is written, so the text can carry the warning.
   const MemoryEstimate mem = estimate(s).memory;
   Exported seed;
@@ -666,7 +452,7 @@ Exported export_scenario(const Scenario& s, ExportFormat format) {
     case ExportFormat::deepspeed:
       return deepspeed(s, seed);
     case ExportFormat::torchtitan:
-      return torchtitan(s, seed);
+      return detail::torchtitan_export(s, seed);
   }
   return seed;
 }

@@ -40,6 +40,11 @@ void megatron_moe_args(const Scenario& s, std::vector<std::string>& args,
     arg("--moe-layer-freq", pattern + "]");
   }
   arg("--moe-router-score-function", e.router == Router::sigmoid ? "sigmoid" : "softmax");
+  // The load-balancing loss as the model was trained (Megatron-LM's default is 0.0, which would
+  // drop it).
+  arg("--moe-aux-loss-coeff", e.aux_loss_coeff);
+  // The plan times a rank's experts as grouped GEMMs (docs/moe.md, "Plan"): TE's GroupedLinear.
+  args.emplace_back("--moe-grouped-gemm");
   if (e.router_bias) args.emplace_back("--moe-router-enable-expert-bias");
   if (e.capacity_factor) arg("--moe-expert-capacity-factor", *e.capacity_factor);
   // The all-to-all dispatcher is the one distplan's communication terms describe.

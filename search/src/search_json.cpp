@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "distplan/planner/capabilities.h"
 #include "distplan/planner/error.h"
 #include "distplan/planner/interval.h"
 #include "distplan/planner/scenario_json.h"
@@ -315,6 +316,23 @@ Request request_from_json(const json& doc, const ScenarioParser& parse_scenario)
   r.space.base.parallel.cp_comm = fixed.cp_comm;
   r.space.base.parallel.offload_optimizer = fixed.offload_optimizer;
   r.space.base.parallel.offload_params = fixed.offload_params;
+  // An offload the framework cannot run is refused at its field rather than cut from every
+  // layout (docs/frameworks.md).
+  const FrameworkCapabilities& caps = capabilities(r.space.base.training.framework);
+  auto refuse = [&](const Support& row, const char* path, const std::string& what) {
+    if (row.runs) return;
+    const FrameworkRefusal f = refusal(caps, row, path, what);
+    throw InputError(f.path, f.message);
+  };
+  refuse(caps.offload_optimizer[static_cast<std::size_t>(fixed.offload_optimizer)],
+         "/parallel/offload_optimizer",
+         fmt::format("optimizer offload to {}", to_string(fixed.offload_optimizer)));
+  refuse(caps.offload_params[static_cast<std::size_t>(fixed.offload_params)],
+         "/parallel/offload_params",
+         fmt::format("parameter offload to {}", to_string(fixed.offload_params)));
+  if (fixed.offload_optimizer != Offload::none && fixed.offload_params == Offload::none)
+    refuse(caps.offload_optimizer_alone, "/parallel/offload_params",
+           "optimizer offload with the parameters on the GPU");
 
   if (doc.contains("search")) read_search(doc.at("search"), r);
   return r;
@@ -430,6 +448,8 @@ std::string format_result_table(const Request& req, const Result& r) {
   o << fmt::format("Search: {} on {} x {} ({} per node), global batch {}, sequence {}\n",
                    b.model.name, b.cluster.num_gpus, b.cluster.gpu.name, b.cluster.gpus_per_node,
                    b.training.global_batch_size, b.training.seq_length);
+  o << fmt::format("Framework {}: only the layouts it runs are searched\n",
+                   framework_title(b.training.framework));
   o << fmt::format(
       "Objective {}; evaluated {} layouts in {:.3f} s ({:.2f} M/s over {:.3f} s of evaluation, {} "
       "threads); "

@@ -4,6 +4,7 @@
 
 #include "distplan/planner/layout.h"
 #include "distplan/planner/pipeline_split.h"
+#include "distplan/planner/capabilities.h"
 
 namespace distplan::search {
 
@@ -49,6 +50,16 @@ std::string_view to_string(Reject r) noexcept {
       return "dualpipe_not_planned";
     case Reject::peft_not_planned:
       return "peft_not_planned";
+    case Reject::framework_schedule:
+      return "framework_schedule";
+    case Reject::framework_sharding:
+      return "framework_sharding";
+    case Reject::framework_parallel:
+      return "framework_parallel";
+    case Reject::framework_recompute:
+      return "framework_recompute";
+    case Reject::framework_split:
+      return "framework_split";
     case Reject::moe_not_planned:
       return "moe_not_planned";
     case Reject::tp_within_node:
@@ -104,7 +115,7 @@ void apply_split(Scenario& s, SplitChoice choice) {
   if (s.training.framework == Framework::megatron && megatron_fits) {
     x.rule = SplitRule::megatron;
     x.account_for_embedding = x.account_for_loss = true;
-  } else if (s.training.framework == Framework::fsdp2 && !bidirectional(p.schedule)) {
+  } else if (s.training.framework == Framework::torchtitan && !bidirectional(p.schedule)) {
     x.rule = SplitRule::torchtitan;
   } else {
     x.rule = SplitRule::explicit_layers;
@@ -190,6 +201,8 @@ void walk_outer(const Space& space, RejectCounts& rejected, Fn&& fn) {
   const Count layers = b.model.num_layers;
   const Count batch = b.training.global_batch_size;
   if (n <= 0 || batch <= 0 || layers <= 0) return;
+  // What the framework runs (capabilities.h): the same rows validate_scenario() refuses by.
+  const FrameworkCapabilities& caps = capabilities(b.training.framework);
 
   const std::vector<Count> tps =
       !pin.tp.empty() ? pin.tp : (space.fewer_gpus ? range(1, n) : divisors(n));
@@ -214,6 +227,11 @@ void walk_outer(const Space& space, RejectCounts& rejected, Fn&& fn) {
     const PeftSpec& peft = b.training.peft;
     if (peft.adapters() && tp > 1) {
       bump(rejected, Reject::peft_not_planned);
+      continue;
+    }
+    if (tp > 1 && (!caps.tensor_parallel.runs ||
+                   (b.assumptions.tp_comm_overlap && !caps.tp_comm_overlap.runs))) {
+      bump(rejected, Reject::framework_parallel);
       continue;
     }
     // Context parallel, next in the rank order (docs/layout.md): the values validate.cpp accepts.
@@ -249,6 +267,10 @@ void walk_outer(const Space& space, RejectCounts& rejected, Fn&& fn) {
           bump(rejected, Reject::min_tokens_per_cp_rank);
           continue;
         }
+        if (!caps.context_parallel[static_cast<std::size_t>(b.parallel.cp_comm)].runs) {
+          bump(rejected, Reject::framework_parallel);
+          continue;
+        }
       }
       const Count tc = tp * cp;
       const std::vector<Count> pps = !pin.pp.empty() ? pin.pp : range(1, std::min(layers, n / tc));
@@ -264,6 +286,20 @@ void walk_outer(const Space& space, RejectCounts& rejected, Fn&& fn) {
         if (c.pp_divides_layers && layers % pp != 0) {
           bump(rejected, Reject::pp_divides_layers);
           continue;
+        }
+        if (pp > 1 && tp > 1 && !caps.pipeline_with_tensor_parallel.runs) {
+          bump(rejected, Reject::framework_parallel);
+          continue;
+        }
+        if (pp > 1 && layers % pp != 0 && caps.split != SplitRule::any) {
+          // The planner's even split (stage_layer_counts) in the framework's terms.
+          Scenario x = b;
+          x.parallel.pp = pp;
+          x.parallel.layers_per_stage.clear();
+          if (!split_expressible(x, caps.split)) {
+            bump(rejected, Reject::framework_split);
+            continue;
+          }
         }
         std::vector<Count> dps;
         if (!space.fewer_gpus) {
@@ -315,6 +351,10 @@ void walk_outer(const Space& space, RejectCounts& rejected, Fn&& fn) {
                 bump(rejected, Reject::ep_divides_experts);
                 continue;
               }
+              if (ep > 1 && !caps.expert_parallel.runs) {
+                bump(rejected, Reject::framework_parallel);
+                continue;
+              }
               if (!fn(Outer{tp, pp, dp, mb, cp, ep})) return;
             }
           }
@@ -343,6 +383,7 @@ void inner_lists(const Space& space, const Outer& o, RejectCounts& rejected, Inn
   const Candidates& pin = space.candidates;
   const Count layers = b.model.num_layers;
   const Count m = b.training.global_batch_size / (o.dp * o.micro_batch_size);
+  const FrameworkCapabilities& caps = capabilities(b.training.framework);
 
   // zb_auto is searched only when named in parallel.schedule: its heuristic runs for every layout
   // whose peak the lean path cannot bound (docs/search.md), a hundred times an estimate's cost.
@@ -362,6 +403,17 @@ void inner_lists(const Space& space, const Outer& o, RejectCounts& rejected, Inn
     if (peft.enabled() && (bidirectional(s) ||
                            (peft.frozen_layers > 0 && (detail::is_interleaved(s) || v_shape(s))))) {
       bump(rejected, Reject::peft_not_planned);
+      return;
+    }
+    // The schedule, and the send/receive overlap the scenario assumes with it.
+    const Assumptions& a = b.assumptions;
+    const bool interleaved = detail::is_interleaved(s);
+    if (!caps.schedule[static_cast<std::size_t>(s)].runs ||
+        (o.pp > 1 && a.overlap_p2p &&
+         !(interleaved ? caps.overlap_p2p_interleaved : caps.overlap_p2p).runs) ||
+        (interleaved && o.pp == 2 && !a.overlap_p2p &&
+         !caps.interleaved_pp2_without_p2p_overlap.runs)) {
+      bump(rejected, Reject::framework_schedule);
       return;
     }
     if (detail::is_interleaved(s)) {
@@ -465,9 +517,27 @@ void inner_lists(const Space& space, const Outer& o, RejectCounts& rejected, Inn
       bump(rejected, Reject::invalid_scenario);
       continue;
     }
+    const auto zi = static_cast<std::size_t>(z);
+    const bool replicas_beside_model_parallel =
+        z == 0 && o.dp > 1 && (o.tp > 1 || o.cp > 1 || o.pp > 1 || o.ep > 1);
+    if (!caps.zero_stage[zi].runs || (o.pp > 1 && !caps.sharding_with_pipeline[zi].runs) ||
+        (o.tp > 1 && !caps.sharding_with_tensor_parallel[zi].runs) ||
+        (replicas_beside_model_parallel && !caps.replicas_with_model_parallel.runs) ||
+        (z == 0 && o.cp > 1 && !caps.unsharded_with_context_parallel.runs) ||
+        (bp.offload_optimizer != Offload::none && !caps.offload_with_zero[zi].runs) ||
+        ((z == 1 || z == 2) && b.assumptions.overlap_param_gather_after_step &&
+         !caps.overlap_param_gather_after_step.runs)) {
+      bump(rejected, Reject::framework_sharding);
+      continue;
+    }
     out.zero_stages.push_back(z);
   }
 
+  for (std::size_t z = 0; z < out.hybrid.size(); ++z) out.hybrid[z] = caps.hybrid_shard[z].runs;
+  out.zero12_needs_interleaved = b.assumptions.overlap_param_gather_after_step &&
+                                 !caps.overlap_param_gather_after_step_flat.runs;
+  out.expert_group = o.ep > 1 && !caps.expert_parallel_beyond_shard.runs ? o.ep : 1;
+  out.shard_base = o.tp * o.cp;
   out.shard_sizes.clear();
   if (!pin.fsdp_shard_size.empty()) {
     for (Count s : pin.fsdp_shard_size) {
@@ -501,14 +571,18 @@ void inner_lists(const Space& space, const Outer& o, RejectCounts& rejected, Inn
   } else {
     out.recompute = {Recompute::none, Recompute::selective, Recompute::full};
   }
-  // torchtitan's per-op selective checkpointing exists only there: enumerated for fsdp2 runs.
-  if (pin.recompute.empty() && b.training.framework == Framework::fsdp2 && !moe) {
+  // torchtitan's per-op selective checkpointing exists only there: enumerated for torchtitan runs.
+  if (pin.recompute.empty() && b.training.framework == Framework::torchtitan && !moe) {
     out.recompute.push_back(Recompute::selective_op);
   }
   if (moe && std::erase(out.recompute, Recompute::selective_op) > 0)
     bump(rejected, Reject::moe_not_planned);
   if (b.training.peft.enabled() && std::erase(out.recompute, Recompute::selective_op) > 0)
     bump(rejected, Reject::peft_not_planned);
+  const auto unsupported = std::erase_if(out.recompute, [&](Recompute r) {
+    return !caps.recompute[static_cast<std::size_t>(r)].runs;
+  });
+  for (std::size_t i = 0; i < unsupported; ++i) bump(rejected, Reject::framework_recompute);
 
   out.sequence_parallel.clear();
   const std::vector<bool> sps =
@@ -520,6 +594,12 @@ void inner_lists(const Space& space, const Outer& o, RejectCounts& rejected, Inn
     }
     if (sp && o.tp == 1 && c.sequence_parallel_needs_tp) {
       bump(rejected, Reject::sequence_parallel_needs_tp);
+      continue;
+    }
+    if (o.tp > 1 &&
+        (!(sp ? caps.sequence_parallel : caps.tensor_parallel_without_sp).runs ||
+         (!sp && b.assumptions.tp_comm_overlap && !caps.tp_comm_overlap_without_sp.runs))) {
+      bump(rejected, Reject::framework_parallel);
       continue;
     }
     // Under context parallelism each of the 2·cp (a2a: cp) chunks is split over tp again.
@@ -558,12 +638,27 @@ std::uint64_t count_layouts(const Space& space, std::uint64_t stop_above) {
   std::uint64_t total = 0;
   walk_outer(space, scratch, [&](const Outer& o) {
     detail::inner_lists(space, o, scratch, lists);
-    std::uint64_t zero = 0;    // (ZeRO stage, shard) pairs, as for_each_inner walks them
-    std::uint64_t zero01 = 0;  // the pairs of ZeRO 0/1 (dualpipe's)
+    std::uint64_t zero = 0;       // (ZeRO stage, shard) pairs, as for_each_inner walks them
+    std::uint64_t zero01 = 0;     // the pairs of ZeRO 0/1 (dualpipe's)
+    std::uint64_t zero_flat = 0;  // the pairs a schedule other than interleaved takes
     for (int z : lists.zero_stages) {
-      const std::uint64_t pairs = z == 0 ? 1 : lists.shard_sizes.size();
+      // The whole-group shard (0) always; hybrid sizes where the framework runs them; experts
+      // folded into the shard group where the framework needs it.
+      std::uint64_t pairs = 0;
+      if (z == 0) {
+        pairs = lists.experts_fold(1) ? 1 : 0;
+      } else {
+        for (Count sh : lists.shard_sizes) {
+          if (sh != 0 && !lists.hybrid[static_cast<std::size_t>(z)]) continue;
+          if (lists.experts_fold(sh == 0 ? o.dp : sh)) ++pairs;
+        }
+      }
+      // ZeRO-1/2 outside the interleaved schedule are skipped when the framework's gather
+      // behind the next forward needs it (InnerLists::zero12_needs_interleaved).
+      const bool flat_ok = !(lists.zero12_needs_interleaved && (z == 1 || z == 2));
       zero += pairs;
-      if (z <= 1) zero01 += pairs;
+      if (flat_ok) zero_flat += pairs;
+      if (z <= 1 && flat_ok) zero01 += pairs;
     }
     std::uint64_t pairs = 0;  // (schedule, v, split, ZeRO stage, shard)
     for (Schedule sched : lists.schedules) {
@@ -571,7 +666,9 @@ std::uint64_t count_layouts(const Space& space, std::uint64_t stop_above) {
       for (Count v : detail::is_interleaved(sched) ? lists.virtual_stages : one) {
         const auto splits =
             static_cast<std::uint64_t>(detail::split_choices(space, o.pp, sched, v).n);
-        pairs += splits * (bidirectional(sched) ? zero01 : zero);
+        pairs += splits * (bidirectional(sched)            ? zero01
+                           : detail::is_interleaved(sched) ? zero
+                                                           : zero_flat);
       }
     }
     total += pairs * lists.recompute.size() * lists.sequence_parallel.size();

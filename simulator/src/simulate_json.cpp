@@ -93,6 +93,7 @@ nlohmann::json simulate_to_json(const Scenario& s, const SimResult& r) {
 
 std::string format_simulate_table(const Scenario& s, const SimResult& r) {
   std::string out;
+  out += fmt::format("framework {}\n", framework_title(s.training.framework));
   out +=
       fmt::format("schedule {}  pp={} virtual_stages={} micro-batches={}\n",
                   to_string(s.parallel.schedule), s.parallel.pp, r.virtual_stages, r.microbatches);

@@ -16,10 +16,11 @@ namespace {
 using nlohmann::json;
 
 json tiny(const json& parallel, const json& training = json::object()) {
-  json doc = {{"model", "tiny-llama"},
-              {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", 2}}},
-              {"training", {{"seq_length", 64}, {"global_batch_size", 2}}},
-              {"parallel", parallel}};
+  json doc = {
+      {"model", "tiny-llama"},
+      {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", 2}}},
+      {"training", {{"framework", "generic"}, {"seq_length", 64}, {"global_batch_size", 2}}},
+      {"parallel", parallel}};
   for (const auto& [k, v] : training.items()) doc["training"][k] = v;
   return doc;
 }

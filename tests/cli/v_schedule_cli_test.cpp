@@ -16,7 +16,8 @@ json tiny_v() {
   return {{"model", "tiny-gpt"},  // 4 layers: two chunks of one layer on each of 2 stages
           {"cluster", {{"gpu", "a100-80gb"}, {"num_gpus", 2}}},
           {"training",
-           {{"seq_length", 32},
+           {{"framework", "generic"},
+            {"seq_length", 32},
             {"global_batch_size", 16},
             {"micro_batch_size", 2},
             {"precision", "fp32"}}},

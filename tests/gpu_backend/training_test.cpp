@@ -80,7 +80,8 @@ nlohmann::json tiny_scenario(const Layout& l) {
   return {{"model", model},
           {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", ranks}, {"gpus_per_node", 8}}},
           {"training",
-           {{"seq_length", 32},
+           {{"framework", "generic"},
+            {"seq_length", 32},
             {"global_batch_size", l.global_batch},
             {"micro_batch_size", 1},
             {"precision", l.precision},
@@ -391,7 +392,7 @@ TEST(Training, RunRefusesWhatItDoesNotTrainAtTheField) {
   EXPECT_EQ(run_field(ok), "accepted");
   EXPECT_TRUE(emulates(Framework::generic));
   EXPECT_TRUE(emulates(Framework::megatron));
-  for (Framework f : {Framework::deepspeed, Framework::fsdp2}) {
+  for (Framework f : {Framework::deepspeed, Framework::torchtitan}) {
     Scenario x = ok;
     x.training.framework = f;
     EXPECT_FALSE(emulates(f));

@@ -74,7 +74,8 @@ std::string two_rank_scenario(const std::string& dir, const json& parallel = jso
                 {"global_batch_size", 4},
                 {"micro_batch_size", 1},
                 {"precision", "fp32"},
-                {"optimizer", "adamw"}}},
+                {"optimizer", "adamw"},
+                {"framework", "generic"}}},  // the conventions the backend trains by
               {"parallel", {{"tp", 1}, {"pp", 2}, {"dp", 1}, {"schedule", "1f1b"}}}};
   if (!parallel.is_null()) {
     doc["parallel"] = parallel;
@@ -576,7 +577,8 @@ TEST(ValidateCli, TinyMoeWithExpertParallelismMatchesThePlanExactly) {
                 {"global_batch_size", 4},
                 {"micro_batch_size", 1},
                 {"precision", "fp32"},
-                {"optimizer", "adamw"}}},
+                {"optimizer", "adamw"},
+                {"framework", "generic"}}},  // the conventions the backend trains by
               {"parallel", {{"tp", 1}, {"pp", 1}, {"dp", 2}, {"ep", 2}}}};
   std::system(("mkdir -p " + dir).c_str());
   const std::string scenario = dir + "/scenario.json";

@@ -10,8 +10,10 @@
 
 namespace distplan::backend::testing {
 
-/// `dp` pipelines of 4 micro-batches each, in `precision`, under `framework` (empty: generic).
-inline Scenario two_stage_gpt(Count dp, const char* precision, const std::string& framework = "") {
+/// `dp` pipelines of 4 micro-batches each, in `precision`, under `framework` (generic: the
+/// textbook conventions the backend trains by).
+inline Scenario two_stage_gpt(Count dp, const char* precision,
+                              const std::string& framework = "generic") {
   nlohmann::json doc = {
       {"model",
        {{"num_layers", 4},
@@ -27,7 +29,7 @@ inline Scenario two_stage_gpt(Count dp, const char* precision, const std::string
         {"micro_batch_size", 1},
         {"precision", precision}}},
       {"parallel", {{"tp", 1}, {"pp", 2}, {"dp", dp}, {"schedule", "1f1b"}}}};
-  if (!framework.empty()) doc["training"]["framework"] = framework;
+  doc["training"]["framework"] = framework.empty() ? std::string("generic") : framework;
   return scenario_from_json(doc);
 }
 

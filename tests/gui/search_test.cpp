@@ -133,7 +133,7 @@ class SearchTest : public QObject {
     QCOMPARE(w.session()->scenario().parallel.pp, chosen.parallel.pp);
     QCOMPARE(w.session()->scenario().parallel.zero_stage, chosen.parallel.zero_stage);
     QCOMPARE(w.session()->scenario().training.micro_batch_size, chosen.micro_batch_size);
-    QCOMPARE(w.session()->estimate().memory.peak_bytes, chosen.peak_bytes);
+    QCOMPARE(w.session()->estimate().memory.peak_reserved_bytes, chosen.peak_bytes);
     QVERIFY(w.editor()->document().contains("search"));
   }
 

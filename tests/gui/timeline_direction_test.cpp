@@ -33,7 +33,11 @@ class TimelineDirectionTest : public QObject {
       const nlohmann::json j = {
           {"model", {{"preset", "llama2-7b"}, {"num_layers", 8}}},
           {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", 4}}},
-          {"training", {{"seq_length", 256}, {"global_batch_size", 8}, {"micro_batch_size", 1}}},
+          {"training",
+           {{"framework", "generic"},
+            {"seq_length", 256},
+            {"global_batch_size", 8},
+            {"micro_batch_size", 1}}},
           {"parallel", {{"pp", 4}, {"schedule", sched}, {"virtual_stages", 2}}}};
       const Scenario s = scenario_from_json(j);
       const SimulationSummary sum = simulateScenario(s, estimate(s));

@@ -36,7 +36,7 @@ TEST(Communication, InterNodeAllReduceLatencyFollowsTheTree) {
   json doc = {
       {"model", "llama2-7b"},
       {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", 16}, {"inter_node_latency", alpha}}},
-      {"training", {{"seq_length", 4096}, {"global_batch_size", 64}}},
+      {"training", {{"seq_length", 4096}, {"global_batch_size", 64}, {"framework", "generic"}}},
       {"parallel", {{"zero_stage", 0}}}};
   auto dp_all_reduce = [](const Estimate& e) {
     for (const auto& c : e.communication.collectives)
@@ -55,10 +55,11 @@ TEST(Communication, InterNodeAllReduceLatencyFollowsTheTree) {
 }
 
 TEST(Communication, Zero0AllReducesEveryGradientOncePerStep) {
-  json doc = {{"model", "llama2-7b"},
-              {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", 16}}},
-              {"training", {{"seq_length", 4096}, {"global_batch_size", 64}}},
-              {"parallel", {{"zero_stage", 0}}}};
+  json doc = {
+      {"model", "llama2-7b"},
+      {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", 16}}},
+      {"training", {{"seq_length", 4096}, {"global_batch_size", 64}, {"framework", "generic"}}},
+      {"parallel", {{"zero_stage", 0}}}};
   const Estimate e = estimate(testing::scenario(doc));
   Bytes reduced = 0;
   for (const auto& c : e.communication.collectives) {
@@ -74,10 +75,11 @@ TEST(Communication, Zero0AllReducesEveryGradientOncePerStep) {
 }
 
 TEST(Communication, Zero3GathersParametersTwicePerMicrobatch) {
-  json doc = {{"model", "llama2-7b"},
-              {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", 8}}},
-              {"training", {{"seq_length", 4096}, {"global_batch_size", 64}}},
-              {"parallel", {{"zero_stage", 3}}}};
+  json doc = {
+      {"model", "llama2-7b"},
+      {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", 8}}},
+      {"training", {{"seq_length", 4096}, {"global_batch_size", 64}, {"framework", "generic"}}},
+      {"parallel", {{"zero_stage", 3}}}};
   const Estimate e = estimate(testing::scenario(doc));
   const Collective* ag =
       find(e, Group::dp, CollectiveOp::all_gather, "parameters (layers, forward+backward)");
@@ -140,10 +142,11 @@ TEST(Communication, LinksFollowMegatronRankOrder) {
 }
 
 TEST(Communication, TiedEmbeddingsSyncAcrossFirstAndLastStage) {
-  json doc = {{"model", "gpt3-1.3b"},
-              {"cluster", {{"gpu", "a100-80gb"}, {"num_gpus", 2}}},
-              {"training", {{"seq_length", 2048}, {"global_batch_size", 8}}},
-              {"parallel", {{"pp", 2}}}};
+  json doc = {
+      {"model", "gpt3-1.3b"},
+      {"cluster", {{"gpu", "a100-80gb"}, {"num_gpus", 2}}},
+      {"training", {{"seq_length", 2048}, {"global_batch_size", 8}, {"framework", "generic"}}},
+      {"parallel", {{"pp", 2}}}};
   const Estimate e = estimate(testing::scenario(doc));
   const Collective* c =
       find(e, Group::embedding, CollectiveOp::all_reduce, "tied embedding gradients");

@@ -23,6 +23,10 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 json bloom_doc(Count tp, Count dp) {
   json d = testing::reference("bloom176b_chronicle_memory.json")["scenario"];
+  // BLOOM's DeepSpeed (commit 15293139f, 2022) ran BF16_Optimizer with fp32 gradients at ZeRO-1;
+  // DeepSpeed v0.18.0 picks it for bf16 ZeRO-1 when data_types.grad_accum_dtype is fp32
+  // (runtime/engine.py _do_optimizer_sanity_check), its default being the model's dtype.
+  d["training"]["grad_accumulation_dtype"] = "fp32";
   d["parallel"]["tp"] = tp;
   d["parallel"]["dp"] = dp;
   return d;
@@ -42,12 +46,41 @@ TEST(MemoryDeepSpeed, Bf16OptimizerKeepsBf16GradientsBesideFp32) {
   EXPECT_EQ(on.gradients_bytes * 4, off.gradients_bytes * 6);
   EXPECT_EQ(on.weights_bytes, off.weights_bytes);
   EXPECT_EQ(on.optimizer_bytes, off.optimizer_bytes);
-  // ZeRO-2 is DeepSpeed's ZeRO optimizer, not BF16_Optimizer: no extra copy.
+  // bf16 gradients (DeepSpeed's default) at ZeRO-1: the ZeRO optimizer, not BF16_Optimizer, so
+  // no extra copy, and 2 bytes per parameter.
   d = bloom_doc(8, 4);
-  d["parallel"]["zero_stage"] = 2;
-  const StageMemory z2 = stage(d, 0);
+  d["training"].erase("grad_accumulation_dtype");
+  const StageMemory z1 = stage(d, 0);
+  EXPECT_EQ(z1.gradients_bytes * 4, off.gradients_bytes * 2);
   d["assumptions"]["framework_profile"]["keeps_compute_dtype_gradients"] = false;
-  EXPECT_EQ(z2.gradients_bytes, stage(d, 0).gradients_bytes);
+  EXPECT_EQ(z1.gradients_bytes, stage(d, 0).gradients_bytes);
+}
+
+// Issue 29 item 6: DeepSpeed keeps bf16 gradients by default (data_types.grad_accum_dtype is the
+// model's dtype, runtime/engine.py get_data_types), so ZeRO-2/3 gradients and the unit-gradient
+// buffer are bf16, and the ZeRO optimizer's step upcasts the partition to fp32
+// (stage_1_and_2.py step: flatten(averaged_gradients).to(fp32)).
+TEST(MemoryDeepSpeed, ZeroOptimizerKeepsBf16GradientsAndUpcastsThePartitionAtTheStep) {
+  json d = {
+      {"model", "llama3.1-8b"},
+      {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", 8}}},
+      {"training", {{"seq_length", 4096}, {"global_batch_size", 32}, {"framework", "deepspeed"}}},
+      {"parallel", {{"dp", 8}, {"zero_stage", 2}, {"recompute", "full"}}}};
+  const Scenario s = testing::scenario(d);
+  EXPECT_EQ(s.training.grad_accumulation_dtype, DType::bf16);
+  // Llama-3.1-8B by hand: layers of 4096^2 (q, o) + 2 x 4096 x 1024 (k, v) + 3 x 4096 x 14336
+  // (SwiGLU) + 2 x 4096 (norms); embedding and LM head 128256 x 4096; final norm 4096. Every
+  // unit divides by 8, so the partition is exactly an eighth of the model.
+  const Count layer = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096;
+  const Count model = 32 * layer + 2 * Count{128256} * 4096 + 4096;
+  const StageMemory st = estimate(s).memory.stages.at(0);
+  EXPECT_EQ(st.gradients_bytes, 2 * model / 8);                     // bf16 partition
+  EXPECT_EQ(st.transient_bytes, 4 * model / 8 - st.working_bytes);  // fp32 copy at the step
+  // With fp32 accumulation asked for, the ZeRO optimizer accumulates in fp32 and needs no copy.
+  d["training"]["grad_accumulation_dtype"] = "fp32";
+  const StageMemory fp32 = estimate(testing::scenario(d)).memory.stages.at(0);
+  EXPECT_EQ(fp32.gradients_bytes, 4 * model / 8);
+  EXPECT_LT(fp32.transient_bytes, st.transient_bytes);
 }
 
 TEST(MemoryDeepSpeed, PipelineEngineKeepsEachInflightOutputPartitionedOverTp) {

@@ -102,7 +102,7 @@ TEST(MemoryFramework, MegatronHandCount) {
 }
 
 TEST(MemoryFramework, Fsdp2ShardedFp32ParamsAreTheMaster) {
-  json d = small_doc("fsdp2");
+  json d = small_doc("torchtitan");
   d["parallel"] = {{"tp", 1}, {"pp", 1}, {"dp", 8}, {"zero_stage", 3}};
   const Scenario s = testing::scenario(d);
   const Estimate e = estimate(s);
@@ -123,8 +123,14 @@ TEST(MemoryFramework, DeepSpeedCountsItsReduceBucket) {
   const StageMemory ds = estimate(testing::scenario(d)).memory.stages[0];
   d["assumptions"]["framework_profile"] = {{"reduce_bucket_elements", 0}};
   const StageMemory none = estimate(testing::scenario(d)).memory.stages[0];
-  // reduce_bucket_size 5e8 elements in bf16.
-  EXPECT_EQ(ds.transient_bytes - none.transient_bytes, Bytes{500'000'000} * 2);
+  // reduce_bucket_size 5e8 elements in bf16, double-buffered with overlap_comm (the default
+  // assumptions.overlap_grad_reduce; stage_1_and_2.py backward_prologue), one buffer without.
+  EXPECT_EQ(ds.transient_bytes - none.transient_bytes, Bytes{500'000'000} * 2 * 2);
+  d["assumptions"]["overlap_grad_reduce"] = false;
+  const StageMemory one = estimate(testing::scenario(d)).memory.stages[0];
+  d["assumptions"]["framework_profile"] = {{"reduce_bucket_elements", 0}};
+  EXPECT_EQ(one.transient_bytes - estimate(testing::scenario(d)).memory.stages[0].transient_bytes,
+            Bytes{500'000'000} * 2);
 }
 
 TEST(MemoryFramework, ExplicitReserveReplacesTheRuntimeTerms) {
@@ -150,7 +156,7 @@ TEST(MemoryFramework, FitsComparesReservedBytes) {
 }
 
 TEST(MemoryFramework, EchoedScenarioRoundTrips) {
-  for (const char* f : {"generic", "megatron", "deepspeed", "fsdp2"}) {
+  for (const char* f : {"generic", "megatron", "deepspeed", "torchtitan"}) {
     json d = small_doc(f);
     d["assumptions"]["framework_profile"] = {{"allocator_fragmentation", 0.2}};
     const Scenario s = testing::scenario(d);
@@ -220,7 +226,7 @@ TEST(MemoryFramework, ZeroBubbleTable12PeakMemoryWithinTolerance) {
 // nccl_communicator_bytes is fitted to; the 4-rank figure checks the connection count.
 TEST(NcclMemory, ConnectionsAndCommunicatorsMatchMeasurements) {
   const json ref = testing::reference("nccl_communicator_memory.json");
-  for (Framework f : {Framework::megatron, Framework::deepspeed, Framework::fsdp2}) {
+  for (Framework f : {Framework::megatron, Framework::deepspeed, Framework::torchtitan}) {
     const FrameworkProfile fw = framework_profile(f);
     EXPECT_EQ(nccl_connection_bytes(fw), ref["buffer_allocation_bytes"].get<Bytes>());
     EXPECT_EQ(fw.nccl_channels, ref["channels"].get<Count>());
@@ -258,11 +264,12 @@ TEST(NcclMemory, EachFrameworkCountsItsProcessGroups) {
   // FSDP2 over one mesh dimension: the data-parallel group is the world group.
   MemoryLayout flat;
   flat.dp = 8;
-  EXPECT_EQ(nccl_buffer_bytes(framework_profile(Framework::fsdp2), flat, false, 0), group);
+  EXPECT_EQ(nccl_buffer_bytes(framework_profile(Framework::torchtitan), flat, false, 0), group);
   // Hybrid sharding over 2 x 4: a 4-rank shard group and a 2-rank replicate group.
   flat.zero_stage = 3;
   flat.shard = 4;
-  EXPECT_EQ(nccl_buffer_bytes(framework_profile(Framework::fsdp2), flat, false, 0), group + pair);
+  EXPECT_EQ(nccl_buffer_bytes(framework_profile(Framework::torchtitan), flat, false, 0),
+            group + pair);
 }
 
 }  // namespace

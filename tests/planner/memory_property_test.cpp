@@ -312,11 +312,12 @@ TEST(MemoryProperty, Zero3GathersTheEmbeddingAndTheNextUnitNotTwoEmbeddings) {
   for (int i = 0; i < 32; ++i) units.push_back(layer);
   units.push_back(head);
   for (int prefetch : {0, 1, 2}) {
-    json doc = {{"model", "llama3.1-8b"},
-                {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", 8}}},
-                {"training", {{"seq_length", 1024}, {"global_batch_size", 8}}},
-                {"parallel", {{"dp", 8}, {"zero_stage", 3}}},
-                {"assumptions", {{"zero3_prefetch_layers", prefetch}}}};
+    json doc = {
+        {"model", "llama3.1-8b"},
+        {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", 8}}},
+        {"training", {{"seq_length", 1024}, {"global_batch_size", 8}, {"framework", "generic"}}},
+        {"parallel", {{"dp", 8}, {"zero_stage", 3}}},
+        {"assumptions", {{"zero3_prefetch_layers", prefetch}}}};
     Count window = 0;
     for (std::size_t i = 0; i + prefetch < units.size(); ++i) {
       Count sum = 0;

@@ -21,10 +21,11 @@ TEST(MemoryModel, ReproducesZeroPaperFigure1) {
   const double tol = ref["tolerance_gb"];
   const char* names[] = {"baseline", "p_os", "p_os_g", "p_os_g_p"};
   for (int z = 0; z <= 3; ++z) {
-    json doc = {{"model", "llama2-7b"},
-                {"cluster", {{"gpu", "a100-80gb"}, {"num_gpus", ref["data_parallel"]}}},
-                {"training", {{"seq_length", 1024}, {"global_batch_size", 64}}},
-                {"parallel", {{"zero_stage", z}}}};
+    json doc = {
+        {"model", "llama2-7b"},
+        {"cluster", {{"gpu", "a100-80gb"}, {"num_gpus", ref["data_parallel"]}}},
+        {"training", {{"seq_length", 1024}, {"global_batch_size", 64}, {"framework", "generic"}}},
+        {"parallel", {{"zero_stage", z}}}};
     const Scenario s = testing::scenario(doc);
     const Estimate e = estimate(s);
     const StageMemory& st = e.memory.stages[0];
@@ -68,7 +69,8 @@ TEST(MemoryModel, NeverGrowsWithLargerDpUnderZero) {
     for (int dp : {1, 2, 4, 8, 16, 32}) {
       json doc = {{"model", "llama2-13b"},
                   {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", 8 * dp}}},
-                  {"training", {{"seq_length", 4096}, {"global_batch_size", 512}}},
+                  {"training",
+                   {{"seq_length", 4096}, {"global_batch_size", 512}, {"framework", "generic"}}},
                   {"parallel", {{"tp", 4}, {"pp", 2}, {"zero_stage", z}}}};
       const Estimate e = estimate(testing::scenario(doc));
       EXPECT_LE(e.memory.peak_bytes, previous) << "zero " << z << " dp " << dp;
@@ -80,10 +82,11 @@ TEST(MemoryModel, NeverGrowsWithLargerDpUnderZero) {
 TEST(MemoryModel, StageParametersSumToTheModel) {
   for (int pp : {1, 2, 4, 5, 8, 10}) {
     for (int tp : {1, 2, 8}) {
-      json doc = {{"model", "llama2-70b"},
-                  {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", tp * pp}}},
-                  {"training", {{"seq_length", 4096}, {"global_batch_size", 64}}},
-                  {"parallel", {{"tp", tp}, {"pp", pp}}}};
+      json doc = {
+          {"model", "llama2-70b"},
+          {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", tp * pp}}},
+          {"training", {{"seq_length", 4096}, {"global_batch_size", 64}, {"framework", "generic"}}},
+          {"parallel", {{"tp", tp}, {"pp", pp}}}};
       const Estimate e = estimate(testing::scenario(doc));
       // Replicated per TP rank: each norm (h per RMSNorm, two per layer and the final one).
       const Count h = 8192;
@@ -98,10 +101,11 @@ TEST(MemoryModel, StageParametersSumToTheModel) {
 TEST(MemoryModel, PipelineSplitConservesModelState) {
   Bytes expected = -1;
   for (int pp : {1, 2, 4, 8, 16}) {
-    json doc = {{"model", "llama2-70b"},
-                {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", pp}}},
-                {"training", {{"seq_length", 4096}, {"global_batch_size", 64}}},
-                {"parallel", {{"pp", pp}}}};
+    json doc = {
+        {"model", "llama2-70b"},
+        {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", pp}}},
+        {"training", {{"seq_length", 4096}, {"global_batch_size", 64}, {"framework", "generic"}}},
+        {"parallel", {{"pp", pp}}}};
     const Estimate e = estimate(testing::scenario(doc));
     Bytes total = 0;
     for (const auto& st : e.memory.stages) total += model_state(st);

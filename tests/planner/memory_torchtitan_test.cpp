@@ -115,5 +115,30 @@ TEST(SelectiveOp, TorchtitanLlama3_8bPeakReservedWithinTolerance) {
   check_block("docs/memory.md", "<!-- memory-fidelity:torchtitan -->\n", "<!-- end -->", md);
 }
 
+// torchtitan's FSDP under a pipeline (docs/memory.md, "FSDP under a pipeline"): the default
+// reshard policy keeps units gathered after the forward when pipelining, and the pipeline stage
+// turns off resharding after backward and gradient reduction until the last micro-batch, so a
+// stage holds its whole gathered bf16 copy and an unsharded fp32 gradient. Hand count for
+// Llama-3.1-8B, pp 2, dp 8: stage 0 holds the embedding and 16 layers.
+TEST(MemoryTorchtitan, FsdpUnderAPipelineKeepsUnitsGatheredAndGradientsUnsharded) {
+  json d = {
+      {"model", "llama3.1-8b"},
+      {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", 16}}},
+      {"training", {{"seq_length", 4096}, {"global_batch_size", 32}, {"framework", "torchtitan"}}},
+      {"parallel", {{"pp", 2}, {"dp", 8}, {"zero_stage", 3}, {"recompute", "full"}}}};
+  const Count layer = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096;
+  const Count p = 16 * layer + Count{128256} * 4096;  // every unit divides by 8: no padding
+  const StageMemory st = estimate(testing::scenario(d)).memory.stages.at(0);
+  EXPECT_EQ(st.weights_bytes, 4 * p / 8 + 2 * p);  // fp32 shard (the master) + gathered bf16
+  EXPECT_EQ(st.gradients_bytes, 4 * p);            // unsharded fp32 accumulation
+  EXPECT_EQ(st.optimizer_bytes, 8 * p / 8);        // Adam's m and v, sharded
+  // Without a pipeline FSDP2 reshards after each forward and reduce-scatters each backward.
+  d["parallel"] = {{"pp", 1}, {"dp", 16}, {"zero_stage", 3}, {"recompute", "full"}};
+  const StageMemory flat = estimate(testing::scenario(d)).memory.stages.at(0);
+  const Count all = 32 * layer + 2 * Count{128256} * 4096 + 4096;
+  EXPECT_EQ(flat.gradients_bytes, 4 * all / 16);
+  EXPECT_EQ(flat.weights_bytes, 4 * all / 16);
+}
+
 }  // namespace
 }  // namespace distplan

@@ -34,7 +34,8 @@ json mixtral_doc(int gpus, json parallel, int batch) {
             {"global_batch_size", batch},
             {"micro_batch_size", 1},
             {"precision", "bf16"},
-            {"optimizer", "adam"}}},
+            {"optimizer", "adam"},
+            {"framework", "generic"}}},  // the hand counts' textbook conventions
           {"parallel", parallel}};
 }
 

@@ -85,19 +85,20 @@ Count llama2_7b_shard(Count S) {
 
 json offload_doc(Count gpus_per_node, Count nodes, int zero, const char* opt, const char* params) {
   // A Llama-2-7B layout with pure data parallelism: DeepSpeed's estimators assume tp = pp = 1.
-  json doc = {{"model", "llama2-7b"},
-              {"cluster",
-               {{"gpu", "a100-80gb"},
-                {"num_gpus", gpus_per_node * nodes},
-                {"gpus_per_node", gpus_per_node}}},
-              {"training", {{"seq_length", 512}, {"global_batch_size", 64}}},
-              {"parallel",
-               {{"tp", 1},
-                {"pp", 1},
-                {"zero_stage", zero},
-                {"offload_optimizer", opt},
-                {"offload_params", params}}},
-              {"assumptions", {{"zero3_prefetch_layers", 0}}}};
+  json doc = {
+      {"model", "llama2-7b"},
+      {"cluster",
+       {{"gpu", "a100-80gb"},
+        {"num_gpus", gpus_per_node * nodes},
+        {"gpus_per_node", gpus_per_node}}},
+      {"training", {{"seq_length", 512}, {"global_batch_size", 64}, {"framework", "generic"}}},
+      {"parallel",
+       {{"tp", 1},
+        {"pp", 1},
+        {"zero_stage", zero},
+        {"offload_optimizer", opt},
+        {"offload_params", params}}},
+      {"assumptions", {{"zero3_prefetch_layers", 0}}}};
   return doc;
 }
 

@@ -23,9 +23,13 @@ inline nlohmann::json reference(const std::string& name) {
   return nlohmann::json::parse(*embedded_data_file("reference/" + name));
 }
 
-/// The embedded default scenario as JSON, to be modified by a test.
+/// The embedded default scenario as JSON, to be modified by a test, under the `generic`
+/// framework: the planner's tests derive the textbook conventions by hand (the ZeRO paper's
+/// bytes, a flat runtime reserve); a test about a framework sets it.
 inline nlohmann::json default_doc() {
-  return parse_json_text(default_scenario_text());
+  nlohmann::json d = parse_json_text(default_scenario_text());
+  d["training"]["framework"] = "generic";
+  return d;
 }
 
 inline Scenario scenario(const nlohmann::json& doc) {

@@ -15,14 +15,17 @@ namespace distplan {
 namespace {
 
 nlohmann::json doc(const std::string& schedule, int pp, bool tied) {
-  return {
-      {"model", {{"preset", "llama2-7b"}, {"num_layers", 4 * pp}, {"tied_embeddings", tied}}},
-      {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", pp}}},
-      {"training", {{"seq_length", 512}, {"global_batch_size", 4 * pp}, {"micro_batch_size", 1}}},
-      {"parallel", {{"pp", pp}, {"schedule", schedule}}},
-      // Sends overlapped, so a stage's pass costs are its compute alone: a V stage sends a
-      // different number of times than a 1F1B stage, and blocking sends would add that here.
-      {"assumptions", {{"overlap_p2p", true}}}};
+  return {{"model", {{"preset", "llama2-7b"}, {"num_layers", 4 * pp}, {"tied_embeddings", tied}}},
+          {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", pp}}},
+          {"training",
+           {{"framework", "generic"},
+            {"seq_length", 512},
+            {"global_batch_size", 4 * pp},
+            {"micro_batch_size", 1}}},
+          {"parallel", {{"pp", pp}, {"schedule", schedule}}},
+          // Sends overlapped, so a stage's pass costs are its compute alone: a V stage sends a
+          // different number of times than a 1F1B stage, and blocking sends would add that here.
+          {"assumptions", {{"overlap_p2p", true}}}};
 }
 
 TEST(VPlacement, HeadMovesToStageZero) {

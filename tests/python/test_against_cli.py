@@ -20,7 +20,7 @@ VARIANTS = [
                   "recompute": "full"}},
     {"parallel": {"tp": 8, "pp": 4, "dp": 2, "schedule": "interleaved_1f1b",
                   "virtual_stages": 2, "recompute": "none"}},
-    {"training": {"seq_length": 8192, "global_batch_size": 256, "micro_batch_size": 2,
+    {"training": {"framework": "generic", "seq_length": 8192, "global_batch_size": 256, "micro_batch_size": 2,
                   "precision": "bf16", "optimizer": "adamw", "attention": "standard"}},
     {"model": {"preset": "llama2-70b", "num_layers": 40}},
     {"model": "mistral-7b", "parallel": {"tp": 2, "pp": 1, "dp": 32, "zero_stage": 2}},
@@ -33,6 +33,8 @@ def python_floats(text):
 
 def scenario_with(default, change):
     s = copy.deepcopy(default)
+    # Every schedule distplan models: the textbook framework runs them all (docs/frameworks.md).
+    s["training"]["framework"] = "generic"
     for key, value in change.items():
         s[key] = value
     return s
@@ -108,7 +110,7 @@ def test_search_results_equal_the_clis(threads):
     request = {
         "model": "gpt3-1.3b",
         "cluster": {"gpu": "a100-80gb", "num_gpus": 16, "gpus_per_node": 8},
-        "training": {"seq_length": 2048, "global_batch_size": 64, "precision": "bf16",
+        "training": {"framework": "generic", "seq_length": 2048, "global_batch_size": 64, "precision": "bf16",
                      "optimizer": "adamw"},
         "search": {"top_k": 8, "threads": threads},
     }
@@ -135,7 +137,7 @@ def test_validate_returns_the_clis_result():
     scenario = {
         "model": "tiny-gpt",
         "cluster": {"gpu": "a100-80gb", "num_gpus": 1},
-        "training": {"seq_length": 32, "global_batch_size": 4, "micro_batch_size": 2,
+        "training": {"framework": "generic", "seq_length": 32, "global_batch_size": 4, "micro_batch_size": 2,
                      "precision": "fp32"},
         "parallel": {"tp": 1, "pp": 1, "dp": 1},
     }
@@ -154,7 +156,7 @@ def test_validate_returns_the_clis_result():
     "change, path",
     [
         ({"parallel": {"tp": 3, "pp": 4, "dp": 2}}, None),
-        ({"training": {"seq_length": 4096, "global_batch_size": 512, "micro_batchsize": 1}},
+        ({"training": {"framework": "generic", "seq_length": 4096, "global_batch_size": 512, "micro_batchsize": 1}},
          "/training/micro_batchsize"),
         ({"model": "llama-9000"}, "/model"),
         ({"cluster": {"gpu": "h100-sxm-80gb", "num_gpus": -8}}, "/cluster/num_gpus"),

@@ -22,10 +22,11 @@ namespace distplan::search {
 namespace {
 
 nlohmann::json doc(const char* schedule) {
-  return {{"model", "llama2-70b"},
-          {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", 64}, {"gpus_per_node", 8}}},
-          {"training", {{"seq_length", 4096}, {"global_batch_size", 512}}},
-          {"parallel", {{"tp", 8}, {"pp", 4}, {"dp", 2}, {"schedule", schedule}}}};
+  return {
+      {"model", "llama2-70b"},
+      {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", 64}, {"gpus_per_node", 8}}},
+      {"training", {{"framework", "generic"}, {"seq_length", 4096}, {"global_batch_size", 512}}},
+      {"parallel", {{"tp", 8}, {"pp", 4}, {"dp", 2}, {"schedule", schedule}}}};
 }
 
 TEST(DualPipeVExport, TorchtitanNamesDualPipeV) {
@@ -50,7 +51,7 @@ TEST(DualPipeVSearch, TheSpaceProposesDualPipeVWhereTheVFits) {
   const nlohmann::json d = {
       {"model", "gpt3-1.3b"},
       {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", 24}, {"gpus_per_node", 8}}},
-      {"training", {{"seq_length", 2048}, {"global_batch_size", 96}}}};
+      {"training", {{"framework", "generic"}, {"seq_length", 2048}, {"global_batch_size", 96}}}};
   const Space sp = request_from_json(d).space;
   RejectCounts rejected{};
   std::size_t found = 0;
@@ -72,7 +73,7 @@ nlohmann::json dualpipe_doc(nlohmann::json schedules) {
   // llama2-7b: 32 layers, untied embeddings.
   return {{"model", "llama2-7b"},
           {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", 16}, {"gpus_per_node", 8}}},
-          {"training", {{"seq_length", 2048}, {"global_batch_size", 64}}},
+          {"training", {{"framework", "generic"}, {"seq_length", 2048}, {"global_batch_size", 64}}},
           {"parallel", {{"schedule", std::move(schedules)}}}};
 }
 

@@ -15,17 +15,19 @@ namespace distplan::search {
 namespace {
 
 // bigscience/bloom-560m's config.json fields (data/reference/bloom_parameter_counts.json).
-Scenario bloom560m() {
+Scenario bloom560m(const char* framework = "megatron") {
   const nlohmann::json ref = nlohmann::json::parse(
       *embedded_data_file("reference/bloom_parameter_counts.json"))["models"]["bloom-560m"];
-  return scenario_from_json({{"model", {{"hf_config", ref["config"]}}},
-                             {"training",
-                              {{"seq_length", 2048},
-                               {"global_batch_size", 64},
-                               {"micro_batch_size", 4},
-                               {"precision", "bf16"}}},
-                             {"cluster", {{"gpu", "a100-80gb"}, {"num_gpus", 8}}},
-                             {"parallel", {{"tp", 2}, {"dp", 4}}}});
+  return scenario_from_json(
+      {{"model", {{"hf_config", ref["config"]}}},
+       {"training",
+        {{"seq_length", 2048},
+         {"global_batch_size", 64},
+         {"micro_batch_size", 4},
+         {"precision", "bf16"},
+         {"framework", framework}}},
+       {"cluster", {{"gpu", "a100-80gb"}, {"num_gpus", 8}}},
+       {"parallel", {{"tp", 2}, {"dp", 4}, {"sequence_parallel", true}, {"zero_stage", 3}}}});
 }
 
 bool mentions(const std::vector<std::string>& lines, const std::string& what) {
@@ -43,7 +45,7 @@ TEST(ExportBloom, MegatronAddsNoPositionsAndAsksForAlibiAndTheEmbeddingNorm) {
 }
 
 TEST(ExportBloom, TorchtitanOffersNoLlamaFlavor) {
-  const Exported e = export_scenario(bloom560m(), ExportFormat::torchtitan);
+  const Exported e = export_scenario(bloom560m("torchtitan"), ExportFormat::torchtitan);
   EXPECT_EQ(e.text.find("flavor = \"8B\""), std::string::npos) << e.text;
   EXPECT_EQ(e.text.find("flavor = \"70B\""), std::string::npos);
   EXPECT_TRUE(mentions(e.notes, "needs its own model code"));

@@ -4,9 +4,13 @@
 #include <map>
 #include <sstream>
 
+#include <fmt/format.h>
+
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "distplan/planner/capabilities.h"
+#include "distplan/planner/error.h"
 #include "distplan/planner/estimate.h"
 #include "distplan/planner/layout.h"
 #include "distplan/planner/pipeline_split.h"
@@ -17,14 +21,26 @@
 namespace distplan::search {
 namespace {
 
-Scenario scenario_of(const Layout& l, const std::string& model = "llama2-70b") {
+Scenario scenario_of(const Layout& l, const std::string& model = "llama2-70b",
+                     const std::string& framework = "megatron") {
   nlohmann::json doc = {
       {"model", model},
       {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", 64}, {"gpus_per_node", 8}}},
       {"training",
        {{"seq_length", std::min<Count>(4096, find_model_preset(model)->max_position_embeddings)},
-        {"global_batch_size", 512}}}};
+        {"global_batch_size", 512},
+        {"framework", framework}}}};
   return make_scenario(request_from_json(doc).space.base, l);
+}
+
+/// The JSON path an export of `s` is refused at ("" when it is not).
+std::string refused_at(const Scenario& s, ExportFormat f) {
+  try {
+    (void)export_scenario(s, f);
+  } catch (const InputError& e) {
+    return e.path();
+  }
+  return "";
 }
 
 Layout layout(Count tp, Count pp, Count dp, int zero, Count shard, Recompute r, bool sp,
@@ -107,27 +123,60 @@ TEST(Export, MegatronZero3AndFullRecompute) {
   EXPECT_EQ(a.count("--num-layers-per-virtual-pipeline-stage"), 0u);
 }
 
-TEST(Export, DeepSpeedConfigIsThePlansValues) {
-  const Scenario s =
-      scenario_of(layout(4, 2, 8, 3, 4, Recompute::full, false, Schedule::one_f_one_b, 1, 2));
-  const nlohmann::json j = nlohmann::json::parse(export_scenario(s, ExportFormat::deepspeed).text);
-  EXPECT_EQ(j.at("train_batch_size"), 512);
+// DeepSpeed's start-up check (runtime/config.py _batch_assertion, v0.18.0): train_batch_size =
+// train_micro_batch_size_per_gpu x gradient_accumulation_steps x its world size, which is the
+// pipeline grid's data-parallel size with a PipelineModule and every rank for a plain (AutoTP)
+// model. The "512 != 1 x 128 x 8" is what the old export wrote.
+TEST(Export, DeepSpeedConfigIsThePlansValuesAndPassesItsBatchCheck) {
+  // AutoTP (pp = 1): 64 ranks in DeepSpeed's world, 16 data-parallel groups of 4.
+  const Scenario tp =
+      scenario_of(layout(4, 1, 16, 2, 0, Recompute::full, false, Schedule::one_f_one_b, 1, 2),
+                  "llama2-70b", "deepspeed");
+  const nlohmann::json j = nlohmann::json::parse(export_scenario(tp, ExportFormat::deepspeed).text);
   EXPECT_EQ(j.at("train_micro_batch_size_per_gpu"), 2);
-  EXPECT_EQ(j.at("gradient_accumulation_steps"), 512 / (2 * 8));
-  EXPECT_EQ(j.at("zero_optimization").at("stage"), 3);
-  EXPECT_EQ(j.at("zero_optimization").at("mics_shard_size"), 4);
+  EXPECT_EQ(j.at("gradient_accumulation_steps"), 512 / (2 * 16));
+  EXPECT_EQ(j.at("train_batch_size"), 2 * 16 * 64);
+  EXPECT_EQ(j.at("zero_optimization").at("stage"), 2);
   EXPECT_EQ(j.at("tensor_parallel").at("autotp_size"), 4);
-  EXPECT_EQ(j.at("pipeline").at("stages"), 2);
   EXPECT_TRUE(j.at("bf16").at("enabled").get<bool>());
-  // gbs = micro-batch x accumulation x dp, as DeepSpeed checks at start-up.
-  EXPECT_EQ(j.at("train_batch_size").get<Count>(),
-            j.at("train_micro_batch_size_per_gpu").get<Count>() *
-                j.at("gradient_accumulation_steps").get<Count>() * 8);
+  EXPECT_EQ(j.at("data_types").at("grad_accum_dtype"), "bf16");  // DeepSpeed's default
+  // A pipeline (tp = 1): the grid's data-parallel size, 32.
+  const Scenario pp =
+      scenario_of(layout(1, 2, 32, 1, 0, Recompute::full, false, Schedule::one_f_one_b, 1, 1),
+                  "llama2-70b", "deepspeed");
+  const Exported e = export_scenario(pp, ExportFormat::deepspeed);
+  const nlohmann::json k = nlohmann::json::parse(e.text);
+  EXPECT_EQ(k.at("train_batch_size"), 512);
+  EXPECT_EQ(k.at("gradient_accumulation_steps"), 16);
+  EXPECT_EQ(k.at("train_batch_size").get<Count>(),
+            k.at("train_micro_batch_size_per_gpu").get<Count>() *
+                k.at("gradient_accumulation_steps").get<Count>() * 32);
+  EXPECT_TRUE(std::any_of(e.to_add.begin(), e.to_add.end(), [](const std::string& a) {
+    return a.find("num_stages=2") != std::string::npos;
+  }));
+  // MiCS: hybrid ZeRO-3 shards of 4.
+  const Scenario mics =
+      scenario_of(layout(1, 1, 64, 3, 4, Recompute::full, false, Schedule::one_f_one_b, 1, 1),
+                  "llama2-70b", "deepspeed");
+  EXPECT_EQ(nlohmann::json::parse(export_scenario(mics, ExportFormat::deepspeed).text)
+                .at("zero_optimization")
+                .at("mics_shard_size"),
+            4);
+}
+
+// The DeepSpeed export of a cp = 2 layout: DeepSpeed has no context parallelism, so the
+// plan is refused (at the field) instead of exported.
+TEST(Export, DeepSpeedRefusesContextParallelism) {
+  Layout l = layout(1, 1, 32, 1, 0, Recompute::full, false, Schedule::one_f_one_b, 1, 1);
+  l.cp = 2;
+  EXPECT_EQ(refused_at(scenario_of(l, "llama2-70b", "deepspeed"), ExportFormat::deepspeed),
+            "/parallel/cp");
 }
 
 TEST(Export, TorchtitanConfigIsThePlansValues) {
   const Scenario s = scenario_of(
-      layout(8, 2, 4, 3, 2, Recompute::selective, true, Schedule::interleaved_1f1b, 2, 1));
+      layout(8, 2, 4, 3, 2, Recompute::selective_op, true, Schedule::interleaved_1f1b, 2, 1),
+      "llama2-70b", "torchtitan");
   const std::string text = export_scenario(s, ExportFormat::torchtitan).text;
   const auto par = toml_table(text, "parallelism");
   EXPECT_EQ(par.at("tensor_parallel_degree"), "8");
@@ -140,6 +189,7 @@ TEST(Export, TorchtitanConfigIsThePlansValues) {
   // multi-stage schedule, so no pipeline_parallel_layers_per_stage.
   EXPECT_EQ(par.at("pipeline_parallel_first_stage_less_layers"), "0");
   EXPECT_EQ(par.at("pipeline_parallel_last_stage_less_layers"), "0");
+  EXPECT_EQ(par.at("fsdp_reshard_after_forward"), "\"default\"");
   EXPECT_EQ(par.count("pipeline_parallel_layers_per_stage"), 0u);
   EXPECT_EQ(par.at("pipeline_parallel_microbatch_size"), "1");
   const auto tr = toml_table(text, "training");
@@ -147,6 +197,7 @@ TEST(Export, TorchtitanConfigIsThePlansValues) {
   EXPECT_EQ(tr.at("local_batch_size"), "128");  // 512 / dp, split into pipeline micro-batches
   EXPECT_EQ(tr.at("seq_len"), "4096");
   EXPECT_EQ(toml_table(text, "activation_checkpoint").at("mode"), "\"selective\"");
+  EXPECT_EQ(toml_table(text, "activation_checkpoint").at("selective_ac_option"), "\"op\"");
 }
 
 TEST(Export, MegatronUnevenStagesGiveFirstAndLastCounts) {
@@ -180,11 +231,21 @@ TEST(Export, MegatronUnevenStagesGiveFirstAndLastCounts) {
   EXPECT_EQ(value_of(b, "--decoder-last-pipeline-num-layers"), "18");
 }
 
-TEST(Export, DeparturesAreNoted) {
-  const Scenario s =
-      scenario_of(layout(8, 4, 2, 1, 0, Recompute::none, true, Schedule::zb_h1, 1, 1));
-  EXPECT_FALSE(export_scenario(s, ExportFormat::megatron).notes.empty());
-  EXPECT_FALSE(export_scenario(s, ExportFormat::torchtitan).notes.empty());  // no ZeRO-1 in FSDP2
+// An export never substitutes: what the framework cannot run is refused at its field, and a plan
+// made under another framework is not exported.
+TEST(Export, WhatTheFrameworkCannotRunIsRefusedNotSubstituted) {
+  const Layout zb = layout(8, 4, 2, 1, 0, Recompute::none, true, Schedule::zb_h1, 1, 1);
+  EXPECT_EQ(refused_at(scenario_of(zb), ExportFormat::megatron), "/parallel/schedule");
+  EXPECT_EQ(refused_at(scenario_of(zb, "llama2-70b", "generic"), ExportFormat::megatron),
+            "/training/framework");
+  EXPECT_EQ(refused_at(scenario_of(zb), ExportFormat::torchtitan), "/training/framework");
+  // torchtitan has no ZeRO-1 (FSDP2 shards everything), DeepSpeed no ZeRO-2 with a pipeline.
+  const Layout z1 = layout(8, 4, 2, 1, 0, Recompute::none, true, Schedule::one_f_one_b, 1, 1);
+  EXPECT_EQ(refused_at(scenario_of(z1, "llama2-70b", "torchtitan"), ExportFormat::torchtitan),
+            "/parallel/zero_stage");
+  const Layout z2 = layout(1, 4, 16, 2, 0, Recompute::none, false, Schedule::one_f_one_b, 1, 1);
+  EXPECT_EQ(refused_at(scenario_of(z2, "llama2-70b", "deepspeed"), ExportFormat::deepspeed),
+            "/parallel/zero_stage");
 }
 
 // --- Megatron-LM: every flag in the named version ---------------------------------------------
@@ -199,23 +260,27 @@ const nlohmann::json& megatron_reference() {
 
 // Layouts over ZeRO stages, recompute, schedules, sequence parallelism, hybrid sharding, uneven
 // stages and precisions, on a learned-position GeLU model with biases and on Llama 3.1.
-std::vector<Scenario> export_matrix() {
+// Only what `framework` runs (framework_refusal), which is all an export is given.
+std::vector<Scenario> export_matrix(const std::string& framework = "megatron") {
   std::vector<Scenario> out;
   for (const std::string model : {"llama3.1-70b", "gpt3-13b", "llama2-70b"}) {
     for (int zero = 0; zero <= 3; ++zero) {
-      for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full}) {
+      for (Recompute r :
+           {Recompute::none, Recompute::selective, Recompute::full, Recompute::selective_op}) {
         for (Schedule sched :
              {Schedule::one_f_one_b, Schedule::interleaved_1f1b, Schedule::zb_h1}) {
-          const Count v = sched == Schedule::interleaved_1f1b ? 2 : 1;
-          const Count shard = zero > 0 ? 4 : 0;
-          Scenario s =
-              scenario_of(layout(4, 2, 8, zero, shard, r, zero % 2 == 0, sched, v, 1), model);
-          for (DType prec : {DType::bf16, DType::fp16, DType::fp32}) {
-            for (DType grad : {DType::bf16, DType::fp16, DType::fp32}) {
-              if (prec == DType::fp32 && grad != DType::fp32) continue;
-              s.training.precision = prec;
-              s.training.grad_accumulation_dtype = grad;
-              out.push_back(s);
+          for (bool sp : {false, true}) {
+            const Count v = sched == Schedule::interleaved_1f1b ? 2 : 1;
+            const Count shard = zero > 0 ? 2 : 0;
+            Scenario s =
+                scenario_of(layout(4, 4, 4, zero, shard, r, sp, sched, v, 1), model, framework);
+            for (DType prec : {DType::bf16, DType::fp16, DType::fp32}) {
+              for (DType grad : {DType::bf16, DType::fp16, DType::fp32}) {
+                if (prec == DType::fp32 && grad != DType::fp32) continue;
+                s.training.precision = prec;
+                s.training.grad_accumulation_dtype = grad;
+                if (!framework_refusal(s)) out.push_back(s);
+              }
             }
           }
         }
@@ -259,28 +324,19 @@ DType megatron_grad_dtype(const std::multimap<std::string, std::string>& a) {
   return DType::fp32;
 }
 
-TEST(Export, MegatronGradientDtypeIsThePlansOrNoted) {
-  int exact = 0;
+TEST(Export, MegatronGradientDtypeIsThePlans) {
   for (const Scenario& s : export_matrix()) {
     const Exported e = export_scenario(s, ExportFormat::megatron);
-    const DType g = megatron_grad_dtype(megatron_args(e.text));
-    const bool noted = std::any_of(e.notes.begin(), e.notes.end(), [](const std::string& n) {
-      return n.find("gradients") != std::string::npos && n.find("cannot") != std::string::npos;
-    });
-    if (g == s.training.grad_accumulation_dtype) {
-      EXPECT_FALSE(noted);
-      ++exact;
-    } else {
-      // Only the combinations Megatron cannot express: fp16 gradients with bf16 compute, bf16
-      // gradients with fp16 compute.
-      EXPECT_TRUE(noted) << to_string(s.training.precision) << " "
-                         << to_string(s.training.grad_accumulation_dtype);
-      EXPECT_NE(s.training.precision, DType::fp32);
-      EXPECT_NE(s.training.grad_accumulation_dtype, DType::fp32);
-      EXPECT_NE(s.training.grad_accumulation_dtype, s.training.precision);
-    }
+    EXPECT_EQ(megatron_grad_dtype(megatron_args(e.text)), s.training.grad_accumulation_dtype)
+        << to_string(s.training.precision) << " " << to_string(s.training.grad_accumulation_dtype);
   }
-  EXPECT_GT(exact, 0);
+  // What Megatron cannot express (fp16 gradients with bf16 compute, bf16 with fp16) is refused
+  // at plan time.
+  Scenario s =
+      scenario_of(layout(4, 4, 4, 1, 0, Recompute::none, true, Schedule::one_f_one_b, 1, 1));
+  s.training.grad_accumulation_dtype = DType::fp16;
+  ASSERT_TRUE(framework_refusal(s));
+  EXPECT_EQ(framework_refusal(s)->path, "/training/grad_accumulation_dtype");
 }
 
 TEST(Export, MegatronLlama31HasItsRotaryBaseAndScaling) {
@@ -340,7 +396,11 @@ TEST(Export, Qwen3HeadWidthAndQkNormsReachMegatronAndNoFlavor) {
   const nlohmann::json& flags = megatron_reference().at("flags");
   EXPECT_TRUE(flags.contains("--kv-channels"));
   EXPECT_FALSE(flags.at("--qk-layernorm").value("takes_value", true));
-  const Exported t = export_scenario(s, ExportFormat::torchtitan);
+  Scenario tt =
+      scenario_of(layout(4, 1, 16, 3, 0, Recompute::none, true, Schedule::one_f_one_b, 1, 1),
+                  "llama3.1-8b", "torchtitan");
+  tt.model = s.model;
+  const Exported t = export_scenario(tt, ExportFormat::torchtitan);
   EXPECT_NE(t.text.find("distplan_custom"), std::string::npos);
   const auto plain =
       megatron_args(export_scenario(scenario_of(l, "llama3.1-8b"), ExportFormat::megatron).text);
@@ -369,13 +429,15 @@ TEST(Export, TorchtitanModelSectionNamesTheFlavorOfTheSameShape) {
   // torchtitan v0.2.2 llama3_args: "8B" and "70B" are Llama 3.1 8B and 70B.
   for (const auto& [model, flavor] : std::vector<std::pair<std::string, std::string>>{
            {"llama3.1-8b", "\"8B\""}, {"llama3.1-70b", "\"70B\""}, {"llama3.1-405b", "\"405B\""}}) {
-    const Exported e = export_scenario(scenario_of(l, model), ExportFormat::torchtitan);
+    const Exported e =
+        export_scenario(scenario_of(l, model, "torchtitan"), ExportFormat::torchtitan);
     const auto m = toml_table(e.text, "model");
     EXPECT_EQ(m.at("name"), "\"llama3\"");
     EXPECT_EQ(m.at("flavor"), flavor) << model;
   }
   // Llama 2 70B differs (rotary base, vocabulary): no flavor fits, and the note says what to add.
-  const Exported e = export_scenario(scenario_of(l), ExportFormat::torchtitan);
+  const Exported e =
+      export_scenario(scenario_of(l, "llama2-70b", "torchtitan"), ExportFormat::torchtitan);
   EXPECT_EQ(toml_table(e.text, "model").at("flavor"), "\"distplan_custom\"");
   EXPECT_TRUE(std::any_of(e.notes.begin(), e.notes.end(), [](const std::string& n) {
     return n.find("dim=8192") != std::string::npos && n.find("n_kv_heads=8") != std::string::npos;
@@ -385,7 +447,9 @@ TEST(Export, TorchtitanModelSectionNamesTheFlavorOfTheSameShape) {
 TEST(Export, TorchtitanPrecisionKeysTakeOnlyItsValues) {
   // torchtitan v0.2.2 job_config.py: mixed_precision_param bfloat16 | float32,
   // mixed_precision_reduce float32.
-  for (const Scenario& s : export_matrix()) {
+  const std::vector<Scenario> matrix = export_matrix("torchtitan");
+  ASSERT_GT(matrix.size(), 20u);
+  for (const Scenario& s : matrix) {
     const Exported e = export_scenario(s, ExportFormat::torchtitan);
     const auto t = toml_table(e.text, "training");
     EXPECT_TRUE(t.at("mixed_precision_param") == "\"bfloat16\"" ||
@@ -396,17 +460,34 @@ TEST(Export, TorchtitanPrecisionKeysTakeOnlyItsValues) {
 
 // --- fit and what is left to the user ---------------------------------------------------------
 
+// A layout each framework runs that fits (Llama 2 70B on 64 H100s).
+Scenario fitting(ExportFormat f) {
+  switch (f) {
+    case ExportFormat::megatron:
+      return scenario_of(
+          layout(8, 4, 2, 1, 0, Recompute::selective, true, Schedule::one_f_one_b, 1, 1));
+    case ExportFormat::deepspeed:
+      return scenario_of(
+          layout(1, 1, 64, 3, 0, Recompute::full, false, Schedule::one_f_one_b, 1, 1), "llama2-70b",
+          "deepspeed");
+    case ExportFormat::torchtitan:
+      return scenario_of(layout(8, 1, 8, 3, 0, Recompute::full, true, Schedule::one_f_one_b, 1, 1),
+                         "llama2-70b", "torchtitan");
+  }
+  return {};
+}
+
 TEST(Export, ALayoutThatDoesNotFitSaysSoFirst) {
   // Llama 2 70B replicated on every GPU (tp 1, no ZeRO) cannot fit 80 GB: 70e9 bf16 weights alone
   // are 140 GB.
-  const Scenario big =
-      scenario_of(layout(1, 1, 64, 0, 0, Recompute::none, false, Schedule::one_f_one_b, 1, 1));
-  const Scenario ok =
-      scenario_of(layout(8, 4, 2, 1, 0, Recompute::selective, true, Schedule::one_f_one_b, 1, 1));
-  ASSERT_FALSE(estimate(big).memory.fits);
-  ASSERT_TRUE(estimate(ok).memory.fits);
   for (ExportFormat f :
        {ExportFormat::megatron, ExportFormat::deepspeed, ExportFormat::torchtitan}) {
+    const Scenario big =
+        scenario_of(layout(1, 1, 64, 0, 0, Recompute::none, false, Schedule::one_f_one_b, 1, 1),
+                    "llama2-70b", std::string(to_string(framework_of(f))));
+    const Scenario ok = fitting(f);
+    ASSERT_FALSE(estimate(big).memory.fits);
+    ASSERT_TRUE(estimate(ok).memory.fits) << to_string(f);
     const Exported e = export_scenario(big, f);
     EXPECT_FALSE(e.fits);
     EXPECT_GT(e.peak_bytes, e.capacity_bytes);
@@ -420,11 +501,10 @@ TEST(Export, ALayoutThatDoesNotFitSaysSoFirst) {
 }
 
 TEST(Export, EachExportSaysWhatTheUserStillAdds) {
-  const Scenario s =
-      scenario_of(layout(8, 4, 2, 1, 0, Recompute::selective, true, Schedule::one_f_one_b, 1, 1));
+  const Scenario s = fitting(ExportFormat::megatron);
   for (ExportFormat f :
        {ExportFormat::megatron, ExportFormat::deepspeed, ExportFormat::torchtitan}) {
-    const Exported e = export_scenario(s, f);
+    const Exported e = export_scenario(fitting(f), f);
     std::string all;
     for (const std::string& a : e.to_add) all += a + "\n";
     for (const char* what : {"tokenizer", "data", "lr"}) {
@@ -448,8 +528,8 @@ TEST(Export, EachExportSaysWhatTheUserStillAdds) {
 TEST(Export, TorchtitanNamesZbvZeroBubble) {
   // torch.distributed.pipelining's get_schedule_class("ZBVZeroBubble") is ScheduleZBVZeroBubble:
   // two stages per rank in a V, so torchtitan cuts num_layers / (2 pp) layers per stage.
-  const Scenario s =
-      scenario_of(layout(8, 2, 4, 1, 0, Recompute::none, true, Schedule::zb_v, 2, 1));
+  const Scenario s = scenario_of(layout(8, 2, 4, 3, 0, Recompute::none, true, Schedule::zb_v, 2, 1),
+                                 "llama2-70b", "torchtitan");
   const std::string text = export_scenario(s, ExportFormat::torchtitan).text;
   const auto par = toml_table(text, "parallelism");
   EXPECT_EQ(par.at("pipeline_parallel_schedule"), "\"ZBVZeroBubble\"");
@@ -459,15 +539,11 @@ TEST(Export, TorchtitanNamesZbvZeroBubble) {
   EXPECT_EQ(par.count("pipeline_parallel_layers_per_stage"), 0u);
 }
 
-TEST(Export, TorchtitanRunsVHalfAsZbvWithANote) {
+TEST(Export, TorchtitanRefusesVHalfInsteadOfRunningZbv) {
   const Scenario s =
-      scenario_of(layout(8, 2, 4, 1, 0, Recompute::none, true, Schedule::v_half, 2, 1));
-  const Exported x = export_scenario(s, ExportFormat::torchtitan);
-  EXPECT_EQ(toml_table(x.text, "parallelism").at("pipeline_parallel_schedule"),
-            "\"ZBVZeroBubble\"");
-  bool noted = false;
-  for (const std::string& n : x.notes) noted = noted || n.find("v_half") != std::string::npos;
-  EXPECT_TRUE(noted);
+      scenario_of(layout(8, 2, 4, 3, 0, Recompute::none, true, Schedule::v_half, 2, 1),
+                  "llama2-70b", "torchtitan");
+  EXPECT_EQ(refused_at(s, ExportFormat::torchtitan), "/parallel/schedule");
 }
 
 }  // namespace

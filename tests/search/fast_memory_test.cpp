@@ -15,7 +15,7 @@ Space space_of(nlohmann::json model, int gpus, int batch, int seq, nlohmann::jso
   nlohmann::json doc = {
       {"model", model},
       {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", gpus}, {"gpus_per_node", 8}}},
-      {"training", {{"seq_length", seq}, {"global_batch_size", batch}}}};
+      {"training", {{"framework", "generic"}, {"seq_length", seq}, {"global_batch_size", batch}}}};
   for (auto& [k, v] : training.items()) doc["training"][k] = v;
   return request_from_json(doc).space;
 }
@@ -65,7 +65,7 @@ TEST(FastMemory, AgreesWithEstimateOnDualPipe) {
   nlohmann::json doc = {
       {"model", "llama2-70b"},
       {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", 64}, {"gpus_per_node", 8}}},
-      {"training", {{"seq_length", 4096}, {"global_batch_size", 512}}},
+      {"training", {{"framework", "generic"}, {"seq_length", 4096}, {"global_batch_size", 512}}},
       {"parallel", {{"schedule", nlohmann::json::array({"dualpipe"})}}}};
   expect_agreement(request_from_json(doc).space, 100);
 }
@@ -88,7 +88,7 @@ TEST(FastMemory, AgreesWithEstimateWithFp32Gradients) {
 TEST(FastMemory, AgreesWithEstimateUnderEachFramework) {
   // Reserved bytes: NCCL buffers differ between end and middle stages, and the tied embedding
   // adds a peer on the first and last; the lean path's three stages still hold the peak.
-  for (const char* f : {"megatron", "deepspeed", "fsdp2"}) {
+  for (const char* f : {"megatron", "deepspeed", "torchtitan"}) {
     SCOPED_TRACE(f);
     expect_agreement(space_of("gpt3-1.3b", 24, 96, 2048,
                               {{"framework", f}, {"dropout", 0.1}, {"attention", "standard"}}));
@@ -99,7 +99,7 @@ TEST(FastMemory, SearchWithAndWithoutTheLeanPathAgrees) {
   nlohmann::json doc = {
       {"model", "llama2-70b"},
       {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", 64}, {"gpus_per_node", 8}}},
-      {"training", {{"seq_length", 4096}, {"global_batch_size", 512}}},
+      {"training", {{"framework", "generic"}, {"seq_length", 4096}, {"global_batch_size", 512}}},
       {"search", {{"top_k", 20}, {"memory_margin", 0.03}}}};
   Request req = request_from_json(doc);
   const Result fast = run(req.space, req.options);

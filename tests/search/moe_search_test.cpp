@@ -14,10 +14,11 @@ namespace distplan::search {
 namespace {
 
 nlohmann::json request(const char* model, int gpus, int batch) {
-  return {{"model", model},
-          {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", gpus}, {"gpus_per_node", 8}}},
-          {"training", {{"seq_length", 4096}, {"global_batch_size", batch}}},
-          {"search", {{"top_k", 50}}}};
+  return {
+      {"model", model},
+      {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", gpus}, {"gpus_per_node", 8}}},
+      {"training", {{"framework", "generic"}, {"seq_length", 4096}, {"global_batch_size", batch}}},
+      {"search", {{"top_k", 50}}}};
 }
 
 TEST(MoeSearch, MixtralOn32GpusReturnsExpertParallelLayouts) {

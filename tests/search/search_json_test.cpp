@@ -12,9 +12,10 @@ namespace distplan::search {
 namespace {
 
 nlohmann::json base_doc() {
-  return {{"model", "llama2-70b"},
-          {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", 64}, {"gpus_per_node", 8}}},
-          {"training", {{"seq_length", 4096}, {"global_batch_size", 512}}}};
+  return {
+      {"model", "llama2-70b"},
+      {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", 64}, {"gpus_per_node", 8}}},
+      {"training", {{"framework", "generic"}, {"seq_length", 4096}, {"global_batch_size", 512}}}};
 }
 
 std::string error_path(const nlohmann::json& doc) {

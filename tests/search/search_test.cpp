@@ -18,7 +18,7 @@ Request request_of(const char* model, int gpus, int batch, int seq, nlohmann::js
   nlohmann::json doc = {
       {"model", model},
       {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", gpus}, {"gpus_per_node", 8}}},
-      {"training", {{"seq_length", seq}, {"global_batch_size", batch}}}};
+      {"training", {{"framework", "generic"}, {"seq_length", seq}, {"global_batch_size", batch}}}};
   for (auto& [k, v] : extra.items()) doc[k] = v;
   return request_from_json(doc);
 }

@@ -17,7 +17,7 @@ Space space_of(const char* model, int gpus, int batch, int seq, nlohmann::json p
   nlohmann::json doc = {
       {"model", model},
       {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", gpus}, {"gpus_per_node", 8}}},
-      {"training", {{"seq_length", seq}, {"global_batch_size", batch}}}};
+      {"training", {{"framework", "generic"}, {"seq_length", seq}, {"global_batch_size", batch}}}};
   if (!parallel.is_null()) doc["parallel"] = parallel;
   return request_from_json(doc).space;
 }
@@ -92,7 +92,7 @@ TEST(Space, PinnedMicroBatchAndShardSizes) {
   nlohmann::json doc = {
       {"model", "llama3.1-8b"},
       {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", 32}, {"gpus_per_node", 8}}},
-      {"training", {{"seq_length", 4096}, {"global_batch_size", 256}}},
+      {"training", {{"framework", "generic"}, {"seq_length", 4096}, {"global_batch_size", 256}}},
       {"parallel", {{"tp", 1}, {"pp", 1}, {"zero_stage", 3}, {"fsdp_shard_size", {8, 32}}}}};
   doc["training"]["micro_batch_size"] = {2};
   const Space sp = request_from_json(doc).space;

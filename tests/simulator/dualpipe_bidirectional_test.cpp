@@ -93,11 +93,14 @@ TEST(DualPipe, RefusesWhatTheSourceAsserts) {
   EXPECT_NO_THROW((void)make_dualpipe(2, 4));
   // Through the scenario, at the same path: odd pp, too few or an odd number of micro-batches.
   auto doc = [](int pp, int gbs) {
-    return nlohmann::json{
-        {"model", {{"preset", "llama2-7b"}, {"num_layers", 12}}},
-        {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", pp}}},
-        {"training", {{"seq_length", 256}, {"global_batch_size", gbs}, {"micro_batch_size", 1}}},
-        {"parallel", {{"pp", pp}, {"schedule", "dualpipe"}}}};
+    return nlohmann::json{{"model", {{"preset", "llama2-7b"}, {"num_layers", 12}}},
+                          {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", pp}}},
+                          {"training",
+                           {{"framework", "generic"},
+                            {"seq_length", 256},
+                            {"global_batch_size", gbs},
+                            {"micro_batch_size", 1}}},
+                          {"parallel", {{"pp", pp}, {"schedule", "dualpipe"}}}};
   };
   for (auto [pp, gbs] : {std::pair<int, int>{3, 12}, {4, 6}, {4, 9}}) {
     try {
@@ -229,7 +232,11 @@ nlohmann::json llama(const char* schedule, int pp, int gbs = 32, int zero = 1) {
   return nlohmann::json{
       {"model", {{"preset", "llama2-7b"}, {"num_layers", 16}}},
       {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", 2 * pp}}},
-      {"training", {{"seq_length", 256}, {"global_batch_size", gbs}, {"micro_batch_size", 1}}},
+      {"training",
+       {{"framework", "generic"},
+        {"seq_length", 256},
+        {"global_batch_size", gbs},
+        {"micro_batch_size", 1}}},
       {"parallel", {{"pp", pp}, {"dp", 2}, {"zero_stage", zero}, {"schedule", schedule}}}};
 }
 

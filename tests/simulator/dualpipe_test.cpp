@@ -68,11 +68,14 @@ TEST(DualPipeV, RefusesFewerThanTwiceAsManyMicrobatchesAsDevices) {
   }
   EXPECT_NO_THROW((void)make_dualpipe_v(4, 8));
   // Through the scenario: the same path, before any estimate.
-  const nlohmann::json j = {
-      {"model", {{"preset", "llama2-7b"}, {"num_layers", 8}}},
-      {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", 4}}},
-      {"training", {{"seq_length", 256}, {"global_batch_size", 7}, {"micro_batch_size", 1}}},
-      {"parallel", {{"pp", 4}, {"schedule", "dualpipe_v"}}}};
+  const nlohmann::json j = {{"model", {{"preset", "llama2-7b"}, {"num_layers", 8}}},
+                            {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", 4}}},
+                            {"training",
+                             {{"framework", "generic"},
+                              {"seq_length", 256},
+                              {"global_batch_size", 7},
+                              {"micro_batch_size", 1}}},
+                            {"parallel", {{"pp", 4}, {"schedule", "dualpipe_v"}}}};
   try {
     (void)estimate(scenario_from_json(j));
     FAIL() << "dualpipe_v with m = 7, pp = 4 was accepted";
@@ -172,11 +175,14 @@ TEST(DualPipeV, ParametersAreTwiceOneFOneBsWithTheSameStages) {
   // 2p stages against DualPipeV on p devices): a device holds two stages. Compared on a device
   // with neither embedding nor LM head (stage 1).
   auto doc = [](const char* sched, int pp) {
-    return nlohmann::json{
-        {"model", {{"preset", "llama2-7b"}, {"num_layers", 16}}},
-        {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", pp}}},
-        {"training", {{"seq_length", 256}, {"global_batch_size", 32}, {"micro_batch_size", 1}}},
-        {"parallel", {{"pp", pp}, {"schedule", sched}}}};
+    return nlohmann::json{{"model", {{"preset", "llama2-7b"}, {"num_layers", 16}}},
+                          {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", pp}}},
+                          {"training",
+                           {{"framework", "generic"},
+                            {"seq_length", 256},
+                            {"global_batch_size", 32},
+                            {"micro_batch_size", 1}}},
+                          {"parallel", {{"pp", pp}, {"schedule", sched}}}};
   };
   for (int p : {2, 4}) {
     const Estimate dual = estimate(scenario_from_json(doc("dualpipe_v", p)));

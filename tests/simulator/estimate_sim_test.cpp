@@ -14,7 +14,7 @@ Scenario scenario(const char* schedule, int pp, int v, int zero) {
   nlohmann::json j = nlohmann::json::parse(R"({
     "model": "llama2-7b",
     "cluster": {"gpu": "h100-sxm-80gb", "gpus_per_node": 8},
-    "training": {"seq_length": 4096, "global_batch_size": 64, "micro_batch_size": 1},
+    "training": {"framework": "generic", "seq_length": 4096, "global_batch_size": 64, "micro_batch_size": 1},
     "parallel": {"tp": 2, "zero_stage": 1, "sequence_parallel": true,
                  "recompute": "selective"}})");
   j["parallel"]["pp"] = pp;
@@ -29,7 +29,7 @@ TEST(SimulateEstimate, RefusesStepsBeyondThePassBound) {
   nlohmann::json j = nlohmann::json::parse(R"({
     "model": "llama2-7b",
     "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
-    "training": {"seq_length": 128, "global_batch_size": 33554432},
+    "training": {"framework": "generic", "seq_length": 128, "global_batch_size": 33554432},
     "parallel": {"pp": 8, "zero_stage": 0}})");
   const Scenario s = scenario_from_json(j);  // 2^25 micro-batches x 8 stages
   try {

@@ -53,7 +53,7 @@ TEST(LeversSimulate, ContextParallelStepIsBoundedByTheClosedForm) {
       nlohmann::json j = nlohmann::json::parse(R"({
         "model": "llama3.1-8b",
         "cluster": {"gpu": "h100-sxm-80gb", "gpus_per_node": 8},
-        "training": {"seq_length": 65536, "global_batch_size": 16},
+        "training": {"framework": "generic", "seq_length": 65536, "global_batch_size": 16},
         "parallel": {"tp": 2, "cp": 4, "zero_stage": 1, "sequence_parallel": true,
                      "recompute": "full"},
         "assumptions": {"overlap_compute_slowdown": 0}})");

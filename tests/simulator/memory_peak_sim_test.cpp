@@ -20,7 +20,7 @@ nlohmann::json draw(std::mt19937_64& rng) {
   auto pick = [&rng](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
   static const char* kSchedules[] = {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1",
                                      "zb_h2", "zb_v", "v_half",           "v_min"};
-  static const char* kFrameworks[] = {"generic", "megatron", "deepspeed", "fsdp2"};
+  static const char* kFrameworks[] = {"generic", "megatron", "deepspeed", "torchtitan"};
   static const char* kRecompute[] = {"none", "selective", "full", "selective_op"};
   const std::string sched = kSchedules[pick(0, 7)];
   const bool vee = sched == "zb_v" || sched == "v_half" || sched == "v_min";

@@ -104,7 +104,11 @@ TEST(ZbAuto, KeepsItsLimitAndBeatsTheHandSchedulesWithTheirMemory) {
 nlohmann::json zb_auto_doc(int pp, int m) {
   return {{"model", "llama2-7b"},
           {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", 2 * pp}}},
-          {"training", {{"seq_length", 4096}, {"global_batch_size", m}, {"micro_batch_size", 1}}},
+          {"training",
+           {{"framework", "generic"},
+            {"seq_length", 4096},
+            {"global_batch_size", m},
+            {"micro_batch_size", 1}}},
           {"parallel", {{"tp", 2}, {"pp", pp}, {"zero_stage", 0}, {"schedule", "zb_auto"}}}};
 }
 

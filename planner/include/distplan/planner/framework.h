@@ -11,9 +11,19 @@
 
 namespace distplan {
 
-/// `generic` keeps distplan's own conventions (the six categories and a flat runtime reserve).
-enum class Framework { generic, megatron, deepspeed, fsdp2 };
+/// The training framework a scenario assumes (`training.framework`, docs/scenario.md): what it
+/// runs (capabilities.h) and how it keeps memory (FrameworkProfile below). `megatron` is
+/// Megatron-LM / Megatron-Core (and NeMo, Megatron-Bridge, which drive it), `torchtitan` is
+/// PyTorch's torchtitan on FSDP2 and torch.distributed.pipelining (JSON also accepts its former
+/// name "fsdp2"), `deepspeed` is DeepSpeed's engine; `generic` keeps distplan's own textbook
+/// conventions (the six categories, a flat runtime reserve) and runs every layout distplan models.
+/// The scenario reader's default is `megatron`; a default-constructed TrainingSpec is `generic`,
+/// the aggregate's zero state, with a zero profile to match.
+enum class Framework { generic, megatron, deepspeed, torchtitan };
 [[nodiscard]] std::string_view to_string(Framework v) noexcept;
+/// The framework and the version whose code its conventions and capabilities are read from, for
+/// people ("megatron (Megatron-LM core_v0.15.3)"); tables and exports print it.
+[[nodiscard]] std::string_view framework_title(Framework v) noexcept;
 
 /// One framework's memory conventions. Defaults are generic's (all framework terms off).
 struct FrameworkProfile {
@@ -21,9 +31,9 @@ struct FrameworkProfile {
   // Gradients in fp32 whatever the compute dtype: the default of grad_accumulation_dtype when the
   // scenario leaves it out. Megatron-LM forces --accumulate-allreduce-grads-in-fp32 under bf16
   // (megatron/training/arguments.py) and keeps fp32 main_grad buffers
-  // (core/distributed/param_and_grad_buffer.py); DeepSpeed's BF16_Optimizer keeps fp32 gradient
-  // partitions (runtime/bf16_optimizer.py, fp32_groups_gradients); torchtitan's FSDP2 reduces and
-  // keeps sharded gradients in fp32 (MixedPrecisionPolicy reduce_dtype=float32).
+  // (core/distributed/param_and_grad_buffer.py); torchtitan's FSDP2 reduces and keeps sharded
+  // gradients in fp32 (MixedPrecisionPolicy reduce_dtype=float32). DeepSpeed does not: its
+  // data_types.grad_accum_dtype defaults to the model's dtype (runtime/engine.py get_data_types).
   bool fp32_gradients_with_bf16 = false;
   // The sharded parameters are the fp32 master copy (FSDP2: fully_shard keeps sharded fp32
   // DTensor parameters, MixedPrecisionPolicy(param_dtype=bf16) casts only the all-gathered copy).
@@ -31,18 +41,34 @@ struct FrameworkProfile {
   // separate master copy.
   bool sharded_params_are_master = false;
 
-  // Compute-dtype gradients (`.grad` of the bf16/fp16 parameters) stay allocated beside the fp32
-  // gradient buffer, unsharded: DeepSpeed's BF16_Optimizer accumulates each backward's bf16
-  // `.grad` into its flat fp32 gradients (update_hp_grads(clear_lp_grads=False)) and frees them
-  // only at the start of the next backward (clear_lp_grads), in the pipeline engine
-  // (runtime/pipe/engine.py, _exec_backward_pass) and in engine.backward alike. Applies where the
-  // gradients are fp32, the compute dtype is not and ZeRO stage <= 1 (BF16_Optimizer's layout).
+  // Compute-dtype gradients (`.grad` of the bf16 parameters) stay allocated beside the
+  // optimizer's own gradient buffer, unsharded: DeepSpeed's BF16_Optimizer accumulates each
+  // backward's bf16 `.grad` into its flat gradients of grad_accum_dtype
+  // (update_hp_grads(clear_lp_grads=False)) and frees them only at the start of the next
+  // backward (clear_lp_grads), in the pipeline engine (runtime/pipe/engine.py,
+  // _exec_backward_pass) and in engine.backward alike. Applies where DeepSpeed picks
+  // BF16_Optimizer (bf16_optimizer_layout() in memory_terms.h).
   bool keeps_compute_dtype_gradients = false;
   // The same accumulation upcasts one parameter's gradient at a time (`lp.grad.to(fp32)` in
   // BF16_Optimizer.update_hp_grads): a transient of 4 bytes per element of the stage's largest
   // parameter tensor (the word embedding on the stages that hold it), after a backward, when the
-  // recompute working set is freed. Same conditions as keeps_compute_dtype_gradients.
+  // recompute working set is freed. Where BF16_Optimizer runs with fp32 gradients.
   bool gradient_upcast_transient = false;
+  // The ZeRO optimizer's step upcasts its gradient partition to the fp32 master's dtype before
+  // stepping (DeepSpeed runtime/zero/stage_1_and_2.py step: flatten(averaged_gradients).to(fp32),
+  // one parameter group at a time; stage3.py per sub-group of zero_optimization.sub_group_size):
+  // a transient of 4 bytes per element of the partition (ZeRO-3: at most a sub-group), after the
+  // backward. Applies to ZeRO 1-3 with gradients below fp32 and the optimizer on the GPU.
+  bool optimizer_step_upcast = false;
+  // FSDP under a pipeline keeps every unit gathered and its gradient unsharded for the whole
+  // step: torchtitan's fsdp_reshard_after_forward "default" does not reshard after the forward
+  // when pipelining (models/llama3/infra/parallelize.py apply_fsdp), and
+  // torch.distributed.pipelining turns resharding after backward and gradient reduction off for
+  // every micro-batch but the last (stage.py, backward_maybe_with_nosync:
+  // set_reshard_after_backward(False), set_requires_gradient_sync(False)); FSDP2 accumulates the
+  // unsharded gradient in reduce_dtype (fp32). Under ZeRO-3 with pp > 1 the stage's weights then
+  // hold its gathered compute-dtype copy beside the fp32 shard, and its gradients are unsharded.
+  bool fsdp_unsharded_with_pipeline = false;
   // A pipeline engine that keeps each in-flight micro-batch's stage output until that
   // micro-batch's backward: DeepSpeed's PipelineEngine stores it in pipe_buffers['outputs']
   // (runtime/pipe/engine.py, _exec_forward_pass; freed in _exec_backward_pass), partitioned over
@@ -55,8 +81,8 @@ struct FrameworkProfile {
   // --- Buckets (elements; 0 = none beyond the gradient buffer) --------------------------------
   // DeepSpeed ZeRO-1/2 `reduce_bucket_size` (default 5e8 elements): the contiguous gradient
   // bucket (ipg_buffer in runtime/zero/stage_1_and_2.py) in the compute dtype, `reduce_buckets`
-  // of them (2 with overlap_comm). Megatron-LM's buckets are views into the gradient buffer and
-  // cost nothing here.
+  // of them, twice that with overlap_comm (assumptions.overlap_grad_reduce: double-buffered).
+  // Megatron-LM's buckets are views into the gradient buffer and cost nothing here.
   Count reduce_bucket_elements = 0;
   Count reduce_buckets = 1;
   // DeepSpeed ZeRO-3 `stage3_prefetch_bucket_size` (default 5e7 elements): parameters fetched

@@ -219,12 +219,26 @@ struct StageUnitParams {
   return largest;
 }
 
-/// Whether the stage's gradients follow DeepSpeed's BF16_Optimizer layout, where the profile's
-/// keeps_compute_dtype_gradients and gradient_upcast_transient apply: fp32 gradients of a
-/// lower-precision model, unsharded (ZeRO stage <= 1).
-[[nodiscard]] inline bool fp32_gradients_beside_compute(const TrainingSpec& t,
-                                                        int zero_stage) noexcept {
-  return t.precision != DType::fp32 && t.grad_accumulation_dtype == DType::fp32 && zero_stage <= 1;
+/// Whether DeepSpeed runs BF16_Optimizer, whose layout the profile's
+/// keeps_compute_dtype_gradients and gradient_upcast_transient describe: DeepSpeed v0.18.0's
+/// choice (runtime/engine.py _do_optimizer_sanity_check) under bf16 is BF16_Optimizer for ZeRO-0
+/// with the pipeline engine or fp32 gradient accumulation, and for ZeRO-1 with fp32 gradients
+/// and the optimizer on the GPU; otherwise the ZeRO optimizer, or for ZeRO-0 bf16 gradients
+/// all-reduced as they are (DDP_BFLOAT16).
+[[nodiscard]] inline bool bf16_optimizer_layout(const TrainingSpec& t,
+                                                const MemoryLayout& l) noexcept {
+  if (t.precision != DType::bf16) return false;
+  const bool fp32_grads = t.grad_accumulation_dtype == DType::fp32;
+  if (l.zero_stage == 0) return l.pp > 1 || fp32_grads;
+  return l.zero_stage == 1 && fp32_grads && l.offload_optimizer == Offload::none;
+}
+
+/// Whether the stage's units stay gathered with unsharded gradients through the step: ZeRO-3
+/// under a pipeline with a framework whose FSDP does so (FrameworkProfile::
+/// fsdp_unsharded_with_pipeline).
+[[nodiscard]] inline bool fsdp_unsharded(const FrameworkProfile& fw,
+                                         const MemoryLayout& l) noexcept {
+  return fw.fsdp_unsharded_with_pipeline && l.zero_stage == 3 && l.pp > 1;
 }
 
 /// NCCL's buffers of one receive connection on one channel: the three protocols' buffers in one
@@ -364,21 +378,40 @@ inline void framework_terms(const Scenario& base, const MemoryLayout& l, const S
   // gradients together), and the framework's gradient or prefetch buckets, which live while the
   // backward reduces gradients or gathers parameters.
   Bytes transient = u.layers > 0 ? fw.backward_gradient_tensors * act.largest_elements * cb : 0;
-  // BF16_Optimizer (the compute-dtype gradients kept beside unsharded fp32 ones) has no reduce
-  // bucket: it all-reduces its flat fp32 gradient buffer (pipe/engine.py, _bf16_reduce_grads).
-  const bool bf16_optimizer = fw.keeps_compute_dtype_gradients &&
-                              fp32_gradients_beside_compute(base.training, l.zero_stage);
-  if (l.shard > 1 && (l.zero_stage == 1 || l.zero_stage == 2) && !bf16_optimizer)
-    transient += fw.reduce_buckets * fw.reduce_bucket_elements * cb;
+  // BF16_Optimizer (the compute-dtype gradients kept beside its own unsharded ones) has no
+  // reduce bucket: it all-reduces its flat gradient buffer (pipe/engine.py, _bf16_reduce_grads).
+  const bool bf16_optimizer =
+      fw.keeps_compute_dtype_gradients && bf16_optimizer_layout(base.training, l);
+  // With the reduction overlapped (DeepSpeed's overlap_comm, which the export writes from
+  // assumptions.overlap_grad_reduce) the bucket is double-buffered (stage_1_and_2.py
+  // backward_prologue: buf_0, and buf_1 "to avoid data access conflict when overlap_comm").
+  if (l.shard > 1 && (l.zero_stage == 1 || l.zero_stage == 2) && !bf16_optimizer) {
+    const Count buckets =
+        base.assumptions.overlap_grad_reduce ? 2 * fw.reduce_buckets : fw.reduce_buckets;
+    transient += buckets * fw.reduce_bucket_elements * cb;
+  }
   if (l.shard > 1 && l.zero_stage == 3) transient += fw.prefetch_bucket_elements * cb;
   // After a backward (its recompute working set freed): BF16_Optimizer's fp32 upcast of one
   // parameter's gradient, the largest one (runtime/bf16_optimizer.py, update_hp_grads). The
   // stage's peak is the larger of the two moments; the working set is already in activations.
   // (Fine-tuning with adapters: the trainable tensors are the small adapters; not counted.)
   if (fw.gradient_upcast_transient && !base.training.peft.adapters() &&
-      fp32_gradients_beside_compute(base.training, l.zero_stage)) {
+      bf16_optimizer_layout(base.training, l) &&
+      base.training.grad_accumulation_dtype == DType::fp32) {
     const Bytes upcast = 4 * largest_parameter_elements(base.model, l.tp, u, padded_vocab);
     transient = std::max(transient, upcast - sm.working_bytes);
+  }
+  // After the backward, at the step: the ZeRO optimizer's fp32 copy of its gradient partition
+  // (FrameworkProfile::optimizer_step_upcast), ZeRO-3 a sub-group at a time.
+  if (fw.optimizer_step_upcast && l.zero_stage >= 1 && !bf16_optimizer &&
+      base.training.grad_accumulation_dtype != DType::fp32 &&
+      base.training.precision != DType::fp32 && l.offload_optimizer == Offload::none) {
+    const Count S = std::max<Count>(l.shard, 1);
+    Count partition = (u.layers > 0 ? detail::ceil_div(u.layer, S) * u.layers : 0) +
+                      (u.embeddings > 0 ? detail::ceil_div(u.embedding, S) : 0) +
+                      (u.heads > 0 ? detail::ceil_div(u.head, S) : 0);
+    if (l.zero_stage == 3) partition = std::min(partition, base.assumptions.nvme_sub_group_params);
+    transient = std::max(transient, 4 * partition - sm.working_bytes);
   }
   sm.transient_bytes = transient;
   sm.backward_extra_bytes = sm.working_bytes + transient;
@@ -433,13 +466,16 @@ inline void stage_memory(const Scenario& base, const MemoryLayout& l, const Stag
     opt_k -= 4;
   }
   sm.weights_bytes = (l.zero_stage >= 3 ? sharded : full) * weight_b;
+  // FSDP under a pipeline: every unit's gathered copy stays through the step.
+  const bool unsharded = fsdp_unsharded(fw, l);
+  if (unsharded) sm.weights_bytes += full * cb;
   // FP8: each layer's cached fp8 weight copies and scales (fp8.h); under ZeRO-3 only the
   // gathered units have them (buffers, below).
   if (l.zero_stage < 3) sm.weights_bytes += u.layers * l.fp8_layer_state;
-  sm.gradients_bytes = (l.zero_stage >= 2 ? sharded : full) * gb;
-  // DeepSpeed's BF16_Optimizer: the compute-dtype .grad stays beside the fp32 gradients
+  sm.gradients_bytes = (l.zero_stage >= 2 && !unsharded ? sharded : full) * gb;
+  // DeepSpeed's BF16_Optimizer: the compute-dtype .grad stays beside its own gradients
   // (FrameworkProfile::keeps_compute_dtype_gradients, runtime/bf16_optimizer.py).
-  if (fw.keeps_compute_dtype_gradients && fp32_gradients_beside_compute(t, l.zero_stage))
+  if (fw.keeps_compute_dtype_gradients && bf16_optimizer_layout(t, l))
     sm.gradients_bytes += full * cb;
   sm.optimizer_bytes = (l.zero_stage >= 1 ? sharded : full) * opt_k;
   // Routed experts: their own units, ZeRO-sharded over the expert data-parallel group
@@ -533,7 +569,9 @@ inline void stage_memory(const Scenario& base, const MemoryLayout& l, const Stag
   // partitioned parameters and FSDP2's unsharded parameter buffers exist at world size 1;
   // issue 29, item 7). ZeRO-2 at S = 1 reduces into the gradient buffer itself.
   const bool dense_zero = S > 1 || l.zero_stage == 3;
-  if ((dense_zero || expert_zero) && l.zero_stage >= 2) {
+  // (Units kept gathered with unsharded gradients need no per-unit buffer: both are counted in
+  // weights and gradients above.)
+  if ((dense_zero || expert_zero) && l.zero_stage >= 2 && !unsharded) {
     Count largest = dense_zero ? padded_layer : 0;
     if (dense_zero && u.embeddings > 0) largest = std::max(largest, padded_embedding);
     if (dense_zero && u.heads > 0) largest = std::max(largest, padded_head);

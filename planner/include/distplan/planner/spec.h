@@ -109,6 +109,11 @@ struct MoeSpec {
   bool router_bias = false;         // DeepSeek-V3's per-expert bias for top-k selection
   // Tokens an expert takes, as a multiple of its even share; nullopt: dropless.
   std::optional<double> capacity_factor;
+  // The load-balancing loss's coefficient (Fedus et al. 2022, eq. 4): part of the training
+  // objective, not of memory or time; the exports pass it on (Megatron-LM --moe-aux-loss-coeff,
+  // whose default 0 would drop the loss). Presets and Hugging Face configs give theirs
+  // (router_aux_loss_coef, DeepSeek's aux_loss_alpha); 0: none.
+  double aux_loss_coeff = 0.0;
   [[nodiscard]] bool enabled() const noexcept { return num_experts > 0; }
   bool operator==(const MoeSpec&) const = default;
 };

@@ -92,6 +92,12 @@ enum class Reject : int {
   dualpipe_microbatches,          // dualpipe: an even number of micro-batches, at least 2 pp
   dualpipe_not_planned,           // dualpipe: ZeRO-2/3 or tied embeddings (validate refuses)
   peft_not_planned,               // fine-tuning: a lever validate refuses with training.peft
+  // What training.framework does not run (planner/capabilities.h; docs/frameworks.md).
+  framework_schedule,   // a pipeline schedule
+  framework_sharding,   // a ZeRO stage, hybrid shard or offload, alone or with tp / pp
+  framework_parallel,   // tp, sp, cp or ep, alone or with pp
+  framework_recompute,  // a recompute policy
+  framework_split,      // an uneven pipeline split it cannot be told
   // Constraints (liftable).
   tp_within_node,
   pp_divides_layers,
@@ -175,6 +181,17 @@ struct InnerLists {
   std::vector<Count> shard_sizes;  // for ZeRO >= 1: 0 (the whole dp group), then hybrid sizes
   std::vector<Recompute> recompute;
   std::vector<bool> sequence_parallel;
+  std::array<bool, 4> hybrid{};  // by ZeRO stage: hybrid shard sizes the framework runs
+  // ZeRO-1/2 only with the interleaved schedule (the framework's gather behind the next forward,
+  // assumptions.overlap_param_gather_after_step, needs it).
+  bool zero12_needs_interleaved = false;
+  // Experts folded into the ZeRO shard group (torchtitan): ep divides shard_base times the
+  // shard's data-parallel ranks (1 at ZeRO-0). expert_group 1: no such rule.
+  Count expert_group = 1;
+  Count shard_base = 1;
+  [[nodiscard]] bool experts_fold(Count shard_dp) const noexcept {
+    return expert_group <= 1 || (shard_base * shard_dp) % expert_group == 0;
+  }
 };
 void inner_lists(const Space& space, const Outer& o, RejectCounts& rejected, InnerLists& out);
 /// The splits the layout (pp, schedule, v) takes: even where the layers fill every virtual stage,
@@ -222,10 +239,27 @@ void for_each_inner(const Space& space, const Outer& o, RejectCounts& rejected, 
           ++rejected[static_cast<int>(Reject::dualpipe_not_planned)];
           continue;
         }
+        if (lists.zero12_needs_interleaved && (z == 1 || z == 2) &&
+            !detail::is_interleaved(sched)) {
+          ++rejected[static_cast<int>(Reject::framework_sharding)];
+          continue;
+        }
         l.zero_stage = z;
+        if (z == 0 && !lists.experts_fold(1)) {
+          ++rejected[static_cast<int>(Reject::framework_parallel)];
+          continue;
+        }
         const std::size_t num_shards = z == 0 ? 1 : lists.shard_sizes.size();
         for (std::size_t si = 0; si < num_shards; ++si) {
           l.fsdp_shard_size = z == 0 ? 0 : lists.shard_sizes[si];
+          if (l.fsdp_shard_size != 0 && !lists.hybrid[static_cast<std::size_t>(z)]) {
+            ++rejected[static_cast<int>(Reject::framework_sharding)];
+            continue;
+          }
+          if (z > 0 && !lists.experts_fold(l.fsdp_shard_size == 0 ? l.dp : l.fsdp_shard_size)) {
+            ++rejected[static_cast<int>(Reject::framework_parallel)];
+            continue;
+          }
           for (Recompute r : lists.recompute) {
             l.recompute = r;
             for (bool sp : lists.sequence_parallel) {
