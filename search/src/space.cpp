@@ -291,7 +291,7 @@ void walk_outer(const Space& space, RejectCounts& rejected, Fn&& fn) {
           bump(rejected, Reject::framework_parallel);
           continue;
         }
-        if (pp > 1 && layers % pp != 0 && caps.split != SplitRule::any) {
+        if (pp > 1 && layers % pp != 0 && caps.split != SplitSupport::any) {
           // The planner's even split (stage_layer_counts) in the framework's terms.
           Scenario x = b;
           x.parallel.pp = pp;
@@ -624,7 +624,10 @@ SplitChoices split_choices(const Space& space, Count pp, Schedule schedule, Coun
   // The even rule needs a layer on every virtual stage (pipeline_split.cpp).
   if (layers >= path && allowed(pin, SplitChoice::even)) out.choice[out.n++] = SplitChoice::even;
   // Lighter ends: torchtitan's rule with weights 1 and 1 needs (L + 2) / path >= 1.
-  if (pp > 1 && layers + 2 >= path && allowed(pin, SplitChoice::light_ends)) {
+  // A framework told only its partitioner's own split (DeepSpeed) runs the even one alone.
+  const bool told_splits =
+      capabilities(space.base.training.framework).split != SplitSupport::even_only;
+  if (pp > 1 && told_splits && layers + 2 >= path && allowed(pin, SplitChoice::light_ends)) {
     out.choice[out.n++] = SplitChoice::light_ends;
   }
   return out;
