@@ -12,6 +12,7 @@
 #include "distplan/planner/layer_ops.h"
 #include "distplan/planner/layout.h"
 #include "distplan/planner/memory_terms.h"
+#include "distplan/planner/moe.h"
 #include "distplan/planner/moe_layer.h"
 #include "distplan/planner/offload.h"
 #include "distplan/planner/op_costs.h"
@@ -65,11 +66,15 @@ struct Unit {
   Count count = 0;   // how many such units the stage holds
 };
 
+// A MoE model's layers are of two kinds (docs/moe.md, "Layer placement"): `layer` is a MoE
+// layer's dense part (its routed experts are reduced apart), `dense_layer` a layer with the dense
+// MLP (DeepSeek's first_k_dense_replace, every other layer of Llama 4 Maverick); a dense model
+// has `layer` only.
 struct StageUnits {
-  Unit layer, embedding, head;
+  Unit layer, dense_layer, embedding, head;
   [[nodiscard]] Count params() const noexcept {
-    return layer.params * layer.count + embedding.params * embedding.count +
-           head.params * head.count;
+    return layer.params * layer.count + dense_layer.params * dense_layer.count +
+           embedding.params * embedding.count + head.params * head.count;
   }
 };
 
@@ -81,9 +86,12 @@ class Estimator {
         t_(s.training),
         p_(s.parallel),
         table_(planner_layer_table(s.model, s.training)),
-        layers_(stage_layer_counts(s)),
+        dense_table_(build_layer_table(s.model, s.training)),
+        mix_(stage_layer_mix(s)),
         layer_params_rank_(planner_layer_params_per_tp_rank(s.model, table_, s.parallel.tp)),
+        dense_params_rank_(layer_parameters_per_tp_rank(dense_table_, s.parallel.tp)),
         layer_replicated_(replicated_parameters(table_)),
+        dense_replicated_(replicated_parameters(dense_table_)),
         moe_(moe_layer_plan(s)) {
     // The router's weight is whole on every TP rank and, under sequence parallelism, sees only
     // the rank's tokens, like the norms (Megatron-Core marks it sequence_parallel). The shared
@@ -162,14 +170,23 @@ class Estimator {
 
   [[nodiscard]] StageUnits units(int stage) const noexcept {
     // One definition of what a stage holds (memory_terms.h), named for the collectives.
-    const StageUnitParams x =
-        stage_unit_params(m_, p_.tp, p_.pp, p_.schedule, stage,
-                          layers_[static_cast<std::size_t>(stage)], vocab_, layer_params_rank_);
+    const StageUnitParams x = unit_params(stage);
     StageUnits u;
     u.layer = {"layers", x.layer, x.layers};
+    u.dense_layer = {"layers", x.dense_layer, x.dense_layers};
     u.embedding = {"embedding", x.embedding, x.embeddings};
     u.head = {"lm_head", x.head, x.heads};
     return u;
+  }
+
+  [[nodiscard]] StageUnitParams unit_params(int stage) const noexcept {
+    return stage_unit_params(m_, p_.tp, p_.pp, p_.schedule, stage,
+                             mix_[static_cast<std::size_t>(stage)], vocab_, layer_params_rank_,
+                             dense_params_rank_);
+  }
+  // Whether the model has layers of both kinds (a MoE model with dense-MLP layers).
+  [[nodiscard]] bool mixed() const noexcept {
+    return moe_.enabled() && moe_layer_count(m_) < m_.num_layers;
   }
 
   // Memory ------------------------------------------------------------------------------------
@@ -181,18 +198,17 @@ class Estimator {
     const LayerActivation act = add_moe_activation(
         layer_activation(table_, m_, local_training(), p_.tp, p_.sequence_parallel, p_.recompute),
         moe_, p_.recompute);
+    const LayerActivation dense_act = layer_activation(dense_table_, m_, local_training(), p_.tp,
+                                                       p_.sequence_parallel, p_.recompute);
     MemoryEstimate& mem = e.memory;
     mem.capacity_bytes = s_.cluster.gpu.memory_bytes;
     mem.stages.resize(static_cast<std::size_t>(pp));
     Count first_layer = 0;
     for (int st = 0; st < pp; ++st) {
-      const Count layers = layers_[static_cast<std::size_t>(st)];
+      const Count layers = mix_[static_cast<std::size_t>(st)].layers;
       StageMemory& sm = mem.stages[static_cast<std::size_t>(st)];
       if (!zb_peak_.empty()) ml.zb_memory_limit = zb_peak_[static_cast<std::size_t>(st)];
-      stage_memory(
-          s_, ml,
-          stage_unit_params(m_, p_.tp, pp, p_.schedule, st, layers, vocab_, layer_params_rank_),
-          act, st, vocab_, sm);
+      stage_memory(s_, ml, unit_params(st), act, dense_act, st, vocab_, sm);
       if (v == 1) {
         sm.first_layer = first_layer;
         sm.end_layer = first_layer + layers;
@@ -241,13 +257,39 @@ class Estimator {
     head_fwd_ = 2.0 * static_cast<double>(t_.micro_batch_size * t_.seq_length) *
                 static_cast<double>(m_.hidden_size) * static_cast<double>(vocab_);
     const double mbs_per_step = static_cast<double>(nmb_ * p_.dp);
-    const double L = static_cast<double>(m_.num_layers);
-    const double model =
-        L * (lf_.forward + lf_.backward_input + lf_.backward_weight) + 3 * head_fwd_;
+    // A MoE model's MoE layers (lf_) and dense-MLP layers (the dense table); every layer of a
+    // dense model is lf_'s.
+    const Count moe_layers = moe_.enabled() ? moe_layer_count(m_) : m_.num_layers;
+    const double L = static_cast<double>(moe_layers);
+    const double Ld = static_cast<double>(m_.num_layers - moe_layers);
+    const LayerFlops df =
+        Ld > 0 ? layer_flops(dense_table_, t_.micro_batch_size, t_.seq_length) : LayerFlops{};
+    double model = L * (lf_.forward + lf_.backward_input + lf_.backward_weight) +
+                   Ld * (df.forward + df.backward_input + df.backward_weight) + 3 * head_fwd_;
     double recompute = 0;
-    if (p_.recompute == Recompute::full) recompute = L * lf_.forward;
-    if (p_.recompute == Recompute::selective) recompute = L * lf_.selective_recompute;
-    if (p_.recompute == Recompute::selective_op) recompute = L * lf_.selective_op_recompute;
+    if (p_.recompute == Recompute::full) recompute = L * lf_.forward + Ld * df.forward;
+    if (p_.recompute == Recompute::selective)
+      recompute = L * lf_.selective_recompute + Ld * df.selective_recompute;
+    if (p_.recompute == Recompute::selective_op)
+      recompute = L * lf_.selective_op_recompute + Ld * df.selective_op_recompute;
+    if (m_.attention_window.enabled()) {
+      // Windowed layers: their attention's share of the causal pairs (layer_ops.h); attention
+      // is alike in both layer kinds, so the dense table's difference serves every layer.
+      Count windowed = 0;
+      for (Count i = 0; i < m_.num_layers; ++i) windowed += is_windowed_layer(m_, i);
+      const LayerFlops w =
+          layer_flops(dense_table_, t_.micro_batch_size, t_.seq_length, &m_.attention_window);
+      const LayerFlops f = layer_flops(dense_table_, t_.micro_batch_size, t_.seq_length);
+      const double n = static_cast<double>(windowed);
+      const double d_fwd = w.forward - f.forward;
+      model += n * (d_fwd + (w.backward_input - f.backward_input) +
+                    (w.backward_weight - f.backward_weight));
+      if (p_.recompute == Recompute::full) recompute += n * d_fwd;
+      if (p_.recompute == Recompute::selective)
+        recompute += n * (w.selective_recompute - f.selective_recompute);
+      if (p_.recompute == Recompute::selective_op)
+        recompute += n * (w.selective_op_recompute - f.selective_op_recompute);
+    }
     e.compute.model_flops_per_step = mbs_per_step * model;
     e.compute.hardware_flops_per_step = mbs_per_step * (model + recompute);
   }
@@ -267,7 +309,7 @@ class Estimator {
   void init_groups() noexcept {
     const ClusterSpec& c = s_.cluster;
     for (Group g : {Group::dp, Group::dp_replicate, Group::tp, Group::pp, Group::embedding,
-                    Group::cp, Group::ep, Group::edp}) {
+                    Group::cp, Group::ep, Group::edp, Group::etp}) {
       GroupInfo& x = groups_[static_cast<std::size_t>(g)];
       x.size = group_size(s_, g);
       x.link = group_link(s_, g);
@@ -356,10 +398,10 @@ class Estimator {
   // A MoE layer without shared experts has no tensor-parallel MLP: its tokens stay in their
   // sequence-parallel shards and reach the experts by the ep all-to-all (Megatron-Core's
   // MoEAlltoAllTokenDispatcher with etp = 1), so only the attention block's collectives remain.
-  [[nodiscard]] TpCalls tp_layer_calls() const noexcept {
+  [[nodiscard]] TpCalls tp_layer_calls(bool moe_layer = true) const noexcept {
     TpCalls c;
     const bool full = p_.recompute == Recompute::full;
-    const Count blocks = moe_.enabled() && m_.moe.num_shared_experts == 0 ? 1 : 2;
+    const Count blocks = moe_layer && moe_.enabled() && m_.moe.num_shared_experts == 0 ? 1 : 2;
     const Count replay = full ? blocks : 0;
     if (!p_.sequence_parallel) {
       c.fwd_all_reduce = blocks;
@@ -471,17 +513,18 @@ class Estimator {
     const Count pp = p_.pp;
     const Count S = shard();
     const Bytes act = hidden_bytes();
-    const Unit* all_units[] = {&u.layer, &u.embedding, &u.head};
-    static constexpr std::string_view kGrad[] = {"gradients (layers)", "gradients (embedding)",
-                                                 "gradients (lm head)"};
-    static constexpr std::string_view kParam[] = {"parameters (layers)", "parameters (embedding)",
-                                                  "parameters (lm head)"};
-    static constexpr std::string_view kGather[] = {"parameters (layers, forward+backward)",
-                                                   "parameters (embedding, forward+backward)",
-                                                   "parameters (lm head, forward+backward)"};
+    // A MoE model's dense-MLP layers are layer units as well (the same names).
+    const Unit* all_units[] = {&u.layer, &u.dense_layer, &u.embedding, &u.head};
+    static constexpr std::string_view kGrad[] = {"gradients (layers)", "gradients (layers)",
+                                                 "gradients (embedding)", "gradients (lm head)"};
+    static constexpr std::string_view kParam[] = {"parameters (layers)", "parameters (layers)",
+                                                  "parameters (embedding)", "parameters (lm head)"};
+    static constexpr std::string_view kGather[] = {
+        "parameters (layers, forward+backward)", "parameters (layers, forward+backward)",
+        "parameters (embedding, forward+backward)", "parameters (lm head, forward+backward)"};
 
     // Data parallel / ZeRO, unit by unit (docs/communication.md).
-    for (int i = 0; i < 3; ++i) {
+    for (int i = 0; i < 4; ++i) {
       const Unit& x = *all_units[i];
       if (x.count == 0) continue;
       const Bytes full_g = padded(x.params) * gb();
@@ -525,9 +568,18 @@ class Estimator {
           add(out, Group::edp, CollectiveOp::reduce_scatter, "gradients (experts)", eg, n);
           add(out, Group::edp, CollectiveOp::all_gather, "parameters (experts)", ew, n);
           break;
-        default:
+        case 2:
           add(out, Group::edp, CollectiveOp::reduce_scatter, "gradients (experts)", eg, n * m);
           add(out, Group::edp, CollectiveOp::all_gather, "parameters (experts)", ew, n);
+          break;
+        default:
+          // ZeRO-3 / FSDP of the experts over the expert data-parallel group (torchtitan's
+          // FSDP on the dp_shard_mod_ep mesh, Megatron-FSDP's expert shards): each layer's
+          // experts gathered before its forward and again before its backward, their gradients
+          // reduce-scattered after each backward.
+          add(out, Group::edp, CollectiveOp::all_gather, "parameters (experts, forward+backward)",
+              ew, 2 * n * m);
+          add(out, Group::edp, CollectiveOp::reduce_scatter, "gradients (experts)", eg, n * m);
           break;
       }
       // Token all-to-alls per layer and micro-batch (Megatron-Core's MoEAlltoAllTokenDispatcher,
@@ -542,6 +594,20 @@ class Estimator {
           n * m);
       add(out, Group::ep, CollectiveOp::all_to_all, "dispatch (backward)", moe_.all_to_all_bytes,
           n * m);
+      // Expert tensor parallelism (Megatron-Core MoEAlltoAllTokenDispatcher, steps (4) and (5):
+      // AG(TP) after the dispatch all-to-all, RS(TP) before the combine, over the expert-TP
+      // group): the etp ranks of an expert gather the tokens each received, and reduce-scatter
+      // the experts' partial outputs back; the backward runs the converse. Buffers are the
+      // gathered tokens, etp times one rank's received copies (even routing).
+      const Bytes gathered = etp_gather_bytes();
+      add(out, Group::etp, CollectiveOp::all_gather, "expert tokens (forward)", gathered,
+          forward * n * m);
+      add(out, Group::etp, CollectiveOp::reduce_scatter, "expert outputs (forward)", gathered,
+          forward * n * m);
+      add(out, Group::etp, CollectiveOp::all_gather, "expert output gradients (backward)", gathered,
+          n * m);
+      add(out, Group::etp, CollectiveOp::reduce_scatter, "expert token gradients (backward)",
+          gathered, n * m);
     }
 
     // Sequence parallel: parameters replicated across TP ranks (norms, row-parallel biases,
@@ -550,27 +616,32 @@ class Estimator {
     // all-reduce of sequence-parallel gradients).
     if (p_.sequence_parallel && p_.tp > 1) {
       const Count per_dp_reduction = p_.zero_stage >= 2 ? m : 1;
-      for (int i = 0; i < 3; ++i) {
+      for (int i = 0; i < 4; ++i) {
         const Unit& x = *all_units[i];
         if (x.count == 0) continue;
         const Count replicated = i == 0   ? layer_replicated_
-                                 : i == 1 ? embedding_replicated()
+                                 : i == 1 ? dense_replicated_
+                                 : i == 2 ? embedding_replicated()
                                           : head_replicated();
-        static constexpr std::string_view kSp[] = {"sequence-parallel gradients (layers)",
-                                                   "sequence-parallel gradients (embedding)",
-                                                   "sequence-parallel gradients (lm head)"};
+        static constexpr std::string_view kSp[] = {
+            "sequence-parallel gradients (layers)", "sequence-parallel gradients (layers)",
+            "sequence-parallel gradients (embedding)", "sequence-parallel gradients (lm head)"};
         add(out, Group::tp, CollectiveOp::all_reduce, kSp[i], replicated * gb(),
             x.count * per_dp_reduction);
       }
     }
 
-    // Tensor parallel.
-    const TpCalls c = tp_layer_calls();
+    // Tensor parallel: per layer of each kind.
+    const TpCalls c = tp_layer_calls(true);
+    const TpCalls cd = tp_layer_calls(false);
     const Count L = u.layer.count;
-    add(out, Group::tp, CollectiveOp::all_reduce, "layer activations", act, c.all_reduce * L * m);
-    add(out, Group::tp, CollectiveOp::all_gather, "layer activations", act, c.all_gather * L * m);
+    const Count Ld = u.dense_layer.count;
+    add(out, Group::tp, CollectiveOp::all_reduce, "layer activations", act,
+        (c.all_reduce * L + cd.all_reduce * Ld) * m);
+    add(out, Group::tp, CollectiveOp::all_gather, "layer activations", act,
+        (c.all_gather * L + cd.all_gather * Ld) * m);
     add(out, Group::tp, CollectiveOp::reduce_scatter, "layer activations", act,
-        c.reduce_scatter * L * m);
+        (c.reduce_scatter * L + cd.reduce_scatter * Ld) * m);
     if (holds_embedding(p_.schedule, pp, st)) {
       // Vocab-parallel embedding: partial lookups summed (all-reduce, or reduce-scatter into the
       // sequence-parallel region).
@@ -600,7 +671,8 @@ class Estimator {
     if (p_.cp > 1) {
       const CpCalls x = cp_layer_calls();
       for (const CpCall& call : x.calls) {
-        if (call.calls > 0) add(out, Group::cp, call.op, call.what, call.bytes, call.calls * L * m);
+        if (call.calls > 0)
+          add(out, Group::cp, call.op, call.what, call.bytes, call.calls * (L + Ld) * m);
       }
     }
 
@@ -632,7 +704,7 @@ class Estimator {
         // receives (deepseek-ai/DualPipe examples/example_dualpipe.py sums p0.grad and the
         // mirror's p1.grad, parameter by parameter), before the data-parallel reduction (ZeRO
         // 0/1: full gradients). One send per unit, as the data-parallel reduction goes.
-        for (const Unit* x : {&u.layer, &u.embedding, &u.head})
+        for (const Unit* x : {&u.layer, &u.dense_layer, &u.embedding, &u.head})
           add(out, Group::pp, CollectiveOp::send_recv, kMirrorGradients, padded(x->params) * gb(),
               x->count);
         // A MoE layer's routed experts on this rank are a unit of their own; the mirror stage
@@ -647,6 +719,12 @@ class Estimator {
             vocab_ * m_.hidden_size / p_.tp * gb(), 1);
       }
     }
+  }
+
+  // The tokens the etp ranks of an expert group gather after the all-to-all (and reduce-scatter
+  // back): etp times the copies one rank receives under even routing.
+  [[nodiscard]] Bytes etp_gather_bytes() const noexcept {
+    return p_.etp > 1 ? p_.etp * moe_.all_to_all_bytes : 0;
   }
 
   // Elements of one MoE layer's routed-experts unit on a rank: its expert parameters, padded to
@@ -670,16 +748,21 @@ class Estimator {
   // these (they differ in pp, dp, ZeRO, schedule, recompute), so each thread keeps the last two
   // (SP off and on); any change of an input recomputes them.
   struct OpCosts {
-    std::array<double, 33> key{};
+    std::array<double, 37> key{};
     bool valid = false;
-    PassCosts layer, embedding, head;
+    PassCosts layer, dense_layer, embedding, head;
+    PassCosts window_delta;  // a windowed layer's costs less a full-attention layer's
   };
   [[nodiscard]] const OpCosts& op_costs(const DeviceRates& r) const {
     const ModelSpec& m = m_;
     // A MoE model's table differs from a dense one's of the same shape (planner_layer_table):
     // its experts and shared experts are in the key.
-    const std::array<double, 33> key = {
+    const std::array<double, 37> key = {
         r.fp8_peak,
+        static_cast<double>(mixed()),
+        static_cast<double>(m.attention_window.size),
+        static_cast<double>(m.attention_window.kind),
+        static_cast<double>(m.sandwich_norm) + 2.0 * static_cast<double>(m.attention_sinks),
         static_cast<double>(m.moe.num_experts),
         static_cast<double>(m.moe.num_shared_experts * m.moe.shared_expert_ffn_hidden_size),
         static_cast<double>(p_.cp),
@@ -718,6 +801,20 @@ class Estimator {
       const bool sp = p_.sequence_parallel;
       const TrainingSpec local = local_training();
       c.layer = layer_pass_costs(table_, m_, t_, p_.tp, sp, r, p_.cp);
+      c.dense_layer =
+          mixed() ? layer_pass_costs(dense_table_, m_, t_, p_.tp, sp, r, p_.cp) : PassCosts{};
+      c.window_delta = PassCosts{};
+      if (m_.attention_window.enabled()) {
+        const PassCosts w = layer_pass_costs(table_, m_, t_, p_.tp, sp, r, p_.cp, true);
+        PassCosts& d = c.window_delta;
+        d.forward = w.forward - c.layer.forward;
+        d.backward_input = w.backward_input - c.layer.backward_input;
+        d.backward_weight = w.backward_weight - c.layer.backward_weight;
+        d.selective_recompute = w.selective_recompute - c.layer.selective_recompute;
+        d.selective_op_recompute = w.selective_op_recompute - c.layer.selective_op_recompute;
+        d.attention_forward = w.attention_forward - c.layer.attention_forward;
+        d.attention_backward = w.attention_backward - c.layer.attention_backward;
+      }
       c.embedding = embedding_pass_costs(m_, local, p_.tp, sp, r);
       c.head = head_pass_costs(m_, local, vocab_, p_.tp, sp, r);
       c.key = key;
@@ -742,7 +839,7 @@ class Estimator {
     for (int st = 0; st < pp; ++st) {
       // Middle stages with as many layers as the previous middle stage cost exactly the same.
       if (st > 1 && st < pp - 1 &&
-          layers_[static_cast<std::size_t>(st)] == layers_[static_cast<std::size_t>(st - 1)]) {
+          mix_[static_cast<std::size_t>(st)] == mix_[static_cast<std::size_t>(st - 1)]) {
         e.stage_costs[static_cast<std::size_t>(st)] =
             e.stage_costs[static_cast<std::size_t>(st - 1)];
         continue;
@@ -759,6 +856,7 @@ class Estimator {
             break;
           case Group::cp:
           case Group::ep:
+          case Group::etp:
             break;  // on the critical path inside the passes (cp_layer_seconds, ep below)
           case Group::pp:
             if (c.what == "activations (forward)")
@@ -803,14 +901,32 @@ class Estimator {
 
       // Compute per micro-batch on one GPU of this stage: the op costs (docs/time.md).
       const StageUnits u = units(st);
+      // Layers of each kind (a MoE model's dense-MLP layers: dl), every layer's op costs.
       const double L = static_cast<double>(u.layer.count);
-      double fwd = L * layer.forward, bwd_in = L * layer.backward_input;
-      double bwd_w = L * layer.backward_weight;
-      double gemm_f = L * layer.gemm_forward, gemm_b = L * layer.gemm_backward;
+      const double Ld = static_cast<double>(u.dense_layer.count);
+      const PassCosts& dl = oc.dense_layer;
+      double fwd = L * layer.forward + Ld * dl.forward;
+      double bwd_in = L * layer.backward_input + Ld * dl.backward_input;
+      double bwd_w = L * layer.backward_weight + Ld * dl.backward_weight;
+      double gemm_f = L * layer.gemm_forward + Ld * dl.gemm_forward;
+      double gemm_b = L * layer.gemm_backward + Ld * dl.gemm_backward;
       double recompute = 0;
-      if (p_.recompute == Recompute::full) recompute = L * layer.forward;
-      if (p_.recompute == Recompute::selective) recompute = L * layer.selective_recompute;
-      if (p_.recompute == Recompute::selective_op) recompute = L * layer.selective_op_recompute;
+      if (p_.recompute == Recompute::full) recompute = L * layer.forward + Ld * dl.forward;
+      if (p_.recompute == Recompute::selective)
+        recompute = L * layer.selective_recompute + Ld * dl.selective_recompute;
+      if (p_.recompute == Recompute::selective_op)
+        recompute = L * layer.selective_op_recompute + Ld * dl.selective_op_recompute;
+      // Windowed layers (either kind): their attention's difference from full attention.
+      {
+        const double Lw = static_cast<double>(mix_[static_cast<std::size_t>(st)].windowed_layers);
+        const PassCosts& w = oc.window_delta;
+        fwd += Lw * w.forward;
+        bwd_in += Lw * w.backward_input;
+        bwd_w += Lw * w.backward_weight;
+        if (p_.recompute == Recompute::full) recompute += Lw * w.forward;
+        if (p_.recompute == Recompute::selective) recompute += Lw * w.selective_recompute;
+        if (p_.recompute == Recompute::selective_op) recompute += Lw * w.selective_op_recompute;
+      }
       if (holds_embedding(p_.schedule, pp, st)) fwd += emb.forward, bwd_w += emb.backward_weight;
       if (holds_head(p_.schedule, pp, st)) {
         fwd += head.forward, bwd_in += head.backward_input, bwd_w += head.backward_weight;
@@ -842,17 +958,23 @@ class Estimator {
         bwd_in += L * routed.backward_input;
         bwd_w += L * routed.backward_weight;
         if (p_.recompute == Recompute::full) recompute += L * routed.forward;
+        // The all-to-alls and, with etp > 1, the expert-TP gather and reduce-scatter: one of
+        // each kind forward, the converse backward.
         const double a2a =
-            collective_seconds(Group::ep, CollectiveOp::all_to_all, moe_.all_to_all_bytes, 2);
+            collective_seconds(Group::ep, CollectiveOp::all_to_all, moe_.all_to_all_bytes, 2) +
+            collective_seconds(Group::etp, CollectiveOp::all_gather, etp_gather_bytes(), 1) +
+            collective_seconds(Group::etp, CollectiveOp::reduce_scatter, etp_gather_bytes(), 1);
         ep_f = L * a2a;
         ep_b = L * a2a * (p_.recompute == Recompute::full ? 2.0 : 1.0);
       }
-      k.forward = fwd + tp_f + blocking_p2p + L * cps.forward + ep_f;
+      // The attention block (and so the context-parallel exchange) is alike in both kinds.
+      const double La = L + Ld;
+      k.forward = fwd + tp_f + blocking_p2p + La * cps.forward + ep_f;
       k.recompute = recompute;
-      k.backward_input = bwd_in + recompute + tp_b + blocking_p2p + L * cps.backward + ep_b;
+      k.backward_input = bwd_in + recompute + tp_b + blocking_p2p + La * cps.backward + ep_b;
       k.backward_weight = bwd_w;
       k.tp_communication = per_mb_tp;
-      k.cp_communication = L * (cps.forward + cps.backward);
+      k.cp_communication = La * (cps.forward + cps.backward);
       k.ep_communication = ep_f + ep_b;
       // Optimizer: memory bound; reads gradients, reads and writes optimizer state and writes the
       // compute-dtype weights of this GPU's shard.
@@ -865,12 +987,16 @@ class Estimator {
           static_cast<double>(p_.zero_stage == 3 ? sm.weights_bytes : sm.weights_bytes / shard());
       k.optimizer = memory_seconds(rates, touched, 1);
       if (p_.offload_optimizer != Offload::none) offload_costs(u, k, e.offload);
-      if (t_.fp8 != Fp8Recipe::none && u.layer.count > 0) {
+      if (t_.fp8 != Fp8Recipe::none && u.layer.count + u.dense_layer.count > 0) {
         // FP8: after the step each linear weight is cast to its two fp8 layouts once (TE's
         // weight cache, refreshed on the step's first micro-batch): read in the compute dtype,
         // write two bytes per parameter.
-        const double w = static_cast<double>(fp8_linear_params_per_rank(table_, p_.tp));
-        k.optimizer += memory_seconds(rates, L * w * (static_cast<double>(cb()) + 2), 4 * L);
+        // A MoE layer's routed experts are cast too; a MoE model's dense layers have their own.
+        const double w = static_cast<double>(fp8_linear_params_per_rank(table_, p_.tp) +
+                                             moe_expert_weight_params(m_, moe_));
+        const double wd = static_cast<double>(fp8_linear_params_per_rank(dense_table_, p_.tp));
+        k.optimizer += memory_seconds(rates, (L * w + Ld * wd) * (static_cast<double>(cb()) + 2),
+                                      4 * (L + Ld));
       }
     }
     // The busiest GPU's collectives, listed once.
@@ -893,7 +1019,7 @@ class Estimator {
   void offload_costs(const StageUnits& u, StageCosts& k, OffloadEstimate& out) const {
     const Count S = shard();
     double shard_params = 0;
-    for (const Unit* x : {&u.layer, &u.embedding, &u.head}) {
+    for (const Unit* x : {&u.layer, &u.dense_layer, &u.embedding, &u.head}) {
       shard_params += static_cast<double>(ceil_div(x->params, S) * x->count);
     }
     const double m = static_cast<double>(nmb_);
@@ -1107,12 +1233,15 @@ class Estimator {
   const ModelSpec& m_;
   const TrainingSpec& t_;
   const ParallelSpec& p_;
-  LayerTable table_;
-  std::vector<Count> layers_;
+  LayerTable table_;        // a layer (a MoE model: a MoE layer without its routed experts)
+  LayerTable dense_table_;  // a layer with the dense MLP (a MoE model's dense layers)
+  std::vector<StageLayerMix> mix_;
   Count layer_params_rank_ = 0;
+  Count dense_params_rank_ = 0;
   Count layer_replicated_ = 0;
+  Count dense_replicated_ = 0;
   MoeLayerPlan moe_;  // the routed part of a MoE layer; not enabled() for a dense model
-  std::array<GroupInfo, 8> groups_{};
+  std::array<GroupInfo, 9> groups_{};
   Count vocab_ = 0;
   Count nmb_ = 0;
   std::vector<Count> zb_peak_;  // zb_auto: saved micro-batches per stage of the heuristic's order

@@ -28,6 +28,68 @@ std::vector<Count> stage_layer_counts(const Scenario& s) {
   return layers;
 }
 
+std::vector<LayerRange> stage_chunk_layers(const Scenario& s, int stage) {
+  const ParallelSpec& p = s.parallel;
+  const Count pp = p.pp;
+  const Count L = s.model.num_layers;
+  std::vector<LayerRange> out;
+  if (bidirectional(p.schedule)) {
+    // DualPipe: model stages s and pp - 1 - s of L / pp layers (dualpipe_model_stage).
+    const Count per = L / pp;
+    for (Count c = 0; c < 2; ++c) {
+      const Count k = dualpipe_model_stage(pp, stage, c);
+      out.push_back({k * per, (k + 1) * per});
+    }
+    return out;
+  }
+  const Count v = p.virtual_stages;
+  if (v > 1) {
+    // Even chunks (validate: pp·v divides num_layers), at virtual_stage_of().
+    const Count per = L / (pp * v);
+    for (Count c = 0; c < v; ++c) {
+      const Count vs = virtual_stage_of(v_shape(p.schedule), pp, stage, c);
+      out.push_back({vs * per, (vs + 1) * per});
+    }
+    return out;
+  }
+  const std::vector<Count> counts = stage_layer_counts(s);
+  Count first = 0;
+  for (int st = 0; st < stage; ++st) first += counts[static_cast<std::size_t>(st)];
+  out.push_back({first, first + counts[static_cast<std::size_t>(stage)]});
+  return out;
+}
+
+bool is_windowed_layer(const ModelSpec& m, Count i) noexcept {
+  const AttentionWindowSpec& w = m.attention_window;
+  if (!w.enabled()) return false;
+  if (!w.layers.empty()) return std::binary_search(w.layers.begin(), w.layers.end(), i);
+  return w.full_every <= 0 || (i + 1) % w.full_every != 0;
+}
+
+std::vector<StageLayerMix> stage_layer_mix(const Scenario& s) {
+  const std::vector<Count> counts = stage_layer_counts(s);
+  std::vector<StageLayerMix> out(counts.size());
+  const bool moe = s.model.moe.enabled();
+  const bool windows = s.model.attention_window.enabled();
+  for (std::size_t st = 0; st < counts.size(); ++st) {
+    StageLayerMix& x = out[st];
+    x.layers = counts[st];
+    if (!moe && !windows) continue;
+    bool first = true;
+    for (const LayerRange& r : stage_chunk_layers(s, static_cast<int>(st))) {
+      for (Count i = r.first; windows && i < r.end; ++i)
+        x.windowed_layers += is_windowed_layer(s.model, i);
+      if (!moe) continue;
+      const Count n = moe_layers_in(s.model, r.first, r.end);
+      x.moe_layers += n;
+      x.chunk_moe_most = first ? n : std::max(x.chunk_moe_most, n);
+      x.chunk_moe_fewest = first ? n : std::min(x.chunk_moe_fewest, n);
+      first = false;
+    }
+  }
+  return out;
+}
+
 Count inflight_chunks(Schedule schedule, Count pp, Count v, Count stage, Count m,
                       Count memory_limit) noexcept {
   switch (schedule) {
@@ -171,6 +233,8 @@ Count group_size(const Scenario& s, Group g) noexcept {
       return s.parallel.ep;
     case Group::edp:
       return s.expert_data_parallel();
+    case Group::etp:
+      return s.parallel.etp;
   }
   return 1;
 }
@@ -207,6 +271,10 @@ Link group_link(const Scenario& s, Group g) noexcept {
     case Group::edp:
       return edp_group_intra_node(expert_layout(s.parallel), gpn) ? Link::intra_node
                                                                   : Link::inter_node;
+    case Group::etp:
+      // etp consecutive ranks in the expert order (etp fastest).
+      span = s.parallel.etp;
+      break;
   }
   return inside_node(span, gpn) ? Link::intra_node : Link::inter_node;
 }

@@ -129,6 +129,8 @@ Candidates read_parallel(const json& p, FixedParallel& fixed) {
       c.cp = int_list(v, path, 1, kMaxCount);
     } else if (key == "ep") {
       c.ep = int_list(v, path, 1, kMaxCount);
+    } else if (key == "etp") {
+      c.etp = int_list(v, path, 1, kMaxCount);
     } else if (key == "cp_comm") {
       fixed.cp_comm = read_enum(v, path, {CpComm::p2p, CpComm::all_gather, CpComm::a2a});
     } else if (key == "offload_optimizer" || key == "offload_params") {
@@ -162,9 +164,9 @@ Candidates read_parallel(const json& p, FixedParallel& fixed) {
       throw InputError(path, "the search uses equal pipeline stages; omit layers_per_stage");
     } else {
       unknown_key("/parallel", key,
-                  {"tp", "pp", "dp", "cp", "ep", "virtual_stages", "fsdp_shard_size", "zero_stage",
-                   "sequence_parallel", "recompute", "schedule", "cp_comm", "offload_optimizer",
-                   "offload_params"});
+                  {"tp", "pp", "dp", "cp", "ep", "etp", "virtual_stages", "fsdp_shard_size",
+                   "zero_stage", "sequence_parallel", "recompute", "schedule", "cp_comm",
+                   "offload_optimizer", "offload_params"});
     }
   }
   return c;
@@ -424,13 +426,14 @@ std::string format_result_table(const Request& req, const Result& r) {
                                      : std::to_string(l.zero_stage));
     o << fmt::format(
         "{:>4} {:>3} {:>3} {:>5} {:>3} {:>6} {:>3} {:>9} {:>16} {:>3} {:>9.2f} {:>10.1f} "
-        "{:>12.0f} {:>5.1f}{}{}{}\n",
+        "{:>12.0f} {:>5.1f}{}{}{}{}\n",
         rank, l.tp, l.pp, l.dp, l.virtual_stages, zero, l.sequence_parallel ? "on" : "-",
         to_string(l.recompute), to_string(l.schedule), l.micro_batch_size,
         to_gib(p.figures.peak_bytes), p.figures.step_seconds * 1e3, p.figures.tokens_per_second,
         p.figures.mfu * 100, p.simulated ? " sim" : "",
         l.cp > 1 ? fmt::format(" cp={} ({})", l.cp, to_string(b.parallel.cp_comm)) : "",
-        l.ep > 1 ? fmt::format(" ep={}", l.ep) : "");
+        l.ep > 1 ? fmt::format(" ep={}", l.ep) : "",
+        l.etp > 1 ? fmt::format(" etp={}", l.etp) : "");
   };
   const std::string header = fmt::format(
       "{:>4} {:>3} {:>3} {:>5} {:>3} {:>6} {:>3} {:>9} {:>16} {:>3} {:>9} {:>10} {:>12} {:>5}\n",

@@ -501,7 +501,11 @@ std::vector<StageTimes> stage_times(const Scenario& s, const Estimate& e, const 
       const StageMemory& sm = e.memory.stages[static_cast<std::size_t>(i)];
       t.first_bytes = sm.embedding_activation_bytes;
       t.last_bytes = sm.head_activation_bytes;
-      t.chunk_bytes = (sm.activation_bytes_per_microbatch - t.first_bytes - t.last_bytes) / v;
+      // The planner's per-chunk figure (the heaviest chunk when a MoE model's chunks mix layer
+      // kinds); an estimate built without it splits the stage evenly.
+      t.chunk_bytes = sm.chunk_activation_bytes > 0
+                          ? sm.chunk_activation_bytes
+                          : (sm.activation_bytes_per_microbatch - t.first_bytes - t.last_bytes) / v;
       t.backward_extra_bytes = sm.working_bytes + sm.transient_bytes;
       t.static_bytes =
           sm.allocated_bytes - sm.activations_bytes - sm.transient_bytes;  // states, buffers

@@ -28,6 +28,7 @@
 #include "distplan/planner/moe.h"
 #include "distplan/planner/moe_memory.h"
 #include "distplan/planner/scenario_json.h"
+#include "distplan/planner/validate.h"
 #include "worker_launch.h"
 
 namespace distplan::backend {
@@ -181,6 +182,18 @@ TEST_P(MoeLayoutMpiTest, TrainsLikeOneRankWithThePlannersExpertMemory) {
       EXPECT_EQ(r.memory.peak_of(MemoryTag::optimizer),
                 sm.optimizer_bytes + 8 * delta + experts.optimizer);
     }
+  }
+
+  // The planner plans this model itself (dense first layers mixed with MoE layers, docs/moe.md
+  // "Layer placement"): every rank's model states are its stage's, exactly.
+  validate_scenario(s);
+  const Estimate plan = estimate(s);
+  for (const RankMeasurement& r : m.ranks) {
+    SCOPED_TRACE("rank " + std::to_string(r.rank) + " against the plan");
+    const StageMemory& sm = plan.memory.stages[static_cast<std::size_t>(r.coords.pp)];
+    EXPECT_EQ(r.memory.peak_of(MemoryTag::weights), sm.weights_bytes);
+    EXPECT_EQ(r.memory.peak_of(MemoryTag::gradients), sm.gradients_bytes);
+    EXPECT_EQ(r.memory.peak_of(MemoryTag::optimizer), sm.optimizer_bytes);
   }
 
   // All-to-all: per rank, one call of each kind per MoE layer and micro-batch; over the world,

@@ -22,6 +22,7 @@ struct StageMemory {
       0;                      // peak micro-batches with saved activations (stage-equivalents)
   Count inflight_chunks = 0;  // the same in (micro-batch, chunk) pairs; = above when v = 1
   Bytes activation_bytes_per_microbatch = 0;  // one micro-batch through all of this GPU's layers
+  Bytes chunk_activation_bytes = 0;      // of the above: one chunk's layers (the heaviest chunk's)
   Bytes embedding_activation_bytes = 0;  // of the above: the first virtual stage's own (dropout)
   Bytes head_activation_bytes = 0;       // of the above: the last virtual stage's (norm, LM head)
   Bytes weights_bytes = 0;
@@ -62,7 +63,9 @@ struct MemoryEstimate {
 
 // ep: the expert-parallel group of a MoE layer's token all-to-all; edp: the expert data-parallel
 // group that reduces (and ZeRO-shards) the routed experts' gradients (docs/communication.md).
-enum class Group { dp, dp_replicate, tp, pp, embedding, cp, ep, edp };
+// etp: the expert tensor-parallel group that gathers a MoE layer's routed tokens after the
+// all-to-all and reduce-scatters the experts' outputs (Megatron-Core's expert-TP group).
+enum class Group { dp, dp_replicate, tp, pp, embedding, cp, ep, edp, etp };
 enum class CollectiveOp { all_reduce, reduce_scatter, all_gather, send_recv, all_to_all };
 enum class Link { intra_node, inter_node };
 [[nodiscard]] std::string_view to_string(Group v) noexcept;

@@ -14,6 +14,33 @@ namespace distplan {
 /// The explicit `parallel.layers_per_stage` when given, else an even split.
 [[nodiscard]] std::vector<Count> stage_layer_counts(const Scenario& s);
 
+/// The model layers [first, end) one chunk of a stage runs.
+struct LayerRange {
+  Count first = 0;
+  Count end = 0;
+};
+/// The layer ranges of each chunk of `stage`, chunk 0 first: the placement of
+/// virtual_stage_of() (interleaved and V schedules, num_layers / (pp·v) layers each), DualPipe's
+/// model stages s and pp - 1 - s, or the stage's share of stage_layer_counts() with one chunk.
+[[nodiscard]] std::vector<LayerRange> stage_chunk_layers(const Scenario& s, int stage);
+
+/// How a stage's layers divide into layer kinds (docs/moe.md, "Layer placement"): for a MoE
+/// model, the MoE layers among them and, with several chunks, the most and fewest MoE layers of
+/// one chunk (chunks are of equal size then), zero for a dense model; and the layers whose
+/// attention is windowed (is_windowed_layer).
+struct StageLayerMix {
+  Count layers = 0;
+  Count moe_layers = 0;
+  Count chunk_moe_most = 0;
+  Count chunk_moe_fewest = 0;
+  Count windowed_layers = 0;  // layers attending within model.attention_window
+  bool operator==(const StageLayerMix&) const = default;
+};
+[[nodiscard]] std::vector<StageLayerMix> stage_layer_mix(const Scenario& s);
+
+/// Whether layer i attends within model.attention_window (AttentionWindowSpec's rule).
+[[nodiscard]] bool is_windowed_layer(const ModelSpec& m, Count i) noexcept;
+
 /// Where virtual stages sit. Megatron-LM's interleaved placement puts chunk c of stage s at
 /// virtual stage c*p + s; a V-shape schedule (v_shape(), two chunks) puts chunk 0 of stage s at
 /// virtual stage s and chunk 1 at 2p - 1 - s (Qi et al. 2024, Sec. 3; torchtitan's

@@ -36,9 +36,13 @@ struct MemoryLayout {
   Count cp = 1;  // context parallel: each GPU holds seq_length / cp tokens of a sequence
   CpComm cp_comm = CpComm::p2p;
   Bytes fp8_layer_state = 0;  // fp8_layer_state_bytes() of one layer (fp8.h); 0 without fp8
+  // A MoE model: fp8_layer_state is a MoE layer's with its experts (fp8_moe_layer_state_bytes),
+  // this a dense-MLP layer's.
+  Bytes fp8_dense_layer_state = 0;
   // Mixture-of-Experts (moe_memory.h, moe_layer.h): every layer is a MoE layer whose routed
   // experts, expert_params of them per GPU, are sharded by ZeRO over the edp group.
   Count ep = 1;
+  Count etp = 1;
   Count edp = 1;
   Count expert_params = 0;  // routed_expert_params_per_gpu() of one layer; 0 for a dense model
 };
@@ -113,24 +117,42 @@ inline Count max_window(bool has_first, Count first, Count n, Count mid, bool ha
 }
 
 /// Parameters per TP rank of the units one stage holds (docs/memory.md, "Units"); a unit that the
-/// stage does not hold has count 0.
+/// stage does not hold has count 0. A MoE model's layers are of two kinds (docs/moe.md, "Layer
+/// placement"): `layer` is then a MoE layer's dense part (its routed experts are units of their
+/// own, MemoryLayout::expert_params) and `dense_layer` a layer with the dense MLP.
 struct StageUnitParams {
-  Count layer = 0, layers = 0;          // one layer's parameters, and the stage's layer count
-  Count embedding = 0, embeddings = 0;  // stage 0
-  Count head = 0, heads = 0;            // final norm and LM head, last stage
+  Count layer = 0, layers = 0;              // one layer's parameters, and the stage's count
+  Count dense_layer = 0, dense_layers = 0;  // a MoE model's dense-MLP layers
+  Count embedding = 0, embeddings = 0;      // stage 0
+  Count head = 0, heads = 0;                // final norm and LM head, last stage
+  // With several chunks (virtual stages), the most and fewest `layers` in one chunk; each chunk
+  // holds (layers + dense_layers) / v layers in all.
+  Count chunk_layers_most = 0, chunk_layers_fewest = 0;
   [[nodiscard]] Count total() const noexcept {
-    return layer * layers + embedding * embeddings + head * heads;
+    return layer * layers + dense_layer * dense_layers + embedding * embeddings + head * heads;
   }
+  [[nodiscard]] Count all_layers() const noexcept { return layers + dense_layers; }
 };
-/// `schedule` places the LM head (head_stage in layout.h: stage 0 under a V).
+/// `schedule` places the LM head (head_stage in layout.h: stage 0 under a V). `mix` is the
+/// stage's stage_layer_mix() (layout.h); `dense_layer_params` the parameters per TP rank of a
+/// MoE model's dense-MLP layer (unused for a dense model, whose every layer is `layer_params`).
 [[nodiscard]] inline StageUnitParams stage_unit_params(const ModelSpec& m, Count tp, Count pp,
-                                                       Schedule schedule, int stage, Count layers,
-                                                       Count padded_vocab,
-                                                       Count layer_params) noexcept {
+                                                       Schedule schedule, int stage,
+                                                       const StageLayerMix& mix, Count padded_vocab,
+                                                       Count layer_params,
+                                                       Count dense_layer_params = 0) noexcept {
   const Count h = m.hidden_size;
   StageUnitParams u;
   u.layer = layer_params;
-  u.layers = layers;
+  if (m.moe.enabled()) {
+    u.layers = mix.moe_layers;
+    u.dense_layer = dense_layer_params;
+    u.dense_layers = mix.layers - mix.moe_layers;
+    u.chunk_layers_most = mix.chunk_moe_most;
+    u.chunk_layers_fewest = mix.chunk_moe_fewest;
+  } else {
+    u.layers = mix.layers;
+  }
   if (holds_embedding(schedule, pp, stage)) {
     // Vocab-parallel embedding (Shoeybi et al. 2019, sec. 3); positions and the embedding norm
     // whole on every TP rank.
@@ -160,9 +182,9 @@ struct StageUnitParams {
                                                       Count padded_vocab) noexcept {
   const Count h = m.hidden_size;
   Count largest = 0;
-  if (u.layers > 0) {
+  if (u.all_layers() > 0) {
     const Count qkv = (m.q_hidden() + 2 * m.kv_hidden()) * h / tp;
-    const Count fc1 = (m.mlp == Mlp::swiglu ? 2 : 1) * m.ffn_hidden_size * h / tp;
+    const Count fc1 = (gated(m.mlp) ? 2 : 1) * m.ffn_hidden_size * h / tp;
     largest = std::max(qkv, fc1);
   }
   const Count word = padded_vocab * h / tp;
@@ -210,8 +232,10 @@ struct StageUnitParams {
   bytes += hybrid ? comm(l.shard) + comm(l.dp / l.shard) : comm(l.dp);
   // MoE: the all-to-all connects to every other rank of the ep group; the experts' gradients
   // are reduced over the expert data-parallel group.
-  if (l.expert_params > 0)
-    bytes += comm(l.ep, std::max<Count>(0, l.ep - 1 - std::min<Count>(l.ep - 1, 2))) + comm(l.edp);
+  if (l.expert_params > 0) {
+    bytes += comm(l.ep, std::max<Count>(0, l.ep - 1 - std::min<Count>(l.ep - 1, 2))) + comm(l.edp) +
+             comm(l.etp);
+  }
   if (l.pp > 1) {
     const Count neighbours = (stage > 0 ? 1 : 0) + (stage < l.pp - 1 ? 1 : 0);
     if (fw.nccl_pipeline_group) bytes += comm(l.pp);
@@ -240,7 +264,8 @@ inline void framework_terms(const Scenario& base, const MemoryLayout& l, const S
   // Inside a layer's backward: the gradients of its largest activation (an op's output and input
   // gradients together), and the framework's gradient or prefetch buckets, which live while the
   // backward reduces gradients or gathers parameters.
-  Bytes transient = u.layers > 0 ? fw.backward_gradient_tensors * act.largest_elements * cb : 0;
+  Bytes transient =
+      u.all_layers() > 0 ? fw.backward_gradient_tensors * act.largest_elements * cb : 0;
   // BF16_Optimizer (the compute-dtype gradients kept beside unsharded fp32 ones) has no reduce
   // bucket: it all-reduces its flat fp32 gradient buffer (pipe/engine.py, _bf16_reduce_grads).
   const bool bf16_optimizer = fw.keeps_compute_dtype_gradients &&
@@ -291,10 +316,12 @@ inline void framework_terms(const Scenario& base, const MemoryLayout& l, const S
 
 /// Fills everything of `sm` but the layer range (first_layer, end_layer), for one GPU of
 /// `stage`. `act` is layer_activation() for the layout's tp, sequence parallelism and recompute
-/// (and the training's micro-batch size). Filled in place: estimate() writes its stages directly.
+/// (and the training's micro-batch size) of u.layer's kind; `dense_act` the same for a MoE model's
+/// dense-MLP layers (u.dense_layers; ignored when there are none). Filled in place: estimate()
+/// writes its stages directly.
 inline void stage_memory(const Scenario& base, const MemoryLayout& l, const StageUnitParams& u,
-                         const LayerActivation& act, int st, Count vocab,
-                         StageMemory& sm) noexcept {
+                         const LayerActivation& act, const LayerActivation& dense_act, int st,
+                         Count vocab, StageMemory& sm) noexcept {
   const ModelSpec& m = base.model;
   const TrainingSpec& t = base.training;
   const Count pp = l.pp;
@@ -307,24 +334,27 @@ inline void stage_memory(const Scenario& base, const MemoryLayout& l, const Stag
   const Count S = l.shard;
   const bool zero = l.zero_stage > 0;
   const Count act_tokens = l.micro_batch_size * (t.seq_length / l.cp);  // this GPU's tokens
+  const Count all_layers = u.all_layers();
 
   sm.stage = st;
-  sm.num_layers = u.layers;
+  sm.num_layers = all_layers;
   sm.parameters = u.total();
 
   // Model states (Rajbhandari et al. 2020, Figure 1), unit by unit with padding.
   // Each unit's shard and padded size, computed for the units the stage holds only (divisions
   // are the lean path's main cost).
   const Count layer_shard = u.layers > 0 ? detail::ceil_div(u.layer, S) : 0;
+  const Count dense_shard = u.dense_layers > 0 ? detail::ceil_div(u.dense_layer, S) : 0;
   const Count embedding_shard = u.embeddings > 0 ? detail::ceil_div(u.embedding, S) : 0;
   const Count head_shard = u.heads > 0 ? detail::ceil_div(u.head, S) : 0;
   const Count padded_layer = zero ? layer_shard * S : u.layer;
+  const Count padded_dense = zero ? dense_shard * S : u.dense_layer;
   const Count padded_embedding = zero ? embedding_shard * S : u.embedding;
   const Count padded_head = zero ? head_shard * S : u.head;
-  const Count full =
-      padded_layer * u.layers + padded_embedding * u.embeddings + padded_head * u.heads;
-  const Count sharded =
-      layer_shard * u.layers + embedding_shard * u.embeddings + head_shard * u.heads;
+  const Count full = padded_layer * u.layers + padded_dense * u.dense_layers +
+                     padded_embedding * u.embeddings + padded_head * u.heads;
+  const Count sharded = layer_shard * u.layers + dense_shard * u.dense_layers +
+                        embedding_shard * u.embeddings + head_shard * u.heads;
   const FrameworkProfile& fw = base.assumptions.framework_profile;
   Bytes opt_k = optimizer_bytes_per_param(t);
   Bytes weight_b = cb;
@@ -336,7 +366,8 @@ inline void stage_memory(const Scenario& base, const MemoryLayout& l, const Stag
   sm.weights_bytes = (l.zero_stage >= 3 ? sharded : full) * weight_b;
   // FP8: each layer's cached fp8 weight copies and scales (fp8.h); under ZeRO-3 only the
   // gathered units have them (buffers, below).
-  if (l.zero_stage < 3) sm.weights_bytes += u.layers * l.fp8_layer_state;
+  if (l.zero_stage < 3)
+    sm.weights_bytes += u.layers * l.fp8_layer_state + u.dense_layers * l.fp8_dense_layer_state;
   sm.gradients_bytes = (l.zero_stage >= 2 ? sharded : full) * gb;
   // DeepSpeed's BF16_Optimizer: the compute-dtype .grad stays beside the fp32 gradients
   // (FrameworkProfile::keeps_compute_dtype_gradients, runtime/bf16_optimizer.py).
@@ -382,16 +413,27 @@ inline void stage_memory(const Scenario& base, const MemoryLayout& l, const Stag
   sm.head_activation_bytes = holds_head(l.schedule, pp, st)
                                  ? 2 * (sp ? token_h * cb / tp : token_h * cb)
                                  : 0;  // final norm, LM head
+  const Bytes layers_kept = u.layers * act.kept + u.dense_layers * dense_act.kept;
   sm.activation_bytes_per_microbatch =
-      u.layers * act.kept + sm.embedding_activation_bytes + sm.head_activation_bytes;
+      layers_kept + sm.embedding_activation_bytes + sm.head_activation_bytes;
+  // One chunk's layers. With several chunks whose layer kinds differ (a MoE model's dense
+  // layers in some chunks only), every chunk is counted as the heaviest one: an upper bound
+  // (docs/moe.md, "Layer placement").
+  Bytes chunk_kept = layers_kept / v;
+  if (v > 1 && u.dense_layers > 0 && u.layers > 0) {
+    const Count per_chunk = all_layers / v;
+    auto chunk = [&](Count n) { return n * act.kept + (per_chunk - n) * dense_act.kept; };
+    chunk_kept = std::max(chunk(u.chunk_layers_most), chunk(u.chunk_layers_fewest));
+  }
+  sm.chunk_activation_bytes = chunk_kept;
   sm.inflight_chunks =
       inflight_chunks(l.schedule, pp, v, st, l.num_microbatches, l.zb_memory_limit);
   sm.inflight_microbatches = static_cast<double>(sm.inflight_chunks) / static_cast<double>(v);
   // The embedding's and LM head's tensors belong to the first and last virtual stage only; the
   // schedule's order decides how many of those chunks are in flight at the peak.
-  sm.activations_bytes = activation_peak_bytes(
-      l.schedule, pp, v, st, l.num_microbatches, (u.layers / v) * act.kept,
-      sm.embedding_activation_bytes, sm.head_activation_bytes, l.zb_memory_limit);
+  sm.activations_bytes = activation_peak_bytes(l.schedule, pp, v, st, l.num_microbatches,
+                                               chunk_kept, sm.embedding_activation_bytes,
+                                               sm.head_activation_bytes, l.zb_memory_limit);
   // A pipeline engine that keeps each in-flight micro-batch's stage output until its backward
   // (DeepSpeed's pipe_buffers['outputs'], partitioned over the TP group:
   // FrameworkProfile::pipeline_output_buffers); every stage that sends activations. DeepSpeed's
@@ -399,11 +441,13 @@ inline void stage_memory(const Scenario& base, const MemoryLayout& l, const Stag
   if (fw.pipeline_output_buffers && pp > 1 && v == 1 && st != head_stage(l.schedule, pp)) {
     const Bytes output = token_h * cb / tp;
     sm.activation_bytes_per_microbatch += output;
+    sm.chunk_activation_bytes += output;
     sm.activations_bytes += sm.inflight_chunks * output;
   }
   // The layer whose backward runs rebuilds what recomputation dropped: one layer's working set,
   // counted on top of everything else in flight (docs/memory.md).
-  sm.working_bytes = u.layers > 0 ? act.working : 0;
+  sm.working_bytes =
+      std::max(u.layers > 0 ? act.working : 0, u.dense_layers > 0 ? dense_act.working : 0);
   sm.activations_bytes += sm.working_bytes;
 
   // Buffers: the logits workspace lives from the last stage's forward to the loss gradient;
@@ -414,7 +458,10 @@ inline void stage_memory(const Scenario& base, const MemoryLayout& l, const Stag
     // Logits in the compute dtype (unless freed before the loss's backward) plus their fp32
     // copies for the vocab-parallel loss (one, the softmax, unless the framework's loss keeps
     // more), per loss chunk.
-    const Bytes kept_logits = fw.loss_keeps_logits ? cb : 0;
+    // A final logit softcap (Gemma 2) keeps its tanh output for the backward: one more
+    // compute-dtype copy of the logits.
+    const Bytes kept_logits =
+        (fw.loss_keeps_logits ? cb : 0) + (base.model.final_logit_softcap > 0 ? cb : 0);
     const Bytes logits =
         act_tokens * (vocab / tp) * (kept_logits + 4 * fw.loss_fp32_copies) / fw.loss_chunks;
     const Count live = l.schedule == Schedule::gpipe ? l.num_microbatches : 1;
@@ -423,7 +470,9 @@ inline void stage_memory(const Scenario& base, const MemoryLayout& l, const Stag
   Bytes zero_ws = 0;
   const bool expert_zero = l.expert_params > 0 && u.layers > 0 && l.edp > 1;
   if ((S > 1 || expert_zero) && l.zero_stage >= 2) {
-    Count largest = S > 1 ? padded_layer : 0;
+    Count largest = 0;
+    if (S > 1 && u.layers > 0) largest = padded_layer;
+    if (S > 1 && u.dense_layers > 0) largest = std::max(largest, padded_dense);
     if (S > 1 && u.embeddings > 0) largest = std::max(largest, padded_embedding);
     if (S > 1 && u.heads > 0) largest = std::max(largest, padded_head);
     // The routed experts of a layer are a unit too, padded over the expert data-parallel group.
@@ -433,19 +482,25 @@ inline void stage_memory(const Scenario& base, const MemoryLayout& l, const Stag
     if (l.zero_stage == 3) {
       // Gathered parameters: each pass over a chunk's units (embedding, layers, LM head) keeps
       // the current unit and the next zero3_prefetch_layers gathered, so the peak is the largest
-      // run of that many consecutive units of one chunk.
+      // run of that many consecutive units of one chunk. Layers of two kinds: each counted as
+      // the larger (an upper bound).
       const Count k = 1 + base.assumptions.zero3_prefetch_layers;
-      const Count per_chunk = u.layers / v;
+      const Count per_chunk = all_layers / v;
+      // A MoE layer gathers its routed experts too, over the expert data-parallel group.
+      const Count gathered_experts =
+          l.expert_params > 0 && l.edp > 1 ? detail::ceil_div(l.expert_params, l.edp) * l.edp : 0;
+      const Count gathered_layer = std::max(u.layers > 0 ? padded_layer + gathered_experts : 0,
+                                            u.dense_layers > 0 ? padded_dense : 0);
       const bool emb = u.embeddings > 0, head = u.heads > 0;
       Count gathered = 0;
       if (v == 1) {
-        gathered = detail::max_window(emb, padded_embedding, per_chunk, padded_layer, head,
+        gathered = detail::max_window(emb, padded_embedding, per_chunk, gathered_layer, head,
                                       padded_head, k);
       } else {
         // The embedding opens the first chunk and the LM head closes the last.
         gathered = std::max(
-            detail::max_window(emb, padded_embedding, per_chunk, padded_layer, false, 0, k),
-            detail::max_window(false, 0, per_chunk, padded_layer, head, padded_head, k));
+            detail::max_window(emb, padded_embedding, per_chunk, gathered_layer, false, 0, k),
+            detail::max_window(false, 0, per_chunk, gathered_layer, head, padded_head, k));
       }
       // Zero-bubble schedules split the backward: the B pass gathers parameters and defers every
       // weight gradient, the W pass fills the unit gradient and reads no parameter, so the
@@ -453,15 +508,20 @@ inline void stage_memory(const Scenario& base, const MemoryLayout& l, const Stag
       const bool split =
           l.schedule == Schedule::zb_h1 || l.schedule == Schedule::zb_h2 || v_shape(l.schedule);
       // FP8: the gathered layers' fp8 copies (at most k of them).
-      const Bytes fp8 = std::min(k, per_chunk) * l.fp8_layer_state;
+      const Bytes fp8 =
+          std::min(k, per_chunk) * std::max(u.layers > 0 ? l.fp8_layer_state : 0,
+                                            u.dense_layers > 0 ? l.fp8_dense_layer_state : 0);
       zero_ws = split ? std::max(gathered * cb + fp8, gradient) : gathered * cb + fp8 + gradient;
     }
   }
   // Context parallel: the key/value exchange buffers of the layer whose attention runs, alive
   // with that layer's ZeRO-3 gathered units (docs/memory.md, "Context parallel").
-  const Bytes cp_ws = u.layers > 0 ? cp_attention_buffer_bytes(m, l, act_tokens, cb) : 0;
+  const Bytes cp_ws = all_layers > 0 ? cp_attention_buffer_bytes(m, l, act_tokens, cb) : 0;
   sm.buffers_bytes = std::max(logits_ws, zero_ws + cp_ws);
-  framework_terms(base, l, u, act, st, vocab, sm);
+  LayerActivation largest = act;
+  if (u.dense_layers > 0)
+    largest.largest_elements = std::max(act.largest_elements, dense_act.largest_elements);
+  framework_terms(base, l, u, largest, st, vocab, sm);
 }
 
 }  // namespace distplan

@@ -39,9 +39,10 @@ struct DeviceRates {
 /// quantisation over the SMs times k / (k + k_overhead), best over the usual tensor-core tiles.
 [[nodiscard]] double gemm_efficiency(const DeviceRates& r, double m, double n, double k,
                                      double batch) noexcept;
-/// Roofline time of one (batched) GEMM plus its launch.
+/// Roofline time of one (batched) GEMM plus its launch; `fp8`: at the fp8 rate with one-byte
+/// inputs (r.fp8_peak must be set).
 [[nodiscard]] Seconds gemm_seconds(const DeviceRates& r, double m, double n, double k,
-                                   double batch = 1) noexcept;
+                                   double batch = 1, bool fp8 = false) noexcept;
 /// A bandwidth-bound kernel (or `kernels` fused ones) moving `bytes` through HBM.
 [[nodiscard]] Seconds memory_seconds(const DeviceRates& r, double bytes, double kernels) noexcept;
 
@@ -50,21 +51,24 @@ struct PassCosts {
   Seconds forward = 0;
   Seconds backward_input = 0;
   Seconds backward_weight = 0;
-  Seconds selective_recompute = 0;  // forward of the ops selective recompute re-runs
+  Seconds selective_recompute = 0;     // forward of the ops selective recompute re-runs
   Seconds selective_op_recompute = 0;  // forward of the ops per-op selective checkpointing re-runs
-  Seconds gemm_forward = 0;         // of `forward`, the linear layers' GEMMs (TP overlap window)
-  Seconds gemm_backward = 0;        // of the backward passes, the linear layers' GEMMs
-  Seconds attention_forward = 0;    // of `forward`, the attention core (context-parallel overlap)
-  Seconds attention_backward = 0;   // of `backward_input`, the attention core
+  Seconds gemm_forward = 0;            // of `forward`, the linear layers' GEMMs (TP overlap window)
+  Seconds gemm_backward = 0;           // of the backward passes, the linear layers' GEMMs
+  Seconds attention_forward = 0;   // of `forward`, the attention core (context-parallel overlap)
+  Seconds attention_backward = 0;  // of `backward_input`, the attention core
 };
 
 /// One transformer layer (all ops of the table) for a micro-batch of b sequences of length s,
 /// on one GPU of a TP group of `tp` (with or without sequence parallelism) and of a
 /// context-parallel group of `cp`: the GPU holds s/cp tokens of each sequence and does 1/cp of
 /// the causal attention (load-balanced chunks).
+/// `windowed`: the layer attends within model.attention_window (its causal work scaled by
+/// attention_keys_fraction over the whole sequence).
 [[nodiscard]] PassCosts layer_pass_costs(const LayerTable& table, const ModelSpec& m,
                                          const TrainingSpec& t, Count tp, bool sp,
-                                         const DeviceRates& r, Count cp = 1) noexcept;
+                                         const DeviceRates& r, Count cp = 1,
+                                         bool windowed = false) noexcept;
 
 /// The first stage's extra ops: the vocab-parallel embedding lookup (and its gradient scatter).
 [[nodiscard]] PassCosts embedding_pass_costs(const ModelSpec& m, const TrainingSpec& t, Count tp,

@@ -8,6 +8,8 @@
 
 #include <vector>
 
+#include "distplan/planner/layout.h"
+
 #include "distplan/planner/layer_ops.h"
 #include "distplan/planner/op_costs.h"
 #include "distplan/planner/spec.h"
@@ -30,7 +32,12 @@ class FastMemory {
   [[nodiscard]] Seconds step_lower_bound(const Layout& l) const noexcept;
 
  private:
-  [[nodiscard]] Bytes stage_total(const Layout& l, Count stage, Count layers) const noexcept;
+  [[nodiscard]] Bytes stage_total(const Layout& l, Count stage,
+                                  const StageLayerMix& mix) const noexcept;
+  // The stages' layer mix (planner layout.h) for this layout: pp's even split, or, for a MoE
+  // model whose layers are of two kinds, the placement of the layout's schedule and chunks
+  // (computed once per schedule and virtual-stage count of the outer combination).
+  [[nodiscard]] const std::vector<StageLayerMix>& mix(const Layout& l) const;
 
   Scenario base_;
   LayerTable table_;
@@ -38,9 +45,21 @@ class FastMemory {
   Count vocab_ = 0;         // padded for this tp
   Count layer_params_ = 0;  // per TP rank
   Count num_microbatches_ = 0;
-  Count layers_first_ = 0, layers_second_ = 0, layers_last_ = 0;
+  std::vector<StageLayerMix> even_mix_;  // stage_layer_mix at one chunk per stage (1F1B)
+  bool mixed_ = false;                   // a MoE model with dense-MLP layers too
+  struct MixEntry {
+    Schedule schedule;
+    Count virtual_stages;
+    std::vector<StageLayerMix> mix;
+  };
+  mutable std::vector<MixEntry> mix_cache_;  // this outer combination's, per (schedule, v)
   Bytes fp8_state_ = 0;             // one layer's fp8 weight copies and scales (planner fp8.h)
+  Bytes fp8_dense_state_ = 0;       // a MoE model's dense-MLP layer's
   LayerActivation act_[2][4] = {};  // [sequence parallel][recompute], per layer per micro-batch
+  LayerActivation dense_act_[2][4] = {};  // the same for a MoE model's dense-MLP layers
+  Count dense_params_ = 0;                // per TP rank, a MoE model's dense-MLP layer
+  LayerTable dense_table_;
+  PassCosts dense_layer_[2] = {};
   // The planner's op costs (op_costs.h) of one micro-batch on one GPU, [sequence parallel]:
   // one layer, and the last stage's norm, LM head and loss.
   PassCosts layer_[2] = {};

@@ -28,8 +28,9 @@ struct Layout {
   Count fsdp_shard_size = 0;  // 0: the whole dp group (not hybrid); else a proper divisor of dp
   Recompute recompute = Recompute::none;
   bool sequence_parallel = false;
-  Count cp = 1;  // context parallel (the exchange, cp_comm, is the base scenario's)
-  Count ep = 1;  // expert parallel (MoE models; etp stays 1)
+  Count cp = 1;   // context parallel (the exchange, cp_comm, is the base scenario's)
+  Count ep = 1;   // expert parallel (MoE models)
+  Count etp = 1;  // expert tensor parallel (MoE models; 1 unless the search pins others)
 
   [[nodiscard]] Count num_gpus() const noexcept { return tp * cp * pp * dp; }
   bool operator==(const Layout&) const = default;
@@ -103,7 +104,7 @@ using RejectCounts = std::array<std::uint64_t, kNumRejects>;
 
 /// Candidate values per dimension; an empty list means "every value the space allows".
 struct Candidates {
-  std::vector<Count> tp, pp, dp, virtual_stages, fsdp_shard_size, micro_batch_size, cp, ep;
+  std::vector<Count> tp, pp, dp, virtual_stages, fsdp_shard_size, micro_batch_size, cp, ep, etp;
   std::vector<int> zero_stage;
   std::vector<bool> sequence_parallel;
   std::vector<Recompute> recompute;
@@ -134,6 +135,7 @@ struct Outer {
   Count tp, pp, dp, micro_batch_size;
   Count cp = 1;
   Count ep = 1;
+  Count etp = 1;
 };
 [[nodiscard]] std::vector<Outer> enumerate_outer(const Space& space, RejectCounts& rejected);
 
@@ -181,6 +183,7 @@ void for_each_inner(const Space& space, const Outer& o, RejectCounts& rejected, 
   l.micro_batch_size = o.micro_batch_size;
   l.cp = o.cp;
   l.ep = o.ep;
+  l.etp = o.etp;
   static const std::vector<Count> kOne{1};
   static const std::vector<Count> kTwo{2};  // a V: exactly two chunks per stage
   for (Schedule sched : lists.schedules) {
