@@ -390,8 +390,16 @@ TEST(MoeTraining, RefusesWhatItDoesNotImplement) {
   J zero2 = moe_scenario(MoeLayout{"x", J{{"dp", 2}, {"ep", 2}, {"zero_stage", 2}}});
   EXPECT_EQ(field_of(zero2), "/parallel/zero_stage");
   EXPECT_EQ(field_of(moe_scenario(l), CommBackend::emulated), "/parallel/ep");
-  // The planner still refuses to plan MoE until its estimate models it (moe_json.h).
-  EXPECT_THROW((void)scenario_from_json(moe_scenario(l)), InputError);
+  // The planner plans this model (a dense first layer before MoE layers, docs/moe.md), and
+  // the backend's refusals stay at their own fields: ETP and ZeRO-3 of experts plan, and the
+  // backend refuses them.
+  EXPECT_NO_THROW((void)scenario_from_json(moe_scenario(l)));
+  J etp = moe_scenario(MoeLayout{"x", J{{"dp", 4}, {"ep", 2}, {"etp", 2}}});
+  EXPECT_NO_THROW((void)scenario_from_json(etp));
+  EXPECT_EQ(field_of(etp), "/parallel/etp");
+  J zero3 = moe_scenario(MoeLayout{"x", J{{"dp", 2}, {"ep", 2}, {"zero_stage", 3}}});
+  EXPECT_NO_THROW((void)scenario_from_json(zero3));
+  EXPECT_EQ(field_of(zero3), "/parallel/zero_stage");
 }
 
 }  // namespace
