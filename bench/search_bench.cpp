@@ -1,4 +1,5 @@
-// Layout search throughput: layouts estimated per second, one thread and all threads.
+// Layout search throughput: layouts bounded per second, and the whole search (bounding, then the
+// schedule walks of the candidates that can rank), one thread and all threads.
 #include <benchmark/benchmark.h>
 
 #include <nlohmann/json.hpp>
@@ -16,7 +17,7 @@ search::Request request(const char* model, int gpus, int batch, int seq) {
       {"model", model},
       {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", gpus}, {"gpus_per_node", 8}}},
       {"training", {{"seq_length", seq}, {"global_batch_size", batch}}},
-      {"search", {{"simulate_top", 0}, {"suggest", false}}}};
+      {"search", {{"suggest", false}}}};
   return search::request_from_json(doc);
 }
 
@@ -24,14 +25,17 @@ search::Request request(const char* model, int gpus, int batch, int seq) {
 void BM_Search_Llama405B16k(benchmark::State& state) {
   search::Request r = request("llama3.1-405b", 16384, 2048, 8192);
   r.options.threads = static_cast<int>(state.range(0));
-  std::uint64_t evaluated = 0;
+  std::uint64_t evaluated = 0, walked = 0;
   for (auto _ : state) {
     const search::Result res = search::run(r.space, r.options);
     evaluated += res.evaluated;
+    walked += res.walked;
     benchmark::DoNotOptimize(res.plans.data());
   }
   state.counters["layouts_per_second"] =
       benchmark::Counter(static_cast<double>(evaluated), benchmark::Counter::kIsRate);
+  state.counters["walked"] =
+      benchmark::Counter(static_cast<double>(walked), benchmark::Counter::kAvgIterations);
   state.SetItemsProcessed(static_cast<std::int64_t>(evaluated));
 }
 BENCHMARK(BM_Search_Llama405B16k)->Arg(1)->Arg(0)->Unit(benchmark::kMillisecond)->UseRealTime();
@@ -46,72 +50,7 @@ void BM_Search_CountLayouts405B16k(benchmark::State& state) {
 }
 BENCHMARK(BM_Search_CountLayouts405B16k)->Unit(benchmark::kMillisecond)->UseRealTime();
 
-// The same search as `distplan search` runs it: the best 16 and every feasible layout within 10 %
-// of the best analytic step are re-ranked by simulation (target: under 1 s with all threads).
-void BM_Search_Llama405B16kSimulated(benchmark::State& state) {
-  search::Request r = request("llama3.1-405b", 16384, 2048, 8192);
-  r.options.simulate_top = 16;
-  r.options.simulate_within = 0.10;
-  r.options.threads = static_cast<int>(state.range(0));
-  std::int64_t simulated = 0;
-  for (auto _ : state) {
-    const search::Result res = search::run(r.space, r.options);
-    simulated += res.simulated;
-    benchmark::DoNotOptimize(res.plans.data());
-  }
-  state.counters["simulated"] =
-      benchmark::Counter(static_cast<double>(simulated), benchmark::Counter::kAvgIterations);
-}
-BENCHMARK(BM_Search_Llama405B16kSimulated)
-    ->Arg(1)
-    ->Arg(0)
-    ->Unit(benchmark::kMillisecond)
-    ->UseRealTime();
-
-// Llama-2-70B on 64 H100s, global batch 512 (the default scenario's cluster).
-void BM_Search_Llama70B64(benchmark::State& state) {
-  search::Request r = request("llama2-70b", 64, 512, 4096);
-  r.options.threads = 1;
-  std::uint64_t evaluated = 0;
-  for (auto _ : state) {
-    const search::Result res = search::run(r.space, r.options);
-    evaluated += res.evaluated;
-    benchmark::DoNotOptimize(res.plans.data());
-  }
-  state.SetItemsProcessed(static_cast<std::int64_t>(evaluated));
-}
-BENCHMARK(BM_Search_Llama70B64)->Unit(benchmark::kMillisecond)->UseRealTime();
-
-// Llama-3.1-8B on 64 H100s, global batch 256: most layouts fit, so ranking (not memory) decides.
-void BM_Search_Llama8B64(benchmark::State& state) {
-  search::Request r = request("llama3.1-8b", 64, 256, 4096);
-  r.options.threads = 1;
-  std::uint64_t evaluated = 0;
-  for (auto _ : state) {
-    const search::Result res = search::run(r.space, r.options);
-    evaluated += res.evaluated;
-    benchmark::DoNotOptimize(res.plans.data());
-  }
-  state.SetItemsProcessed(static_cast<std::int64_t>(evaluated));
-}
-BENCHMARK(BM_Search_Llama8B64)->Unit(benchmark::kMillisecond)->UseRealTime();
-
-// Without the lean path and the bound: every fitting layout estimated in full.
-void BM_Search_Llama405B16kNoLeanPath(benchmark::State& state) {
-  search::Request r = request("llama3.1-405b", 16384, 2048, 8192);
-  r.options.threads = 1;
-  r.options.fast_memory = false;
-  std::uint64_t evaluated = 0;
-  for (auto _ : state) {
-    const search::Result res = search::run(r.space, r.options);
-    evaluated += res.evaluated;
-    benchmark::DoNotOptimize(res.plans.data());
-  }
-  state.SetItemsProcessed(static_cast<std::int64_t>(evaluated));
-}
-BENCHMARK(BM_Search_Llama405B16kNoLeanPath)->Unit(benchmark::kMillisecond)->UseRealTime();
-
-// One estimate() of one layout (the slow path every layout would take without the fast one).
+// One layout planned as the search plans a candidate: estimate() and the schedule walk.
 void BM_Search_EstimateOne(benchmark::State& state) {
   search::Request r = request("llama2-70b", 64, 512, 4096);
   search::Layout l;

@@ -14,6 +14,7 @@
 #include "distplan/planner/scenario_json.h"
 
 #if DISTPLAN_FUZZ_SIMULATOR
+#include "distplan/simulator/plan.h"
 #include "distplan/simulator/simulate.h"
 #include "distplan/simulator/simulate_json.h"
 #endif
@@ -44,7 +45,8 @@ inline void run_pipeline(const nlohmann::json& doc) {
             st.activations_bytes >= 0 && st.buffers_bytes >= 0 && st.total_bytes >= 0);
     }
     check(e.time.step_seconds >= 0);
-    check(!format_plan_table(s, e).empty());
+    // The planner alone (the simulator may not be built): its closed forms stand in for the plan.
+    check(!format_plan_table(s, e, [](const Scenario& x) { return estimate(x); }).empty());
 #if DISTPLAN_FUZZ_SIMULATOR
     const double passes =
         double(s.num_microbatches()) * double(s.parallel.pp) * double(s.parallel.virtual_stages);
@@ -55,6 +57,12 @@ inline void run_pipeline(const nlohmann::json& doc) {
     }
     const sim::SimResult r = sim::simulate(s, e, opts);
     check(r.step_seconds >= 0);
+    if (!opts.costs) {
+      // The plan: the walk written into the estimate; its bubble is never negative.
+      Estimate p = e;
+      sim::apply_walk(s, r, p);
+      check(p.time.bubble_seconds >= 0 && p.memory.peak_bytes >= 0);
+    }
     check(!sim::simulate_to_json(s, r).dump(2, ' ', false, json::error_handler_t::replace).empty());
 #endif
   } catch (const InputError&) {

@@ -13,6 +13,7 @@
 #include "distplan/planner/calibrate.h"
 #include "distplan/planner/calibrate_json.h"
 #include "distplan/planner/error.h"
+#include "distplan/simulator/plan.h"
 
 namespace distplan::cli {
 
@@ -106,6 +107,7 @@ void install_calibrate(CLI::App& app) {
       }
     }
     CalibrationOptions co;
+    co.step_seconds = sim::plan_step_seconds;
     co.parameters = opts->fit;
     for (const std::string& s : opts->start) apply_start(s, co.start);
     const CalibrationResult r = calibrate(runs, co);

@@ -1,4 +1,5 @@
-// distplan plan: per-stage memory, communication, FLOPs and analytic time (distplan.plan/v1).
+// distplan plan: per-stage memory, communication, FLOPs and the step time of the schedule walk
+// (distplan.plan/v1).
 #include <iostream>
 #include <memory>
 
@@ -8,6 +9,7 @@
 #include "distplan/planner/estimate.h"
 #include "distplan/planner/report.h"
 #include "distplan/planner/scenario_json.h"
+#include "distplan/simulator/plan.h"
 
 namespace distplan::cli {
 namespace {
@@ -21,9 +23,9 @@ void install_plan(CLI::App& app) {
   cmd->callback([opts] {
     const nlohmann::json doc = read_document(*opts);
     const Scenario s = read_scenario(*opts, doc);
-    const Estimate e = estimate(s);
+    const Estimate e = sim::plan(s);
     if (opts->format == Format::table) {
-      std::cout << format_plan_table(s, e);
+      std::cout << format_plan_table(s, e, [](const Scenario& x) { return sim::plan(x); });
     } else {
       write_json(plan_to_json(s, e));
     }

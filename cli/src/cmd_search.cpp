@@ -98,11 +98,14 @@ void install_search(CLI::App& app) {
                      static_cast<unsigned long long>(evaluated));
         printed = true;
       };
-      // The re-ranking simulations (after the search's own progress, on the same line).
-      req.options.rerank_progress = [&printed, start](int simulated, int of) {
+      // The walks of the candidates (after the bounding pass, on the same line).
+      req.options.walk_progress = [&printed, start](std::uint64_t walked, std::uint64_t of) {
         if (std::chrono::steady_clock::now() - start < std::chrono::milliseconds(500)) return;
-        std::fprintf(stderr, "\rsearch: simulating the best plans, %d of at most %d done    ",
-                     simulated, of);
+        std::fprintf(stderr,
+                     "\rsearch: planned %llu candidates with the schedule walk, %llu left "
+                     "in view    ",
+                     static_cast<unsigned long long>(walked),
+                     static_cast<unsigned long long>(of - walked));
         printed = true;
       };
     }

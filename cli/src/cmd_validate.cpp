@@ -48,6 +48,7 @@
 #include "distplan/planner/estimate.h"
 #include "distplan/planner/layout.h"
 #include "distplan/planner/scenario_json.h"
+#include "distplan/simulator/plan.h"
 #include "distplan/simulator/simulate.h"
 #include "rank_launcher.h"
 
@@ -576,7 +577,7 @@ void install_validate(CLI::App& app) {
                                        opts->emulate_rank, ranks_of(s) - 1));
     if (opts->device == "cuda" && !worker && !backend::cuda_available())
       throw std::runtime_error("validate: --device cuda needs a CUDA build and a visible GPU");
-    const Estimate e = estimate(s);
+    const Estimate e = sim::plan(s);
     check_host_resources(s, e, *opts);
     // The trace file is opened before the run, so a path that cannot be written fails at once.
     std::ofstream trace;

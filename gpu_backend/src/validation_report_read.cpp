@@ -13,6 +13,7 @@
 #include "distplan/planner/error.h"
 #include "distplan/planner/object_reader.h"
 #include "distplan/planner/scenario_json.h"
+#include "distplan/simulator/plan.h"
 #include "validation_report_json.h"
 
 namespace distplan::backend {
@@ -337,7 +338,7 @@ ValidationReport validation_report_from_json(const json& doc) {
   } catch (const InputError& e) {
     throw InputError("/scenario" + e.path(), e.what());
   }
-  r.estimate = estimate(r.scenario);
+  r.estimate = sim::plan(r.scenario);
   r.ranks = ranks_of(r.scenario);
   r.settings.device = string_field(top, "device");
   if (r.settings.device != "cpu" && r.settings.device != "cuda")

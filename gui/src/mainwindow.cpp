@@ -388,12 +388,10 @@ void MainWindow::planInvalid(const QString& path, const QString& message) {
 
 void MainWindow::simulationChanged() {
   if (!session_->hasSimulation()) {
-    summary_->setSimulation(nullptr);
     timeline_->setMessage(session_->errorMessage());
     return;
   }
   const SimulationSummary& sim = session_->simulation();
-  summary_->setSimulation(&sim);
   timeline_->setTimeline(sim.timeline, sim.bubble_fraction);
 }
 

@@ -9,6 +9,7 @@
 
 #include "distplan/planner/error.h"
 #include "distplan/planner/scenario_json.h"
+#include "distplan/simulator/plan.h"
 
 #ifdef DISTPLAN_GUI_HAVE_SIMULATOR
 #include "simulationadapter.h"
@@ -63,9 +64,10 @@ void PlanSession::setDocument(const nlohmann::json& doc) {
     try {
       // A search document's `search` object is the search tab's; the plan reads the rest.
       Scenario s = scenario_from_json(doc, {"search"});
-      answer->estimate = distplan::estimate(s);
+      answer->estimate = sim::plan(s);
       // The alternatives the summary offers are re-planned here too, off the UI thread.
-      answer->suggestions = fit_suggestions(s, answer->estimate);
+      answer->suggestions =
+          fit_suggestions(s, answer->estimate, [](const Scenario& x) { return sim::plan(x); });
       answer->scenario = std::move(s);
     } catch (const InputError& err) {
       answer->errorPath = QString::fromStdString(err.path());

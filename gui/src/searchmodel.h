@@ -22,7 +22,6 @@ struct SearchRow {
   double tokens_per_second = 0;
   double mfu = 0;
   double bubble_fraction = 0;
-  bool simulated = false;
   bool operator==(const SearchRow&) const = default;
 };
 

@@ -257,19 +257,18 @@ void SearchView::startSearch() {
         r.tokens_per_second = p.figures.tokens_per_second;
         r.mfu = p.figures.mfu;
         r.bubble_fraction = p.bubble_fraction;
-        r.simulated = p.simulated;
         rows.push_back(r);
       }
       std::uint64_t outOfMemory =
           result.rejected[static_cast<std::size_t>(search::Reject::out_of_memory)];
       QString summary = QObject::tr(
-                            "%1 layouts evaluated in %2 s, %3 fit, %4 out of memory; %5 best "
-                            "re-ranked by simulation.")
+                            "%1 layouts evaluated in %2 s, %3 fit, %4 out of memory; %5 "
+                            "planned with the schedule walk.")
                             .arg(result.evaluated)
                             .arg(result.seconds, 0, 'f', 2)
                             .arg(result.feasible)
                             .arg(outOfMemory)
-                            .arg(result.simulated);
+                            .arg(result.walked);
       if (result.plans.empty() && !result.suggestions.empty()) {
         summary += QObject::tr(" Nothing fits: %1")
                        .arg(QString::fromStdString(result.suggestions.front().detail));

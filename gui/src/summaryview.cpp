@@ -71,7 +71,6 @@ void SummaryView::setPlan(const Scenario& s, const Estimate& e,
                           std::vector<FitSuggestion> suggestions) {
   scenario_ = s;
   estimate_ = e;
-  haveSimulation_ = false;
   suggestions_ = std::move(suggestions);
   suggestionTable_->setRowCount(static_cast<int>(suggestions_.size()));
   for (int i = 0; i < static_cast<int>(suggestions_.size()); ++i) {
@@ -86,34 +85,21 @@ void SummaryView::setPlan(const Scenario& s, const Estimate& e,
   refresh();
 }
 
-void SummaryView::setSimulation(const SimulationSummary* simulation) {
-  haveSimulation_ = simulation != nullptr;
-  if (simulation) {
-    simStep_ = simulation->step_seconds;
-    simTokens_ = simulation->tokens_per_second;
-    simMfu_ = simulation->mfu;
-    simBubble_ = simulation->bubble_fraction;
-  }
-  refresh();
-}
-
 void SummaryView::refresh() {
   const TimeEstimate& t = estimate_.time;
   const QLocale locale(QLocale::English);
-  auto pair = [&](const QString& simulated, const QString& analytic) {
-    if (!haveSimulation_) return tr("%1<br><small>analytic</small>").arg(analytic);
-    return tr("%1<br><small>simulated · analytic %2</small>").arg(simulated, analytic);
+  // The plan's figures are the schedule walk's (docs/time.md, "One timing engine"); the
+  // timeline's simulation walks the same program, so there is one figure to show.
+  auto walked = [&](const QString& figure) {
+    return tr("%1<br><small>schedule walk</small>").arg(figure);
   };
-  figures_[QStringLiteral("step")]->setText(pair(tr("%1 ms").arg(simStep_ * 1e3, 0, 'f', 1),
-                                                 tr("%1 ms").arg(t.step_seconds * 1e3, 0, 'f', 1)));
+  figures_[QStringLiteral("step")]->setText(
+      walked(tr("%1 ms").arg(t.step_seconds * 1e3, 0, 'f', 1)));
   figures_[QStringLiteral("tokens")]->setText(
-      pair(tr("%1 tokens/s").arg(locale.toString(simTokens_, 'f', 0)),
-           tr("%1 tokens/s").arg(locale.toString(t.tokens_per_second, 'f', 0))));
-  figures_[QStringLiteral("mfu")]->setText(
-      pair(tr("%1 %").arg(simMfu_ * 100, 0, 'f', 1), tr("%1 %").arg(t.mfu * 100, 0, 'f', 1)));
+      walked(tr("%1 tokens/s").arg(locale.toString(t.tokens_per_second, 'f', 0))));
+  figures_[QStringLiteral("mfu")]->setText(walked(tr("%1 %").arg(t.mfu * 100, 0, 'f', 1)));
   figures_[QStringLiteral("bubble")]->setText(
-      pair(tr("%1 %").arg(simBubble_ * 100, 0, 'f', 1),
-           tr("%1 %").arg(t.bubble_fraction * 100, 0, 'f', 1)));
+      walked(tr("%1 %").arg(t.bubble_fraction * 100, 0, 'f', 1)));
   const MemoryEstimate& m = estimate_.memory;
   // Reserved bytes (allocator segments and runtime) are what fits compares; allocated beside them.
   figures_[QStringLiteral("memory")]->setText(

@@ -16,8 +16,6 @@ class QTableWidget;
 
 namespace distplan::gui {
 
-struct SimulationSummary;
-
 class SummaryView : public QWidget {
   Q_OBJECT
 
@@ -26,7 +24,6 @@ class SummaryView : public QWidget {
 
   /// `suggestions`: the planner's fit_suggestions for the plan (computed on the plan's worker).
   void setPlan(const Scenario& s, const Estimate& e, std::vector<FitSuggestion> suggestions);
-  void setSimulation(const SimulationSummary* simulation);
   [[nodiscard]] const std::vector<FitSuggestion>& suggestions() const { return suggestions_; }
   /// The text of the figure named `key` ("step", "tokens", "mfu", "bubble", "memory", "fits").
   [[nodiscard]] QString figureText(const QString& key) const;
@@ -43,8 +40,6 @@ class SummaryView : public QWidget {
   std::vector<FitSuggestion> suggestions_;
   Estimate estimate_;
   Scenario scenario_;
-  bool haveSimulation_ = false;
-  double simStep_ = 0, simTokens_ = 0, simMfu_ = 0, simBubble_ = 0;
   QHash<QString, QLabel*> figures_;
   QLabel* details_ = nullptr;
   QLabel* levers_ = nullptr;

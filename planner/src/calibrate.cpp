@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 #include <Eigen/Dense>
 
+#include "distplan/planner/check.h"
 #include "distplan/planner/error.h"
 #include "distplan/planner/estimate.h"
 
@@ -68,7 +69,8 @@ double sigmoid(double u) {
 struct Problem {
   const std::vector<const CalibrationRun*>& runs;
   const std::vector<const FitParameter*>& params;
-  Assumptions start;                        // starting values of the fitted fields
+  Assumptions start;  // starting values of the fitted fields
+  const StepTimeFunction& step;
   mutable std::vector<Scenario> work = {};  // the runs' scenarios, fitted fields overwritten
 
   [[nodiscard]] std::size_t n() const { return runs.size(); }
@@ -91,8 +93,7 @@ struct Problem {
     for (std::size_t i = 0; i < n(); ++i) {
       for (std::size_t j = 0; j < p(); ++j)
         params[j]->set(work[i].assumptions, theta[static_cast<Eigen::Index>(j)]);
-      r[static_cast<Eigen::Index>(i)] =
-          estimate(work[i]).time.step_seconds / runs[i]->measured_step_seconds - 1.0;
+      r[static_cast<Eigen::Index>(i)] = step(work[i]) / runs[i]->measured_step_seconds - 1.0;
     }
     return r;
   }
@@ -285,7 +286,7 @@ FitOutcome fit_multistart(const Problem& pr, int max_iterations) {
   } catch (const InputError&) {
     first_error = std::current_exception();
   }
-  Problem mid{pr.runs, pr.params, pr.start};
+  Problem mid{pr.runs, pr.params, pr.start, pr.step};
   for (const FitParameter* f : pr.params) f->set(mid.start, 0.5 * (f->lower + f->upper));
   try {
     FitOutcome o = fit(mid, max_iterations, /*check_start=*/false);
@@ -335,10 +336,11 @@ const FitParameter* find_fit_parameter(std::string_view name) noexcept {
   return nullptr;
 }
 
-Seconds predicted_step_seconds(const Scenario& scenario, const Assumptions& assumptions) {
+Seconds predicted_step_seconds(const StepTimeFunction& step, const Scenario& scenario,
+                               const Assumptions& assumptions) {
   Scenario s = scenario;
   s.assumptions = assumptions;
-  return estimate(s).time.step_seconds;
+  return step(s);
 }
 
 Assumptions CalibrationResult::apply(Assumptions base) const {
@@ -349,6 +351,8 @@ Assumptions CalibrationResult::apply(Assumptions base) const {
 
 CalibrationResult calibrate(const std::vector<CalibrationRun>& runs,
                             const CalibrationOptions& options) {
+  DISTPLAN_CHECK(static_cast<bool>(options.step_seconds), "calibrate needs a step time function");
+  const StepTimeFunction& step = options.step_seconds;
   if (runs.empty()) throw InputError("/runs", "there are no runs to fit");
   for (const CalibrationRun& r : runs) {
     if (!(r.measured_step_seconds > 0) || !std::isfinite(r.measured_step_seconds))
@@ -361,7 +365,7 @@ CalibrationResult calibrate(const std::vector<CalibrationRun>& runs,
   out.runs = static_cast<Count>(runs.size());
   std::vector<double> before;
   for (const CalibrationRun& r : runs)
-    before.push_back(predicted_step_seconds(r.scenario, r.scenario.assumptions));
+    before.push_back(predicted_step_seconds(step, r.scenario, r.scenario.assumptions));
   out.mape_before = mape(before, all);
 
   // Fields whose 0 means "the GPU preset's" start from the runs' mean preset value.
@@ -384,7 +388,7 @@ CalibrationResult calibrate(const std::vector<CalibrationRun>& runs,
         continue;
       }
       const std::vector<const FitParameter*> one{&f};
-      const Problem pr{all, one, start};
+      const Problem pr{all, one, start, step};
       Vec t(1);
       t[0] = pr.to_theta(pr.to_u(Vec::Constant(1, f.get(start))))[0];
       const double s = sensitivities(pr.jacobian(t), t, one)[0];
@@ -411,7 +415,7 @@ CalibrationResult calibrate(const std::vector<CalibrationRun>& runs,
                                  name_list(names), params.size()));
   }
 
-  const Problem pr{all, params, start};
+  const Problem pr{all, params, start, step};
   const FitOutcome f = fit_multistart(pr, options.max_iterations);
   out.iterations = f.iterations;
   out.condition_number = f.condition;
@@ -425,7 +429,7 @@ CalibrationResult calibrate(const std::vector<CalibrationRun>& runs,
   }
   std::vector<double> after;
   for (std::size_t i = 0; i < runs.size(); ++i) {
-    after.push_back(predicted_step_seconds(runs[i].scenario, pr.at(runs[i], f.theta)));
+    after.push_back(predicted_step_seconds(step, runs[i].scenario, pr.at(runs[i], f.theta)));
     out.run_fits.push_back({runs[i].measured_step_seconds, before[i], after[i], std::nullopt});
   }
   out.mape_after = mape(after, all);
@@ -449,10 +453,11 @@ CalibrationResult calibrate(const std::vector<CalibrationRun>& runs,
       Assumptions from_full = start;
       for (std::size_t j = 0; j < params.size(); ++j)
         params[j]->set(from_full, f.theta[static_cast<Eigen::Index>(j)]);
-      const Problem fold{rest, params, from_full};
+      const Problem fold{rest, params, from_full, step};
       try {
         const FitOutcome g = fit(fold, options.max_iterations, /*check_start=*/false);
-        const double pred = predicted_step_seconds(runs[i].scenario, fold.at(runs[i], g.theta));
+        const double pred =
+            predicted_step_seconds(step, runs[i].scenario, fold.at(runs[i], g.theta));
         out.run_fits[i].predicted_leave_one_out = pred;
         sum += std::abs(pred - runs[i].measured_step_seconds) / runs[i].measured_step_seconds;
       } catch (const InputError& e) {

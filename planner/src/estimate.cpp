@@ -17,8 +17,6 @@
 #include "distplan/planner/offload.h"
 #include "distplan/planner/op_costs.h"
 #include "distplan/planner/overlap.h"
-#include "distplan/planner/v_schedule.h"
-#include "distplan/planner/zb_auto.h"
 
 namespace distplan {
 
@@ -139,12 +137,6 @@ class Estimator {
     compute(e);
     communication_and_costs(e);
     time(e);
-    if (!zb_peak_.empty()) {
-      // zb_auto: the heuristic (run by time() on the stage costs) may leave a stage below its
-      // limit; its saved activations are what the order holds.
-      e.memory = MemoryEstimate{};
-      memory(e);
-    }
     return e;
   }
 
@@ -207,7 +199,6 @@ class Estimator {
     for (int st = 0; st < pp; ++st) {
       const Count layers = mix_[static_cast<std::size_t>(st)].layers;
       StageMemory& sm = mem.stages[static_cast<std::size_t>(st)];
-      if (!zb_peak_.empty()) ml.zb_memory_limit = zb_peak_[static_cast<std::size_t>(st)];
       stage_memory(s_, ml, unit_params(st), act, dense_act, st, vocab_, sm);
       if (v == 1) {
         sm.first_layer = first_layer;
@@ -264,34 +255,40 @@ class Estimator {
     const double Ld = static_cast<double>(m_.num_layers - moe_layers);
     const LayerFlops df =
         Ld > 0 ? layer_flops(dense_table_, t_.micro_batch_size, t_.seq_length) : LayerFlops{};
-    double model = L * (lf_.forward + lf_.backward_input + lf_.backward_weight) +
-                   Ld * (df.forward + df.backward_input + df.backward_weight) + 3 * head_fwd_;
-    double recompute = 0;
-    if (p_.recompute == Recompute::full) recompute = L * lf_.forward + Ld * df.forward;
-    if (p_.recompute == Recompute::selective)
-      recompute = L * lf_.selective_recompute + Ld * df.selective_recompute;
-    if (p_.recompute == Recompute::selective_op)
-      recompute = L * lf_.selective_op_recompute + Ld * df.selective_op_recompute;
+    // Model FLOPs count causal attention: half the s x s products, as Megatron-LM's
+    // num_floating_point_operations does ("causal mask (only half of the mask is non-zero)",
+    // megatron/training/training.py) and NeMo / Megatron-Bridge's FLOPs callbacks
+    // (causal_self_attn). Hardware FLOPs are what the GPU runs: standard attention computes the
+    // masked half too, flash attention skips it, also when it recomputes (docs/flops.md).
+    const double full = L * (lf_.forward + lf_.backward_input + lf_.backward_weight) +
+                        Ld * (df.forward + df.backward_input + df.backward_weight) + 3 * head_fwd_;
+    double masked = L * lf_.causal_masked + Ld * df.causal_masked;
+    double masked_forward = L * lf_.causal_masked_forward + Ld * df.causal_masked_forward;
     if (m_.attention_window.enabled()) {
-      // Windowed layers: their attention's share of the causal pairs (layer_ops.h); attention
-      // is alike in both layer kinds, so the dense table's difference serves every layer.
+      // Windowed layers skip more of the square: only their window's causal pairs are model
+      // FLOPs, and flash attention runs only those (layer_ops.h, attention_keys_fraction);
+      // attention is alike in both layer kinds, so the dense table's difference serves every
+      // layer.
       Count windowed = 0;
       for (Count i = 0; i < m_.num_layers; ++i) windowed += is_windowed_layer(m_, i);
       const LayerFlops w =
           layer_flops(dense_table_, t_.micro_batch_size, t_.seq_length, &m_.attention_window);
       const LayerFlops f = layer_flops(dense_table_, t_.micro_batch_size, t_.seq_length);
       const double n = static_cast<double>(windowed);
-      const double d_fwd = w.forward - f.forward;
-      model += n * (d_fwd + (w.backward_input - f.backward_input) +
-                    (w.backward_weight - f.backward_weight));
-      if (p_.recompute == Recompute::full) recompute += n * d_fwd;
-      if (p_.recompute == Recompute::selective)
-        recompute += n * (w.selective_recompute - f.selective_recompute);
-      if (p_.recompute == Recompute::selective_op)
-        recompute += n * (w.selective_op_recompute - f.selective_op_recompute);
+      masked += n * (w.causal_masked - f.causal_masked);
+      masked_forward += n * (w.causal_masked_forward - f.causal_masked_forward);
     }
+    const double model = full - masked;
+    const bool flash = t_.attention == Attention::flash;
+    double recompute = 0;
+    if (p_.recompute == Recompute::full)
+      recompute = L * lf_.forward + Ld * df.forward - (flash ? masked_forward : 0.0);
+    if (p_.recompute == Recompute::selective)
+      recompute = L * lf_.selective_recompute + Ld * df.selective_recompute;
+    if (p_.recompute == Recompute::selective_op)
+      recompute = L * lf_.selective_op_recompute + Ld * df.selective_op_recompute;
     e.compute.model_flops_per_step = mbs_per_step * model;
-    e.compute.hardware_flops_per_step = mbs_per_step * (model + recompute);
+    e.compute.hardware_flops_per_step = mbs_per_step * ((flash ? model : full) + recompute);
   }
 
   // Communication and per-stage costs -----------------------------------------------------------
@@ -935,14 +932,15 @@ class Estimator {
       const double per_mb_tp = m > 0 ? tp_total / static_cast<double>(m) : 0;
       const double per_mb_tp_fwd = m > 0 ? tp_fwd / static_cast<double>(m) : 0;
       double tp_f = per_mb_tp_fwd, tp_b = per_mb_tp - per_mb_tp_fwd;
+      // The passes wait on all of their TP collectives, unless they overlap the GEMMs.
+      double tp_waited = per_mb_tp;
       if (s_.assumptions.tp_comm_overlap) {
         // Collectives chunked against the linear layers' GEMMs (Megatron-LM --tp-comm-overlap):
-        // what the GEMMs cannot hide stays exposed, the hidden part slows them down.
-        auto hide = [slowdown](double comm, double gemm) {
-          return std::max(0.0, comm - gemm) + slowdown * std::min(comm, gemm);
-        };
-        tp_f = hide(tp_f, gemm_f);
-        tp_b = hide(tp_b, gemm_b);
+        // what the GEMMs cannot hide stays exposed, the hidden part slows them down
+        // (overlap.h). Only the exposed part is left for an F&B pair to hide again.
+        tp_waited = std::max(0.0, tp_f - gemm_f) + std::max(0.0, tp_b - gemm_b);
+        tp_f = exposed_after_overlap(tp_f, gemm_f, slowdown);
+        tp_b = exposed_after_overlap(tp_b, gemm_b, slowdown);
       }
       // Full recompute replays the forward's collectives; their share is in tp_b already.
       const double blocking_p2p = pp > 1 && !s_.assumptions.overlap_p2p
@@ -973,7 +971,7 @@ class Estimator {
       k.recompute = recompute;
       k.backward_input = bwd_in + recompute + tp_b + blocking_p2p + La * cps.backward + ep_b;
       k.backward_weight = bwd_w;
-      k.tp_communication = per_mb_tp;
+      k.tp_communication = tp_waited;
       k.cp_communication = La * (cps.forward + cps.backward);
       k.ep_communication = ep_f + ep_b;
       // Optimizer: memory bound; reads gradients, reads and writes optimizer state and writes the
@@ -1064,169 +1062,84 @@ class Estimator {
   }
 
   // Time ----------------------------------------------------------------------------------------
+  // A lower bound of the step (docs/time.md, "One timing engine"). The step's time is the walk of
+  // the schedule program over the stage costs (sim::plan); what estimate() alone gives is a bound
+  // of that walk from below, for the search to prune with. Each stage's compute stream runs its
+  // passes and then its optimizer one at a time, so the step lasts at least that stage's busy
+  // time; unless steps overlap (the step is then one stage's span), the stage cannot start
+  // before its first input has come through every stage before it, one chunk's forward each with
+  // a send between stages; and where a stage's last pass is a whole backward of its first chunk
+  // (GPipe, 1F1B, interleaved 1F1B), that gradient still goes back through every stage before it
+  // before the first stage can step its optimizer. An F&B pair (DualPipe) hides at most the TP
+  // communication its passes wait on; nothing hides computation.
   void time(Estimate& e) {
     const Count pp = p_.pp;
-    const double m = static_cast<double>(nmb_);
     const double v = static_cast<double>(p_.virtual_stages);
-    double t_max = 0, sum_t = 0, busy_sum = 0;
-    int slow = 0;
-    for (int st = 0; st < pp; ++st) {
-      const StageCosts& k = e.stage_costs[static_cast<std::size_t>(st)];
-      const double t = k.forward + k.backward_input + k.backward_weight;
-      sum_t += t;
-      busy_sum += m * t;
-      if (t > t_max) t_max = t, slow = st;
-    }
-    const StageCosts& ks = e.stage_costs[static_cast<std::size_t>(slow)];
-    const double F = ks.forward, B = ks.backward_input, W = ks.backward_weight;
-    const double p = static_cast<double>(pp);
-    double pipe = 0;
-    switch (p_.schedule) {
-      case Schedule::gpipe:
-      case Schedule::one_f_one_b:
-        // (m - 1) t_max + sum_s t_s; with equal stages (m + p - 1)(F + B) (Huang et al. 2019;
-        // Narayanan et al. 2021, sec. 2.2).
-        pipe = (m - 1) * t_max + sum_t;
-        break;
-      case Schedule::interleaved_1f1b:
-        // Bubble (p - 1)(F + B) / v (Narayanan et al. 2021, sec. 2.2).
-        pipe = m * t_max + (p - 1) * t_max / v;
-        break;
-      case Schedule::zb_h1:
-        // Qi et al. 2023, Table 2: bubble (p - 1)(F + B - W).
-        pipe = m * t_max + (p - 1) * std::max(0.0, F + B - W);
-        break;
-      case Schedule::zb_h2:
-        // Qi et al. 2023, Table 2: bubble (p - 1)(F + B - 2W), zero when W is large enough.
-        pipe = m * t_max + (p - 1) * std::max(0.0, F + B - 2 * W);
-        break;
-      case Schedule::zb_auto: {
-        // The paper's heuristic on these stage times (zb_auto.h), activations held from F to W:
-        // its longest stage span, p2p included (steps overlap, as the simulator counts them).
-        std::vector<ZbAutoStage> stages(static_cast<std::size_t>(pp));
-        double c = 0;
-        for (int st = 0; st < pp; ++st) {
-          const StageCosts& k = e.stage_costs[static_cast<std::size_t>(st)];
-          stages[static_cast<std::size_t>(st)] =
-              ZbAutoStage{k.forward,
-                          k.backward_input,
-                          k.backward_weight,
-                          1,
-                          0,
-                          -1,
-                          static_cast<double>(p_.zb_memory_limit())};
-          c = std::max(c, k.p2p);
-        }
-        const ZbAutoSchedule z =
-            zb_auto_schedule(nmb_, stages, c, "/parallel/zb_memory_limit_microbatches");
-        pipe = z.longest_span - 2.0 * (p - 1) * ks.p2p;  // the span has the p2p path already
-        zb_peak_.clear();
-        for (double peak : z.peak_memory) zb_peak_.push_back(static_cast<Count>(peak + 0.5));
-        break;
-      }
-      case Schedule::dualpipe_v: {
-        // DualPipeV (deepseek-ai/DualPipe dualpipev.py; make_dualpipe_v): per chunk F/2, B/2,
-        // W/2 and the overlapped pair F&B (overlap.h, the simulator's pair). The last stage runs
-        // the most pairs, 2(m - p) - 1, each saving F + B + W - F&B of a chunk; every stage's
-        // idle time is the README's bubble (p - 1)(F&B + B_full - 3W) of chunks when F = B, and
-        // (p - 1)(F&B + F - 2W) when F > B (simulated, docs/simulator.md), an upper bound
-        // when F < B.
-        const double fb = overlapped_pair_seconds((F + B + W) / 2, ks.tp_communication / 2,
-                                                  s_.assumptions.overlap_compute_slowdown);
-        const double saving = std::max(0.0, (F + B + W) / 2 - fb);
-        pipe = m * t_max - (2 * (m - p) - 1) * saving + (p - 1) * (fb + std::max(F, B) / 2 - W);
-        break;
-      }
-      case Schedule::dualpipe: {
-        // DualPipe (deepseek-ai/DualPipe dualpipe.py; make_dualpipe): m passes of a chunk (one
-        // model stage, half the stage: F/2, B/2, W/2) per stage and the overlapped pair F&B
-        // (overlap.h, the simulator's pair). The stages with the most pairs, m - p - 1 (the
-        // middle ones; the pairs of stage h = min(s, p-1-s) are m - 2p + p/2 + h + 1, one fewer
-        // on the middle two), idle most: the README's bubble (p/2 - 1)(F&B + B_full - 3W) of
-        // chunks when F = B (simulated, docs/simulator.md); max(F, B) in place of B otherwise,
-        // as for DualPipeV.
-        const double fb = overlapped_pair_seconds((F + B + W) / 2, ks.tp_communication / 2,
-                                                  s_.assumptions.overlap_compute_slowdown);
-        const double saving = std::max(0.0, (F + B + W) / 2 - fb);
-        pipe = m * t_max / 2 - (m - p - 1) * saving + (p / 2 - 1) * (fb + std::max(F, B) / 2 - W);
-        break;
-      }
-      case Schedule::zb_v:
-      case Schedule::v_half:
-      case Schedule::v_min: {
-        // The schedule's own order (v_schedule.h, the one the simulator runs) timed on these
-        // stage costs, each chunk half of its stage's: its longest stage span, p2p included
-        // (steps overlap, as the simulator counts them).
-        std::vector<VStageTimes> times(static_cast<std::size_t>(pp));
-        for (int st = 0; st < pp; ++st) {
-          const StageCosts& k = e.stage_costs[static_cast<std::size_t>(st)];
-          times[static_cast<std::size_t>(st)] =
-              VStageTimes{k.forward / v, k.backward_input / v, k.backward_weight / v, k.p2p};
-        }
-        const Seconds span = v_longest_span(v_schedule_order(p_.schedule, pp, nmb_), times);
-        pipe = span - 2.0 * (p - 1) * ks.p2p;  // the span has the p2p path already
-        break;
-      }
-    }
-    // Point-to-point transfers on the critical path: the fill and the drain cross p - 1
-    // boundaries each way.
-    pipe += 2.0 * (p - 1) * ks.p2p;
-
-    // Data-parallel communication not hidden behind compute (docs/time.md).
-    double exposed = 0;
-    double optimizer = 0;
-    const auto& A = s_.assumptions;
-    // Communication overlapped with `window` of compute: what does not fit stays exposed, and the
-    // compute it overlaps runs slower while NCCL's kernels share the SMs.
-    const double slowdown = A.overlap_compute_slowdown;
-    auto hidden = [slowdown](double comm, double window) {
-      return exposed_after_overlap(comm, window, slowdown);
+    const double passes = static_cast<double>(stage_passes(p_.schedule, nmb_));
+    const bool pairs = bidirectional(p_.schedule) || p_.schedule == Schedule::dualpipe_v;
+    const bool overlap = steps_overlap(p_.schedule);
+    const bool drains = p_.schedule == Schedule::gpipe || p_.schedule == Schedule::one_f_one_b ||
+                        p_.schedule == Schedule::interleaved_1f1b;
+    const auto costs = [&e](Count st) -> const StageCosts& {
+      return e.stage_costs[static_cast<std::size_t>(st)];
     };
-    for (const StageCosts& k : e.stage_costs) {
-      double x = 0;
-      const double last_bwd = k.backward_input + k.backward_weight;
-      switch (p_.zero_stage) {
-        case 0:
-        case 1:
-          x += A.overlap_grad_reduce ? hidden(k.grad_reduce, last_bwd) : k.grad_reduce;
-          break;
-        case 2: {
-          const double per_mb = m > 0 ? k.grad_reduce / m : 0;
-          x += A.overlap_grad_reduce ? m * hidden(per_mb, last_bwd) : k.grad_reduce;
-          break;
-        }
-        default: {
-          const double rs_mb = m > 0 ? k.grad_reduce / m : 0;
-          const double busy = k.forward + last_bwd;
-          x += A.overlap_param_gather ? m * hidden(k.zero3_gather + rs_mb, busy)
-                                      : m * (k.zero3_gather + rs_mb);
-          break;
-        }
-      }
-      if (p_.zero_stage == 1 || p_.zero_stage == 2) {
-        // Megatron-LM --overlap-param-gather: bucket by bucket behind the next step's first
-        // forward (charged here, since every step is alike); otherwise exposed after the step.
-        x += A.overlap_param_gather_after_step ? hidden(k.param_gather, k.forward) : k.param_gather;
-      }
-      exposed = std::max(exposed, x);
-      optimizer = std::max(optimizer, k.optimizer);
+    // from_first[k]: the first micro-batch's forward through one chunk of each stage before k;
+    // from_last[k] the same from the last stage (DualPipe's reverse direction); back[k]: a
+    // whole backward of one chunk through each stage before k.
+    std::vector<double> from_first(static_cast<std::size_t>(pp), 0.0);
+    std::vector<double> from_last(static_cast<std::size_t>(pp), 0.0);
+    std::vector<double> back(static_cast<std::size_t>(pp), 0.0);
+    for (Count st = 1; st < pp; ++st) {
+      const StageCosts& k = costs(st - 1);
+      from_first[static_cast<std::size_t>(st)] =
+          from_first[static_cast<std::size_t>(st - 1)] + k.forward / v + k.p2p;
+      back[static_cast<std::size_t>(st)] = back[static_cast<std::size_t>(st - 1)] +
+                                           (k.backward_input + k.backward_weight) / v + k.p2p;
     }
-
+    for (Count st = pp - 2; st >= 0; --st) {
+      const StageCosts& k = costs(st + 1);
+      from_last[static_cast<std::size_t>(st)] =
+          from_last[static_cast<std::size_t>(st + 1)] + k.forward / v + k.p2p;
+    }
+    const double first_optimizer = costs(0).optimizer;
+    double bound = 0, busy_sum = 0, best_busy = 0, best_wait = 0, best_opt = 0;
+    for (Count st = 0; st < pp; ++st) {
+      const StageCosts& k = costs(st);
+      double busy = passes * (k.forward + k.backward_input + k.backward_weight);
+      // Every forward chunk of the stage may pair with a backward (nmb_ of them under DualPipe,
+      // v per micro-batch otherwise), each hiding at most its chunk's waited TP time.
+      if (pairs) {
+        busy -= static_cast<double>(nmb_) * (bidirectional(p_.schedule) ? 1.0 : v) *
+                k.tp_communication / v;
+      }
+      busy = std::max(0.0, busy);
+      double fill = 0;
+      if (!overlap) {
+        fill = bidirectional(p_.schedule) ? std::min(from_first[static_cast<std::size_t>(st)],
+                                                     from_last[static_cast<std::size_t>(st)])
+                                          : from_first[static_cast<std::size_t>(st)];
+      }
+      // After its passes: its own optimizer, or the drain to the first stage and that stage's.
+      const double tail =
+          drains && st > 0
+              ? std::max(k.optimizer, back[static_cast<std::size_t>(st)] + first_optimizer)
+              : k.optimizer;
+      busy_sum += busy + k.optimizer;
+      if (fill + busy + tail > bound) {
+        bound = fill + busy + tail;
+        best_busy = busy, best_wait = fill + tail - k.optimizer, best_opt = k.optimizer;
+      }
+    }
     TimeEstimate& out = e.time;
-    out.step_seconds = pipe + exposed + optimizer;
-    out.compute_seconds = m * t_max;
-    out.bubble_seconds = pipe - m * t_max;
-    out.bubble_fraction = pipe > 0 ? 1.0 - busy_sum / (p * pipe) : 0.0;
-    out.exposed_communication_seconds = exposed;
-    out.optimizer_seconds = optimizer;
-    const double tokens =
-        static_cast<double>(t_.global_batch_size) * static_cast<double>(t_.seq_length);
-    out.tokens_per_second = out.step_seconds > 0 ? tokens / out.step_seconds : 0;
-    const double peak = dense_peak(s_.cluster.gpu, t_.precision);
-    out.mfu = out.step_seconds > 0
-                  ? e.compute.model_flops_per_step /
-                        (out.step_seconds * static_cast<double>(s_.cluster.num_gpus) * peak)
-                  : 0;
+    out.engine = TimeEngine::lower_bound;
+    out.step_seconds = bound;
+    out.compute_seconds = best_busy;
+    out.bubble_seconds = best_wait;
+    out.bubble_fraction = bound > 0 ? 1.0 - busy_sum / (static_cast<double>(pp) * bound) : 0.0;
+    out.exposed_communication_seconds = 0;
+    out.optimizer_seconds = best_opt;
+    out.tokens_per_second = tokens_per_second(s_, out.step_seconds);
+    out.mfu = model_flops_utilization(s_, e.compute.model_flops_per_step, out.step_seconds);
   }
 
   const Scenario& s_;
@@ -1244,12 +1157,26 @@ class Estimator {
   std::array<GroupInfo, 9> groups_{};
   Count vocab_ = 0;
   Count nmb_ = 0;
-  std::vector<Count> zb_peak_;  // zb_auto: saved micro-batches per stage of the heuristic's order
   LayerFlops lf_;
   double head_fwd_ = 0;
 };
 
 }  // namespace
+
+double tokens_per_second(const Scenario& s, Seconds step_seconds) noexcept {
+  const double tokens = static_cast<double>(s.training.global_batch_size) *
+                        static_cast<double>(s.training.seq_length);
+  return step_seconds > 0 ? tokens / step_seconds : 0;
+}
+
+double model_flops_utilization(const Scenario& s, Flops model_flops_per_step,
+                               Seconds step_seconds) noexcept {
+  const double peak = dense_peak(s.cluster.gpu, s.training.precision);
+  return step_seconds > 0 && peak > 0
+             ? model_flops_per_step /
+                   (step_seconds * static_cast<double>(s.cluster.num_gpus) * peak)
+             : 0;
+}
 
 Estimate estimate(const Scenario& scenario) {
   return Estimator(scenario).run();

@@ -284,15 +284,14 @@ LayerFlops layer_flops(const LayerTable& table, Count micro_batch, Count seq,
                        const AttentionWindowSpec* window) noexcept {
   LayerFlops f;
   const double tokens = static_cast<double>(micro_batch) * static_cast<double>(seq);
-  // The table counts attention over all s keys of each query (Narayanan et al. 2021); a window
-  // keeps the share of the causal pairs it computes.
-  const double keys =
-      static_cast<double>(seq) * (window ? attention_keys_fraction(*window, seq) : 1.0);
+  // Of the s x s square, causal attention needs the half below the diagonal; a window keeps its
+  // share of those causal pairs (attention_keys_fraction), the rest is masked.
+  const double kept = 0.5 * (window ? attention_keys_fraction(*window, seq) : 1.0);
   const std::array<double, kMaxLayerOps> op_share = selective_op_recompute_share(table);
   int index = 0;
   for (const LayerOp& op : table) {
-    const double fwd =
-        tokens * (op.forward_flops_per_token + op.forward_flops_per_token_per_key * keys);
+    const double fwd = tokens * (op.forward_flops_per_token +
+                                 op.forward_flops_per_token_per_key * static_cast<double>(seq));
     f.forward += fwd;
     f.backward_input += op.backward_input_factor * fwd;
     f.backward_weight += op.backward_weight_factor * fwd;
@@ -300,6 +299,10 @@ LayerFlops layer_flops(const LayerTable& table, Count micro_batch, Count seq,
     for (int i = 0; i < op.num_saved; ++i) selective |= op.saved[i].dropped_by_selective;
     if (selective) f.selective_recompute += fwd;
     f.selective_op_recompute += op_share[index++] * fwd;
+    const double masked =
+        (1.0 - kept) * tokens * op.forward_flops_per_token_per_key * static_cast<double>(seq);
+    f.causal_masked_forward += masked;
+    f.causal_masked += masked * (1.0 + op.backward_input_factor + op.backward_weight_factor);
   }
   return f;
 }

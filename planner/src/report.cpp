@@ -51,14 +51,14 @@ std::string layout_line(const ParallelSpec& p) {
 }
 
 // Tries `s` and appends it when it is valid and lowers the peak.
-void try_change(std::vector<FitSuggestion>& out, const Estimate& base, Count base_gpus,
-                std::string change, Scenario s) {
+void try_change(std::vector<FitSuggestion>& out, const PlanFunction& plan, const Estimate& base,
+                Count base_gpus, std::string change, Scenario s) {
   try {
     validate_scenario(s);
   } catch (const InputError&) {
     return;
   }
-  const Estimate e = estimate(s);
+  const Estimate e = plan(s);
   // In reserved bytes: what fits compares (= total under the generic profile).
   if (e.memory.peak_reserved_bytes >= base.memory.peak_reserved_bytes) return;
   if (!e.memory.host_fits) return;
@@ -90,33 +90,33 @@ bool suggestion_before(const FitSuggestion& a, const FitSuggestion& b) {
 namespace {
 
 std::vector<FitSuggestion> single_changes(const Scenario& s, const Estimate& e,
-                                          bool more_gpus = true) {
+                                          const PlanFunction& plan, bool more_gpus = true) {
   std::vector<FitSuggestion> out;
   const ParallelSpec& p = s.parallel;
   for (int z = p.zero_stage + 1; z <= 3; ++z) {
     if (p.dp * p.cp == 1) break;  // ZeRO shards over dp·cp
     Scenario x = s;
     x.parallel.zero_stage = z;
-    try_change(out, e, s.cluster.num_gpus, fmt::format("ZeRO-{}", z), x);
+    try_change(out, plan, e, s.cluster.num_gpus, fmt::format("ZeRO-{}", z), x);
   }
   if (p.recompute != Recompute::full) {
     if (p.recompute == Recompute::none) {
       Scenario x = s;
       x.parallel.recompute = Recompute::selective;
-      try_change(out, e, s.cluster.num_gpus, "selective recompute", x);
+      try_change(out, plan, e, s.cluster.num_gpus, "selective recompute", x);
       if (s.training.framework == Framework::fsdp2) {  // torchtitan's per-op policy
         x.parallel.recompute = Recompute::selective_op;
-        try_change(out, e, s.cluster.num_gpus, "per-op selective checkpointing", x);
+        try_change(out, plan, e, s.cluster.num_gpus, "per-op selective checkpointing", x);
       }
     }
     Scenario x = s;
     x.parallel.recompute = Recompute::full;
-    try_change(out, e, s.cluster.num_gpus, "full recompute", x);
+    try_change(out, plan, e, s.cluster.num_gpus, "full recompute", x);
   }
   if (!p.sequence_parallel && p.tp > 1) {
     Scenario x = s;
     x.parallel.sequence_parallel = true;
-    try_change(out, e, s.cluster.num_gpus, "sequence parallel", x);
+    try_change(out, plan, e, s.cluster.num_gpus, "sequence parallel", x);
   }
   if (p.dp % 2 == 0) {
     Scenario x = s;
@@ -124,14 +124,14 @@ std::vector<FitSuggestion> single_changes(const Scenario& s, const Estimate& e,
     x.parallel.dp /= 2;
     x.parallel.fsdp_shard_size = std::max<Count>(1, x.parallel.fsdp_shard_size / 2);
     if (x.parallel.dp % x.parallel.fsdp_shard_size != 0) x.parallel.fsdp_shard_size = x.parallel.dp;
-    try_change(out, e, s.cluster.num_gpus,
+    try_change(out, plan, e, s.cluster.num_gpus,
                fmt::format("tp={} (dp={})", x.parallel.tp, x.parallel.dp), x);
     Scenario y = s;
     y.parallel.pp *= 2;
     y.parallel.dp /= 2;
     y.parallel.fsdp_shard_size = x.parallel.fsdp_shard_size;
     y.parallel.layers_per_stage.clear();
-    try_change(out, e, s.cluster.num_gpus,
+    try_change(out, plan, e, s.cluster.num_gpus,
                fmt::format("pp={} (dp={})", y.parallel.pp, y.parallel.dp), y);
   }
   // Context parallelism: half the data-parallel ranks split each sequence instead (ring
@@ -142,32 +142,32 @@ std::vector<FitSuggestion> single_changes(const Scenario& s, const Estimate& e,
     x.parallel.dp /= 2;
     x.parallel.fsdp_shard_size = std::max<Count>(1, x.parallel.fsdp_shard_size / 2);
     if (x.parallel.dp % x.parallel.fsdp_shard_size != 0) x.parallel.fsdp_shard_size = x.parallel.dp;
-    try_change(out, e, s.cluster.num_gpus,
+    try_change(out, plan, e, s.cluster.num_gpus,
                fmt::format("cp={} (dp={})", x.parallel.cp, x.parallel.dp), x);
   }
   if (s.training.micro_batch_size > 1) {
     Scenario x = s;
     x.training.micro_batch_size /= 2;
-    try_change(out, e, s.cluster.num_gpus,
+    try_change(out, plan, e, s.cluster.num_gpus,
                fmt::format("micro_batch_size={}", x.training.micro_batch_size), x);
   }
   if (p.schedule == Schedule::gpipe) {
     Scenario x = s;
     x.parallel.schedule = Schedule::one_f_one_b;
-    try_change(out, e, s.cluster.num_gpus, "1F1B schedule", x);
+    try_change(out, plan, e, s.cluster.num_gpus, "1F1B schedule", x);
   }
   // ZeRO-Offload: the optimizer partition (and at ZeRO-3 the parameters) to host memory; a
   // change that overflows the host memory given for the node is not offered.
   if (p.zero_stage >= 1 && p.offload_optimizer == Offload::none) {
     Scenario x = s;
     x.parallel.offload_optimizer = Offload::cpu;
-    try_change(out, e, s.cluster.num_gpus, "offload optimizer to CPU", x);
+    try_change(out, plan, e, s.cluster.num_gpus, "offload optimizer to CPU", x);
   }
   if (p.zero_stage == 3 && p.offload_params == Offload::none) {
     Scenario x = s;
     x.parallel.offload_params = Offload::cpu;
     if (x.parallel.offload_optimizer == Offload::none) x.parallel.offload_optimizer = Offload::cpu;
-    try_change(out, e, s.cluster.num_gpus,
+    try_change(out, plan, e, s.cluster.num_gpus,
                p.offload_optimizer == Offload::none ? "offload optimizer and parameters to CPU"
                                                     : "offload parameters to CPU",
                x);
@@ -180,13 +180,13 @@ std::vector<FitSuggestion> single_changes(const Scenario& s, const Estimate& e,
     x.parallel.dp *= 2;
     x.parallel.fsdp_shard_size = x.parallel.dp;
     x.parallel.zero_stage = 3;
-    try_change(out, e, s.cluster.num_gpus,
+    try_change(out, plan, e, s.cluster.num_gpus,
                fmt::format("{} GPUs, dp={} with ZeRO-3", x.cluster.num_gpus, x.parallel.dp), x);
     Scenario y = s;
     y.cluster.num_gpus *= 2;
     y.parallel.pp *= 2;
     y.parallel.layers_per_stage.clear();
-    try_change(out, e, s.cluster.num_gpus,
+    try_change(out, plan, e, s.cluster.num_gpus,
                fmt::format("{} GPUs, pp={}", y.cluster.num_gpus, y.parallel.pp), y);
   }
   std::stable_sort(out.begin(), out.end(), suggestion_before);
@@ -195,20 +195,21 @@ std::vector<FitSuggestion> single_changes(const Scenario& s, const Estimate& e,
 
 }  // namespace
 
-std::vector<FitSuggestion> fit_suggestions(const Scenario& s, const Estimate& e) {
+std::vector<FitSuggestion> fit_suggestions(const Scenario& s, const Estimate& e,
+                                           const PlanFunction& plan) {
   // More GPUs are suggested only for a layout that does not fit.
-  std::vector<FitSuggestion> out = single_changes(s, e, /*more_gpus=*/!e.memory.fits);
+  std::vector<FitSuggestion> out = single_changes(s, e, plan, /*more_gpus=*/!e.memory.fits);
   const auto fits_here = [](const FitSuggestion& f) { return f.fits && !f.more_gpus; };
   if (out.empty() || std::any_of(out.begin(), out.end(), fits_here)) return out;
   // No single change fits: combine the best change of each round, greedily, first on the same
   // GPUs and only then with more.
   FitSuggestion combined;
   for (bool more_gpus : {false, true}) {
-    auto first = single_changes(s, e, more_gpus);
+    auto first = single_changes(s, e, plan, more_gpus);
     if (first.empty()) continue;
     combined = first.front();
     for (int round = 0; round < 4 && !combined.fits; ++round) {
-      const auto next = single_changes(combined.scenario, estimate(combined.scenario), more_gpus);
+      const auto next = single_changes(combined.scenario, plan(combined.scenario), plan, more_gpus);
       if (next.empty()) break;
       combined.change += " + " + next.front().change;
       combined.scenario = next.front().scenario;
@@ -222,7 +223,7 @@ std::vector<FitSuggestion> fit_suggestions(const Scenario& s, const Estimate& e)
       std::any_of(out.begin(), out.end(), [](const FitSuggestion& f) { return f.fits; });
   if (combined.fits && (!combined.more_gpus || !any_fit)) {
     combined.saving_bytes = e.memory.peak_reserved_bytes - combined.peak_bytes;
-    combined.step_seconds = estimate(combined.scenario).time.step_seconds;
+    combined.step_seconds = plan(combined.scenario).time.step_seconds;
     combined.time_cost_seconds = combined.step_seconds - e.time.step_seconds;
     out.push_back(std::move(combined));
     std::stable_sort(out.begin(), out.end(), suggestion_before);
@@ -230,7 +231,7 @@ std::vector<FitSuggestion> fit_suggestions(const Scenario& s, const Estimate& e)
   return out;
 }
 
-std::string format_plan_table(const Scenario& s, const Estimate& e) {
+std::string format_plan_table(const Scenario& s, const Estimate& e, const PlanFunction& plan) {
   std::string out;
   auto line = [&out](const std::string& l) { out += l + '\n'; };
   const auto& m = s.model;
@@ -313,7 +314,7 @@ std::string format_plan_table(const Scenario& s, const Estimate& e) {
         "  DOES NOT FIT: peak {} GiB on stage {} exceeds {} GiB by {} GiB. Largest: {} ({:.0f}%).",
         gib(e.memory.peak_reserved_bytes), e.memory.peak_stage, gib(e.memory.capacity_bytes),
         gib(e.memory.peak_reserved_bytes - e.memory.capacity_bytes), dom.first, 100 * share));
-    const auto fixes = fit_suggestions(s, e);
+    const auto fixes = fit_suggestions(s, e, plan);
     if (fixes.empty()) {
       line(
           "  No single change of the layout lowers the peak; more GPUs per layout or a shorter "
@@ -361,17 +362,23 @@ std::string format_plan_table(const Scenario& s, const Estimate& e) {
                      human_bytes(c.wire_bytes_per_gpu_per_step), c.seconds_per_step * 1e3, c.what));
   }
   line("");
-  line(fmt::format("Compute per step: {:.3g} model FLOPs, {:.3g} hardware FLOPs (with recompute)",
-                   e.compute.model_flops_per_step, e.compute.hardware_flops_per_step));
   line(
-      fmt::format("Time (analytic, op roofline, GEMM ceiling {:.0f}% of peak): step {:.1f} ms, "
-                  "{:.0f} tokens/s, MFU {:.1f}%",
-                  100 * device_rates(s).gemm_efficiency, e.time.step_seconds * 1e3,
-                  e.time.tokens_per_second, 100 * e.time.mfu));
+      fmt::format("Compute per step: {:.3g} model FLOPs (causal attention, Megatron-LM's count), "
+                  "{:.3g} hardware FLOPs (with recompute)",
+                  e.compute.model_flops_per_step, e.compute.hardware_flops_per_step));
+  // The engine that timed the step: the schedule's walk (the plan), or estimate()'s closed-form
+  // lower bound when a caller formats an estimate alone.
+  const bool walked = e.time.engine == TimeEngine::schedule_walk;
   line(fmt::format(
-      "  compute {:.1f} ms, pipeline bubble {:.1f} ms ({:.1f}%), exposed DP "
-      "communication {:.1f} ms, optimizer {:.1f} ms",
-      e.time.compute_seconds * 1e3, e.time.bubble_seconds * 1e3, 100 * e.time.bubble_fraction,
+      "Time ({}, op roofline, GEMM ceiling {:.0f}% of peak): step {:.1f} ms, "
+      "{:.0f} tokens/s, MFU {:.1f}%",
+      walked ? "schedule walk" : "closed-form lower bound", 100 * device_rates(s).gemm_efficiency,
+      e.time.step_seconds * 1e3, e.time.tokens_per_second, 100 * e.time.mfu));
+  const double step = e.time.step_seconds > 0 ? e.time.step_seconds : 1.0;
+  line(fmt::format(
+      "  busiest stage's passes {:.1f} ms, pipeline bubble {:.1f} ms ({:.1f}% of the step), "
+      "exposed communication {:.1f} ms, optimizer {:.1f} ms",
+      e.time.compute_seconds * 1e3, e.time.bubble_seconds * 1e3, 100 * e.time.bubble_seconds / step,
       e.time.exposed_communication_seconds * 1e3, e.time.optimizer_seconds * 1e3));
   return out;
 }

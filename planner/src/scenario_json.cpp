@@ -1161,6 +1161,7 @@ json plan_to_json(const Scenario& s, const Estimate& e, unsigned parts) {
     put(o, "peak_reserved_bytes", e.memory.peak_reserved_bytes);
     put(o, "peak_stage", e.memory.peak_stage);
     put(o, "fits", e.memory.fits);
+    put(o, "fits_compares", "peak_reserved_bytes");  // with capacity_bytes (docs/memory.md)
     put(o, "host_bytes_per_node", e.memory.host_bytes_per_node);
     put(o, "host_capacity_bytes", e.memory.host_capacity_bytes);
     put(o, "host_fits", e.memory.host_fits);
@@ -1182,6 +1183,8 @@ json plan_to_json(const Scenario& s, const Estimate& e, unsigned parts) {
   if (parts & plan_compute) {
     json j(json::value_t::object);
     auto& o = j.get_ref<json::object_t&>();
+    // The MFU numerator's convention, named (docs/flops.md, "Conventions").
+    put(o, "model_flops_convention", "causal_attention");
     put(o, "model_flops_per_step", e.compute.model_flops_per_step);
     put(o, "hardware_flops_per_step", e.compute.hardware_flops_per_step);
     put(top, "compute", std::move(j));
@@ -1198,6 +1201,7 @@ json plan_to_json(const Scenario& s, const Estimate& e, unsigned parts) {
   if (parts & plan_time) {
     json j(json::value_t::object);
     auto& o = j.get_ref<json::object_t&>();
+    put(o, "engine", std::string(to_string(e.time.engine)));
     put(o, "step_seconds", e.time.step_seconds);
     put(o, "tokens_per_second", e.time.tokens_per_second);
     put(o, "mfu", e.time.mfu);

@@ -167,5 +167,8 @@ std::string_view to_string(CollectiveOp v) noexcept {
 std::string_view to_string(Link v) noexcept {
   return v == Link::intra_node ? "intra_node" : "inter_node";
 }
+std::string_view to_string(TimeEngine v) noexcept {
+  return v == TimeEngine::lower_bound ? "lower_bound" : "schedule_walk";
+}
 
 }  // namespace distplan

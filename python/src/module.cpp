@@ -20,6 +20,7 @@
 #include "distplan/planner/scenario_json.h"
 #include "distplan/search/search.h"
 #include "distplan/search/search_json.h"
+#include "distplan/simulator/plan.h"
 #include "distplan/simulator/simulate.h"
 #include "distplan/simulator/simulate_json.h"
 #include "py_json.h"
@@ -50,7 +51,7 @@ pyb::object plan(pyb::handle scenario) {
   {
     pyb::gil_scoped_release nogil;
     const Scenario s = scenario_from_json(doc);
-    out = plan_to_json(s, estimate(s));
+    out = plan_to_json(s, sim::plan(s));
   }
   return to_object(out);
 }
@@ -116,7 +117,7 @@ pyb::list plan_many(pyb::handle scenarios, pyb::handle parts_arg) {
       for (std::size_t k = 0; k < docs.size(); ++k) {
         try {
           const Scenario s = scenario_from_json(docs[k]);
-          outs[k] = plan_to_json(s, estimate(s), parts);
+          outs[k] = plan_to_json(s, sim::plan(s), parts);
         } catch (const InputError& e) {
           // The list is the document: the error's pointer starts at the scenario's index.
           throw InputError("/" + std::to_string(begin + static_cast<Py_ssize_t>(k)) + e.path(),
@@ -134,7 +135,7 @@ pyb::list plan_many(pyb::handle scenarios, pyb::handle parts_arg) {
 }
 
 // For bench/python_bench.py: plan_many's work on a list, phase by phase, in CPU seconds of this
-// thread — reading the Python objects, parsing the scenarios, estimating, building the plan
+// thread — reading the Python objects, parsing the scenarios, planning, building the plan
 // documents, converting them to Python objects. The answers are dropped.
 pyb::dict plan_many_phases(const pyb::list& items, pyb::handle parts_arg) {
   const unsigned parts = plan_parts(parts_arg);
@@ -157,7 +158,7 @@ pyb::dict plan_many_phases(const pyb::list& items, pyb::handle parts_arg) {
   double t2 = cpu();
   std::vector<Estimate> estimates;
   estimates.reserve(parsed.size());
-  for (const Scenario& s : parsed) estimates.push_back(estimate(s));
+  for (const Scenario& s : parsed) estimates.push_back(sim::plan(s));
   double t3 = cpu();
   std::vector<json> outs;
   outs.reserve(parsed.size());
@@ -222,6 +223,7 @@ pyb::object calibrate_runs(pyb::handle runs, pyb::handle fit) {
   json doc = from_python(runs.ptr());
   if (doc.is_array()) doc = json{{"runs", std::move(doc)}};
   CalibrationOptions co;
+  co.step_seconds = sim::plan_step_seconds;
   if (!fit.is_none()) {
     if (PyUnicode_Check(fit.ptr())) throw pyb::type_error("fit must be a list of names");
     for (pyb::handle name : fit) co.parameters.push_back(pyb::cast<std::string>(name));

@@ -157,11 +157,12 @@ Bytes FastMemory::peak_bytes(const Layout& l) const noexcept {
 }
 
 Seconds FastMemory::step_lower_bound(const Layout& l) const noexcept {
-  // Per micro-batch on one GPU of a stage: its layers' forward, backward and recomputation
-  // op costs (the planner's own), plus the norm, LM head and loss on the last stage. estimate()'s
-  // stage time adds TP communication and blocking sends to these; its step is at least m times the
-  // slowest stage (every schedule's pipeline term is m * t_max plus non-negative bubble, p2p,
-  // exposed-communication and optimizer terms).
+  // A lower bound of the walked step (docs/search.md, "Ranking by the walk"). Per micro-batch on
+  // one GPU of a stage: its layers' forward, backward and recomputation op costs (the planner's
+  // own), plus the norm, LM head and loss on the last stage. The walk's passes add TP, CP and EP
+  // communication and blocking sends to these, and an F&B pair hides only communication, so each
+  // stage's compute stream is busy at least m times this; and unless steps overlap, a stage
+  // starts no earlier than the first micro-batch's forward through the chunks before it.
   const int sp = l.sequence_parallel ? 1 : 0;
   const PassCosts& c = layer_[sp];
   const PassCosts& x = routed_[sp];  // MoE: the routed part (zero for a dense model)
@@ -170,6 +171,7 @@ Seconds FastMemory::step_lower_bound(const Layout& l) const noexcept {
   if (l.recompute == Recompute::full) per_layer += c.forward + x.forward;
   if (l.recompute == Recompute::selective) per_layer += c.selective_recompute;
   if (l.recompute == Recompute::selective_op) per_layer += c.selective_op_recompute;
+  const double forward_per_layer = c.forward + x.forward;
   const PassCosts& d = dense_layer_[sp];  // a MoE model's dense-MLP layers
   double per_dense = d.forward + d.backward_input + d.backward_weight;
   if (l.recompute == Recompute::full) per_dense += d.forward;
@@ -178,53 +180,53 @@ Seconds FastMemory::step_lower_bound(const Layout& l) const noexcept {
   const double head = head_[sp].forward + head_[sp].backward_input + head_[sp].backward_weight;
   const std::vector<StageLayerMix>& mx = mix(l);
   // A MoE model's stage: its MoE layers at per_layer, the others at per_dense.
+  auto moe_of = [&](const StageLayerMix& x) { return mixed_ ? x.moe_layers : x.layers; };
   auto stage = [&](const StageLayerMix& x, bool last) {
-    const Count moe = mixed_ ? x.moe_layers : x.layers;
+    const Count moe = moe_of(x);
     return static_cast<double>(moe) * per_layer + static_cast<double>(x.layers - moe) * per_dense +
            (last ? head : 0.0);
   };
+  auto forward_of = [&](const StageLayerMix& x) {
+    const Count moe = moe_of(x);
+    return static_cast<double>(moe) * forward_per_layer +
+           static_cast<double>(x.layers - moe) * d.forward;
+  };
+  const double m = static_cast<double>(stage_passes(l.schedule, num_microbatches_));
   if (bidirectional(l.schedule)) {
     // Two model stages per stage, the ends with the LM head (and embedding), m/2 whole-stage
     // passes per step (layout.h, stage_passes).
     double busiest = 0;
     for (const StageLayerMix& x : mx) busiest = std::max(busiest, stage(x, true));
-    return static_cast<double>(stage_passes(l.schedule, num_microbatches_)) * busiest;
+    return m * busiest;
   }
-  double busiest = 0;
-  for (std::size_t st = 0; st < mx.size(); ++st) {
-    // Without mixed layers only stages 0, 1 and pp - 1 can be the busiest (peak_bytes).
-    if (!mixed_ && st > 1 && st + 1 < mx.size()) continue;
-    busiest = std::max(busiest, stage(mx[st], st + 1 == mx.size()));
-  }
-  // The pipeline term's bubble where its closed form bounds it by compute alone: GPipe and 1F1B
-  // (m - 1) t_max + sum_s t_s >= (m - 1) busiest + all stages' compute; interleaved
-  // m t_max + (p - 1) t_max / v. ZB-H1/H2's and the V schedules' bubble depends on F + B - W of the
-  // slowest stage: left out (m t_max only).
-  const double m = static_cast<double>(num_microbatches_);
-  const double p = static_cast<double>(l.pp);
-  double pipe = m * busiest;
-  switch (l.schedule) {
-    case Schedule::gpipe:
-    case Schedule::one_f_one_b: {
-      double all_stages = head;
-      for (const StageLayerMix& x : mx) all_stages += stage(x, false);
-      pipe = (m - 1) * busiest + all_stages;
-      break;
+  // The LM head sits on head_stage(): the last stage, or stage 0 under a V (layout.h).
+  const Count head_st = head_stage(l.schedule, l.pp);
+  double bound = m * stage(mx[0], head_st == 0);
+  if (l.pp > 1) {
+    const double v = static_cast<double>(l.virtual_stages);
+    const bool fill = !steps_overlap(l.schedule);
+    // Where a stage's last pass is a whole backward of its first chunk, that gradient goes back
+    // through every stage before it (GPipe, 1F1B, interleaved 1F1B; estimate.cpp, time()).
+    const bool drain = l.schedule == Schedule::gpipe || l.schedule == Schedule::one_f_one_b ||
+                       l.schedule == Schedule::interleaved_1f1b;
+    // The fill and drain through the stages before `st`: their layers' forward and backward.
+    auto around = [&](Count st) {
+      double fwd = 0, all = 0;
+      for (Count i = 0; i < st; ++i) {
+        fwd += forward_of(mx[static_cast<std::size_t>(i)]);
+        all += stage(mx[static_cast<std::size_t>(i)], false);
+      }
+      return (fill ? fwd / v : 0.0) + (drain ? (all - fwd) / v : 0.0);
+    };
+    // Without mixed layers stages 1 and pp - 1 bound the others (peak_bytes); with them, every
+    // stage is a candidate.
+    for (Count st = 1; st < l.pp; ++st) {
+      if (!mixed_ && st != 1 && st != l.pp - 1) continue;
+      bound =
+          std::max(bound, around(st) + m * stage(mx[static_cast<std::size_t>(st)], head_st == st));
     }
-    case Schedule::interleaved_1f1b:
-      pipe = m * busiest + (p - 1) * busiest / static_cast<double>(l.virtual_stages);
-      break;
-    case Schedule::zb_h1:
-    case Schedule::zb_h2:
-    case Schedule::zb_v:
-    case Schedule::v_half:
-    case Schedule::v_min:
-    case Schedule::dualpipe_v:
-    case Schedule::dualpipe:
-    case Schedule::zb_auto:
-      break;
   }
-  return pipe;
+  return bound;
 }
 
 }  // namespace distplan::search

@@ -235,10 +235,11 @@ void read_search(const json& v, Request& r) {
           read_enum(value, path, {Objective::throughput, Objective::memory, Objective::gpus});
     } else if (key == "memory_margin") {
       r.options.memory_margin = read_number(value, path, 0.0, 0.99);
-    } else if (key == "simulate_top") {
-      r.options.simulate_top = static_cast<int>(read_int(value, path, 0, kMaxTopK));
-    } else if (key == "simulate_within") {
-      r.options.simulate_within = read_number(value, path, 0.0, 1.0);
+    } else if (key == "simulate_top" || key == "simulate_within") {
+      throw InputError(path,
+                       "is no longer an option: every plan the search ranks is timed by the "
+                       "schedule walk, the search walks candidates in order of a lower bound "
+                       "until none can enter the best (docs/search.md); remove the field");
     } else if (key == "target_tokens_per_second") {
       r.options.target_tokens_per_second = read_number(value, path, 0.0, 1e18);
       has_target = true;
@@ -250,8 +251,8 @@ void read_search(const json& v, Request& r) {
       r.space.constraints = read_constraints(value);
     } else {
       unknown_key("/search", key,
-                  {"top_k", "objective", "memory_margin", "simulate_top",
-                   "target_tokens_per_second", "threads", "suggest", "constraints"});
+                  {"top_k", "objective", "memory_margin", "target_tokens_per_second", "threads",
+                   "suggest", "constraints"});
     }
   }
   if (r.options.objective == Objective::gpus && !has_target) {
@@ -335,8 +336,7 @@ json plan_to_json_entry(const Scenario& base, const Plan& p, int rank) {
             {"tokens_per_second", p.figures.tokens_per_second},
             {"mfu", p.figures.mfu},
             {"bubble_fraction", p.bubble_fraction},
-            {"simulated", p.simulated},
-            {"analytic", figures_to_json(p.analytic)}};
+            {"bound", figures_to_json(p.bound)}};
   if (rank > 0) j["rank"] = rank;
   return j;
 }
@@ -374,8 +374,7 @@ json result_to_json(const Request& req, const Result& r) {
             {"layouts_per_second",
              r.evaluate_seconds > 0 ? static_cast<double>(r.evaluated) / r.evaluate_seconds : 0.0},
             {"threads", r.threads},
-            {"simulated", r.simulated},
-            {"simulator", r.simulator_available},
+            {"walked", r.walked},
             {"rejected", rejected},
             {"plans", plans}};
   if (r.objective == Objective::gpus) {
@@ -412,11 +411,10 @@ std::string format_result_table(const Request& req, const Result& r) {
   o << fmt::format(
       "Objective {}; evaluated {} layouts in {:.3f} s ({:.2f} M/s over {:.3f} s of evaluation, {} "
       "threads); "
-      "{} fit; {} simulated{}\n\n",
+      "{} fit; {} planned with the schedule walk\n\n",
       to_string(r.objective), r.evaluated, r.seconds,
       r.evaluate_seconds > 0 ? static_cast<double>(r.evaluated) / r.evaluate_seconds / 1e6 : 0.0,
-      r.evaluate_seconds, r.threads, r.feasible, r.simulated,
-      r.simulator_available ? "" : " (simulator not built: analytic ranking)");
+      r.evaluate_seconds, r.threads, r.feasible, r.walked);
   auto row = [&](const Plan& p, const std::string& rank) {
     const Layout& l = p.layout;
     const std::string zero =
@@ -426,11 +424,11 @@ std::string format_result_table(const Request& req, const Result& r) {
                                      : std::to_string(l.zero_stage));
     o << fmt::format(
         "{:>4} {:>3} {:>3} {:>5} {:>3} {:>6} {:>3} {:>9} {:>16} {:>3} {:>9.2f} {:>10.1f} "
-        "{:>12.0f} {:>5.1f}{}{}{}{}\n",
+        "{:>12.0f} {:>5.1f}{}{}{}\n",
         rank, l.tp, l.pp, l.dp, l.virtual_stages, zero, l.sequence_parallel ? "on" : "-",
         to_string(l.recompute), to_string(l.schedule), l.micro_batch_size,
         to_gib(p.figures.peak_bytes), p.figures.step_seconds * 1e3, p.figures.tokens_per_second,
-        p.figures.mfu * 100, p.simulated ? " sim" : "",
+        p.figures.mfu * 100,
         l.cp > 1 ? fmt::format(" cp={} ({})", l.cp, to_string(b.parallel.cp_comm)) : "",
         l.ep > 1 ? fmt::format(" ep={}", l.ep) : "",
         l.etp > 1 ? fmt::format(" etp={}", l.etp) : "");

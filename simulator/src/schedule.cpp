@@ -303,20 +303,6 @@ SchedulePrograms make_zb_auto(Count m, const std::vector<ZbAutoStage>& stages, S
   return out;
 }
 
-bool steps_overlap(Schedule kind) noexcept {
-  // Both need the optimizer's post-validation (Qi et al. 2023, Sec. 4) to reach their published
-  // bubbles: without it the step-wide synchronization breaks the parallelogram.
-  // The V-Half / V-Min authors measure the same way: the longest stage span (zbv_greedy.py,
-  // eager_execution_time).
-  // DualPipeV steps its optimizer after a synchronized step (DeepSeek-AI's code waits for all
-  // its sends before returning), so its step ends when the last stage does.
-  // zb_auto as the paper runs its automatic schedules (post-validation, Sec. 4; Table 5 counts
-  // their longest stage span).
-  // DualPipe likewise (dualpipe.py waits for its last exchanges before returning).
-  return kind == Schedule::zb_h2 || kind == Schedule::zb_auto ||
-         (v_shape(kind) && kind != Schedule::dualpipe_v);
-}
-
 SchedulePrograms make_schedule(Schedule kind, Count p, Count m, Count v) {
   if (two_chunks(kind) && v != 2) {
     throw InputError("/parallel/virtual_stages",

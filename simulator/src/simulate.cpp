@@ -77,6 +77,7 @@ struct StageTimes {
   Seconds grad_reduce = 0;       // per chunk and step (ZeRO-2/3: spread over the m micro-batches)
   Count grad_buckets = 1;        // per chunk
   Seconds param_gather = 0;
+  Seconds first_forward = 0;  // one micro-batch's forward through the whole stage
   Seconds optimizer = 0;
   Bytes chunk_bytes = 0;   // one (micro-batch, chunk) through one chunk's layers
   Bytes first_bytes = 0;   // more for a pass of the first virtual stage (embedding output)
@@ -99,6 +100,7 @@ struct StageState {
   EventTime first_start = -1;
   EventTime last_end = 0;
   Seconds busy_seconds = 0;
+  Seconds slowdown_seconds = 0;  // of busy_seconds: overlap_penalty()
   Count inflight_chunks = 0, peak_chunks = 0;
   Count inflight_mbs = 0, peak_mbs = 0;
   Bytes inflight_bytes = 0, peak_bytes = 0;
@@ -127,6 +129,8 @@ struct Run {
   bool overlap_param_gather;
   bool per_microbatch_reduce;  // ZeRO-2/3: gradients are reduce-scattered after every micro-batch
   bool overlap_steps;          // steps_overlap(schedule): the step is the longest stage span
+  bool gather_after_step;      // ZeRO-1/2 gather behind the next step's first forward
+  double compute_slowdown;     // assumptions.overlap_compute_slowdown
   bool record;
   Workspace& ws;
   SimResult& out;  // trace and memory are appended when `record` (to `sink` when one is set)
@@ -257,7 +261,10 @@ struct Run {
         return;
       }
     }
-    const Seconds d = pair ? pair_duration(s, actions[st.pc + 1].op) : duration(s, a.op);
+    Seconds d = pair ? pair_duration(s, actions[st.pc + 1].op) : duration(s, a.op);
+    const Seconds slowdown = overlap_penalty(s, st.pc, pair, d);
+    d += slowdown;
+    st.slowdown_seconds += slowdown;
     st.busy = true;
     st.current = a;
     st.current_pair = pair;
@@ -298,6 +305,35 @@ struct Run {
         needs_gather(actions[next].op)) {
       issue_gather(s, next, now);
     }
+  }
+
+  // NCCL's kernels share the SMs with the pass they overlap, which runs overlap_compute_slowdown
+  // slower for the communication it hides: the next pass's ZeRO-3 gather (prefetched while this
+  // one runs) and the gradient reduction this pass's weight gradients start (overlap.h,
+  // exposed_after_overlap: slowdown x min(communication, window)).
+  Seconds overlap_penalty(std::size_t s, std::size_t pos, bool pair, Seconds d) const noexcept {
+    if (compute_slowdown <= 0 || d <= 0) return 0;
+    const StageTimes& t = times[s];
+    const auto& actions = prog.programs[s];
+    const std::size_t next = pos + (pair ? 2 : 1);
+    Seconds comm = 0;
+    if (t.zero3_gather > 0 && overlap_param_gather && next < actions.size() &&
+        needs_gather(actions[next].op)) {
+      comm += t.zero3_gather * (actions[next].overlap_next ? 2.0 : 1.0);
+    }
+    if (overlap_grad_reduce && t.grad_reduce > 0) {
+      for (std::size_t i = pos; i < next; ++i) {
+        const Action& a = actions[i];
+        if (a.op != Op::backward && a.op != Op::backward_weight) continue;
+        if (per_microbatch_reduce) {
+          comm += t.grad_reduce / static_cast<double>(m);
+        } else if (i == ws.last_wgrad[s * static_cast<std::size_t>(v) +
+                                      static_cast<std::size_t>(a.chunk)]) {
+          comm += t.grad_reduce;
+        }
+      }
+    }
+    return compute_slowdown * std::min(comm, d);
   }
 
   void release(std::size_t s, const Action& a, EventTime now) {
@@ -454,20 +490,36 @@ struct Run {
       const EventTime opt_end = opt_start + t.optimizer;
       if (record && t.optimizer > 0)
         trace(s, Track::compute, SliceKind::optimizer, nullptr, opt_start, t.optimizer);
+      // ZeRO-1/2's parameter all-gather: after the optimizer on the DP stream, or with
+      // Megatron-LM's --overlap-param-gather (assumptions.overlap_param_gather_after_step) bucket
+      // by bucket behind the next step's first forward: what that forward cannot hide, and the
+      // slowdown of what it hides (overlap.h), extend this step (every step is alike).
+      EventTime gather_end = opt_end;
       if (t.param_gather > 0) {
-        const EventTime g = st.dp.submit(opt_end, t.param_gather);
-        if (record) trace(s, Track::dp, SliceKind::param_gather, nullptr, g, t.param_gather);
+        if (gather_after_step) {
+          gather_end =
+              opt_end + exposed_after_overlap(t.param_gather, t.first_forward, compute_slowdown);
+          if (record)
+            trace(s, Track::dp, SliceKind::param_gather, nullptr, opt_end, t.param_gather);
+        } else {
+          const EventTime g = st.dp.submit(opt_end, t.param_gather);
+          if (record) trace(s, Track::dp, SliceKind::param_gather, nullptr, g, t.param_gather);
+        }
       }
-      r.end_seconds = std::max(
-          {opt_end, st.dp.free_at, st.send_next.free_at, st.send_prev.free_at, st.zero3.free_at});
+      r.end_seconds = std::max({opt_end, gather_end, st.dp.free_at, st.send_next.free_at,
+                                st.send_prev.free_at, st.zero3.free_at});
       r.busy_seconds = st.busy_seconds + t.optimizer;
       r.optimizer_seconds = t.optimizer;
+      r.overlap_slowdown_seconds = st.slowdown_seconds;
       r.send_seconds = st.send_next.busy_seconds + st.send_prev.busy_seconds;
       r.dp_communication_seconds = st.dp.busy_seconds + st.zero3.busy_seconds;
       r.peak_inflight_chunks = st.peak_chunks;
       r.peak_inflight_microbatches = st.peak_mbs;
       r.peak_activation_bytes = st.peak_bytes;
       r.peak_allocated_bytes = t.static_bytes + std::max(st.peak_bytes, st.peak_backward_bytes);
+      r.peak_in_backward = st.peak_backward_bytes >= st.peak_bytes && st.peak_backward_bytes > 0;
+      r.peak_moment_activation_bytes =
+          r.peak_in_backward ? st.peak_backward_bytes - t.backward_extra_bytes : st.peak_bytes;
       // Overlapping steps: each stage starts its next step as soon as its own work is done, so
       // shifting every stage's timeline by its longest span is a feasible period.
       step = std::max(step, overlap_steps ? r.end_seconds - r.first_start_seconds : r.end_seconds);
@@ -506,7 +558,7 @@ std::vector<StageTimes> stage_times(const Scenario& s, const Estimate& e, const 
       t.chunk_bytes = sm.chunk_activation_bytes > 0
                           ? sm.chunk_activation_bytes
                           : (sm.activation_bytes_per_microbatch - t.first_bytes - t.last_bytes) / v;
-      t.backward_extra_bytes = sm.working_bytes + sm.transient_bytes;
+      t.backward_extra_bytes = sm.backward_extra_bytes;
       t.static_bytes =
           sm.allocated_bytes - sm.activations_bytes - sm.transient_bytes;  // states, buffers
     }
@@ -550,6 +602,7 @@ std::vector<StageTimes> stage_times(const Scenario& s, const Estimate& e, const 
           (grad_bytes + opts.grad_bucket_bytes - 1) / opts.grad_bucket_bytes, 1, 4096);
     }
     t.param_gather = c.param_gather;
+    t.first_forward = c.forward;
     t.optimizer = c.optimizer;
   }
   return times;
@@ -636,6 +689,8 @@ SimResult simulate(const Scenario& s, const Estimate& e, const SimOptions& opts)
           s.assumptions.overlap_param_gather,
           per_mb,
           steps_overlap(s.parallel.schedule),
+          s.assumptions.overlap_param_gather_after_step,
+          s.assumptions.overlap_compute_slowdown,
           opts.record_trace,
           ws,
           out,
@@ -650,8 +705,18 @@ SimResult simulate(const Scenario& s, const Estimate& e, const SimOptions& opts)
     std::vector<StageTimes> quiet = times;
     for (StageTimes& t : quiet) t.p2p = t.zero3_gather = t.grad_reduce = t.param_gather = 0;
     SimResult q;
-    Run again{*prog, quiet, true, true,   per_mb, steps_overlap(s.parallel.schedule),
-              false, ws,    q,    nullptr};
+    Run again{*prog,
+              quiet,
+              true,
+              true,
+              per_mb,
+              steps_overlap(s.parallel.schedule),
+              s.assumptions.overlap_param_gather_after_step,
+              s.assumptions.overlap_compute_slowdown,
+              false,
+              ws,
+              q,
+              nullptr};
     again.run();
     out.exposed_communication_seconds = std::max(0.0, out.step_seconds - q.step_seconds);
   }

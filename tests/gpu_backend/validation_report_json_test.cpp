@@ -14,6 +14,7 @@
 #include "distplan/planner/error.h"
 #include "distplan/planner/estimate.h"
 #include "distplan/planner/scenario_json.h"
+#include "distplan/simulator/plan.h"
 #include "validation_scenarios.h"
 
 namespace distplan::backend {
@@ -80,7 +81,7 @@ void expect_round_trip(const ValidationReport& r) {
 
 TEST(ValidationReportJson, ReadsBackWhatCompareWrote) {
   const Scenario s = two_stage();
-  const Estimate e = estimate(s);
+  const Estimate e = sim::plan(s);
   const Measurement m = measurement_of(s, e);
   ValidationSettings vs;
   vs.steps = 3;
@@ -108,7 +109,7 @@ TEST(ValidationReportJson, ReadsBackWhatCompareWrote) {
 
 TEST(ValidationReportJson, ReadsBackAnEmulatedRankAndACudaRunAndTheAllocatorModel) {
   const Scenario s = two_stage("megatron");
-  const Estimate e = estimate(s);
+  const Estimate e = sim::plan(s);
   Measurement m = measurement_of(s, e);
   m.ranks.erase(m.ranks.begin(), m.ranks.begin() + 3);  // rank 3 alone: stage 1
   ValidationSettings vs;
@@ -127,7 +128,7 @@ TEST(ValidationReportJson, ReadsBackAnEmulatedRankAndACudaRunAndTheAllocatorMode
 // scenario (Llama-2-70B), its weights as planned.
 TEST(ValidationReportJson, ReadsBackAReportInGiB) {
   const Scenario s = default_scenario();
-  const Estimate e = estimate(s);
+  const Estimate e = sim::plan(s);
   Measurement m;
   RankMeasurement rank;
   rank.memory.peak[static_cast<int>(MemoryTag::weights)] = e.memory.stages[0].weights_bytes;
@@ -151,7 +152,7 @@ TEST(ValidationReportJson, ReadsBackAReportInGiB) {
 TEST(ValidationReportJson, ReadsBackAnOutOfMemoryResult) {
   const Scenario s = two_stage();
   const ValidationReport r =
-      compare(s, estimate(s), nullptr, "out of memory: 5 B > 4 B on stage 0", {});
+      compare(s, sim::plan(s), nullptr, "out of memory: 5 B > 4 B on stage 0", {});
   expect_round_trip(r);
   const ValidationReport back = validation_report_from_json(to_json(r));
   EXPECT_FALSE(back.fits);

@@ -8,6 +8,7 @@
 #include "distplan/gpu_backend/validation_report.h"
 #include "distplan/planner/estimate.h"
 #include "distplan/planner/scenario_json.h"
+#include "distplan/simulator/plan.h"
 #include "validation_scenarios.h"
 
 namespace distplan::backend {
@@ -52,7 +53,7 @@ Measurement synthetic(const Estimate& e) {
 
 TEST(ValidationReport, RelativeErrorsCostsAndBubbleAreTheHandCounts) {
   const Scenario s = two_stage();
-  const Estimate e = estimate(s);
+  const Estimate e = sim::plan(s);
   const Measurement m = synthetic(e);
   ValidationSettings vs;
   vs.steps = 2;
@@ -108,7 +109,7 @@ TEST(ValidationReport, RelativeErrorsCostsAndBubbleAreTheHandCounts) {
 // held against; under megatron the plan's segments are (here 1.5 x the replay's, by hand).
 TEST(ValidationReport, ReservedIsComparedOnlyWhereThePlanModelsTheAllocator) {
   const Scenario generic = two_stage();
-  const Estimate eg = estimate(generic);
+  const Estimate eg = sim::plan(generic);
   Measurement m = synthetic(eg);
   for (RankMeasurement& r : m.ranks) r.memory.peak_reserved = 4 << 20;
   const ValidationReport rg = compare(generic, eg, &m, "", {});
@@ -119,7 +120,7 @@ TEST(ValidationReport, ReservedIsComparedOnlyWhereThePlanModelsTheAllocator) {
   doc["training"]["framework"] = "megatron";
   const Scenario mg = scenario_from_json(doc);
   ASSERT_TRUE(mg.assumptions.framework_profile.models_allocator);
-  const Estimate em = estimate(mg);
+  const Estimate em = sim::plan(mg);
   const StageMemory& p = em.memory.stages[0];
   const auto planned = static_cast<double>(p.reserved_bytes - p.runtime_bytes);
   ASSERT_GT(planned, 0);
@@ -132,7 +133,7 @@ TEST(ValidationReport, ReservedIsComparedOnlyWhereThePlanModelsTheAllocator) {
 
 TEST(ValidationReport, OutOfMemoryIsAResult) {
   const Scenario s = two_stage();
-  const ValidationReport r = compare(s, estimate(s), nullptr, "out of memory: 1 > 0", {});
+  const ValidationReport r = compare(s, sim::plan(s), nullptr, "out of memory: 1 > 0", {});
   EXPECT_FALSE(r.fits);
   const json doc = to_json(r);
   EXPECT_FALSE(doc.at("measured").at("memory").at("fits").get<bool>());

@@ -17,6 +17,7 @@
 #include "distplan/planner/presets.h"
 #include "distplan/planner/report.h"
 #include "distplan/planner/scenario_json.h"
+#include "distplan/simulator/plan.h"
 #include "guitestutil.h"
 #include "mainwindow.h"
 #include "plansession.h"
@@ -168,7 +169,7 @@ void roundTrip(const QString& path, const QString& saveDir) {
   // The plan is the planner's plan of the file, not of the widgets.
   const Scenario s = scenario_from_json(doc);
   QCOMPARE(w.session()->scenario(), s);
-  QCOMPARE(w.session()->estimate(), estimate(s));
+  QCOMPARE(w.session()->estimate(), sim::plan(s));
   expectWidgetsShowTheDocument(w, doc);
   if (QTest::currentTestFailed()) return;
 
@@ -245,7 +246,7 @@ class DocumentTest : public QObject {
     QString error;
     QVERIFY2(w.openScenario(path, &error), qPrintable(error));
     QVERIFY(w.session()->waitForPlan());
-    const Estimate e = estimate(scenario_from_json(doc));
+    const Estimate e = sim::plan(scenario_from_json(doc));
     QVERIFY(!e.memory.fits);
     QCOMPARE(w.session()->estimate(), e);
     QCOMPARE(w.session()->scenario().parallel.layers_per_stage, (std::vector<Count>{2, 2, 2, 74}));
@@ -267,7 +268,9 @@ class DocumentTest : public QObject {
     const QString path = dir.filePath(QStringLiteral("uneven.json"));
     QVERIFY(writeBytes(path, QByteArray::fromStdString(doc.dump(2))));
     const Scenario base = scenario_from_json(doc);
-    const std::size_t count = fit_suggestions(base, estimate(base)).size();
+    const std::size_t count = fit_suggestions(base, sim::plan(base), [](const Scenario& x) {
+                                return sim::plan(x);
+                              }).size();
     QVERIFY(count >= 3);
     for (std::size_t i = 0; i < count; ++i) {
       MainWindow w(false);
@@ -307,7 +310,7 @@ class DocumentTest : public QObject {
     QVERIFY2(w.openScenario(path, &error), qPrintable(error));
     QVERIFY(w.session()->waitForPlan());
     QCOMPARE(w.session()->scenario().cluster.num_gpus, Count{2097152});
-    QCOMPARE(w.session()->estimate().time.step_seconds, estimate(s).time.step_seconds);
+    QCOMPARE(w.session()->estimate().time.step_seconds, sim::plan(s).time.step_seconds);
     auto* field = w.editor()->findChild<ValueField*>(QStringLiteral("/cluster/num_gpus"));
     QVERIFY(field);
     QCOMPARE(field->text(), QStringLiteral("2097152"));

@@ -11,6 +11,7 @@
 #include "distplan/planner/estimate.h"
 #include "distplan/planner/presets.h"
 #include "distplan/planner/scenario_json.h"
+#include "distplan/simulator/plan.h"
 #include "guitestutil.h"
 #include "mainwindow.h"
 #include "memorymodel.h"
@@ -29,7 +30,7 @@ class EditorTest : public QObject {
   /// The memory view against an estimate computed here from the editor's document.
   static void expectMemoryMatchesPlanner(MainWindow& w) {
     const Scenario s = scenario_from_json(w.editor()->document());
-    const Estimate e = estimate(s);
+    const Estimate e = sim::plan(s);
     MemoryView* view = w.memoryView();
     QCOMPARE(view->barCount(), static_cast<int>(e.memory.stages.size()));
     QCOMPARE(view->model()->rowCount(), static_cast<int>(e.memory.stages.size()));

@@ -15,6 +15,7 @@
 #include "distplan/planner/estimate.h"
 #include "distplan/planner/presets.h"
 #include "distplan/planner/scenario_json.h"
+#include "distplan/simulator/plan.h"
 #include "guitestutil.h"
 #include "mainwindow.h"
 #include "plansession.h"
@@ -95,7 +96,7 @@ class MoeEditorTest : public QObject {
     QCOMPARE(w.session()->scenario().parallel.ep, Count{8});
 
     // The communication view lists the planner's collectives for the edited document.
-    const Estimate e = estimate(scenario_from_json(w.editor()->document()));
+    const Estimate e = sim::plan(scenario_from_json(w.editor()->document()));
     CommunicationModel* model = w.communicationView()->model();
     QCOMPARE(model->rowCount(), static_cast<int>(e.communication.collectives.size()));
     QStringList epWhats;

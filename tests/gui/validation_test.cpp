@@ -30,6 +30,7 @@
 #include "distplan/gpu_backend/validation_report.h"
 #include "distplan/planner/estimate.h"
 #include "distplan/planner/scenario_json.h"
+#include "distplan/simulator/plan.h"
 #include "validationview.h"
 
 using distplan::gui::ValidationView;
@@ -239,7 +240,7 @@ class ValidationTest : public QObject {
     const json fixture = json::parse(readAll(kFixture).toStdString());
     const distplan::Scenario s = distplan::scenario_from_json(fixture["scenario"]);
     const json doc = distplan::backend::to_json(
-        distplan::backend::compare(s, distplan::estimate(s), nullptr, "out of host memory", {}));
+        distplan::backend::compare(s, distplan::sim::plan(s), nullptr, "out of host memory", {}));
     ValidationView view;
     QVERIFY(view.loadResult(QByteArray::fromStdString(doc.dump())));
     QVERIFY(view.summaryText().contains(QStringLiteral("out of host memory")));

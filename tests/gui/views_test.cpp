@@ -27,6 +27,7 @@
 #include "distplan/planner/estimate.h"
 #include "distplan/planner/presets.h"
 #include "distplan/planner/scenario_json.h"
+#include "distplan/simulator/plan.h"
 #include "guitestutil.h"
 #include "mainwindow.h"
 #include "memoryview.h"
@@ -129,7 +130,7 @@ class ViewsTest : public QObject {
   void communicationTableListsEveryCollective() {
     MainWindow w(false);
     loadDefault(w);
-    const Estimate e = estimate(scenario_from_json(w.editor()->document()));
+    const Estimate e = sim::plan(scenario_from_json(w.editor()->document()));
     CommunicationModel* model = w.communicationView()->model();
     QCOMPARE(model->rowCount(), static_cast<int>(e.communication.collectives.size()));
     for (int i = 0; i < model->rowCount(); ++i) {
@@ -250,7 +251,7 @@ class ViewsTest : public QObject {
     // The default scenario's report (compare(), the CLI's) on a measurement of one rank per stage
     // whose weights are twice the plan's: bars of 1 and 2 times the planned GiB, error +100 %.
     const Scenario s = scenario_from_json(parse_json_text(default_scenario_text()));
-    const Estimate e = estimate(s);
+    const Estimate e = sim::plan(s);
     backend::Measurement m;
     for (std::size_t st = 0; st < e.memory.stages.size(); ++st) {
       backend::RankMeasurement r;

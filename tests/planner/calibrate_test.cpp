@@ -3,6 +3,7 @@
 // under-determined or degenerate fits are refused naming the JSON path.
 #include "distplan/planner/calibrate.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "distplan/planner/calibrate_json.h"
 #include "distplan/planner/error.h"
 #include "distplan/planner/estimate.h"
+#include "distplan/simulator/plan.h"
 #include "test_util.h"
 
 namespace distplan {
@@ -53,6 +55,13 @@ const std::vector<Layout> kLayouts = {
     {"qwen2.5-7b", "h100-sxm-80gb", 32, 4, 2, 2, 256, 4096},
 };
 
+// Fits match the plan's step: the schedule walk (docs/calibration.md).
+CalibrationOptions fit_options() {
+  CalibrationOptions o;
+  o.step_seconds = sim::plan_step_seconds;
+  return o;
+}
+
 Assumptions truth() {
   Assumptions a;
   a.compute_efficiency = 0.43;
@@ -66,8 +75,8 @@ std::vector<CalibrationRun> runs_from(const std::vector<Layout>& layouts, const 
   for (std::size_t i = 0; i < layouts.size(); ++i) {
     CalibrationRun r;
     r.scenario = testing::scenario(scenario_doc(layouts[i]));
-    r.measured_step_seconds =
-        predicted_step_seconds(r.scenario, a) * (1.0 + (i < noise.size() ? noise[i] : 0.0));
+    r.measured_step_seconds = predicted_step_seconds(sim::plan_step_seconds, r.scenario, a) *
+                              (1.0 + (i < noise.size() ? noise[i] : 0.0));
     r.path = "/runs/" + std::to_string(i);
     r.measured_path = r.path + "/measured/step_seconds";
     runs.push_back(std::move(r));
@@ -132,7 +141,7 @@ TEST(Calibrate, RecoversKnownAssumptionsFromEveryStart) {
   const auto runs = runs_from(kLayouts, truth());
   for (const auto& [ce, cme] : std::vector<std::pair<double, double>>{
            {0.5, 0.8}, {0.1, 0.1}, {0.95, 0.95}, {0.9, 0.2}, {0.2, 0.99}}) {
-    CalibrationOptions o;
+    CalibrationOptions o = fit_options();
     o.start.compute_efficiency = ce;
     o.start.communication_efficiency = cme;
     const CalibrationResult r = calibrate(runs, o);
@@ -160,7 +169,7 @@ TEST(Calibrate, RecoversOtherTruthsOnEachLayoutSubset) {
       std::vector<Layout> some;
       for (std::size_t i = 0; i < kLayouts.size(); ++i)
         if (i != skip) some.push_back(kLayouts[i]);
-      const CalibrationResult r = calibrate(runs_from(some, t), {});
+      const CalibrationResult r = calibrate(runs_from(some, t), fit_options());
       EXPECT_NEAR(value_of(r, "compute_efficiency"), ce, ce * 1e-6);
       EXPECT_NEAR(value_of(r, "communication_efficiency"), cme, cme * 1e-6);
     }
@@ -174,7 +183,8 @@ double cost(const std::vector<CalibrationRun>& runs, double ce, double cme) {
   a.communication_efficiency = cme;
   double c = 0;
   for (const CalibrationRun& r : runs) {
-    const double e = predicted_step_seconds(r.scenario, a) / r.measured_step_seconds - 1;
+    const double e =
+        predicted_step_seconds(sim::plan_step_seconds, r.scenario, a) / r.measured_step_seconds - 1;
     c += e * e;
   }
   return c;
@@ -184,7 +194,7 @@ TEST(Calibrate, NoisyRunsReachTheLeastSquaresMinimumOfAGridSearch) {
   // ±3 % measurement noise: the fit is the least-squares minimum, found independently by a
   // refining grid search over the box.
   const auto runs = runs_from(kLayouts, truth(), {0.03, -0.02, 0.01, -0.03, 0.025, -0.01, 0.02});
-  const CalibrationResult r = calibrate(runs, {});
+  const CalibrationResult r = calibrate(runs, fit_options());
   double lo_c = 0.05, hi_c = 1.0, lo_m = 0.05, hi_m = 1.0;
   double best_c = 0, best_m = 0;
   for (int level = 0; level < 8; ++level) {
@@ -216,7 +226,7 @@ TEST(Calibrate, FitsOnlyTheNamedParameter) {
   auto runs = runs_from(kLayouts, truth());
   // The runs' own communication_efficiency (the truth here) is kept; only compute is fitted.
   for (CalibrationRun& r : runs) r.scenario.assumptions.communication_efficiency = 0.67;
-  CalibrationOptions o;
+  CalibrationOptions o = fit_options();
   o.parameters = {"compute_efficiency"};
   const CalibrationResult r = calibrate(runs, o);
   ASSERT_EQ(r.parameters, std::vector<std::string>{"compute_efficiency"});
@@ -227,13 +237,14 @@ TEST(Calibrate, FitsOnlyTheNamedParameter) {
 }
 
 TEST(Calibrate, LeaveOneOutIsBoundedAndNeedsASpareRun) {
-  CalibrationOptions o;
+  CalibrationOptions o = fit_options();
   o.max_leave_one_out_runs = 3;
   const CalibrationResult many = calibrate(runs_from(kLayouts, truth()), o);
   EXPECT_FALSE(many.leave_one_out_mape.has_value());
   EXPECT_NE(many.leave_one_out_note.find("more than 3 runs"), std::string::npos);
   // Two runs, two parameters: no run can be left out.
-  const CalibrationResult two = calibrate(runs_from({kLayouts[0], kLayouts[5]}, truth()), {});
+  const CalibrationResult two =
+      calibrate(runs_from({kLayouts[0], kLayouts[5]}, truth()), fit_options());
   EXPECT_NEAR(value_of(two, "compute_efficiency"), 0.43, 0.43 * 1e-6);
   EXPECT_FALSE(two.leave_one_out_mape.has_value());
   EXPECT_NE(two.leave_one_out_note.find("at least 3 runs"), std::string::npos);
@@ -250,12 +261,12 @@ TEST(Calibrate, KeepsEachRunsOwnUnfittedAssumptions) {
     Assumptions a = r.scenario.assumptions;
     a.compute_efficiency = 0.43;
     a.communication_efficiency = 0.67;
-    const double t = predicted_step_seconds(r.scenario, a);
+    const double t = predicted_step_seconds(sim::plan_step_seconds, r.scenario, a);
     changed = changed || t != r.measured_step_seconds;
     r.measured_step_seconds = t;
   }
   ASSERT_TRUE(changed);  // the flag matters for these layouts
-  const CalibrationResult r = calibrate(runs, {});
+  const CalibrationResult r = calibrate(runs, fit_options());
   EXPECT_NEAR(value_of(r, "compute_efficiency"), 0.43, 0.43 * 1e-6);
   EXPECT_NEAR(value_of(r, "communication_efficiency"), 0.67, 0.67 * 1e-6);
 }
@@ -264,7 +275,7 @@ TEST(Calibrate, DefaultSelectionLeavesOutWhatTheRunsDoNotTouch) {
   // One GPU per run: no collective, so communication_efficiency is not fitted.
   const std::vector<Layout> single = {{"gpt3-1.3b", "h100-sxm-80gb", 1, 1, 1, 0, 8, 2048},
                                       {"llama2-7b", "a100-80gb", 1, 1, 1, 0, 4, 1024}};
-  const CalibrationResult r = calibrate(runs_from(single, truth()), {});
+  const CalibrationResult r = calibrate(runs_from(single, truth()), fit_options());
   ASSERT_EQ(r.parameters, std::vector<std::string>{"compute_efficiency"});
   EXPECT_NEAR(r.values[0], 0.43, 0.43 * 1e-6);
   // Besides the entries fitted only when named, communication_efficiency is left out.
@@ -280,7 +291,7 @@ TEST(Calibrate, RefusesAParameterNoRunDependsOn) {
   const std::vector<Layout> single = {{"gpt3-1.3b", "h100-sxm-80gb", 1, 1, 1, 0, 8, 2048},
                                       {"llama2-7b", "a100-80gb", 1, 1, 1, 0, 4, 1024},
                                       {"gpt3-13b", "a100-80gb", 1, 1, 1, 0, 4, 2048}};
-  CalibrationOptions o;
+  CalibrationOptions o = fit_options();
   o.parameters = {"compute_efficiency", "communication_efficiency"};
   expect_refused([&] { (void)calibrate(runs_from(single, truth()), o); }, "/runs",
                  "no run's predicted step time depends on communication_efficiency");
@@ -288,7 +299,8 @@ TEST(Calibrate, RefusesAParameterNoRunDependsOn) {
 
 TEST(Calibrate, RefusesFewerRunsThanParameters) {
   const auto runs = runs_from({kLayouts[0]}, truth());
-  expect_refused([&] { (void)calibrate(runs, {}); }, "/runs", "1 run cannot determine 2");
+  expect_refused([&] { (void)calibrate(runs, fit_options()); }, "/runs",
+                 "1 run cannot determine 2");
 }
 
 TEST(Calibrate, RefusesConfoundedParameters) {
@@ -297,19 +309,20 @@ TEST(Calibrate, RefusesConfoundedParameters) {
   std::vector<Layout> same;
   for (Count b : {64, 128, 256, 512})
     same.push_back({"llama2-7b", "h100-sxm-80gb", 8, 8, 1, 1, b, 4096});
-  expect_refused([&] { (void)calibrate(runs_from(same, truth()), {}); }, "/runs",
+  expect_refused([&] { (void)calibrate(runs_from(same, truth()), fit_options()); }, "/runs",
                  "cannot tell compute_efficiency and communication_efficiency apart");
 }
 
 TEST(Calibrate, RefusesNonPositiveMeasurementsAndUnknownNames) {
   auto runs = runs_from(kLayouts, truth());
   runs[3].measured_step_seconds = 0;
-  expect_refused([&] { (void)calibrate(runs, {}); }, "/runs/3/measured/step_seconds", "positive");
+  expect_refused([&] { (void)calibrate(runs, fit_options()); }, "/runs/3/measured/step_seconds",
+                 "positive");
   runs[3].measured_step_seconds = 1;
-  CalibrationOptions o;
+  CalibrationOptions o = fit_options();
   o.parameters = {"compute_eficiency"};
   expect_refused([&] { (void)calibrate(runs, o); }, "", "not a fittable assumption");
-  expect_refused([&] { (void)calibrate({}, {}); }, "/runs", "no runs");
+  expect_refused([&] { (void)calibrate({}, fit_options()); }, "/runs", "no runs");
 }
 
 TEST(Calibrate, KeepsFittedValuesInsideTheBounds) {
@@ -319,12 +332,21 @@ TEST(Calibrate, KeepsFittedValuesInsideTheBounds) {
   for (CalibrationRun& r : runs) {
     Assumptions a = truth();
     a.compute_efficiency = 1.0;
-    r.measured_step_seconds = predicted_step_seconds(r.scenario, a) * 0.8;
+    r.measured_step_seconds = predicted_step_seconds(sim::plan_step_seconds, r.scenario, a) * 0.8;
   }
-  const CalibrationResult r = calibrate(runs, {});
+  const CalibrationResult r = calibrate(runs, fit_options());
   EXPECT_LE(value_of(r, "compute_efficiency"), 1.0);
   EXPECT_GT(value_of(r, "compute_efficiency"), 0.999);
-  EXPECT_EQ(r.at_bound, std::vector<std::string>{"compute_efficiency"});
+  // Every speed-up the runs can use ends on its bound (with the schedule walk, communication
+  // that is exposed shortens with communication_efficiency too), never past it.
+  EXPECT_NE(std::find(r.at_bound.begin(), r.at_bound.end(), "compute_efficiency"),
+            r.at_bound.end());
+  for (std::size_t j = 0; j < r.parameters.size(); ++j) {
+    const FitParameter* f = find_fit_parameter(r.parameters[j]);
+    ASSERT_NE(f, nullptr);
+    EXPECT_LE(r.values[j], f->upper) << r.parameters[j];
+    EXPECT_GE(r.values[j], f->lower) << r.parameters[j];
+  }
 }
 
 // ---- JSON ------------------------------------------------------------------------------------
@@ -334,7 +356,7 @@ json runs_doc(const std::vector<Layout>& layouts, const Assumptions& a, bool as_
   for (const Layout& l : layouts) {
     const json sc = scenario_doc(l);
     const Scenario s = testing::scenario(sc);
-    const double step = predicted_step_seconds(s, a);
+    const double step = predicted_step_seconds(sim::plan_step_seconds, s, a);
     const double tokens = static_cast<double>(l.global_batch * l.seq);
     runs.push_back({{"scenario", sc},
                     {"measured", as_tokens ? json{{"tokens_per_second", tokens / step}}
@@ -352,7 +374,7 @@ TEST(CalibrateJson, TokensPerSecondIsTheSameMeasurement) {
                 a[i].measured_step_seconds * 1e-14);
     EXPECT_EQ(b[i].measured_path, "/runs/" + std::to_string(i) + "/measured/tokens_per_second");
   }
-  const CalibrationResult ra = calibrate(a, {}), rb = calibrate(b, {});
+  const CalibrationResult ra = calibrate(a, fit_options()), rb = calibrate(b, fit_options());
   for (std::size_t j = 0; j < ra.values.size(); ++j) EXPECT_NEAR(ra.values[j], rb.values[j], 1e-9);
 }
 
@@ -387,7 +409,7 @@ TEST(CalibrateJson, NamesTheFieldOfBadRuns) {
 }
 
 json validate_doc(const Scenario& s, double step, const std::string& device) {
-  const Estimate e = estimate(s);
+  const Estimate e = sim::plan(s);
   const json plan = plan_to_json(s, e);
   // The fields `distplan validate` writes (cli/src/cmd_validate.cpp, docs/api.md).
   return {{"schema", "distplan.validate/v1"},
@@ -414,12 +436,13 @@ TEST(CalibrateJson, AcceptsValidateResults) {
   json mixed = runs_doc(kLayouts, truth(), false);
   for (std::size_t i : {0u, 3u}) {
     const Scenario s = testing::scenario(scenario_doc(kLayouts[i]));
-    mixed["runs"][i] = validate_doc(s, predicted_step_seconds(s, truth()), "cuda");
+    mixed["runs"][i] =
+        validate_doc(s, predicted_step_seconds(sim::plan_step_seconds, s, truth()), "cuda");
   }
   const auto parsed = calibration_runs_from_json(mixed);
   EXPECT_EQ(parsed[3].measured_path, "/runs/3/measured/time/step_seconds");
   EXPECT_EQ(parsed[3].scenario, testing::scenario(scenario_doc(kLayouts[3])));
-  const CalibrationResult r = calibrate(parsed, {});
+  const CalibrationResult r = calibrate(parsed, fit_options());
   EXPECT_NEAR(value_of(r, "compute_efficiency"), 0.43, 0.43 * 1e-6);
   EXPECT_NEAR(value_of(r, "communication_efficiency"), 0.67, 0.67 * 1e-6);
 
@@ -449,7 +472,7 @@ TEST(CalibrateJson, AcceptsValidateResults) {
 
 TEST(CalibrateJson, CalibrationFileOverridesTheScenario) {
   const auto runs = runs_from(kLayouts, truth());
-  const CalibrationResult r = calibrate(runs, {});
+  const CalibrationResult r = calibrate(runs, fit_options());
   const json out = calibration_to_json(r, runs);
   EXPECT_EQ(out.at("schema"), "distplan.calibration/v1");
   EXPECT_EQ(out.at("fit").at("runs"), kLayouts.size());
@@ -465,7 +488,7 @@ TEST(CalibrateJson, CalibrationFileOverridesTheScenario) {
   apply_calibration(doc, values);
   const Scenario s = testing::scenario(doc);
   EXPECT_EQ(s.assumptions.zero3_prefetch_layers, 2);  // fields the file does not name stay
-  EXPECT_NEAR(estimate(s).time.step_seconds, runs[3].measured_step_seconds,
+  EXPECT_NEAR(sim::plan_step_seconds(s), runs[3].measured_step_seconds,
               runs[3].measured_step_seconds * 1e-7);
 
   json bad = out;

@@ -166,10 +166,10 @@ TEST(ContextParallel, RefusesWhatIsNotModelled) {
 // DISTPLAN_WRITE_DOCS=1 rewrites the table.
 TEST(ContextParallel, ReadmeExampleIsWhatThePlannerPrints) {
   const Scenario s = scenario_from_text(testing::readme_scenario("long-context"));
-  const std::string want = format_plan_table(s, estimate(s));
+  const std::string want = testing::plan_table(s);
   testing::check_readme_table("long-context", want, "ContextParallel.ReadmeExample*");
   EXPECT_EQ(s.parallel.cp, 4);
-  EXPECT_TRUE(estimate(s).memory.fits);
+  EXPECT_TRUE(sim::plan(s).memory.fits);
 }
 
 }  // namespace

@@ -54,7 +54,7 @@ Table table1() {
           "TFLOP/s per GPU",           {}};
   for (const auto& c : ref["cases"]) {
     const Scenario s = testing::scenario(c["scenario"]);
-    const Estimate e = estimate(s);
+    const Estimate e = sim::plan(s);
     const double tf = megatron_eq3(c["scenario"]) /
                       (e.time.step_seconds * static_cast<double>(s.cluster.num_gpus)) / 1e12;
     t.rows.push_back({c["name"], c["measured"]["tflops_per_gpu"], tf});
@@ -68,7 +68,7 @@ Table table5() {
           ref["inputs_source"],          ref["metric"],
           "iteration time (s)",          {}};
   for (const auto& c : ref["cases"]) {
-    const Estimate e = estimate(testing::scenario(c["scenario"]));
+    const Estimate e = sim::plan(testing::scenario(c["scenario"]));
     t.rows.push_back({c["name"], c["measured"]["step_seconds"], e.time.step_seconds});
   }
   return t;
@@ -80,7 +80,8 @@ std::string render(const std::vector<Table>& tables) {
       "Written by `tests/planner/fidelity_test.cpp` from `data/reference/` with the shipped,\n"
       "uncalibrated GPU presets (`DISTPLAN_WRITE_DOCS=1 planner_tests "
       "--gtest_filter='Fidelity.*'`\nrewrites it; `Fidelity.DocMatchesCode` fails when it "
-      "drifts). The model is docs/time.md's.\nTarget: MAPE at most 5 % per table.\n";
+      "drifts). The step is the plan's: the schedule walk over the op costs "
+      "(docs/time.md).\nTarget: MAPE at most 5 % per table.\n";
   for (const Table& t : tables) {
     md += fmt::format("\n## `data/reference/{}`\n\n{}\n\nInputs: {}\n\nMetric: {}.\n\n", t.file,
                       t.source, t.inputs, t.metric);

@@ -222,8 +222,8 @@ Scenario planned(const json& doc) {
 }
 
 // Mistral-7B-v0.1 plans. At 2k tokens the 4096 window changes nothing; at 32k each query sees
-// 4096 keys: the model FLOPs drop by exactly the attention pairs a window skips (the table's
-// 4·q_width·keys per token forward, 3x for the step).
+// 4096 keys: the model FLOPs drop by exactly the causal pairs the window skips (the table's
+// 4·q_width FLOPs per query-key pair forward, 3x for the step).
 TEST(AttentionWindow, MistralPlansAndItsAttentionShrinksBeyondTheWindow) {
   const json par = {{"tp", 1}, {"pp", 1}, {"dp", 8}, {"zero_stage", 1}};
   auto without_window = [](json doc) {
@@ -240,13 +240,16 @@ TEST(AttentionWindow, MistralPlansAndItsAttentionShrinksBeyondTheWindow) {
   const Estimate f = estimate(planned(without_window(long_doc)));
   const double s = 32768, win = 4096;
   const double skipped_pairs = s * (s + 1) / 2 - (s * win - win * (win - 1) / 2);
-  // Per sequence: the table's 4·q_width FLOPs per token per key over s·fraction keys (its
-  // all-keys convention, s² for full causal attention), forward plus twice that backward, in
-  // each of 32 layers: 3·32·4·4096·s²·(skipped / (s(s + 1)/2)).
-  const double per_sequence = 32 * 3 * 4.0 * 4096 * 2 * skipped_pairs * s / (s + 1);
+  // Per sequence: full causal attention counts s²/2 pairs (Megatron-LM's convention), the
+  // window keeps its share of the s(s + 1)/2 causal pairs; 4·4096 FLOPs a pair forward, twice
+  // that backward, in each of 32 layers.
+  const double per_sequence = 32 * 3 * 4.0 * 4096 * (s * s / 2) * skipped_pairs / (s * (s + 1) / 2);
   EXPECT_NEAR(
       (f.compute.model_flops_per_step - w.compute.model_flops_per_step) / (64 * per_sequence), 1.0,
       1e-9);
+  // Flash attention runs only the window's pairs: hardware FLOPs fall alike.
+  EXPECT_NEAR(f.compute.hardware_flops_per_step - w.compute.hardware_flops_per_step,
+              f.compute.model_flops_per_step - w.compute.model_flops_per_step, 1e6);
   EXPECT_LT(w.stage_costs[0].forward, f.stage_costs[0].forward);
   // Flash attention's saved tensors do not depend on the window.
   EXPECT_EQ(w.memory.stages[0].activations_bytes, f.memory.stages[0].activations_bytes);
@@ -293,8 +296,7 @@ TEST(AttentionWindow, GptOssPlans) {
   doc["parallel"]["ep"] = 4;
   const Estimate e4 = estimate(planned(doc));
   const Count expert = 2880 * 5760 + 5760 + 2880 * 2880 + 2880;  // gate_up and down, biased
-  EXPECT_EQ(e.memory.stages[0].parameters - e4.memory.stages[0].parameters,
-            12 * (32 - 8) * expert);
+  EXPECT_EQ(e.memory.stages[0].parameters - e4.memory.stages[0].parameters, 12 * (32 - 8) * expert);
 }
 
 }  // namespace

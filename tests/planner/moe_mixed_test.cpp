@@ -142,7 +142,8 @@ TEST(MoeMixed, StageIsTheSumOfItsLayerKinds) {
 }
 
 // Model FLOPs from moe.cpp's active parameters (held to released checkpoints): 6 per GEMM
-// parameter per token, plus the layer table's attention 12·h·s per token per layer.
+// parameter per token, plus causal attention, 6·h·s per token per layer (the square's half,
+// forward and backward; docs/flops.md).
 TEST(MoeMixed, ModelFlopsAreSixTimesTheActiveParameters) {
   for (const json& moe : {json{{"first_dense_layers", 3}}, json{{"layer_frequency", 2}},
                           json{{"layers", {1, 2, 30}}}}) {
@@ -151,7 +152,7 @@ TEST(MoeMixed, ModelFlopsAreSixTimesTheActiveParameters) {
     const ParameterCount c = count_parameters(s.model);
     const double s_len = 4096, h = 4096, layers = 32;
     const double gemm = static_cast<double>(c.active) - 32000.0 * h - (2 * layers + 1) * h;
-    const double per_token = 6.0 * gemm + layers * 12.0 * h * s_len;
+    const double per_token = 6.0 * gemm + layers * 6.0 * h * s_len;
     EXPECT_NEAR(e.compute.model_flops_per_step / (32.0 * s_len * per_token), 1.0, 1e-12)
         << moe.dump();
   }

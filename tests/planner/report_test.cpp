@@ -18,13 +18,13 @@ json too_big() {
 
 TEST(FitSuggestions, EachSuggestionIsReEstimatedAndLowersThePeak) {
   const Scenario s = testing::scenario(too_big());
-  const Estimate e = estimate(s);
+  const Estimate e = sim::plan(s);
   ASSERT_FALSE(e.memory.fits);
-  const auto fixes = fit_suggestions(s, e);
+  const auto fixes = fit_suggestions(s, e, testing::planner());
   ASSERT_FALSE(fixes.empty());
   bool some_fit = false;
   for (const auto& f : fixes) {
-    const Estimate again = estimate(f.scenario);
+    const Estimate again = sim::plan(f.scenario);
     EXPECT_EQ(again.memory.peak_bytes, f.peak_bytes) << f.change;
     EXPECT_EQ(f.saving_bytes, e.memory.peak_bytes - f.peak_bytes) << f.change;
     EXPECT_GT(f.saving_bytes, 0) << f.change;
@@ -43,8 +43,8 @@ TEST(FitSuggestions, SameGpusFirstEachWithItsTimeCost) {
                         {"training", {{"seq_length", 4096}, {"global_batch_size", 64}}},
                         {"parallel", {{"tp", 8}}}}}) {
     const Scenario s = testing::scenario(doc);
-    const Estimate e = estimate(s);
-    const auto fixes = fit_suggestions(s, e);
+    const Estimate e = sim::plan(s);
+    const auto fixes = fit_suggestions(s, e, testing::planner());
     ASSERT_FALSE(fixes.empty());
     int rank = 0;  // 0: fits here, 1: other changes here, 2: more GPUs; never decreasing
     for (std::size_t i = 0; i < fixes.size(); ++i) {
@@ -58,7 +58,7 @@ TEST(FitSuggestions, SameGpusFirstEachWithItsTimeCost) {
         EXPECT_LE(fixes[i - 1].peak_bytes, f.peak_bytes) << f.change;
       }
       rank = r;
-      const Estimate again = estimate(f.scenario);
+      const Estimate again = sim::plan(f.scenario);
       EXPECT_DOUBLE_EQ(f.step_seconds, again.time.step_seconds) << f.change;
       EXPECT_DOUBLE_EQ(f.time_cost_seconds, again.time.step_seconds - e.time.step_seconds)
           << f.change;
@@ -66,18 +66,18 @@ TEST(FitSuggestions, SameGpusFirstEachWithItsTimeCost) {
   }
   // Full recompute on the same GPUs costs time (the forward runs twice): its cost is positive.
   const Scenario s = testing::scenario(too_big());
-  for (const auto& f : fit_suggestions(s, estimate(s))) {
+  for (const auto& f : fit_suggestions(s, sim::plan(s), testing::planner())) {
     if (f.change == "full recompute") {
       EXPECT_GT(f.time_cost_seconds, 0);
     }
   }
-  const std::string t = format_plan_table(s, estimate(s));
+  const std::string t = testing::plan_table(s);
   EXPECT_NE(t.find("ms/step"), std::string::npos);
 }
 
 TEST(PlanTable, SaysWhatDoesNotFitAndBy) {
   const Scenario s = testing::scenario(too_big());
-  const std::string t = format_plan_table(s, estimate(s));
+  const std::string t = testing::plan_table(s);
   EXPECT_NE(t.find("DOES NOT FIT"), std::string::npos);
   EXPECT_NE(t.find("What would help"), std::string::npos);
   EXPECT_NE(t.find("GiB"), std::string::npos);
@@ -85,7 +85,7 @@ TEST(PlanTable, SaysWhatDoesNotFitAndBy) {
 
 TEST(PlanTable, ShowsEveryStageAndTheTime) {
   const Scenario s = testing::scenario(testing::default_doc());
-  const std::string t = format_plan_table(s, estimate(s));
+  const std::string t = testing::plan_table(s);
   EXPECT_NE(t.find("<- peak"), std::string::npos);
   EXPECT_NE(t.find("fits"), std::string::npos);
   EXPECT_NE(t.find("MFU"), std::string::npos);

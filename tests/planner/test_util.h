@@ -12,7 +12,9 @@
 
 #include "distplan/planner/estimate.h"
 #include "distplan/planner/presets.h"
+#include "distplan/planner/report.h"
 #include "distplan/planner/scenario_json.h"
+#include "distplan/simulator/plan.h"
 
 namespace distplan::testing {
 
@@ -28,6 +30,16 @@ inline nlohmann::json default_doc() {
 
 inline Scenario scenario(const nlohmann::json& doc) {
   return scenario_from_json(doc);
+}
+
+/// What every face plans a changed scenario with: the schedule walk (report.h, PlanFunction).
+inline PlanFunction planner() {
+  return [](const Scenario& x) { return sim::plan(x); };
+}
+
+/// The table `distplan plan --format table` prints for `s`.
+inline std::string plan_table(const Scenario& s) {
+  return format_plan_table(s, sim::plan(s), planner());
 }
 
 /// Compares the text between `begin` and `end` in a repository file with `want`, the text the

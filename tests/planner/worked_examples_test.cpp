@@ -26,26 +26,27 @@ void check_block(const std::string& file, const std::string& begin, const std::s
 TEST(WorkedExamples, ReadmePlanTableIsWhatThePlannerPrints) {
   const Scenario s = testing::scenario(testing::default_doc());
   check_block("README.md", "`./build/cli/distplan plan --format table` prints:\n\n```\n", "```\n",
-              format_plan_table(s, estimate(s)));
+              testing::plan_table(s));
 }
 
 TEST(WorkedExamples, TimeDocExampleIsWhatThePlannerComputes) {
   const Scenario s = testing::scenario(testing::default_doc());
-  const Estimate e = estimate(s);
+  const Estimate e = sim::plan(s);
   const StageCosts& k = e.stage_costs.front();
   const TimeEstimate& t = e.time;
   const std::string want = fmt::format(
       "Stage 0 per micro-batch: forward {:.1f} ms, backward-input {:.1f} ms (selective recompute "
       "{:.1f} ms), backward-weight {:.1f} ms; of these, TP collectives {:.1f} ms and blocking "
       "pipeline sends 2 x {:.2f} ms. Per step grad_reduce {:.1f} ms, param_gather {:.1f} ms, "
-      "optimizer {:.1f} ms.\nStep {:.2f} s = compute {:.2f} s + bubble {:.2f} s ({:.1f} %) + "
-      "exposed DP/ZeRO communication {:.1f} ms + optimizer {:.1f} ms; {:.0f} tokens/s, MFU "
-      "{:.1f} %.\n",
+      "optimizer {:.1f} ms.\nStep {:.2f} s (the schedule walk) = busiest stage's passes {:.2f} s + "
+      "bubble {:.2f} s ({:.1f} % of the step; the stages idle {:.1f} % of their time) + exposed "
+      "communication {:.1f} ms + optimizer {:.1f} ms; {:.0f} tokens/s, MFU {:.1f} %.\n",
       k.forward * 1e3, k.backward_input * 1e3, k.recompute * 1e3, k.backward_weight * 1e3,
       k.tp_communication * 1e3, k.p2p * 1e3, k.grad_reduce * 1e3, k.param_gather * 1e3,
       k.optimizer * 1e3, t.step_seconds, t.compute_seconds, t.bubble_seconds,
-      100 * t.bubble_fraction, t.exposed_communication_seconds * 1e3, t.optimizer_seconds * 1e3,
-      t.tokens_per_second, 100 * t.mfu);
+      100 * t.bubble_seconds / t.step_seconds, 100 * t.bubble_fraction,
+      t.exposed_communication_seconds * 1e3, t.optimizer_seconds * 1e3, t.tokens_per_second,
+      100 * t.mfu);
   check_block("docs/time.md", "<!-- worked example: generated -->\n",
               "<!-- end of worked example -->", want);
 }

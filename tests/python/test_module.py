@@ -164,3 +164,22 @@ def test_threads_plan_at_once_and_agree_with_one_thread(default):
     for t in threads:
         t.join()
     assert all(r == expected for r in results)
+
+
+@pytest.mark.parametrize("framework", ["generic", "megatron", "deepspeed", "fsdp2"])
+def test_fits_is_judged_on_the_peak_it_names(default, framework):
+    """`fits` and the figure it compares agree (issue 24): the memory section names the figure,
+    and a sweep over micro-batch sizes and ZeRO stages crosses the capacity both ways."""
+    seen = set()
+    for mbs in (1, 2, 4, 8, 16):
+        for zero in (0, 1, 3):
+            s = copy.deepcopy(default)
+            s["training"]["framework"] = framework
+            s["training"]["micro_batch_size"] = mbs
+            s["parallel"]["zero_stage"] = zero
+            memory = distplan.plan(s)["memory"]
+            judged = memory[memory["fits_compares"]]
+            assert judged == max(st["reserved_bytes"] for st in memory["stages"])
+            assert memory["fits"] == (judged <= memory["capacity_bytes"])
+            seen.add(memory["fits"])
+    assert seen == {True, False}

@@ -16,6 +16,7 @@
 #include "distplan/search/search.h"
 #include "distplan/search/search_json.h"
 #include "distplan/search/space.h"
+#include "distplan/simulator/plan.h"
 
 namespace distplan::search {
 namespace {
@@ -106,24 +107,26 @@ TEST(DualPipeSearch, NamedItIsProposedExactlyWhereItsRulesHold) {
   EXPECT_EQ(count_layouts(sp), all.size());
 }
 
-TEST(DualPipeSearch, ItsPlansPassValidationAndEqualTheEstimate) {
+TEST(DualPipeSearch, ItsPlansPassValidationAndEqualThePlan) {
   const Space sp = request_from_json(dualpipe_doc({"dualpipe"})).space;
   Options opt;
   opt.top_k = kMaxTopK;
-  opt.simulate_top = 0;
-  opt.simulate_within = 0;
   opt.suggest = false;
   const Result r = run(sp, opt);
   ASSERT_FALSE(r.plans.empty());
-  // Every feasible layout is kept (top_k above their number), none pruned by a bound.
+  // Every feasible layout is walked (top_k above their number), none pruned by a bound; the
+  // closed-form peak bounds the walk's, so every one fits by the walk too.
+  EXPECT_EQ(r.pruned, 0u);
   EXPECT_EQ(r.plans.size(), r.feasible);
   for (const Plan& p : r.plans) {
     EXPECT_EQ(p.layout.schedule, Schedule::dualpipe);
     const Scenario s = make_scenario(sp.base, p.layout);
     ASSERT_NO_THROW(validate_scenario(s));
-    const Estimate e = estimate(s);
-    EXPECT_EQ(p.analytic.step_seconds, e.time.step_seconds);
-    EXPECT_EQ(p.analytic.peak_bytes, e.memory.peak_reserved_bytes);
+    const Estimate e = sim::plan(s);
+    EXPECT_EQ(p.figures.step_seconds, e.time.step_seconds);
+    EXPECT_EQ(p.figures.peak_bytes, e.memory.peak_reserved_bytes);
+    EXPECT_LE(p.bound.step_seconds, p.figures.step_seconds);
+    EXPECT_GE(p.bound.peak_bytes, p.figures.peak_bytes);
   }
 }
 

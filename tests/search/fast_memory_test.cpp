@@ -6,6 +6,7 @@
 #include "distplan/planner/estimate.h"
 #include "distplan/search/search.h"
 #include "distplan/search/search_json.h"
+#include "distplan/simulator/plan.h"
 
 namespace distplan::search {
 namespace {
@@ -20,7 +21,7 @@ Space space_of(nlohmann::json model, int gpus, int batch, int seq, nlohmann::jso
 }
 
 /// Every layout of the space: FastMemory's peak equals estimate()'s, byte for byte, and its
-/// step-time bound is below estimate()'s step time.
+/// step-time bound is below the walk's step.
 void expect_agreement(Space sp, std::size_t min_checked = 1000) {
   sp.constraints.tp_within_node = false;
   sp.constraints.zero_needs_dp = false;
@@ -41,7 +42,12 @@ void expect_agreement(Space sp, std::size_t min_checked = 1000) {
           << " zero=" << l.zero_stage << "/" << l.fsdp_shard_size << " v=" << l.virtual_stages
           << " sched=" << to_string(l.schedule) << " rc=" << to_string(l.recompute)
           << " sp=" << l.sequence_parallel;
-      EXPECT_LE(fast.step_lower_bound(l), e.time.step_seconds);
+      // The step bound is below the walk's step (checked on every 37th layout: a walk costs
+      // about a hundred estimates).
+      if (checked % 37 == 0) {
+        EXPECT_LE(fast.step_lower_bound(l),
+                  sim::plan_step_seconds(make_scenario(sp.base, l)) * (1 + 1e-12));
+      }
       EXPECT_GT(fast.step_lower_bound(l), 0.0);
       ++checked;
     });
@@ -94,7 +100,7 @@ TEST(FastMemory, SearchWithAndWithoutTheLeanPathAgrees) {
       {"model", "llama2-70b"},
       {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", 64}, {"gpus_per_node", 8}}},
       {"training", {{"seq_length", 4096}, {"global_batch_size", 512}}},
-      {"search", {{"top_k", 20}, {"simulate_top", 0}, {"memory_margin", 0.03}}}};
+      {"search", {{"top_k", 20}, {"memory_margin", 0.03}}}};
   Request req = request_from_json(doc);
   const Result fast = run(req.space, req.options);
   req.options.fast_memory = false;
@@ -103,8 +109,8 @@ TEST(FastMemory, SearchWithAndWithoutTheLeanPathAgrees) {
   EXPECT_EQ(fast.feasible, slow.feasible);
   EXPECT_EQ(fast.rejected, slow.rejected);
   EXPECT_EQ(fast.plans, slow.plans);
-  EXPECT_GT(fast.pruned, 0u);  // the bound did skip estimates
-  EXPECT_EQ(slow.pruned, 0u);
+  EXPECT_GT(fast.pruned, 0u);  // the bound kept layouts from being walked
+  EXPECT_LT(fast.walked, fast.feasible);
   req.options.objective = Objective::memory;
   req.options.fast_memory = true;
   const Result fast_mem = run(req.space, req.options);

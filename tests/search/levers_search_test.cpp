@@ -14,6 +14,7 @@
 #include "distplan/search/fast_memory.h"
 #include "distplan/search/search.h"
 #include "distplan/search/search_json.h"
+#include "distplan/simulator/plan.h"
 
 namespace distplan::search {
 namespace {
@@ -36,7 +37,11 @@ void expect_agreement(const Space& sp) {
       ASSERT_EQ(fast.peak_bytes(l), e.memory.peak_bytes)
           << "tp=" << l.tp << " cp=" << l.cp << " pp=" << l.pp << " dp=" << l.dp
           << " zero=" << l.zero_stage << " sp=" << l.sequence_parallel;
-      EXPECT_LE(fast.step_lower_bound(l), e.time.step_seconds);
+      // Below the walk's step (every 37th layout: a walk costs about a hundred estimates).
+      if (checked % 37 == 0) {
+        EXPECT_LE(fast.step_lower_bound(l),
+                  sim::plan_step_seconds(make_scenario(sp.base, l)) * (1 + 1e-12));
+      }
       ++checked;
       with_cp += l.cp > 1 ? 1 : 0;
     });
@@ -67,7 +72,6 @@ TEST(LeversSearch, SearchFindsContextParallelForLongSequences) {
   doc["cluster"]["num_gpus"] = 8;
   doc["training"] = {{"seq_length", 131072}, {"global_batch_size", 8}};
   Request req = request_from_json(doc);
-  req.options.simulate_top = 0;
   const Result r = run(req.space, req.options);
   ASSERT_FALSE(r.plans.empty());
   EXPECT_GT(r.plans.front().layout.cp, 1);

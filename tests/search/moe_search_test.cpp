@@ -8,6 +8,7 @@
 #include "distplan/search/fast_memory.h"
 #include "distplan/search/search.h"
 #include "distplan/search/search_json.h"
+#include "distplan/simulator/plan.h"
 
 namespace distplan::search {
 namespace {
@@ -16,7 +17,7 @@ nlohmann::json request(const char* model, int gpus, int batch) {
   return {{"model", model},
           {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", gpus}, {"gpus_per_node", 8}}},
           {"training", {{"seq_length", 4096}, {"global_batch_size", batch}}},
-          {"search", {{"top_k", 50}, {"simulate_top", 0}}}};
+          {"search", {{"top_k", 50}}}};
 }
 
 TEST(MoeSearch, MixtralOn32GpusReturnsExpertParallelLayouts) {
@@ -33,7 +34,7 @@ TEST(MoeSearch, MixtralOn32GpusReturnsExpertParallelLayouts) {
 }
 
 // The lean path's peak equals estimate()'s on every layout of a MoE space, and its step bound
-// stays below estimate()'s step time.
+// stays below the walk's step.
 TEST(MoeSearch, LeanMemoryPathAgreesWithEstimate) {
   const Request req = request_from_json(request("qwen3-30b-a3b", 16, 64));
   const Space& sp = req.space;
@@ -47,7 +48,11 @@ TEST(MoeSearch, LeanMemoryPathAgreesWithEstimate) {
       ASSERT_EQ(fast.peak_bytes(l), e.memory.peak_reserved_bytes)
           << "tp=" << l.tp << " pp=" << l.pp << " dp=" << l.dp << " ep=" << l.ep
           << " zero=" << l.zero_stage << " rc=" << to_string(l.recompute);
-      EXPECT_LE(fast.step_lower_bound(l), e.time.step_seconds);
+      // Below the walk's step (every 37th layout: a walk costs about a hundred estimates).
+      if (checked % 37 == 0) {
+        EXPECT_LE(fast.step_lower_bound(l),
+                  sim::plan_step_seconds(make_scenario(sp.base, l)) * (1 + 1e-12));
+      }
       ++checked;
       if (l.ep > 1) ++ep_layouts;
     });

@@ -1,4 +1,5 @@
 #include "distplan/search/search_json.h"
+#include "distplan/simulator/plan.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -85,7 +86,7 @@ TEST(SearchJson, ErrorsNameTheJsonPointer) {
 
 TEST(SearchJson, ResultDocumentCarriesTheContractFields) {
   nlohmann::json doc = base_doc();
-  doc["search"] = {{"top_k", 2}, {"simulate_top", 2}};
+  doc["search"] = {{"top_k", 2}};
   const Request req = request_from_json(doc);
   const Result r = run(req.space, req.options);
   const nlohmann::json j = result_to_json(req, r);
@@ -106,19 +107,34 @@ TEST(SearchJson, ResultDocumentCarriesTheContractFields) {
   EXPECT_NE(table.find("tokens/s"), std::string::npos);
 }
 
+// The options of the analytic re-rank are gone: every plan is the walk's. Giving them says so.
+TEST(SearchJson, RefusesTheRemovedSimulationOptions) {
+  for (const char* key : {"simulate_top", "simulate_within"}) {
+    nlohmann::json doc = base_doc();
+    doc["search"] = {{key, 4}};
+    try {
+      (void)request_from_json(doc);
+      ADD_FAILURE() << key << " accepted";
+    } catch (const InputError& e) {
+      EXPECT_EQ(e.path(), std::string("/search/") + key);
+      EXPECT_NE(std::string(e.what()).find("schedule walk"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(SearchJson, BestPlanFedBackAsAScenarioGivesTheSameFigures) {
   // The JSON round trip a user makes: copy the best plan's parallel and micro-batch into the
   // scenario and run `distplan plan` on it.
   nlohmann::json doc = base_doc();
-  doc["search"] = {{"top_k", 3}, {"simulate_top", 0}};
+  doc["search"] = {{"top_k", 3}};
   const Request req = request_from_json(doc);
   const nlohmann::json out = result_to_json(req, run(req.space, req.options));
   for (const nlohmann::json& plan : out.at("plans")) {
     nlohmann::json scenario = base_doc();
     scenario["parallel"] = plan.at("parallel");
     scenario["training"]["micro_batch_size"] = plan.at("micro_batch_size");
-    const Estimate e = estimate(scenario_from_json(scenario));
-    EXPECT_EQ(plan.at("peak_bytes").get<Bytes>(), e.memory.peak_bytes);
+    const Estimate e = sim::plan(scenario_from_json(scenario));
+    EXPECT_EQ(plan.at("peak_bytes").get<Bytes>(), e.memory.peak_reserved_bytes);
     EXPECT_EQ(plan.at("step_seconds").get<double>(), e.time.step_seconds);
     EXPECT_EQ(plan.at("tokens_per_second").get<double>(), e.time.tokens_per_second);
     EXPECT_EQ(plan.at("mfu").get<double>(), e.time.mfu);

@@ -9,9 +9,7 @@
 #include "distplan/planner/error.h"
 #include "distplan/planner/validate.h"
 #include "distplan/search/search_json.h"
-#if __has_include("distplan/simulator/simulate.h")
-#include "distplan/simulator/simulate.h"
-#endif
+#include "distplan/simulator/plan.h"
 
 namespace distplan::search {
 namespace {
@@ -31,18 +29,18 @@ TEST(Search, BestPlanReplannedAloneGivesTheSameFigures) {
   ASSERT_FALSE(r.plans.empty());
   for (const Plan& p : r.plans) {
     const Scenario s = make_scenario(req.space.base, p.layout);
+    // The bound is estimate()'s; the figures are the plan's (the schedule walk).
     const Estimate e = estimate(s);
-    EXPECT_EQ(p.analytic.peak_bytes, e.memory.peak_bytes);
-    EXPECT_EQ(p.analytic.step_seconds, e.time.step_seconds);
-    EXPECT_EQ(p.analytic.tokens_per_second, e.time.tokens_per_second);
-    EXPECT_EQ(p.analytic.mfu, e.time.mfu);
-#if __has_include("distplan/simulator/simulate.h")
-    if (p.simulated) {
-      sim::SimOptions o;
-      o.exposed_communication = false;
-      EXPECT_EQ(p.figures.step_seconds, sim::simulate(s, e, o).step_seconds);
-    }
-#endif
+    EXPECT_EQ(p.bound.peak_bytes, e.memory.peak_reserved_bytes);
+    EXPECT_EQ(p.bound.step_seconds, e.time.step_seconds);
+    sim::PlanOptions po;
+    po.exposed_communication = false;
+    const Estimate plan = sim::plan(s, po);
+    EXPECT_EQ(p.figures.peak_bytes, plan.memory.peak_reserved_bytes);
+    EXPECT_EQ(p.figures.step_seconds, plan.time.step_seconds);
+    EXPECT_EQ(p.figures.tokens_per_second, plan.time.tokens_per_second);
+    EXPECT_EQ(p.figures.mfu, plan.time.mfu);
+    EXPECT_EQ(p.figures.step_seconds, sim::plan(s).time.step_seconds);
   }
 }
 
@@ -53,8 +51,8 @@ TEST(Search, EveryReturnedPlanFitsWithTheMargin) {
   const Result r = run(req.space, req.options);
   ASSERT_EQ(r.plans.size(), 50u);
   for (const Plan& p : r.plans) {
-    EXPECT_LE(static_cast<double>(p.analytic.peak_bytes),
-              0.9 * static_cast<double>(p.analytic.capacity_bytes));
+    EXPECT_LE(static_cast<double>(p.figures.peak_bytes),
+              0.9 * static_cast<double>(p.figures.capacity_bytes));
     EXPECT_NO_THROW(validate_scenario(make_scenario(req.space.base, p.layout)));
   }
   EXPECT_EQ(r.evaluated, r.feasible + r.rejected[static_cast<int>(Reject::out_of_memory)]);
@@ -62,7 +60,6 @@ TEST(Search, EveryReturnedPlanFitsWithTheMargin) {
 
 TEST(Search, AMarginRejectsMoreLayouts) {
   Request req = request_of("llama2-70b", 64, 512, 4096);
-  req.options.simulate_top = 0;
   const Result loose = run(req.space, req.options);
   req.options.memory_margin = 0.2;
   const Result tight = run(req.space, req.options);
@@ -70,9 +67,8 @@ TEST(Search, AMarginRejectsMoreLayouts) {
   EXPECT_LT(tight.feasible, loose.feasible);
 }
 
-TEST(Search, AnalyticRankingIsBestFirst) {
+TEST(Search, RankingIsBestFirst) {
   Request req = request_of("llama2-70b", 64, 512, 4096);
-  req.options.simulate_top = 0;
   req.options.top_k = 20;
   const Result r = run(req.space, req.options);
   ASSERT_EQ(r.plans.size(), 20u);
@@ -162,13 +158,12 @@ TEST(Search, EmptySpaceIsAnAnswerNotAnError) {
 TEST(Search, NothingFitsGivesTheClosestAndWhatWouldFit) {
   // 405B on one node: ~6.5 TB of weights, gradients and optimizer state cannot fit in 640 GB.
   Request req = request_of("llama3.1-405b", 8, 64, 8192);
-  req.options.simulate_top = 0;
   const Result r = run(req.space, req.options);
   EXPECT_GT(r.evaluated, 0u);
   EXPECT_EQ(r.feasible, 0u);
   EXPECT_TRUE(r.plans.empty());
   ASSERT_TRUE(r.closest.has_value());
-  EXPECT_GT(r.closest->analytic.peak_bytes, r.closest->analytic.capacity_bytes);
+  EXPECT_GT(r.closest->figures.peak_bytes, r.closest->figures.capacity_bytes);
   bool more_gpus = false;
   for (const Suggestion& s : r.suggestions) {
     if (s.change == "more_gpus") {
@@ -191,13 +186,12 @@ TEST(Search, MemoryObjectiveRanksByPeak) {
   const Result r = run(req.space, req.options);
   ASSERT_EQ(r.plans.size(), 10u);
   for (std::size_t i = 1; i < r.plans.size(); ++i) {
-    EXPECT_LE(r.plans[i - 1].analytic.peak_bytes, r.plans[i].analytic.peak_bytes);
+    EXPECT_LE(r.plans[i - 1].bound.peak_bytes, r.plans[i].bound.peak_bytes);
   }
 }
 
 TEST(Search, GpusObjectiveFindsTheFewestGpusForATarget) {
   Request req = request_of("llama3.1-8b", 64, 256, 4096);
-  req.options.simulate_top = 0;
   // First: the best throughput on 16 GPUs, as a target a 64-GPU cluster must reach with fewest.
   Request sixteen = req;
   sixteen.space.base.cluster.num_gpus = 16;
@@ -205,12 +199,12 @@ TEST(Search, GpusObjectiveFindsTheFewestGpusForATarget) {
   ASSERT_FALSE(r16.plans.empty());
   req.options.objective = Objective::gpus;
   req.space.fewer_gpus = true;
-  req.options.target_tokens_per_second = r16.plans.front().analytic.tokens_per_second;
+  req.options.target_tokens_per_second = r16.plans.front().figures.tokens_per_second;
   const Result r = run(req.space, req.options);
   ASSERT_FALSE(r.plans.empty());
   EXPECT_LE(r.plans.front().layout.num_gpus(), 16);
   for (const Plan& p : r.plans) {
-    EXPECT_GE(p.analytic.tokens_per_second, req.options.target_tokens_per_second);
+    EXPECT_GE(p.figures.tokens_per_second, req.options.target_tokens_per_second);
     EXPECT_GE(p.layout.num_gpus(), r.plans.front().layout.num_gpus());
   }
 }
@@ -239,17 +233,15 @@ TEST(Search, UnreachableTargetSaysHowManyGpusWouldReachIt) {
   Request req = request_of("llama3.1-8b", 8, 256, 4096);
   req.options.objective = Objective::gpus;
   req.space.fewer_gpus = true;
-  req.options.simulate_top = 0;
   // The best of 8 GPUs, doubled: 8 GPUs cannot reach it, some larger cluster can.
   Request eight = request_of("llama3.1-8b", 8, 256, 4096);
-  eight.options.simulate_top = 0;
   req.options.target_tokens_per_second =
-      2.0 * run(eight.space, eight.options).plans.front().analytic.tokens_per_second;
+      2.0 * run(eight.space, eight.options).plans.front().figures.tokens_per_second;
   const Result r = run(req.space, req.options);
   EXPECT_TRUE(r.plans.empty());
   EXPECT_GT(r.rejected[static_cast<int>(Reject::below_target)], 0u);
   ASSERT_TRUE(r.closest.has_value());
-  EXPECT_LT(r.closest->analytic.tokens_per_second, req.options.target_tokens_per_second);
+  EXPECT_LT(r.closest->figures.tokens_per_second, req.options.target_tokens_per_second);
   bool more = false;
   for (const Suggestion& s : r.suggestions) more = more || s.change == "more_gpus";
   EXPECT_TRUE(more);
@@ -258,7 +250,6 @@ TEST(Search, UnreachableTargetSaysHowManyGpusWouldReachIt) {
 
 TEST(Search, ProgressIsReportedAsAFraction) {
   Request req = request_of("llama2-70b", 64, 512, 4096);
-  req.options.simulate_top = 0;
   double last = -1;
   bool monotonic = true;
   req.options.progress = [&](double f, std::uint64_t) {
@@ -319,32 +310,26 @@ TEST(SearchLimits, TopKOutsideTheJsonRangeIsRefusedWhoeverSetsIt) {
   }
 }
 
-#if __has_include("distplan/simulator/simulate.h")
-// The re-ranking simulations run in parallel and report progress: the plans are the same as
-// with one thread, and the progress reaches the number simulated.
-TEST(SearchLimits, ParallelReRankingMatchesOneThreadAndReportsProgress) {
+// The walks run in parallel waves and report progress: the plans are the same as with one
+// thread, and so is the number of layouts walked.
+TEST(SearchLimits, ParallelWalksMatchOneThreadAndReportProgress) {
   Request req = request_of("llama2-7b", 16, 64, 4096);
-  req.options.simulate_top = 8;
-  req.options.simulate_within = 0;  // exactly the first 8 (the 10 % window would add more)
   req.options.threads = 1;
   const Result one = run(req.space, req.options);
   req.options.threads = 4;
-  int last = -1, of = 0;
-  req.options.rerank_progress = [&](int done, int total) {
-    EXPECT_GE(done, last);
-    last = done;
-    of = total;
+  std::uint64_t last = 0;
+  bool monotonic = true;
+  req.options.walk_progress = [&](std::uint64_t walked, std::uint64_t candidates) {
+    monotonic = monotonic && walked >= last && candidates >= walked;
+    last = walked;
   };
   const Result many = run(req.space, req.options);
   EXPECT_EQ(many.plans, one.plans);
-  EXPECT_EQ(many.simulated, one.simulated);
-  EXPECT_EQ(one.simulated, 8);
-  if (last >= 0) {
-    EXPECT_LE(last, many.simulated);
-    EXPECT_EQ(of, 8);
-  }
+  EXPECT_EQ(many.walked, one.walked);
+  EXPECT_TRUE(monotonic);
+  EXPECT_EQ(last, many.walked);
+  EXPECT_GT(one.walked, 0u);
 }
-#endif
 
 }  // namespace
 }  // namespace distplan::search

@@ -13,6 +13,7 @@
 #include "distplan/planner/estimate.h"
 #include "distplan/planner/layout.h"
 #include "distplan/planner/scenario_json.h"
+#include "distplan/simulator/plan.h"
 #include "distplan/simulator/schedule.h"
 #include "distplan/simulator/schedule_io.h"
 #include "distplan/simulator/simulate.h"
@@ -282,21 +283,20 @@ TEST(DualPipe, CommunicationIsBothDirectionsAndTheMirrorSum) {
   }
 }
 
-TEST(DualPipe, PlannedStepAndActivationsMatchTheSimulation) {
-  // Llama-2-7B, tp 2, pp 4, dp 2, ZeRO-1, sequence parallel: the planner's closed form against
-  // the simulation of the same layout, and its in-flight sets and bytes (the order's peak).
+TEST(DualPipe, PlanIsTheWalkAndItsActivationsTheOrdersPeak) {
+  // Llama-2-7B, tp 2, pp 4, dp 2, ZeRO-1, sequence parallel: the plan's step is the walk's, the
+  // closed form bounds it, and the in-flight sets and bytes are the order's peak.
   nlohmann::json j = nlohmann::json::parse(R"({
       "model": "llama2-7b",
       "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16},
-      "training": {"seq_length": 4096, "global_batch_size": 64},
+      "training": {"seq_length": 4096, "global_batch_size": 64, "framework": "generic"},
       "parallel": {"tp": 2, "pp": 4, "zero_stage": 1, "sequence_parallel": true,
                    "schedule": "dualpipe"}})");
   const Scenario s = scenario_from_json(j);
   const Estimate e = estimate(s);
   const SimResult r = simulate(s, e);
-  std::printf("dualpipe llama2-7b: planned %.4f s, simulated %.4f s\n", e.time.step_seconds,
-              r.step_seconds);
-  EXPECT_NEAR(e.time.step_seconds / r.step_seconds, 1.0, 0.02);
+  EXPECT_EQ(plan(s).time.step_seconds, r.step_seconds);
+  EXPECT_LE(e.time.step_seconds, r.step_seconds);
   for (std::size_t k = 0; k < r.stages.size(); ++k) {
     EXPECT_EQ(e.memory.stages[k].inflight_chunks, r.stages[k].peak_inflight_chunks) << k;
     EXPECT_EQ(e.memory.stages[k].activations_bytes, r.stages[k].peak_activation_bytes) << k;

@@ -13,6 +13,7 @@
 #include "distplan/planner/layout.h"
 #include "distplan/planner/overlap.h"
 #include "distplan/planner/scenario_json.h"
+#include "distplan/simulator/plan.h"
 #include "distplan/simulator/schedule.h"
 #include "distplan/simulator/schedule_io.h"
 #include "distplan/simulator/simulate.h"
@@ -192,38 +193,37 @@ TEST(DualPipeV, PairHidesInPassCommunicationBehindTheOtherPass) {
   }
 }
 
-TEST(DualPipeV, PlannedStepMatchesTheSimulation) {
-  // Llama-2-7B, tp 2, pp 4, dp 2, ZeRO-1, sequence parallel: the planner's closed form against
-  // the simulation of the same layout (as the other schedules, estimate_sim_test.cpp).
+TEST(DualPipeV, PlanIsTheWalkAndTheClosedFormBoundsIt) {
+  // Llama-2-7B, tp 2, pp 4, dp 2, ZeRO-1, sequence parallel: the plan's step is the walk's, the
+  // planner's closed form a lower bound of it, and the planner's in-flight sets and bytes the
+  // order's peak.
   nlohmann::json j = nlohmann::json::parse(R"({
       "model": "llama2-7b",
       "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16},
-      "training": {"seq_length": 4096, "global_batch_size": 64},
+      "training": {"seq_length": 4096, "global_batch_size": 64, "framework": "generic"},
       "parallel": {"tp": 2, "pp": 4, "zero_stage": 1, "sequence_parallel": true,
                    "schedule": "dualpipe_v"}})");
   const Scenario s = scenario_from_json(j);
   const Estimate e = estimate(s);
   const SimResult r = simulate(s, e);
-  EXPECT_NEAR(e.time.step_seconds / r.step_seconds, 1.0, 0.02);
+  EXPECT_EQ(plan(s).time.step_seconds, r.step_seconds);
+  EXPECT_LE(e.time.step_seconds, r.step_seconds);
   for (std::size_t k = 0; k < r.stages.size(); ++k) {
     EXPECT_EQ(e.memory.stages[k].inflight_chunks, r.stages[k].peak_inflight_chunks) << k;
     EXPECT_EQ(e.memory.stages[k].activations_bytes, r.stages[k].peak_activation_bytes) << k;
   }
 }
 
-TEST(VScheduleTime, PlannedStepMatchesTheSimulationForZbVVHalfAndVMin) {
-  // The planner times the V schedules' own order (v_schedule.h): on the same layout as above,
-  // with ZeRO-1 and dp 2, within the 2 % the other schedules keep (estimate_sim_test.cpp).
+TEST(VScheduleTime, ClosedFormBoundsTheWalkForZbVVHalfAndVMin) {
   for (const char* sched : {"zb_v", "v_half", "v_min"}) {
     nlohmann::json j = nlohmann::json::parse(R"({
         "model": "llama2-7b",
         "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16},
-        "training": {"seq_length": 4096, "global_batch_size": 64},
+        "training": {"seq_length": 4096, "global_batch_size": 64, "framework": "generic"},
         "parallel": {"tp": 2, "pp": 4, "zero_stage": 1, "sequence_parallel": true}})");
     j["parallel"]["schedule"] = sched;
     const Scenario s = scenario_from_json(j);
-    const Estimate e = estimate(s);
-    EXPECT_NEAR(e.time.step_seconds / simulate(s, e).step_seconds, 1.0, 0.02) << sched;
+    EXPECT_LE(estimate(s).time.step_seconds, plan(s).time.step_seconds) << sched;
   }
 }
 

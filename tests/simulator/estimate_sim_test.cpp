@@ -81,13 +81,14 @@ TEST(SimulateEstimate, ZeroBubbleBeatsOneFOneB) {
   EXPECT_LT(simulate(b, estimate(b)).step_seconds, simulate(a, estimate(a)).step_seconds);
 }
 
-TEST(SimulateEstimate, AgreesWithTheAnalyticTimeWithoutCommunication) {
-  // With equal stages and no DP/PP traffic to hide, the simulated pipeline and the planner's
-  // closed form (m - 1) t_max + sum t_s plus the optimizer agree closely.
+TEST(SimulateEstimate, TheClosedFormBoundsTheWalkWithoutCommunication) {
+  // With equal stages and no DP/PP traffic to hide, the planner's lower bound (the busiest
+  // stage's passes after the fill, plus its optimizer) misses only the drain.
   const Scenario s = scenario("1f1b", 4, 1, 0);
   const Estimate e = estimate(s);
   const SimResult r = simulate(s, e);
-  EXPECT_NEAR(r.step_seconds, e.time.step_seconds, 0.05 * e.time.step_seconds);
+  EXPECT_LE(e.time.step_seconds, r.step_seconds);
+  EXPECT_GT(e.time.step_seconds, 0.9 * r.step_seconds);
 }
 
 }  // namespace
@@ -96,21 +97,23 @@ TEST(SimulateEstimate, AgreesWithTheAnalyticTimeWithoutCommunication) {
 namespace distplan::sim {
 namespace {
 
-// The planner's closed forms and the event simulation agree on a realistic case: Llama-2-7B,
-// tp 2, pp 4, dp 2, ZeRO-1, sequence parallel, 32 micro-batches (measured gaps are under 1%).
-TEST(SimulateEstimate, AnalyticStepTimeIsWithinTwoPercentOfTheSimulation) {
+// The search prunes with the planner's closed form: on a realistic case (Llama-2-7B, tp 2, pp 4,
+// dp 2, ZeRO-1, sequence parallel, 32 micro-batches) it bounds the walk from below for every
+// schedule and stays within 15 % of it, so few layouts need a walk.
+TEST(SimulateEstimate, ClosedFormIsATightLowerBoundOfTheWalk) {
   for (const char* sched : {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_h2"}) {
     nlohmann::json j = nlohmann::json::parse(R"({
       "model": "llama2-7b",
       "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16},
-      "training": {"seq_length": 4096, "global_batch_size": 64},
+      "training": {"seq_length": 4096, "global_batch_size": 64, "framework": "generic"},
       "parallel": {"tp": 2, "pp": 4, "zero_stage": 1, "sequence_parallel": true}})");
     j["parallel"]["schedule"] = sched;
     j["parallel"]["virtual_stages"] = std::string(sched) == "interleaved_1f1b" ? 4 : 1;
     const Scenario s = scenario_from_json(j);
     const Estimate e = estimate(s);
     const SimResult r = simulate(s, e);
-    EXPECT_NEAR(e.time.step_seconds / r.step_seconds, 1.0, 0.02) << sched;
+    EXPECT_LE(e.time.step_seconds, r.step_seconds) << sched;
+    EXPECT_GT(e.time.step_seconds, 0.85 * r.step_seconds) << sched;
   }
 }
 

@@ -12,7 +12,7 @@
 namespace distplan::sim {
 namespace {
 
-TEST(LeversSimulate, OffloadStepAgreesWithTheAnalyticTime) {
+TEST(LeversSimulate, OffloadCostsSitInTheWalkAboveTheBound) {
   struct Case {
     int zero;
     const char* opt;
@@ -26,7 +26,7 @@ TEST(LeversSimulate, OffloadStepAgreesWithTheAnalyticTime) {
     nlohmann::json j = nlohmann::json::parse(R"({
       "model": "llama2-7b",
       "cluster": {"gpu": "h100-sxm-80gb", "gpus_per_node": 8, "nvme_bandwidth": 2.5e10},
-      "training": {"seq_length": 4096, "global_batch_size": 64},
+      "training": {"seq_length": 4096, "global_batch_size": 64, "framework": "generic"},
       "parallel": {"tp": 1, "sequence_parallel": false},
       "assumptions": {"overlap_compute_slowdown": 0}})");
     j["parallel"]["pp"] = c.pp;
@@ -39,16 +39,15 @@ TEST(LeversSimulate, OffloadStepAgreesWithTheAnalyticTime) {
     const Estimate e = estimate(s);
     const SimResult r = simulate(s, e);
     EXPECT_GT(e.time.optimizer_seconds, e.offload.cpu_optimizer_seconds * 0.999) << j.dump();
-    // The simulator does not slow compute under overlapped communication (the analytic time's
-    // overlap_compute_slowdown), so that assumption is 0 here: what remains is where the
-    // offload costs sit in the step, within the 2% estimate_sim_test holds plans to.
-    EXPECT_NEAR(e.time.step_seconds / r.step_seconds, 1.0, 0.02) << j.dump();
+    // The offload's host step runs in the stage's optimizer, on the walk's critical path; the
+    // closed form bounds the walk from below.
+    EXPECT_GE(r.step_seconds, e.offload.cpu_optimizer_seconds) << j.dump();
+    EXPECT_LE(e.time.step_seconds, r.step_seconds * (1 + 1e-12)) << j.dump();
   }
 }
 
-TEST(LeversSimulate, ContextParallelStepAgreesWithTheAnalyticTime) {
-  // The exchanges sit inside the passes the simulator schedules; with the overlap slowdown off
-  // (the simulator has none) the two agree as estimate_sim_test holds plans to.
+TEST(LeversSimulate, ContextParallelStepIsBoundedByTheClosedForm) {
+  // The exchanges sit inside the passes the walk schedules: the closed form still bounds it.
   for (const char* comm : {"p2p", "all_gather", "a2a"}) {
     for (int pp : {1, 2}) {
       nlohmann::json j = nlohmann::json::parse(R"({
@@ -68,7 +67,7 @@ TEST(LeversSimulate, ContextParallelStepAgreesWithTheAnalyticTime) {
       if (std::string(comm) != "p2p") {
         EXPECT_GT(e.stage_costs[0].cp_communication, 0) << comm;
       }
-      EXPECT_NEAR(e.time.step_seconds / r.step_seconds, 1.0, 0.02) << comm << " pp " << pp;
+      EXPECT_LE(e.time.step_seconds, r.step_seconds * (1 + 1e-12)) << comm << " pp " << pp;
     }
   }
 }

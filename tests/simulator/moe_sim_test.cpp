@@ -13,12 +13,12 @@ namespace distplan::sim {
 namespace {
 
 // Mixtral-8x7B on 32 GPUs: tp 2, pp 4, dp 4, ep 8, ZeRO-1, sequence parallel, 16 micro-batches.
-TEST(SimulateMoe, AnalyticStepTimeIsWithinTwoPercentOfTheSimulation) {
+TEST(SimulateMoe, ClosedFormBoundsTheWalk) {
   for (const char* sched : {"1f1b", "interleaved_1f1b", "zb_h1"}) {
     nlohmann::json j = nlohmann::json::parse(R"({
       "model": "mixtral-8x7b",
       "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 32, "gpus_per_node": 8},
-      "training": {"seq_length": 4096, "global_batch_size": 64},
+      "training": {"seq_length": 4096, "global_batch_size": 64, "framework": "generic"},
       "parallel": {"tp": 2, "pp": 4, "dp": 4, "ep": 8, "zero_stage": 1,
                    "sequence_parallel": true}})");
     j["parallel"]["schedule"] = sched;
@@ -28,7 +28,7 @@ TEST(SimulateMoe, AnalyticStepTimeIsWithinTwoPercentOfTheSimulation) {
     const Estimate e = estimate(s);
     ASSERT_GT(e.stage_costs[0].ep_communication, 0);
     const SimResult r = simulate(s, e);
-    EXPECT_NEAR(e.time.step_seconds / r.step_seconds, 1.0, 0.02) << sched;
+    EXPECT_LE(e.time.step_seconds, r.step_seconds * (1 + 1e-12)) << sched;
   }
 }
 

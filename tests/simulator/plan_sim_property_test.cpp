@@ -1,5 +1,6 @@
 // Property: over random layouts, the planner's saved activations per stage (a closed form per
-// schedule) equal the peak the simulator observes executing the schedule's program pass by pass.
+// schedule) equal the peak the simulator observes executing the schedule's program pass by pass
+// (zb_auto's, whose order follows the stage costs, bound it from above).
 // The two are computed independently: the planner counts, the simulator runs the program.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -68,6 +69,13 @@ TEST(PlanEqualsSimulation, SavedActivationsPerStageOverRandomLayouts) {
     ASSERT_EQ(r.stages.size(), e.memory.stages.size()) << d.label;
     for (std::size_t k = 0; k < r.stages.size(); ++k) {
       const StageMemory& plan = e.memory.stages[k];
+      if (s.parallel.schedule == Schedule::zb_auto) {
+        // The heuristic's order depends on the stage costs: the closed form counts its whole
+        // memory limit, an upper bound of what the order holds.
+        EXPECT_GE(plan.inflight_chunks, r.stages[k].peak_inflight_chunks) << d.label;
+        EXPECT_GE(plan.activations_bytes, r.stages[k].peak_activation_bytes) << d.label;
+        continue;
+      }
       EXPECT_EQ(plan.inflight_chunks, r.stages[k].peak_inflight_chunks)
           << "stage " << k << " of " << d.label;
       EXPECT_EQ(plan.activations_bytes, r.stages[k].peak_activation_bytes)

@@ -232,9 +232,16 @@ TEST(SimulateCommunication, OverlappedGradientReductionLeavesOnlyTheLastBucket) 
   Estimate e = uniform_estimate(1, 0, c);
   s.training.grad_accumulation_dtype = DType::fp32;
   e.memory.stages[0].parameters = 25 * 1024 * 1024;  // 100 MiB of fp32 gradients: 4 buckets
+  s.assumptions.overlap_compute_slowdown = 0;
   const SimResult overlapped = simulate(s, e);
   expect_close(overlapped.step_seconds, 1 + 2 + 0.25 + 0.5, "overlapped");
   expect_close(overlapped.exposed_communication_seconds, 0.25, "exposed");
+  // The backward that hides the reduction runs overlap_compute_slowdown slower for what it hides:
+  // 0.1 x min(R, B) = 0.1 more (its last bucket then starts at 3.1).
+  s.assumptions.overlap_compute_slowdown = 0.1;
+  const SimResult slowed = simulate(s, e);
+  expect_close(slowed.step_seconds, 1 + 2.1 + 0.25 + 0.5, "slowed");
+  expect_close(slowed.exposed_communication_seconds, 0.35, "exposed with the slowdown");
   s.assumptions.overlap_grad_reduce = false;
   const SimResult serial = simulate(s, e);
   expect_close(serial.step_seconds, 1 + 2 + 1 + 0.5, "not overlapped");
@@ -249,8 +256,12 @@ TEST(SimulateCommunication, ZeroThreeGathersArePrefetched) {
   StageCosts c = plain_costs(1, 2, 0);
   c.zero3_gather = 0.5;
   const Estimate e = uniform_estimate(1, 0, c);
+  s.assumptions.overlap_compute_slowdown = 0;
   const SimResult pre = simulate(s, e);
   expect_close(pre.step_seconds, 0.25 + 2 * 3, "prefetched");
+  // Each of the first three passes hides the next one's gather and runs 0.1 x 0.25 slower.
+  s.assumptions.overlap_compute_slowdown = 0.1;
+  expect_close(simulate(s, e).step_seconds, 0.25 + 2 * 3 + 3 * 0.025, "prefetched, slowed");
   s.assumptions.overlap_param_gather = false;
   const SimResult serial = simulate(s, e);
   expect_close(serial.step_seconds, 4 * 0.25 + 2 * 3, "serial");

@@ -82,8 +82,10 @@ class P2POrderError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-/// A communicator over one group. Buffers hold `n` elements of `dtype` (16-bit types are reduced
-/// in fp32 and rounded back). Counts are per rank: reduce_scatter reads n*size and writes n;
+/// A communicator over one group. Buffers hold `n` elements of `dtype`. How 16-bit types are
+/// summed is the implementation's: the MPI one sums in fp32 and rounds once; NCCL's kernels add
+/// two elements at a time in fp32 and round each partial sum back to the buffer's type, so a
+/// ring's result can differ from the fp32 sum in the last bits. Counts are per rank: reduce_scatter reads n*size and writes n;
 /// all_gather reads n and writes n*size. The recorded bytes are the full buffer (n*size elements
 /// for reduce-scatter and all-gather), as the planner's bytes_per_call (docs/communication.md).
 class Communicator {

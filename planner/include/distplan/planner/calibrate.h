@@ -3,6 +3,8 @@
 // calibrate_json.h.
 #pragma once
 
+#include <functional>
+
 #include <optional>
 #include <span>
 #include <string>
@@ -74,7 +76,13 @@ struct CalibrationRun {
   std::string name;           // optional label
 };
 
+/// The step time a fit matches: sim::plan's (the schedule walk), which the CLI and Python pass.
+/// The planner cannot call the simulator, so calibrate() takes it as a function.
+using StepTimeFunction = std::function<Seconds(const Scenario&)>;
+
 struct CalibrationOptions {
+  /// Required: the predicted step time of a scenario (docs/calibration.md).
+  StepTimeFunction step_seconds;
   /// Names of the parameters to fit. Empty: every table entry the runs constrain (the others are
   /// listed in CalibrationResult::not_fitted). Named ones that the runs do not constrain are
   /// refused.
@@ -125,8 +133,8 @@ struct CalibrationResult {
 [[nodiscard]] CalibrationResult calibrate(const std::vector<CalibrationRun>& runs,
                                           const CalibrationOptions& options = {});
 
-/// The analytic step time of `scenario` with `assumptions` in place of its own.
-[[nodiscard]] Seconds predicted_step_seconds(const Scenario& scenario,
+/// The step time `step` predicts for `scenario` with `assumptions` in place of its own.
+[[nodiscard]] Seconds predicted_step_seconds(const StepTimeFunction& step, const Scenario& scenario,
                                              const Assumptions& assumptions);
 
 }  // namespace distplan

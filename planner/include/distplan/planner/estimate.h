@@ -33,7 +33,11 @@ struct StageMemory {
   Bytes buffers_bytes = 0;
   Bytes runtime_bytes = 0;
   Bytes transient_bytes = 0;  // inside a layer's backward: activation gradients, framework buckets
-  Bytes total_bytes = 0;      // GPU memory: the categories above
+  // Live on top of the saved activations while a backward pass runs: the recompute working set of
+  // one layer and the transient. Unlike the two fields above (what is live at the stage's joint
+  // peak, which may fall after a forward), it does not depend on where the peak falls.
+  Bytes backward_extra_bytes = 0;
+  Bytes total_bytes = 0;  // GPU memory: the categories above
   // What PyTorch's caching allocator has handed out at the peak (max_memory_allocated), and what
   // the device holds then: the allocator's segments plus the runtime outside it (nvidia-smi).
   // generic: allocated = total - runtime, reserved = total (docs/memory.md).
@@ -101,8 +105,12 @@ struct CommunicationEstimate {
 };
 
 struct ComputeEstimate {
-  Flops model_flops_per_step = 0;     // the model's forward + backward, all GPUs
-  Flops hardware_flops_per_step = 0;  // plus recomputation, all GPUs
+  // The model's forward + backward, all GPUs, with causal attention (half the s x s products:
+  // Megatron-LM's convention; docs/flops.md): the MFU numerator.
+  Flops model_flops_per_step = 0;
+  // What the GPUs run: plus recomputation, and the masked half of the s x s products where
+  // standard attention computes it (flash attention skips it).
+  Flops hardware_flops_per_step = 0;
   bool operator==(const ComputeEstimate&) const = default;
 };
 
@@ -114,8 +122,10 @@ struct StageCosts {
   Seconds backward_input = 0;   // backward w.r.t. activations (B in the zero-bubble paper)
   Seconds backward_weight = 0;  // backward w.r.t. weights (W)
   Seconds recompute = 0;  // forward recomputation inside the backward (included in backward_input)
-  Seconds tp_communication =
-      0;            // TP collectives per micro-batch (forward + backward), included above
+  // TP collectives per micro-batch (forward + backward) that the passes above wait on: all of
+  // them, or with assumptions.tp_comm_overlap what the GEMMs leave exposed. An overlapped F&B
+  // pair (DualPipe) can hide this much behind the other pass's computation, no more.
+  Seconds tp_communication = 0;
   Seconds p2p = 0;  // one activation send to the next stage (or a gradient to the previous)
   Seconds cp_communication = 0;  // context-parallel exchanges per micro-batch (exposed part),
                                  // included in forward and backward_input
@@ -141,7 +151,15 @@ struct OffloadEstimate {
   bool operator==(const OffloadEstimate&) const = default;
 };
 
+/// Which engine timed a step. estimate() alone gives the closed forms of docs/time.md, a lower
+/// bound of the step that the search prunes with; sim::plan() gives the walk of the schedule
+/// program over the stage costs (the simulator's), which is what plan, simulate, search and
+/// calibrate report (docs/time.md, "One timing engine").
+enum class TimeEngine { lower_bound, schedule_walk };
+[[nodiscard]] std::string_view to_string(TimeEngine v) noexcept;
+
 struct TimeEstimate {
+  TimeEngine engine = TimeEngine::lower_bound;
   Seconds step_seconds = 0;
   double tokens_per_second = 0;
   double mfu = 0;               // model FLOPs / (step time * GPUs * dense peak)
@@ -165,6 +183,13 @@ struct Estimate {
   TimeEstimate time;
   bool operator==(const Estimate&) const = default;
 };
+
+/// Tokens per second and model FLOPs utilisation of a step of `step_seconds` (docs/flops.md,
+/// "MFU"): the scenario's global batch of tokens, and its model FLOPs over the cluster's dense
+/// peak in the compute dtype. 0 for a step of no time.
+[[nodiscard]] double tokens_per_second(const Scenario& s, Seconds step_seconds) noexcept;
+[[nodiscard]] double model_flops_utilization(const Scenario& s, Flops model_flops_per_step,
+                                             Seconds step_seconds) noexcept;
 
 /// Estimates a validated scenario (validate_scenario() must have accepted it).
 [[nodiscard]] Estimate estimate(const Scenario& scenario);

@@ -113,8 +113,16 @@ struct LayerFlops {
   Flops backward_weight = 0;
   Flops selective_recompute = 0;     // forward FLOPs of the ops selective recompute re-runs
   Flops selective_op_recompute = 0;  // forward FLOPs per-op selective checkpointing re-runs
+  // Of the above, the s x s products (QK^T and its product with V) above the causal diagonal:
+  // half of their square, which a causal model never needs. Flash attention skips it, standard
+  // attention computes it and masks it (docs/flops.md, "Conventions").
+  Flops causal_masked_forward = 0;
+  Flops causal_masked = 0;  // forward + backward
 };
 /// `window`: the layer's attention window (attention_keys_fraction); null for full attention.
+/// A window changes no product of the square (unfused attention computes all of it with a mask)
+/// but the causal_masked share: its model FLOPs, and what flash attention runs, are the window's
+/// causal pairs.
 [[nodiscard]] LayerFlops layer_flops(const LayerTable& table, Count micro_batch, Count seq,
                                      const AttentionWindowSpec* window = nullptr) noexcept;
 

@@ -91,6 +91,16 @@ struct StageChunk {
 [[nodiscard]] constexpr bool holds_head(Schedule schedule, Count pp, Count stage) noexcept {
   return stage == head_stage(schedule, pp) || (bidirectional(schedule) && stage == 0);
 }
+/// Whether consecutive steps overlap, so that a step lasts its longest stage span rather than until
+/// its last stage ends: the schedules whose published bubbles assume the optimizer's
+/// post-validation (Qi et al. 2023, Sec. 4): ZB-H2, zb_auto (Table 5 counts the longest span) and
+/// the V schedules but DualPipeV (the V-Half / V-Min authors measure the longest span,
+/// zbv_greedy.py eager_execution_time; DeepSeek-AI's DualPipeV waits for its sends before it
+/// returns, as DualPipe does).
+[[nodiscard]] constexpr bool steps_overlap(Schedule s) noexcept {
+  return s == Schedule::zb_h2 || s == Schedule::zb_auto ||
+         (v_shape(s) && s != Schedule::dualpipe_v);
+}
 /// Full passes through a stage per step, in micro-batches of the whole stage: m, but under
 /// DualPipe each micro-batch passes one of the stage's two model stages, m/2 of its whole.
 [[nodiscard]] constexpr Count stage_passes(Schedule schedule, Count num_microbatches) noexcept {

@@ -252,35 +252,13 @@ struct StageUnitParams {
   return bytes;
 }
 
-/// The framework's terms of one stage (docs/memory.md, "Framework profiles", "Runtime and
-/// allocator"): the backward's transient, the runtime, and allocated and reserved bytes.
-/// `sm` holds every category but the runtime; this fills the runtime, the transient and the
-/// totals.
-inline void framework_terms(const Scenario& base, const MemoryLayout& l, const StageUnitParams& u,
-                            const LayerActivation& act, int st, Count padded_vocab,
-                            StageMemory& sm) noexcept {
+/// The runtime and the totals of one stage from its categories (docs/memory.md, "Runtime and
+/// allocator"): `sm` holds weights, gradients, optimizer, activations, buffers and transient; this
+/// fills runtime, allocated, total and reserved. The plan calls it again once the schedule's walk
+/// has replaced the activations and transient by those at the stage's joint peak.
+inline void stage_totals(const Scenario& base, const MemoryLayout& l, int st,
+                         StageMemory& sm) noexcept {
   const FrameworkProfile& fw = base.assumptions.framework_profile;
-  const Bytes cb = bytes_of(base.training.precision);
-  // Inside a layer's backward: the gradients of its largest activation (an op's output and input
-  // gradients together), and the framework's gradient or prefetch buckets, which live while the
-  // backward reduces gradients or gathers parameters.
-  Bytes transient =
-      u.all_layers() > 0 ? fw.backward_gradient_tensors * act.largest_elements * cb : 0;
-  // BF16_Optimizer (the compute-dtype gradients kept beside unsharded fp32 ones) has no reduce
-  // bucket: it all-reduces its flat fp32 gradient buffer (pipe/engine.py, _bf16_reduce_grads).
-  const bool bf16_optimizer = fw.keeps_compute_dtype_gradients &&
-                              fp32_gradients_beside_compute(base.training, l.zero_stage);
-  if (l.shard > 1 && (l.zero_stage == 1 || l.zero_stage == 2) && !bf16_optimizer)
-    transient += fw.reduce_buckets * fw.reduce_bucket_elements * cb;
-  if (l.shard > 1 && l.zero_stage == 3) transient += fw.prefetch_bucket_elements * cb;
-  // After a backward (its recompute working set freed): BF16_Optimizer's fp32 upcast of one
-  // parameter's gradient, the largest one (runtime/bf16_optimizer.py, update_hp_grads). The
-  // stage's peak is the larger of the two moments; the working set is already in activations.
-  if (fw.gradient_upcast_transient && fp32_gradients_beside_compute(base.training, l.zero_stage)) {
-    const Bytes upcast = 4 * largest_parameter_elements(base.model, l.tp, u, padded_vocab);
-    transient = std::max(transient, upcast - sm.working_bytes);
-  }
-  sm.transient_bytes = transient;
   const Bytes states = sm.weights_bytes + sm.gradients_bytes + sm.optimizer_bytes;
   const Bytes churn = sm.activations_bytes + sm.buffers_bytes + sm.transient_bytes;
   const Bytes reserve = base.cluster.runtime_reserve_bytes;
@@ -312,6 +290,39 @@ inline void framework_terms(const Scenario& base, const MemoryLayout& l, const S
       static_cast<Bytes>(static_cast<double>(churn) * (1.0 + fw.allocator_fragmentation));
   sm.reserved_bytes = seg(sm.weights_bytes) + seg(sm.gradients_bytes) + seg(sm.optimizer_bytes) +
                       seg(workspace) + seg(churn_reserved) + outside;
+}
+
+/// The framework's terms of one stage (docs/memory.md, "Framework profiles", "Runtime and
+/// allocator"): the backward's transient, the runtime, and allocated and reserved bytes.
+/// `sm` holds every category but the runtime; this fills the runtime, the transient and the
+/// totals.
+inline void framework_terms(const Scenario& base, const MemoryLayout& l, const StageUnitParams& u,
+                            const LayerActivation& act, int st, Count padded_vocab,
+                            StageMemory& sm) noexcept {
+  const FrameworkProfile& fw = base.assumptions.framework_profile;
+  const Bytes cb = bytes_of(base.training.precision);
+  // Inside a layer's backward: the gradients of its largest activation (an op's output and input
+  // gradients together), and the framework's gradient or prefetch buckets, which live while the
+  // backward reduces gradients or gathers parameters.
+  Bytes transient =
+      u.all_layers() > 0 ? fw.backward_gradient_tensors * act.largest_elements * cb : 0;
+  // BF16_Optimizer (the compute-dtype gradients kept beside unsharded fp32 ones) has no reduce
+  // bucket: it all-reduces its flat fp32 gradient buffer (pipe/engine.py, _bf16_reduce_grads).
+  const bool bf16_optimizer = fw.keeps_compute_dtype_gradients &&
+                              fp32_gradients_beside_compute(base.training, l.zero_stage);
+  if (l.shard > 1 && (l.zero_stage == 1 || l.zero_stage == 2) && !bf16_optimizer)
+    transient += fw.reduce_buckets * fw.reduce_bucket_elements * cb;
+  if (l.shard > 1 && l.zero_stage == 3) transient += fw.prefetch_bucket_elements * cb;
+  // After a backward (its recompute working set freed): BF16_Optimizer's fp32 upcast of one
+  // parameter's gradient, the largest one (runtime/bf16_optimizer.py, update_hp_grads). The
+  // stage's peak is the larger of the two moments; the working set is already in activations.
+  if (fw.gradient_upcast_transient && fp32_gradients_beside_compute(base.training, l.zero_stage)) {
+    const Bytes upcast = 4 * largest_parameter_elements(base.model, l.tp, u, padded_vocab);
+    transient = std::max(transient, upcast - sm.working_bytes);
+  }
+  sm.transient_bytes = transient;
+  sm.backward_extra_bytes = sm.working_bytes + transient;
+  stage_totals(base, l, st, sm);
 }
 
 /// Fills everything of `sm` but the layer range (first_layer, end_layer), for one GPU of

@@ -2,6 +2,7 @@
 // communication per group, time and MFU, and what would make a layout fit.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -9,6 +10,10 @@
 #include "distplan/planner/spec.h"
 
 namespace distplan {
+
+/// Plans a changed scenario for "what would make it fit": sim::plan (the schedule walk) in every
+/// front end, so a suggestion's peak and step time are the plan's own (docs/time.md).
+using PlanFunction = std::function<Estimate(const Scenario&)>;
 
 /// A single change to the layout and the peak memory it saves, for "what would make it fit".
 struct FitSuggestion {
@@ -18,7 +23,7 @@ struct FitSuggestion {
   Bytes saving_bytes = 0;
   bool fits = false;
   bool more_gpus = false;         // needs more GPUs than the scenario has
-  Seconds step_seconds = 0;       // its analytic step time
+  Seconds step_seconds = 0;       // its step time
   Seconds time_cost_seconds = 0;  // its step time minus the scenario's (negative: faster)
 };
 
@@ -26,8 +31,11 @@ struct FitSuggestion {
 /// greedy combination that does), ordered: first what fits on the scenario's GPUs, cheapest in
 /// step time first; then the rest on the same GPUs, lowest peak first; then those needing more
 /// GPUs, lowest peak first.
-[[nodiscard]] std::vector<FitSuggestion> fit_suggestions(const Scenario& s, const Estimate& e);
+[[nodiscard]] std::vector<FitSuggestion> fit_suggestions(const Scenario& s, const Estimate& e,
+                                                         const PlanFunction& plan);
 
-[[nodiscard]] std::string format_plan_table(const Scenario& s, const Estimate& e);
+/// The table of `e`, the plan of `s`; `plan` plans the changes that would make it fit.
+[[nodiscard]] std::string format_plan_table(const Scenario& s, const Estimate& e,
+                                            const PlanFunction& plan);
 
 }  // namespace distplan

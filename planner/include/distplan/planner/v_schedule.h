@@ -25,18 +25,4 @@ using VOrder = std::vector<std::vector<VPass>>;  // [stage] passes in the order 
 /// reordering (v_reorder.h).
 [[nodiscard]] VOrder v_schedule_order(Schedule kind, Count p, Count m);
 
-/// One stage's pass of one chunk: times and the time of a send to a neighbouring stage.
-struct VStageTimes {
-  Seconds forward = 0, backward_input = 0, backward_weight = 0, p2p = 0;
-};
-
-/// The step of `order` when steps overlap (its longest stage span, first pass's start to the
-/// later of its last pass's end and its last send's end): each stage runs its passes in order, a
-/// pass starting when the stage is free and its input is there. A pass's output goes to the next
-/// virtual stage over the sender's link for its direction (activations one link, gradients the
-/// other, each sending one message at a time, p2p seconds each); the V's turn at stage p - 1
-/// stays on the stage and takes no time. The simulator's rules for these schedules
-/// (simulate.cpp), so its step for the same times.
-[[nodiscard]] Seconds v_longest_span(const VOrder& order, const std::vector<VStageTimes>& times);
-
 }  // namespace distplan

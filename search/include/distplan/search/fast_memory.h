@@ -26,9 +26,10 @@ class FastMemory {
   /// Peak bytes per GPU of a layout whose outer part is the last set_outer().
   [[nodiscard]] Bytes peak_bytes(const Layout& l) const noexcept;
   [[nodiscard]] Bytes capacity_bytes() const noexcept { return base_.cluster.gpu.memory_bytes; }
-  /// A lower bound of estimate()'s step time: m micro-batches through the busiest stage's
-  /// op costs (the planner's own), every communication, bubble and optimizer term left
-  /// out (docs/search.md, "Pruning"). tests/search/fast_memory_test.cpp checks it is a bound.
+  /// A lower bound of the walked step (sim::plan): m micro-batches through a stage's op costs
+  /// (the planner's own), after the first micro-batch's forward through the stages before it
+  /// where steps do not overlap; every communication and optimizer term left out
+  /// (docs/search.md, "Ranking by the walk"). tests/search checks it is a bound.
   [[nodiscard]] Seconds step_lower_bound(const Layout& l) const noexcept;
 
  private:

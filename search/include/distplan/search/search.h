@@ -1,6 +1,8 @@
-// Layout search: estimate every layout of the space, drop what does not fit, re-rank the best with
-// the simulator, and answer with ranked plans, rejection counts and, when nothing fits, what would
-// make it fit. Deterministic for any thread count (docs/search.md).
+// Layout search: bound every layout of the space (its peak memory and a lower bound of its step),
+// drop what does not fit, and plan with the schedule walk (sim::plan, the one timing engine) in
+// order of the bound until no layout left can enter the best: branch and bound, so the ranking is
+// by the walk's exact figures. Answers with ranked plans, rejection counts and, when nothing fits,
+// what would make it fit. Deterministic for any thread count (docs/search.md).
 #pragma once
 
 #include <atomic>
@@ -28,11 +30,7 @@ inline constexpr double kThroughputTieTolerance = 1e-9;
 struct Options {
   Objective objective = Objective::throughput;
   int top_k = 10;
-  double memory_margin = 0.0;  // a layout fits when peak <= capacity x (1 - margin)
-  int simulate_top = 16;       // how many of the analytically best are re-ranked by simulation
-  /// Objective throughput: also re-rank by simulation every feasible layout whose analytic step
-  /// time is within this fraction of the best's (docs/search.md, "Simulation re-rank").
-  double simulate_within = 0.10;
+  double memory_margin = 0.0;           // a layout fits when peak <= capacity x (1 - margin)
   double target_tokens_per_second = 0;  // objective "gpus"
   int threads = 0;                      // 0: all hardware threads
   bool suggest = true;
@@ -44,9 +42,9 @@ struct Options {
   const std::atomic<bool>* cancel = nullptr;
   /// Called from the calling thread with the fraction done, at most ~20 times a second.
   std::function<void(double fraction, std::uint64_t evaluated)> progress;
-  /// Called from the calling thread while the best plans are simulated (threads as above), at
-  /// most ~20 times a second: plans simulated so far, of at most simulate_top.
-  std::function<void(int simulated, int of)> rerank_progress;
+  /// Called from the calling thread while candidates are planned with the walk, at most ~20
+  /// times a second: layouts walked so far, and the candidates not yet ruled out by their bound.
+  std::function<void(std::uint64_t walked, std::uint64_t candidates)> walk_progress;
 };
 
 /// Bounds of Options, the same for the JSON fields and the CLI flags (docs/api.md).
@@ -65,9 +63,8 @@ struct Figures {
 
 struct Plan {
   Layout layout;
-  Figures analytic;  // the planner's estimate()
-  bool simulated = false;
-  Figures figures;  // what the plan is ranked by: simulated when `simulated`, else = analytic
+  Figures bound;    // estimate() alone: its peak and the lower bound of the step (search prunes)
+  Figures figures;  // the plan (sim::plan): what the plan is ranked by
   double bubble_fraction = 0;
   bool operator==(const Plan&) const = default;
 };
@@ -83,12 +80,11 @@ struct Result {
   Objective objective = Objective::throughput;
   std::uint64_t evaluated = 0;  // layouts estimated
   std::uint64_t feasible = 0;   // layouts that fit (and, for "gpus", reach the target)
-  std::uint64_t pruned = 0;     // feasible layouts a bound proved outside the best (not estimated)
-  double seconds = 0;           // wall-clock time of the search
-  double evaluate_seconds = 0;  // of which enumerating and evaluating (before re-plan/simulate)
+  std::uint64_t pruned = 0;  // feasible layouts whose bound kept them out of the best (not walked)
+  std::uint64_t walked = 0;  // layouts planned with the schedule walk
+  double seconds = 0;        // wall-clock time of the search
+  double evaluate_seconds = 0;  // of which enumerating and bounding (before the walks)
   int threads = 1;
-  int simulated = 0;  // plans re-ranked by simulation
-  bool simulator_available = false;
   bool cancelled = false;
   RejectCounts rejected{};
   std::vector<Plan> plans;              // best first, at most top_k
@@ -96,7 +92,7 @@ struct Result {
   std::vector<Suggestion> suggestions;  // when nothing fits
 };
 
-/// Evaluates one layout analytically. The default uses the planner's estimate().
+/// The plan of one layout's scenario (sim::plan) as the search ranks it.
 [[nodiscard]] Figures evaluate(const Scenario& scenario);
 [[nodiscard]] Figures figures_of(const Estimate& e, const Scenario& s);
 
@@ -108,8 +104,5 @@ struct Result {
 /// weak order, total over distinct layouts.
 [[nodiscard]] bool ranks_before(Objective obj, const Layout& la, const Figures& a, const Layout& lb,
                                 const Figures& b);
-
-/// True when the search library was built with the simulator (plans are then re-ranked by it).
-[[nodiscard]] bool simulator_linked() noexcept;
 
 }  // namespace distplan::search

@@ -145,14 +145,6 @@ struct SchedulePrograms {
 [[nodiscard]] SchedulePrograms make_zb_auto(Count m, const std::vector<ZbAutoStage>& stages,
                                             Seconds p2p);
 
-/// Whether consecutive steps overlap. ZB-H2 is run as Qi et al. 2023 run it: with the optimizer's
-/// post-validation (Sec. 4) no step-wide synchronization holds the first stages until the last
-/// one finishes, so a stage starts its next step as soon as its own work is done and its
-/// parallelogram tiles with the next step's. The simulated step is then the longest span of one
-/// stage (first pass to end, optimizer included), which is how the paper's Table 5 counts ZB-H2's
-/// bubble.
-[[nodiscard]] bool steps_overlap(Schedule kind) noexcept;
-
 /// The generator for a scenario's schedule kind. Throws InputError (path "/parallel/schedule" or
 /// "/parallel/virtual_stages") when the kind cannot be built for (p, m, v); zb_auto, which needs
 /// the stage times, from make_zb_auto.

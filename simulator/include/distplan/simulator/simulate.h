@@ -112,6 +112,12 @@ struct StageResult {
   // plus the largest of the live activations at any pass and, at each backward pass, the live
   // activations with that pass's recompute working set and transient (docs/memory.md).
   Bytes peak_allocated_bytes = 0;
+  // The live activations at that peak, and whether it falls at the start of a backward pass (then
+  // the recompute working set and the transient are live on top of them) or after a forward.
+  Bytes peak_moment_activation_bytes = 0;
+  bool peak_in_backward = false;
+  // Of busy_seconds: what passes lost to communication they hid (overlap_compute_slowdown).
+  Seconds overlap_slowdown_seconds = 0;
   Seconds send_seconds = 0;              // point-to-point sends issued by this stage
   Seconds dp_communication_seconds = 0;  // gradient reduction and parameter gathers
   Seconds optimizer_seconds = 0;
