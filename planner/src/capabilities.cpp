@@ -38,7 +38,7 @@ FrameworkCapabilities generic_row() {
   c.schedule.fill(all);
   c.pipeline_with_tensor_parallel = all;
   c.sharding_with_pipeline.fill(all);
-  c.split = SplitRule::any;
+  c.split = SplitSupport::any;
   c.split_source = src;
   c.zero_stage.fill(all);
   c.hybrid_shard.fill(all);
@@ -100,7 +100,7 @@ FrameworkCapabilities megatron_row() {
   c.sharding_with_pipeline.fill(
       yes("--use-distributed-optimizer / --use-megatron-fsdp: no pipeline restriction in "
           "arguments.py validate_args"));
-  c.split = SplitRule::any;
+  c.split = SplitSupport::any;
   c.split_source =
       "--pipeline-model-parallel-layout (\"Et*7|t*8|...|t*7L\"): any per-stage layer list "
       "(core/transformer/pipeline_parallel_layer_layout.py)";
@@ -207,7 +207,7 @@ FrameworkCapabilities torchtitan_row() {
   c.schedule[at(Schedule::dualpipe_v)] = yes("pipeline_parallel_schedule = \"DualPipeV\"");
   c.pipeline_with_tensor_parallel = yes("tensor_parallel_degree with pipeline_parallel_degree");
   c.sharding_with_pipeline.fill(yes("FSDP2 with pipeline_parallel_degree"));
-  c.split = SplitRule::any;
+  c.split = SplitSupport::any;
   c.split_source = "[parallelism] module_fqns_per_model_part: any list of layers per stage";
   c.zero_stage[0] = yes("data_parallel_replicate_degree (DDP) only");
   c.zero_stage[1] = c.zero_stage[2] =
@@ -316,7 +316,7 @@ FrameworkCapabilities deepspeed_row() {
       no("\"ZeRO-2 and ZeRO-3 are incompatible with pipeline "
          "parallelism\" (runtime/pipe/engine.py)"));
   c.sharding_with_pipeline[0] = c.sharding_with_pipeline[1] = yes("PipelineEngine with ZeRO 0/1");
-  c.split = SplitRule::even_only;
+  c.split = SplitSupport::even_only;
   c.split_source =
       "PipelineModule(partition_method=\"type:<layer class>\"): its partitioner "
       "(runtime/utils.py) places uneven layers by its own rule, which distplan does not plan";
@@ -423,14 +423,14 @@ FrameworkRefusal refusal(const FrameworkCapabilities& c, const Support& row, std
                   to_string(c.framework), c.code, what, row.source)};
 }
 
-bool split_expressible(const Scenario& s, SplitRule rule) {
+bool split_expressible(const Scenario& s, SplitSupport rule) {
   const ParallelSpec& p = s.parallel;
-  if (p.pp == 1 || rule == SplitRule::any) return true;
+  if (p.pp == 1 || rule == SplitSupport::any) return true;
   const std::vector<Count> layers = stage_layer_counts(s);
   const bool even =
       std::all_of(layers.begin(), layers.end(), [&](Count c) { return c == layers.front(); });
   if (even) return true;
-  if (rule == SplitRule::even_only) return false;
+  if (rule == SplitSupport::even_only) return false;
   // first_last: the middle stages equal (with two stages, any split).
   return p.pp == 2 ||
          std::all_of(layers.begin() + 1, layers.end() - 1, [&](Count c) { return c == layers[1]; });

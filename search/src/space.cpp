@@ -291,7 +291,7 @@ void walk_outer(const Space& space, RejectCounts& rejected, Fn&& fn) {
           bump(rejected, Reject::framework_parallel);
           continue;
         }
-        if (pp > 1 && layers % pp != 0 && caps.split != SplitRule::any) {
+        if (pp > 1 && layers % pp != 0 && caps.split != SplitSupport::any) {
           // The planner's even split (stage_layer_counts) in the framework's terms.
           Scenario x = b;
           x.parallel.pp = pp;

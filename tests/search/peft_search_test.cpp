@@ -38,7 +38,6 @@ bool has(const std::string& text, const std::string& what) {
 TEST(PeftSearch, RanksOnlyLayoutsValidateAccepts) {
   Request req = request_from_json(lora_on("llama2-13b", "a100-80gb", 8,
                                           {{"method", "lora"}, {"target_modules", "all-linear"}}));
-  req.options.simulate_top = 0;
   const Result r = run(req.space, req.options);
   ASSERT_FALSE(r.plans.empty());
   for (const Plan& p : r.plans) {
@@ -58,7 +57,6 @@ TEST(PeftSearch, Qlora70BOnOne48GBGpuNeedsGradientCheckpointing) {
                      {{"method", "qlora"}, {"rank", 16}, {"target_modules", "all-linear"}});
   doc["training"]["micro_batch_size"] = {1};
   Request req = request_from_json(doc);
-  req.options.simulate_top = 0;
   const Result r = run(req.space, req.options);
   ASSERT_FALSE(r.plans.empty());
   for (const Plan& p : r.plans) EXPECT_NE(p.layout.recompute, Recompute::none);

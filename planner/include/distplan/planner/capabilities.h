@@ -25,7 +25,7 @@ struct Support {
 /// How the framework places the layers of a pipeline whose stages do not all hold the same
 /// number (docs/frameworks.md, "Pipeline splits"). The planner's split itself is
 /// stage_layer_counts() (layout.h); this says which splits the framework can be told.
-enum class SplitRule {
+enum class SplitSupport {
   /// Any per-stage list: Megatron-LM --pipeline-model-parallel-layout, torchtitan
   /// module_fqns_per_model_part.
   any,
@@ -48,7 +48,7 @@ struct FrameworkCapabilities {
   std::array<Support, kScheduleCount> schedule;   // by Schedule, with pp > 1
   Support pipeline_with_tensor_parallel;          // pp > 1 and tp > 1 together
   std::array<Support, 4> sharding_with_pipeline;  // ZeRO stage s with pp > 1
-  SplitRule split = SplitRule::any;               // uneven pipeline splits
+  SplitSupport split = SplitSupport::any;         // uneven pipeline splits
   std::string_view split_source;
 
   // --- Data parallel and sharding --------------------------------------------------------
@@ -122,6 +122,6 @@ struct FrameworkRefusal {
 
 /// The pipeline split of `s` (stage_layer_counts) in the framework's own terms: whether
 /// `rule` can express it.
-[[nodiscard]] bool split_expressible(const Scenario& s, SplitRule rule);
+[[nodiscard]] bool split_expressible(const Scenario& s, SplitSupport rule);
 
 }  // namespace distplan
