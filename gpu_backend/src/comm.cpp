@@ -145,13 +145,15 @@ GroupSplit group_split(const ParallelSpec& p, RankCoords c, Group g) noexcept {
     case Group::cp:
       return {c.tp + tp * (c.dp + dp * c.pp), c.cp, cp};
     case Group::ep:
-    case Group::edp: {
+    case Group::edp:
+    case Group::etp: {
       // MoE parallel folding inside the stage (GroupSplit's comment).
       const int ep = static_cast<int>(p.ep), etp = static_cast<int>(p.etp);
       const int stage = tp * cp * dp, i = c.tp + tp * (c.cp + cp * c.dp);
       const int etp_rank = i % etp, ep_rank = (i / etp) % ep, edp_rank = i / (etp * ep);
       const int edp = stage / (etp * ep);
       if (g == Group::ep) return {c.pp * stage + etp_rank + etp * edp_rank, ep_rank, ep};
+      if (g == Group::etp) return {c.pp * stage + ep_rank + ep * edp_rank, etp_rank, etp};
       return {c.pp * stage + etp_rank + etp * ep_rank, edp_rank, edp};
     }
   }

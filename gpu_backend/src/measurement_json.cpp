@@ -13,7 +13,7 @@ namespace {
 
 Group group_from(const std::string& s) {
   for (Group g : {Group::dp, Group::dp_replicate, Group::tp, Group::pp, Group::embedding, Group::cp,
-                  Group::ep, Group::edp})
+                  Group::ep, Group::edp, Group::etp})
     if (to_string(g) == s) return g;
   throw std::runtime_error("measurement: unknown group '" + s + "'");
 }

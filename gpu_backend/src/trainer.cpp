@@ -174,6 +174,10 @@ void check_supported(const Scenario& s) {
   }
   if (s.training.dropout > 0)
     throw InputError("/training/dropout", "the backend trains without dropout");
+  if (s.model.mlp == Mlp::geglu) {
+    throw InputError("/model/mlp",
+                     "the backend's MLPs are GeLU or SwiGLU; plan or simulate a GeGLU model");
+  }
   if (s.model.position_embedding == PositionEmbedding::alibi) {
     throw InputError("/model/position_embedding",
                      "the backend has no ALiBi attention bias; plan or simulate the model");

@@ -35,7 +35,7 @@ QStringList enumNames(const std::array<Enum, N>& values) {
   return names;
 }
 
-constexpr std::array kMlps = {Mlp::gelu, Mlp::swiglu};
+constexpr std::array kMlps = {Mlp::gelu, Mlp::swiglu, Mlp::geglu};
 constexpr std::array kNorms = {Norm::layernorm, Norm::rmsnorm};
 constexpr std::array kPositions = {PositionEmbedding::learned, PositionEmbedding::rotary,
                                    PositionEmbedding::alibi};

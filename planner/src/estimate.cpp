@@ -13,12 +13,13 @@
 #include "distplan/planner/layer_ops.h"
 #include "distplan/planner/layout.h"
 #include "distplan/planner/memory_terms.h"
+#include "distplan/planner/moe.h"
 #include "distplan/planner/moe_layer.h"
 #include "distplan/planner/offload.h"
 #include "distplan/planner/op_costs.h"
 #include "distplan/planner/overlap.h"
-#include "distplan/planner/pipeline_split.h"
 #include "distplan/planner/peft.h"
+#include "distplan/planner/pipeline_split.h"
 
 namespace distplan {
 
@@ -66,11 +67,15 @@ struct Unit {
   Count count = 0;   // how many such units the stage holds
 };
 
+// A MoE model's layers are of two kinds (docs/moe.md, "Layer placement"): `layer` is a MoE
+// layer's dense part (its routed experts are reduced apart), `dense_layer` a layer with the dense
+// MLP (DeepSeek's first_k_dense_replace, every other layer of Llama 4 Maverick); a dense model
+// has `layer` only.
 struct StageUnits {
-  Unit layer, embedding, head;
+  Unit layer, dense_layer, embedding, head;
   [[nodiscard]] Count params() const noexcept {
-    return layer.params * layer.count + embedding.params * embedding.count +
-           head.params * head.count;
+    return layer.params * layer.count + dense_layer.params * dense_layer.count +
+           embedding.params * embedding.count + head.params * head.count;
   }
 };
 
@@ -82,9 +87,12 @@ class Estimator {
         t_(s.training),
         p_(s.parallel),
         table_(planner_layer_table(s.model, s.training)),
+        dense_table_(build_layer_table(s.model, s.training)),
         split_(pipeline_split(s)),
         layer_params_rank_(planner_layer_params_per_tp_rank(s.model, table_, s.parallel.tp)),
+        dense_params_rank_(layer_parameters_per_tp_rank(dense_table_, s.parallel.tp)),
         layer_replicated_(replicated_parameters(table_)),
+        dense_replicated_(replicated_parameters(dense_table_)),
         moe_(moe_layer_plan(s)) {
     // The router's weight is whole on every TP rank and, under sequence parallelism, sees only
     // the rank's tokens, like the norms (Megatron-Core marks it sequence_parallel). The shared
@@ -93,13 +101,21 @@ class Estimator {
       layer_replicated_ += moe_.router_params;
       if (m_.moe.shared_expert_gate) layer_replicated_ += m_.hidden_size;
     }
+    // Each chunk's layers and their kinds (MoE or dense MLP, windowed attention): the chunks'
+    // costs and saved bytes are those of their own layers.
     const auto pp = static_cast<std::size_t>(s.parallel.pp);
+    const bool moe = m_.moe.enabled();
+    chunk_kinds_ = chunk_layer_kinds(m_, split_);
+    mix_ = stage_layer_mix(m_, chunk_kinds_);
     layers_.resize(pp);
     chunk_layers_.resize(pp);
+    chunk_dense_.resize(pp);
     for (std::size_t st = 0; st < pp; ++st) {
       layers_[st] = split_.stage_layers(static_cast<Count>(st));
-      for (Count c = 0; c < split_.chunks; ++c)
-        chunk_layers_[st].push_back(split_.chunk_layers(static_cast<Count>(st), c));
+      for (const LayerKinds& k : chunk_kinds_[st]) {
+        chunk_layers_[st].push_back(k.layers);
+        chunk_dense_[st].push_back(k.dense_layers(moe));
+      }
     }
     init_groups();
   }
@@ -163,12 +179,13 @@ class Estimator {
   // One micro-batch's hidden states b*s*h in the compute dtype: the TP collective buffer.
   [[nodiscard]] Bytes hidden_bytes() const noexcept { return act_tokens() * m_.hidden_size * cb(); }
 
-  // One definition of what a stage holds (memory_terms.h), with its chunks' layers.
+  // One definition of what a stage holds (memory_terms.h), with its chunks' layers and kinds.
   [[nodiscard]] StageUnitParams unit_params(int stage) const noexcept {
-    StageUnitParams x =
-        stage_unit_params(m_, p_.tp, p_.pp, p_.schedule, stage,
-                          layers_[static_cast<std::size_t>(stage)], vocab_, layer_params_rank_);
-    x.chunk_layers = chunk_layers_[static_cast<std::size_t>(stage)];
+    const auto i = static_cast<std::size_t>(stage);
+    StageUnitParams x = stage_unit_params(m_, p_.tp, p_.pp, p_.schedule, stage, mix_[i], vocab_,
+                                          layer_params_rank_, dense_params_rank_);
+    x.chunk_layers = chunk_layers_[i];
+    if (x.dense_layers > 0) x.chunk_dense_layers = chunk_dense_[i];
     x.first_layer = stage_first_layer(stage);
     return x;
   }
@@ -177,9 +194,15 @@ class Estimator {
     const StageUnitParams x = unit_params(stage);
     StageUnits u;
     u.layer = {"layers", x.layer, x.layers};
+    u.dense_layer = {"layers", x.dense_layer, x.dense_layers};
     u.embedding = {"embedding", x.embedding, x.embeddings};
     u.head = {"lm_head", x.head, x.heads};
     return u;
+  }
+
+  // Whether the model has layers of both kinds (a MoE model with dense-MLP layers).
+  [[nodiscard]] bool mixed() const noexcept {
+    return moe_.enabled() && moe_layer_count(m_) < m_.num_layers;
   }
 
   // Memory ------------------------------------------------------------------------------------
@@ -193,12 +216,17 @@ class Estimator {
                                                               p_.sequence_parallel, p_.recompute),
                                              moe_, p_.recompute),
                           m_, p_.cp, p_.cp_comm, act_tokens(), p_.tp, cb(), p_.recompute);
+    const LayerActivation dense_act =
+        add_cp_activation(layer_activation(dense_table_, m_, local_training(), p_.tp,
+                                           p_.sequence_parallel, p_.recompute),
+                          m_, p_.cp, p_.cp_comm, act_tokens(), p_.tp, cb(), p_.recompute);
     MemoryEstimate& mem = e.memory;
     mem.capacity_bytes = s_.cluster.gpu.memory_bytes;
     mem.stages.resize(static_cast<std::size_t>(pp));
     for (int st = 0; st < pp; ++st) {
       StageMemory& sm = mem.stages[static_cast<std::size_t>(st)];
-      stage_memory(s_, ml, unit_params(st), act, st, vocab_, sm);
+      const StageUnitParams u = unit_params(st);
+      stage_memory(s_, ml, u, act, dense_act, st, vocab_, sm);
       // The layer range of the stage's first chunk, and each chunk's layers and saved bytes (the
       // simulator's (micro-batch, chunk) sets).
       sm.first_layer = split_.chunk_first_layer(st, 0);
@@ -208,9 +236,9 @@ class Estimator {
       for (Count c = 0; c < v; ++c) {
         sm.chunk_activation_bytes[static_cast<std::size_t>(c)] =
             v == 1 ? sm.activation_bytes_per_microbatch
-                   : chunk_activation_bytes(p_.schedule, pp, v, st, c, split_.chunk_layers(st, c),
-                                            act.kept, sm.embedding_activation_bytes,
-                                            sm.head_activation_bytes);
+                   : chunk_activation_bytes(
+                         p_.schedule, pp, v, st, c, chunk_layers_kept(u, v, c, act, dense_act),
+                         sm.embedding_activation_bytes, sm.head_activation_bytes);
       }
       if (sm.total_bytes > mem.peak_bytes) {
         mem.peak_bytes = sm.total_bytes;
@@ -272,6 +300,20 @@ class Estimator {
     c[kAbove] = count - c[kBelow] - c[kFirst];
     return c;
   }
+  // Of the chunk's layers [first, first + count), the windowed ones of each kind (the kinds of
+  // their own indices), at most `n`'s counts.
+  [[nodiscard]] std::array<Count, 3> peft_windowed_counts(
+      Count first, Count count, const std::array<Count, 3>& n) const noexcept {
+    std::array<Count, 3> w{};
+    if (!m_.attention_window.enabled()) return w;
+    const Count frozen = t_.peft.frozen_layers;
+    for (Count i = first; i < first + count; ++i) {
+      if (!is_windowed_layer(m_, i)) continue;
+      ++w[i < frozen ? kBelow : i == frozen ? kFirst : kAbove];
+    }
+    for (std::size_t k = 0; k < w.size(); ++k) w[k] = std::min(w[k], n[k]);
+    return w;
+  }
   [[nodiscard]] bool peft_head_trains() const noexcept {
     const PeftSpec& pe = t_.peft;
     return !pe.enabled() ||
@@ -293,21 +335,45 @@ class Estimator {
     head_fwd_ = 2.0 * static_cast<double>(t_.micro_batch_size * t_.seq_length) *
                 static_cast<double>(m_.hidden_size) * static_cast<double>(vocab_);
     const double mbs_per_step = static_cast<double>(nmb_ * p_.dp);
-    const double L = static_cast<double>(m_.num_layers);
+    // A MoE model's MoE layers (lf_) and dense-MLP layers (the dense table); every layer of a
+    // dense model is lf_'s.
+    const Count moe_layers = moe_.enabled() ? moe_layer_count(m_) : m_.num_layers;
+    const double L = static_cast<double>(moe_layers);
+    const double Ld = static_cast<double>(m_.num_layers - moe_layers);
+    const LayerFlops df =
+        Ld > 0 ? layer_flops(dense_table_, t_.micro_batch_size, t_.seq_length) : LayerFlops{};
     // Model FLOPs count causal attention: half the s x s products, as Megatron-LM's
     // num_floating_point_operations does ("causal mask (only half of the mask is non-zero)",
     // megatron/training/training.py) and NeMo / Megatron-Bridge's FLOPs callbacks
     // (causal_self_attn). Hardware FLOPs are what the GPU runs: standard attention computes the
     // masked half too, flash attention skips it, also when it recomputes (docs/flops.md).
-    const double full =
-        L * (lf_.forward + lf_.backward_input + lf_.backward_weight) + 3 * head_fwd_;
-    const double model = full - L * lf_.causal_masked;
+    const double full = L * (lf_.forward + lf_.backward_input + lf_.backward_weight) +
+                        Ld * (df.forward + df.backward_input + df.backward_weight) + 3 * head_fwd_;
+    double masked = L * lf_.causal_masked + Ld * df.causal_masked;
+    double masked_forward = L * lf_.causal_masked_forward + Ld * df.causal_masked_forward;
+    if (m_.attention_window.enabled()) {
+      // Windowed layers skip more of the square: only their window's causal pairs are model
+      // FLOPs, and flash attention runs only those (layer_ops.h, attention_keys_fraction);
+      // attention is alike in both layer kinds, so the dense table's difference serves every
+      // layer.
+      Count windowed = 0;
+      for (Count i = 0; i < m_.num_layers; ++i) windowed += is_windowed_layer(m_, i);
+      const LayerFlops w =
+          layer_flops(dense_table_, t_.micro_batch_size, t_.seq_length, &m_.attention_window);
+      const LayerFlops f = layer_flops(dense_table_, t_.micro_batch_size, t_.seq_length);
+      const double n = static_cast<double>(windowed);
+      masked += n * (w.causal_masked - f.causal_masked);
+      masked_forward += n * (w.causal_masked_forward - f.causal_masked_forward);
+    }
+    const double model = full - masked;
     const bool flash = t_.attention == Attention::flash;
     double recompute = 0;
     if (p_.recompute == Recompute::full)
-      recompute = L * (lf_.forward - (flash ? lf_.causal_masked_forward : 0.0));
-    if (p_.recompute == Recompute::selective) recompute = L * lf_.selective_recompute;
-    if (p_.recompute == Recompute::selective_op) recompute = L * lf_.selective_op_recompute;
+      recompute = L * lf_.forward + Ld * df.forward - (flash ? masked_forward : 0.0);
+    if (p_.recompute == Recompute::selective)
+      recompute = L * lf_.selective_recompute + Ld * df.selective_recompute;
+    if (p_.recompute == Recompute::selective_op)
+      recompute = L * lf_.selective_op_recompute + Ld * df.selective_op_recompute;
     e.compute.model_flops_per_step = mbs_per_step * model;
     e.compute.hardware_flops_per_step = mbs_per_step * ((flash ? model : full) + recompute);
   }
@@ -333,6 +399,21 @@ class Estimator {
         recompute += c * (x.flops.forward - (flash ? x.flops.causal_masked_forward : 0.0));
       if (p_.recompute == Recompute::selective) recompute += c * x.flops.selective_recompute;
     }
+    if (m_.attention_window.enabled()) {
+      // Windowed layers skip more of the square (compute()): the whole difference where the
+      // layer runs a backward, the forward's where it does not.
+      const LayerFlops w =
+          layer_flops(table_, t_.micro_batch_size, t_.seq_length, &m_.attention_window);
+      const LayerFlops f = layer_flops(table_, t_.micro_batch_size, t_.seq_length);
+      const std::array<Count, 3> nw = peft_windowed_counts(0, m_.num_layers, n);
+      const double fwd_delta = w.causal_masked_forward - f.causal_masked_forward;
+      for (int k = kBelow; k <= kAbove; ++k) {
+        const bool backward = peft_kind(k).flow.any;
+        const double c = static_cast<double>(nw[static_cast<std::size_t>(k)]);
+        masked += c * (backward ? w.causal_masked - f.causal_masked : fwd_delta);
+        if (backward && flash && p_.recompute == Recompute::full) recompute -= c * fwd_delta;
+      }
+    }
     const double model = full - masked;
     const double mbs_per_step = static_cast<double>(nmb_ * p_.dp);
     e.compute.model_flops_per_step = mbs_per_step * model;
@@ -354,7 +435,7 @@ class Estimator {
   void init_groups() noexcept {
     const ClusterSpec& c = s_.cluster;
     for (Group g : {Group::dp, Group::dp_replicate, Group::tp, Group::pp, Group::embedding,
-                    Group::cp, Group::ep, Group::edp}) {
+                    Group::cp, Group::ep, Group::edp, Group::etp}) {
       GroupInfo& x = groups_[static_cast<std::size_t>(g)];
       x.size = group_size(s_, g);
       x.link = group_link(s_, g);
@@ -444,10 +525,10 @@ class Estimator {
   // A MoE layer without shared experts has no tensor-parallel MLP: its tokens stay in their
   // sequence-parallel shards and reach the experts by the ep all-to-all (Megatron-Core's
   // MoEAlltoAllTokenDispatcher with etp = 1), so only the attention block's collectives remain.
-  [[nodiscard]] TpCalls tp_layer_calls() const noexcept {
+  [[nodiscard]] TpCalls tp_layer_calls(bool moe_layer = true) const noexcept {
     TpCalls c;
     const bool full = p_.recompute == Recompute::full;
-    const Count blocks = moe_.enabled() && m_.moe.num_shared_experts == 0 ? 1 : 2;
+    const Count blocks = moe_layer && moe_.enabled() && m_.moe.num_shared_experts == 0 ? 1 : 2;
     const Count replay = full ? blocks : 0;
     if (!p_.sequence_parallel) {
       c.fwd_all_reduce = blocks;
@@ -564,19 +645,20 @@ class Estimator {
     const Count pp = p_.pp;
     const Count S = shard();
     const Bytes act = hidden_bytes();
-    const Unit* all_units[] = {&u.layer, &u.embedding, &u.head};
-    static constexpr std::string_view kGrad[] = {"gradients (layers)", "gradients (embedding)",
-                                                 "gradients (lm head)"};
-    static constexpr std::string_view kParam[] = {"parameters (layers)", "parameters (embedding)",
-                                                  "parameters (lm head)"};
-    static constexpr std::string_view kGather[] = {"parameters (layers, forward+backward)",
-                                                   "parameters (embedding, forward+backward)",
-                                                   "parameters (lm head, forward+backward)"};
+    // A MoE model's dense-MLP layers are layer units as well (the same names).
+    const Unit* all_units[] = {&u.layer, &u.dense_layer, &u.embedding, &u.head};
+    static constexpr std::string_view kGrad[] = {"gradients (layers)", "gradients (layers)",
+                                                 "gradients (embedding)", "gradients (lm head)"};
+    static constexpr std::string_view kParam[] = {"parameters (layers)", "parameters (layers)",
+                                                  "parameters (embedding)", "parameters (lm head)"};
+    static constexpr std::string_view kGather[] = {
+        "parameters (layers, forward+backward)", "parameters (layers, forward+backward)",
+        "parameters (embedding, forward+backward)", "parameters (lm head, forward+backward)"};
 
     // Data parallel / ZeRO, unit by unit (docs/communication.md); fine-tuning reduces only what
     // trains (peft_collectives).
     if (t_.peft.enabled()) peft_collectives(st, m, out);
-    for (int i = 0; i < 3 && !t_.peft.enabled(); ++i) {
+    for (int i = 0; i < 4 && !t_.peft.enabled(); ++i) {
       const Unit& x = *all_units[i];
       if (x.count == 0) continue;
       const Bytes full_g = padded(x.params) * gb();
@@ -620,9 +702,18 @@ class Estimator {
           add(out, Group::edp, CollectiveOp::reduce_scatter, "gradients (experts)", eg, n);
           add(out, Group::edp, CollectiveOp::all_gather, "parameters (experts)", ew, n);
           break;
-        default:
+        case 2:
           add(out, Group::edp, CollectiveOp::reduce_scatter, "gradients (experts)", eg, n * m);
           add(out, Group::edp, CollectiveOp::all_gather, "parameters (experts)", ew, n);
+          break;
+        default:
+          // ZeRO-3 / FSDP of the experts over the expert data-parallel group (torchtitan's
+          // FSDP on the dp_shard_mod_ep mesh, Megatron-FSDP's expert shards): each layer's
+          // experts gathered before its forward and again before its backward, their gradients
+          // reduce-scattered after each backward.
+          add(out, Group::edp, CollectiveOp::all_gather, "parameters (experts, forward+backward)",
+              ew, 2 * n * m);
+          add(out, Group::edp, CollectiveOp::reduce_scatter, "gradients (experts)", eg, n * m);
           break;
       }
       // Token all-to-alls per layer and micro-batch (Megatron-Core's MoEAlltoAllTokenDispatcher,
@@ -637,6 +728,20 @@ class Estimator {
           n * m);
       add(out, Group::ep, CollectiveOp::all_to_all, "dispatch (backward)", moe_.all_to_all_bytes,
           n * m);
+      // Expert tensor parallelism (Megatron-Core MoEAlltoAllTokenDispatcher, steps (4) and (5):
+      // AG(TP) after the dispatch all-to-all, RS(TP) before the combine, over the expert-TP
+      // group): the etp ranks of an expert gather the tokens each received, and reduce-scatter
+      // the experts' partial outputs back; the backward runs the converse. Buffers are the
+      // gathered tokens, etp times one rank's received copies (even routing).
+      const Bytes gathered = etp_gather_bytes();
+      add(out, Group::etp, CollectiveOp::all_gather, "expert tokens (forward)", gathered,
+          forward * n * m);
+      add(out, Group::etp, CollectiveOp::reduce_scatter, "expert outputs (forward)", gathered,
+          forward * n * m);
+      add(out, Group::etp, CollectiveOp::all_gather, "expert output gradients (backward)", gathered,
+          n * m);
+      add(out, Group::etp, CollectiveOp::reduce_scatter, "expert token gradients (backward)",
+          gathered, n * m);
     }
 
     // Sequence parallel: parameters replicated across TP ranks (norms, row-parallel biases,
@@ -645,27 +750,32 @@ class Estimator {
     // all-reduce of sequence-parallel gradients).
     if (p_.sequence_parallel && p_.tp > 1) {
       const Count per_dp_reduction = p_.zero_stage >= 2 ? m : 1;
-      for (int i = 0; i < 3; ++i) {
+      for (int i = 0; i < 4; ++i) {
         const Unit& x = *all_units[i];
         if (x.count == 0) continue;
         const Count replicated = i == 0   ? layer_replicated_
-                                 : i == 1 ? embedding_replicated()
+                                 : i == 1 ? dense_replicated_
+                                 : i == 2 ? embedding_replicated()
                                           : head_replicated();
-        static constexpr std::string_view kSp[] = {"sequence-parallel gradients (layers)",
-                                                   "sequence-parallel gradients (embedding)",
-                                                   "sequence-parallel gradients (lm head)"};
+        static constexpr std::string_view kSp[] = {
+            "sequence-parallel gradients (layers)", "sequence-parallel gradients (layers)",
+            "sequence-parallel gradients (embedding)", "sequence-parallel gradients (lm head)"};
         add(out, Group::tp, CollectiveOp::all_reduce, kSp[i], replicated * gb(),
             x.count * per_dp_reduction);
       }
     }
 
-    // Tensor parallel.
-    const TpCalls c = tp_layer_calls();
+    // Tensor parallel: per layer of each kind.
+    const TpCalls c = tp_layer_calls(true);
+    const TpCalls cd = tp_layer_calls(false);
     const Count L = u.layer.count;
-    add(out, Group::tp, CollectiveOp::all_reduce, "layer activations", act, c.all_reduce * L * m);
-    add(out, Group::tp, CollectiveOp::all_gather, "layer activations", act, c.all_gather * L * m);
+    const Count Ld = u.dense_layer.count;
+    add(out, Group::tp, CollectiveOp::all_reduce, "layer activations", act,
+        (c.all_reduce * L + cd.all_reduce * Ld) * m);
+    add(out, Group::tp, CollectiveOp::all_gather, "layer activations", act,
+        (c.all_gather * L + cd.all_gather * Ld) * m);
     add(out, Group::tp, CollectiveOp::reduce_scatter, "layer activations", act,
-        c.reduce_scatter * L * m);
+        (c.reduce_scatter * L + cd.reduce_scatter * Ld) * m);
     if (u.embedding.count > 0) {
       // Vocab-parallel embedding: partial lookups summed (all-reduce, or reduce-scatter into the
       // sequence-parallel region).
@@ -695,7 +805,8 @@ class Estimator {
     if (p_.cp > 1) {
       const CpCalls x = cp_layer_calls();
       for (const CpCall& call : x.calls) {
-        if (call.calls > 0) add(out, Group::cp, call.op, call.what, call.bytes, call.calls * L * m);
+        if (call.calls > 0)
+          add(out, Group::cp, call.op, call.what, call.bytes, call.calls * (L + Ld) * m);
       }
     }
 
@@ -727,7 +838,7 @@ class Estimator {
         // receives (deepseek-ai/DualPipe examples/example_dualpipe.py sums p0.grad and the
         // mirror's p1.grad, parameter by parameter), before the data-parallel reduction (ZeRO
         // 0/1: full gradients). One send per unit, as the data-parallel reduction goes.
-        for (const Unit* x : {&u.layer, &u.embedding, &u.head})
+        for (const Unit* x : {&u.layer, &u.dense_layer, &u.embedding, &u.head})
           add(out, Group::pp, CollectiveOp::send_recv, kMirrorGradients, padded(x->params) * gb(),
               x->count);
         // A MoE layer's routed experts on this rank are a unit of their own; the mirror stage
@@ -753,9 +864,7 @@ class Estimator {
   template <typename Sink>
   void peft_collectives(int st, Count m, Sink& out) const {
     const StageUnits su = units(st);
-    StageUnitParams up = stage_unit_params(m_, p_.tp, p_.pp, p_.schedule, st, su.layer.count,
-                                           vocab_, layer_params_rank_);
-    up.first_layer = stage_first_layer(st);
+    const StageUnitParams up = unit_params(st);
     const PeftUnits x = peft_units(s_, table_, p_.tp, p_.zero_stage, up);
     const bool adapters = t_.peft.adapters();
     const bool below_backward = peft_kind(kBelow).flow.any;
@@ -816,6 +925,12 @@ class Estimator {
       }
     }
   }
+  // The tokens the etp ranks of an expert group gather after the all-to-all (and reduce-scatter
+  // back): etp times the copies one rank receives under even routing.
+  [[nodiscard]] Bytes etp_gather_bytes() const noexcept {
+    return p_.etp > 1 ? p_.etp * moe_.all_to_all_bytes : 0;
+  }
+
   // The first layer of stage `st` (v = 1; 0 under virtual stages, where frozen_layers is 0).
   [[nodiscard]] Count stage_first_layer(int st) const noexcept {
     if (p_.virtual_stages != 1) return 0;
@@ -845,19 +960,25 @@ class Estimator {
   // these (they differ in pp, dp, ZeRO, schedule, recompute), so each thread keeps the last two
   // (SP off and on); any change of an input recomputes them.
   struct OpCosts {
-    std::array<double, 36> key{};
+    std::array<double, 41> key{};
     bool valid = false;
-    PassCosts layer, embedding, head;
+    PassCosts layer, dense_layer, embedding, head;
+    PassCosts window_delta;  // a windowed layer's costs less a full-attention layer's
   };
   [[nodiscard]] const OpCosts& op_costs(const DeviceRates& r) const {
     const ModelSpec& m = m_;
     // A MoE model's table differs from a dense one's of the same shape (planner_layer_table):
     // its experts and shared experts are in the key.
-    const std::array<double, 36> key = {
+    const std::array<double, 41> key = {
         r.fp8_peak,
         r.fp8_gemm_efficiency,
         static_cast<double>(r.fp8_recipe),
         static_cast<double>(r.kernels),
+        static_cast<double>(mixed()),
+        static_cast<double>(m.attention_window.size),
+        static_cast<double>(m.attention_window.kind),
+        static_cast<double>(m.sandwich_norm) + 2.0 * static_cast<double>(m.attention_sinks),
+        m.final_logit_softcap,
         static_cast<double>(m.moe.num_experts),
         static_cast<double>(m.moe.num_shared_experts * m.moe.shared_expert_ffn_hidden_size),
         static_cast<double>(p_.cp),
@@ -896,6 +1017,20 @@ class Estimator {
       const bool sp = p_.sequence_parallel;
       const TrainingSpec local = local_training();
       c.layer = layer_pass_costs(table_, m_, t_, p_.tp, sp, r, p_.cp);
+      c.dense_layer =
+          mixed() ? layer_pass_costs(dense_table_, m_, t_, p_.tp, sp, r, p_.cp) : PassCosts{};
+      c.window_delta = PassCosts{};
+      if (m_.attention_window.enabled()) {
+        const PassCosts w = layer_pass_costs(table_, m_, t_, p_.tp, sp, r, p_.cp, true);
+        PassCosts& d = c.window_delta;
+        d.forward = w.forward - c.layer.forward;
+        d.backward_input = w.backward_input - c.layer.backward_input;
+        d.backward_weight = w.backward_weight - c.layer.backward_weight;
+        d.selective_recompute = w.selective_recompute - c.layer.selective_recompute;
+        d.selective_op_recompute = w.selective_op_recompute - c.layer.selective_op_recompute;
+        d.attention_forward = w.attention_forward - c.layer.attention_forward;
+        d.attention_backward = w.attention_backward - c.layer.attention_backward;
+      }
       c.embedding = embedding_pass_costs(m_, local, p_.tp, sp, r);
       c.head = head_pass_costs(m_, local, vocab_, p_.tp, sp, r);
       c.key = key;
@@ -918,11 +1053,11 @@ class Estimator {
     e.stage_costs.resize(static_cast<std::size_t>(pp));
     const Count m = stage_passes(p_.schedule, nmb_);  // whole-stage passes per step (layout.h)
     for (int st = 0; st < pp; ++st) {
-      // Middle stages whose chunks hold as many layers as the previous middle stage's cost
-      // exactly the same.
+      // Middle stages whose chunks hold as many layers of each kind as the previous middle
+      // stage's cost exactly the same.
       if (st > 1 && st < pp - 1 && t_.peft.frozen_layers == 0 &&
-          chunk_layers_[static_cast<std::size_t>(st)] ==
-              chunk_layers_[static_cast<std::size_t>(st - 1)]) {
+          chunk_kinds_[static_cast<std::size_t>(st)] ==
+              chunk_kinds_[static_cast<std::size_t>(st - 1)]) {
         e.stage_costs[static_cast<std::size_t>(st)] =
             e.stage_costs[static_cast<std::size_t>(st - 1)];
         continue;
@@ -940,6 +1075,7 @@ class Estimator {
             break;
           case Group::cp:
           case Group::ep:
+          case Group::etp:
             break;  // on the critical path inside the passes (cp_layer_seconds, ep below)
           case Group::pp:
             if (c.what == "activations (forward)")
@@ -997,7 +1133,10 @@ class Estimator {
       for (Count ch = 0; ch < v; ++ch) {
         StageUnits& cu = chunk_units[static_cast<std::size_t>(ch)] = u;
         const Count vs = split_.virtual_stage(st, ch);
-        cu.layer.count = split_.chunk_layers(st, ch);
+        const LayerKinds& kinds =
+            chunk_kinds_[static_cast<std::size_t>(st)][static_cast<std::size_t>(ch)];
+        cu.layer.count = kinds.main_layers(m_.moe.enabled());
+        cu.dense_layer.count = kinds.dense_layers(m_.moe.enabled());
         if (vs != 0) cu.embedding.count = 0;
         if (vs != path - 1) cu.head.count = 0;
       }
@@ -1017,11 +1156,19 @@ class Estimator {
       }
       // Context-parallel exchanges sit inside every layer's attention (cp_layer_seconds).
       const CpSeconds cps = cp_layer_seconds(layer);
-      // MoE: the routed part's all-to-alls per layer, exposed on the critical path (no overlap is
-      // modelled for them; docs/moe.md, "Time").
-      const double a2a = moe_.enabled() ? collective_seconds(Group::ep, CollectiveOp::all_to_all,
-                                                             moe_.all_to_all_bytes, 2)
-                                        : 0.0;
+      // MoE: the routed part's all-to-alls per MoE layer and, with etp > 1, the expert-TP gather
+      // and reduce-scatter (one of each kind forward, the converse backward), exposed on the
+      // critical path (no overlap is modelled for them; docs/moe.md, "Time").
+      const double a2a =
+          moe_.enabled()
+              ? collective_seconds(Group::ep, CollectiveOp::all_to_all, moe_.all_to_all_bytes, 2) +
+                    collective_seconds(Group::etp, CollectiveOp::all_gather, etp_gather_bytes(),
+                                       1) +
+                    collective_seconds(Group::etp, CollectiveOp::reduce_scatter, etp_gather_bytes(),
+                                       1)
+              : 0.0;
+      const PassCosts& dl = oc.dense_layer;   // a MoE model's dense-MLP layers
+      const PassCosts& wd = oc.window_delta;  // a windowed layer less a full-attention one
       // Each chunk's pass waits for its send unless sends overlap compute.
       const double blocking_p2p = pp > 1 && !s_.assumptions.overlap_p2p ? k.p2p : 0.0;
       const bool emb_w = peft_embedding_trains(t_.peft), head_w = peft_head_trains();
@@ -1031,36 +1178,59 @@ class Estimator {
       for (Count ch = 0; ch < v; ++ch) {
         const StageUnits& cu = chunk_units[static_cast<std::size_t>(ch)];
         ChunkCosts& x = k.chunks[static_cast<std::size_t>(ch)];
+        // The chunk's layers of each kind: L of the layer table's (a MoE model's MoE layers),
+        // Ld with the dense MLP, Lw of either with windowed attention.
         const double L = static_cast<double>(cu.layer.count);
-        double fwd = L * layer.forward, bwd_in = L * layer.backward_input;
-        double bwd_w = L * layer.backward_weight;
-        double gemm_f = L * layer.gemm_forward, gemm_b = L * layer.gemm_backward;
+        const double Ld = static_cast<double>(cu.dense_layer.count);
+        const double Lw = static_cast<double>(
+            chunk_kinds_[static_cast<std::size_t>(st)][static_cast<std::size_t>(ch)]
+                .windowed_layers);
+        double fwd = L * layer.forward + Ld * dl.forward + Lw * wd.forward;
+        double bwd_in = L * layer.backward_input + Ld * dl.backward_input + Lw * wd.backward_input;
+        double bwd_w =
+            L * layer.backward_weight + Ld * dl.backward_weight + Lw * wd.backward_weight;
+        double gemm_f = L * layer.gemm_forward + Ld * dl.gemm_forward;
+        double gemm_b = L * layer.gemm_backward + Ld * dl.gemm_backward;
         double recompute = 0;
-        if (p_.recompute == Recompute::full) recompute = L * layer.forward;
-        if (p_.recompute == Recompute::selective) recompute = L * layer.selective_recompute;
-        if (p_.recompute == Recompute::selective_op) recompute = L * layer.selective_op_recompute;
+        if (p_.recompute == Recompute::full)
+          recompute = L * layer.forward + Ld * dl.forward + Lw * wd.forward;
+        if (p_.recompute == Recompute::selective) {
+          recompute = L * layer.selective_recompute + Ld * dl.selective_recompute +
+                      Lw * wd.selective_recompute;
+        }
+        if (p_.recompute == Recompute::selective_op) {
+          recompute = L * layer.selective_op_recompute + Ld * dl.selective_op_recompute +
+                      Lw * wd.selective_op_recompute;
+        }
         if (t_.peft.enabled()) {
-          // Fine-tuning: each layer kind's own costs (no frozen weight gradients, adapters,
-          // dequantization); a layer without a backward recomputes nothing. frozen_layers needs
-          // virtual_stages = 1, so a chunk is then the whole stage.
+          // Fine-tuning (a dense model): each layer kind's own costs (no frozen weight
+          // gradients, adapters, dequantization), its windowed layers at their own; a layer
+          // without a backward recomputes nothing. frozen_layers needs virtual_stages = 1, so a
+          // chunk is then the whole stage.
           fwd = bwd_in = bwd_w = gemm_f = gemm_b = recompute = 0;
           const std::array<Count, 3> n = peft_kind_counts(stage_first_layer(st), cu.layer.count);
+          const std::array<Count, 3> nw = peft_windowed_counts(split_.chunk_first_layer(st, ch),
+                                                               split_.chunk_layers(st, ch), n);
           for (int kind = kBelow; kind <= kAbove; ++kind) {
-            const double c = static_cast<double>(n[static_cast<std::size_t>(kind)]);
-            if (c == 0) continue;
+            const auto i = static_cast<std::size_t>(kind);
+            if (n[i] == 0) continue;
             const PeftKindInfo pk = peft_kind(kind);
-            const PassCosts pc = peft_layer_pass_costs(
-                table_, m_, t_, kind == kBelow ? LoraLayer{} : lora_layer(table_, m_, t_.peft),
-                pk.flow, rates);
-            fwd += c * pc.forward, bwd_in += c * pc.backward_input, bwd_w += c * pc.backward_weight;
-            gemm_f += c * pc.gemm_forward, gemm_b += c * pc.gemm_backward;
-            if (pk.flow.any && p_.recompute == Recompute::full) recompute += c * pc.forward;
-            if (pk.flow.any && p_.recompute == Recompute::selective)
-              recompute += c * pc.selective_recompute;
+            const LoraLayer lora = kind == kBelow ? LoraLayer{} : lora_layer(table_, m_, t_.peft);
+            for (bool windowed : {false, true}) {
+              const double c = static_cast<double>(windowed ? nw[i] : n[i] - nw[i]);
+              if (c == 0) continue;
+              const PassCosts pc =
+                  peft_layer_pass_costs(table_, m_, t_, lora, pk.flow, rates, windowed);
+              fwd += c * pc.forward, bwd_in += c * pc.backward_input;
+              bwd_w += c * pc.backward_weight;
+              gemm_f += c * pc.gemm_forward, gemm_b += c * pc.gemm_backward;
+              if (pk.flow.any && p_.recompute == Recompute::full) recompute += c * pc.forward;
+              if (pk.flow.any && p_.recompute == Recompute::selective)
+                recompute += c * pc.selective_recompute;
+            }
           }
         }
-        if (cu.embedding.count > 0)
-          fwd += emb.forward, bwd_w += emb_w ? emb.backward_weight : 0.0;
+        if (cu.embedding.count > 0) fwd += emb.forward, bwd_w += emb_w ? emb.backward_weight : 0.0;
         if (cu.head.count > 0) {
           fwd += head.forward, bwd_in += head.backward_input;
           bwd_w += head_w ? head.backward_weight : 0.0;
@@ -1090,11 +1260,13 @@ class Estimator {
           ep_f = L * a2a;
           ep_b = L * a2a * (p_.recompute == Recompute::full ? 2.0 : 1.0);
         }
-        x.layers = cu.layer.count;
+        // The attention block (and so the context-parallel exchange) is alike in both kinds.
+        const double La = L + Ld;
+        x.layers = cu.layer.count + cu.dense_layer.count;
         x.parameters = cu.params() + (moe_.enabled() ? cu.layer.count * moe_.expert_params : 0);
-        x.forward = fwd + tp_f + blocking_p2p + L * cps.forward + ep_f;
+        x.forward = fwd + tp_f + blocking_p2p + La * cps.forward + ep_f;
         x.recompute = recompute;
-        x.backward_input = bwd_in + recompute + tp_b + blocking_p2p + L * cps.backward + ep_b;
+        x.backward_input = bwd_in + recompute + tp_b + blocking_p2p + La * cps.backward + ep_b;
         x.backward_weight = bwd_w;
         x.tp_communication = tp_waited;
         k.forward += x.forward;
@@ -1102,7 +1274,7 @@ class Estimator {
         k.backward_weight += x.backward_weight;
         k.recompute += x.recompute;
         k.tp_communication += tp_waited;
-        k.cp_communication += L * (cps.forward + cps.backward);
+        k.cp_communication += La * (cps.forward + cps.backward);
         k.ep_communication += ep_f + ep_b;
       }
       // Optimizer: memory bound; reads gradients, reads and writes optimizer state and writes the
@@ -1116,9 +1288,7 @@ class Estimator {
           static_cast<double>(p_.zero_stage == 3 ? sm.weights_bytes : sm.weights_bytes / shard());
       if (t_.peft.enabled()) {
         // Only the trainable parameters step: their gradients, states and weights.
-        StageUnitParams up = stage_unit_params(m_, p_.tp, pp, p_.schedule, st, u.layer.count,
-                                               vocab_, layer_params_rank_);
-        up.first_layer = stage_first_layer(st);
+        const StageUnitParams up = unit_params(st);
         const PeftUnits x = peft_units(s_, table_, p_.tp, p_.zero_stage, up);
         const double trainable =
             static_cast<double>(ceil_div(x.trained_layer.trainable, shard()) * x.trained_layers +
@@ -1128,13 +1298,18 @@ class Estimator {
       }
       k.optimizer = memory_seconds(rates, touched, 1);
       if (p_.offload_optimizer != Offload::none) offload_costs(u, k, e.offload);
-      if (t_.fp8 != Fp8Recipe::none && u.layer.count > 0) {
+      if (t_.fp8 != Fp8Recipe::none && u.layer.count + u.dense_layer.count > 0) {
         // FP8: after the step each linear weight is cast to its two fp8 layouts once (TE's
         // weight cache, refreshed on the step's first micro-batch): read in the compute dtype,
         // write two bytes per parameter.
+        // A MoE layer's routed experts are cast too; a MoE model's dense layers have their own.
         const double L = static_cast<double>(u.layer.count);
-        const double w = static_cast<double>(fp8_linear_params_per_rank(table_, p_.tp));
-        k.optimizer += memory_seconds(rates, L * w * (static_cast<double>(cb()) + 2), 4 * L);
+        const double Ld = static_cast<double>(u.dense_layer.count);
+        const double w = static_cast<double>(fp8_linear_params_per_rank(table_, p_.tp) +
+                                             moe_expert_weight_params(m_, moe_));
+        const double wd = static_cast<double>(fp8_linear_params_per_rank(dense_table_, p_.tp));
+        k.optimizer += memory_seconds(rates, (L * w + Ld * wd) * (static_cast<double>(cb()) + 2),
+                                      4 * (L + Ld));
       }
     }
     // The busiest GPU's collectives, listed once.
@@ -1157,7 +1332,7 @@ class Estimator {
   void offload_costs(const StageUnits& u, StageCosts& k, OffloadEstimate& out) const {
     const Count S = shard();
     double shard_params = 0;
-    for (const Unit* x : {&u.layer, &u.embedding, &u.head}) {
+    for (const Unit* x : {&u.layer, &u.dense_layer, &u.embedding, &u.head}) {
       shard_params += static_cast<double>(ceil_div(x->params, S) * x->count);
     }
     const double m = static_cast<double>(nmb_);
@@ -1299,14 +1474,20 @@ class Estimator {
   const ModelSpec& m_;
   const TrainingSpec& t_;
   const ParallelSpec& p_;
-  LayerTable table_;
+  LayerTable table_;        // a layer (a MoE model: a MoE layer without its routed experts)
+  LayerTable dense_table_;  // a layer with the dense MLP (a MoE model's dense layers)
   PipelineSplit split_;
-  std::vector<Count> layers_;                     // per stage, all chunks
-  std::vector<std::vector<Count>> chunk_layers_;  // [stage][chunk]
+  std::vector<Count> layers_;                         // per stage, all chunks
+  std::vector<std::vector<Count>> chunk_layers_;      // [stage][chunk], both kinds
+  std::vector<std::vector<Count>> chunk_dense_;       // [stage][chunk], dense-MLP layers
+  std::vector<std::vector<LayerKinds>> chunk_kinds_;  // [stage][chunk]
+  std::vector<StageLayerMix> mix_;                    // per stage: the chunks' kinds summed
   Count layer_params_rank_ = 0;
+  Count dense_params_rank_ = 0;
   Count layer_replicated_ = 0;
+  Count dense_replicated_ = 0;
   MoeLayerPlan moe_;  // the routed part of a MoE layer; not enabled() for a dense model
-  std::array<GroupInfo, 8> groups_{};
+  std::array<GroupInfo, 9> groups_{};
   Count vocab_ = 0;
   Count nmb_ = 0;
   LayerFlops lf_;

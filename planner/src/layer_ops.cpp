@@ -5,6 +5,7 @@
 #include "distplan/planner/layer_ops.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "distplan/planner/check.h"
 #include "distplan/planner/selective_op.h"
@@ -115,6 +116,13 @@ LayerTable build_layer_table(const ModelSpec& m, const TrainingSpec& t) {
   attn.forward_flops_per_token_per_key = 4.0 * static_cast<double>(qh);
   attn.backward_input_factor = 2.0;
   attn.backward_weight_factor = 0.0;
+  if (m.attention_sinks) {
+    // gpt-oss's sinks (HF GptOssAttention.sinks): one learned logit per head, split with the
+    // heads by tensor parallelism (held in the op's second parameter slot, beside the q/k norm
+    // weights); the softmax's log-sum-exp (kept below) already includes it.
+    attn.bias_params = a;
+    attn.bias_shard = TpShard::tp;
+  }
   if (m.qk_norm) {
     // Qwen3's q_norm and k_norm (HF Qwen3Attention): an RMSNorm weight of head_dim each, shared by
     // all heads and so whole on every TP rank; each keeps its input (the projected q and k).
@@ -168,18 +176,22 @@ LayerTable build_layer_table(const ModelSpec& m, const TrainingSpec& t) {
 
   add_linear(b, "attention_out", LinearKind::row_parallel, qh, h, m.bias, attn_out, TpShard::tp,
              fp8);
+  // Gemma 2/3's norm of the attention output before the residual add (post_attention_layernorm
+  // in transformers modeling_gemma2.py; its pre_feedforward_layernorm is the next norm here).
+  if (m.sandwich_norm) add_norm(b, "attention_out_norm", m, act);
   if (dropout) add_dropout(b, "attention_dropout", m);
   b.add(OpKind::residual_add, "attention_residual");
 
   add_norm(b, "post_attention_norm", m, act);
-  const Count mlp_in_out = m.mlp == Mlp::swiglu ? 2 * f : f;  // gate and up fused for SwiGLU
+  const Count mlp_in_out = gated(m.mlp) ? 2 * f : f;  // gate and up fused when gated
   add_linear(b, "mlp_in", LinearKind::column_parallel, h, mlp_in_out, m.bias, lin, TpShard::sp,
              fp8);
-  LayerOp& actv = b.add(OpKind::activation, m.mlp == Mlp::swiglu ? "swiglu" : "gelu");
+  LayerOp& actv = b.add(OpKind::activation, to_string(m.mlp));
   Builder::save(
       actv,
       {.name = "input", .per_token = mlp_in_out, .bytes_per_element = act, .shard = TpShard::tp});
   add_linear(b, "mlp_out", LinearKind::row_parallel, f, h, m.bias, lin, TpShard::tp, fp8);
+  if (m.sandwich_norm) add_norm(b, "mlp_out_norm", m, act);  // post_feedforward_layernorm
   if (dropout) add_dropout(b, "mlp_dropout", m);
   b.add(OpKind::residual_add, "mlp_residual");
   return table;
@@ -256,9 +268,25 @@ Bytes layer_activation_bytes(const LayerTable& table, const ModelSpec& model,
   return layer_activation(table, model, training, tp, sequence_parallel, recompute).kept;
 }
 
-LayerFlops layer_flops(const LayerTable& table, Count micro_batch, Count seq) noexcept {
+double attention_keys_fraction(const AttentionWindowSpec& window, Count seq) noexcept {
+  if (!window.enabled() || window.size >= seq || seq <= 0) return 1.0;
+  const double s = static_cast<double>(seq);
+  const double w = static_cast<double>(window.size);
+  const double full = s * (s + 1) / 2;
+  if (window.kind == WindowKind::sliding) return (s * w - w * (w - 1) / 2) / full;
+  // Chunked: whole chunks of w and a last one of the remainder.
+  const double n = std::floor(s / w);
+  const double rest = s - n * w;
+  return (n * w * (w + 1) / 2 + rest * (rest + 1) / 2) / full;
+}
+
+LayerFlops layer_flops(const LayerTable& table, Count micro_batch, Count seq,
+                       const AttentionWindowSpec* window) noexcept {
   LayerFlops f;
   const double tokens = static_cast<double>(micro_batch) * static_cast<double>(seq);
+  // Of the s x s square, causal attention needs the half below the diagonal; a window keeps its
+  // share of those causal pairs (attention_keys_fraction), the rest is masked.
+  const double kept = 0.5 * (window ? attention_keys_fraction(*window, seq) : 1.0);
   const std::array<double, kMaxLayerOps> op_share = selective_op_recompute_share(table);
   int index = 0;
   for (const LayerOp& op : table) {
@@ -272,7 +300,7 @@ LayerFlops layer_flops(const LayerTable& table, Count micro_batch, Count seq) no
     if (selective) f.selective_recompute += fwd;
     f.selective_op_recompute += op_share[index++] * fwd;
     const double masked =
-        0.5 * tokens * op.forward_flops_per_token_per_key * static_cast<double>(seq);
+        (1.0 - kept) * tokens * op.forward_flops_per_token_per_key * static_cast<double>(seq);
     f.causal_masked_forward += masked;
     f.causal_masked += masked * (1.0 + op.backward_input_factor + op.backward_weight_factor);
   }

@@ -23,6 +23,68 @@ std::vector<Count> stage_layer_counts(const Scenario& s) {
   return layers;
 }
 
+std::vector<LayerRange> stage_chunk_layers(const Scenario& s, int stage) {
+  const PipelineSplit split = pipeline_split(s);
+  std::vector<LayerRange> out;
+  for (Count c = 0; c < split.chunks; ++c) {
+    const Count first = split.chunk_first_layer(stage, c);
+    out.push_back({first, first + split.chunk_layers(stage, c)});
+  }
+  return out;
+}
+
+bool is_windowed_layer(const ModelSpec& m, Count i) noexcept {
+  const AttentionWindowSpec& w = m.attention_window;
+  if (!w.enabled()) return false;
+  if (!w.layers.empty()) return std::binary_search(w.layers.begin(), w.layers.end(), i);
+  return w.full_every <= 0 || (i + 1) % w.full_every != 0;
+}
+
+LayerKinds layer_kinds(const ModelSpec& m, Count first, Count end) noexcept {
+  LayerKinds k;
+  k.layers = end - first;
+  if (m.moe.enabled()) k.moe_layers = moe_layers_in(m, first, end);
+  for (Count i = first; m.attention_window.enabled() && i < end; ++i)
+    k.windowed_layers += is_windowed_layer(m, i);
+  return k;
+}
+
+std::vector<std::vector<LayerKinds>> chunk_layer_kinds(const ModelSpec& m,
+                                                       const PipelineSplit& split) {
+  std::vector<std::vector<LayerKinds>> out(static_cast<std::size_t>(split.pp));
+  for (Count st = 0; st < split.pp; ++st) {
+    for (Count c = 0; c < split.chunks; ++c) {
+      const Count first = split.chunk_first_layer(st, c);
+      out[static_cast<std::size_t>(st)].push_back(
+          layer_kinds(m, first, first + split.chunk_layers(st, c)));
+    }
+  }
+  return out;
+}
+
+std::vector<StageLayerMix> stage_layer_mix(const ModelSpec& m,
+                                           const std::vector<std::vector<LayerKinds>>& chunks) {
+  std::vector<StageLayerMix> out(chunks.size());
+  for (std::size_t st = 0; st < chunks.size(); ++st) {
+    StageLayerMix& x = out[st];
+    bool first = true;
+    for (const LayerKinds& k : chunks[st]) {
+      x.layers += k.layers;
+      x.windowed_layers += k.windowed_layers;
+      if (!m.moe.enabled()) continue;
+      x.moe_layers += k.moe_layers;
+      x.chunk_moe_most = first ? k.moe_layers : std::max(x.chunk_moe_most, k.moe_layers);
+      x.chunk_moe_fewest = first ? k.moe_layers : std::min(x.chunk_moe_fewest, k.moe_layers);
+      first = false;
+    }
+  }
+  return out;
+}
+
+std::vector<StageLayerMix> stage_layer_mix(const Scenario& s) {
+  return stage_layer_mix(s.model, chunk_layer_kinds(s.model, pipeline_split(s)));
+}
+
 Count inflight_chunks(Schedule schedule, Count pp, Count v, Count stage, Count m,
                       Count memory_limit) noexcept {
   switch (schedule) {
@@ -294,6 +356,8 @@ Count group_size(const Scenario& s, Group g) noexcept {
       return s.parallel.ep;
     case Group::edp:
       return s.expert_data_parallel();
+    case Group::etp:
+      return s.parallel.etp;
   }
   return 1;
 }
@@ -334,6 +398,10 @@ Link group_link(const Scenario& s, Group g) noexcept {
     case Group::edp:
       return edp_group_intra_node(expert_layout(s.parallel), gpn) ? Link::intra_node
                                                                   : Link::inter_node;
+    case Group::etp:
+      // etp consecutive ranks in the expert order (etp fastest).
+      span = s.parallel.etp;
+      break;
   }
   return inside_node(span, gpn) ? Link::intra_node : Link::inter_node;
 }

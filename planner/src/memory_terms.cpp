@@ -3,6 +3,7 @@
 #include "distplan/planner/memory_terms.h"
 
 #include "distplan/planner/fp8.h"
+#include "distplan/planner/moe_layer.h"
 
 namespace distplan {
 
@@ -19,8 +20,15 @@ MemoryLayout memory_layout(const Scenario& s) noexcept {
   l.dp = p.dp;
   l.cp = p.cp;
   if (s.training.fp8 != Fp8Recipe::none) {
-    l.fp8_layer_state = fp8_layer_state_bytes(build_layer_table(s.model, s.training), p.tp,
-                                              s.training.fp8, s.assumptions);
+    const LayerTable dense = build_layer_table(s.model, s.training);
+    if (s.model.moe.enabled()) {
+      l.fp8_layer_state =
+          fp8_moe_layer_state_bytes(s.model, planner_layer_table(s.model, s.training),
+                                    moe_layer_plan(s), p.tp, s.training.fp8, s.assumptions);
+      l.fp8_dense_layer_state = fp8_layer_state_bytes(dense, p.tp, s.training.fp8, s.assumptions);
+    } else {
+      l.fp8_layer_state = fp8_layer_state_bytes(dense, p.tp, s.training.fp8, s.assumptions);
+    }
   }
   l.cp_comm = p.cp_comm;
   l.sequence_parallel = p.sequence_parallel;
@@ -31,6 +39,7 @@ MemoryLayout memory_layout(const Scenario& s) noexcept {
   l.zb_memory_limit = p.zb_memory_limit();
   if (s.model.moe.enabled()) {
     l.ep = p.ep;
+    l.etp = p.etp;
     l.edp = s.expert_data_parallel();
     l.expert_params = routed_expert_params_per_gpu(s.model, p.ep, p.etp);
   }

@@ -7,9 +7,11 @@
 // DeepSeek-AI 2024, "DeepSeek-V2", sec. 2.1 (MLA).
 #include "distplan/planner/moe.h"
 
+#include <algorithm>
 #include <string_view>
 
 #include "distplan/planner/layer_ops.h"
+#include "distplan/planner/layout.h"
 
 namespace distplan {
 namespace {
@@ -51,15 +53,30 @@ Count mla_parameters(const ModelSpec& m) noexcept {
 
 bool is_moe_layer(const ModelSpec& m, Count i) noexcept {
   const MoeSpec& e = m.moe;
-  if (!e.enabled() || i < e.first_dense_layers) return false;
+  if (!e.enabled()) return false;
+  if (!e.layers.empty()) return std::binary_search(e.layers.begin(), e.layers.end(), i);
+  if (i < e.first_dense_layers) return false;
   return (i - e.first_dense_layers) % e.layer_frequency == 0;
 }
 
-Count moe_layer_count(const ModelSpec& m) noexcept {
+Count moe_layers_in(const ModelSpec& m, Count first, Count end) noexcept {
   const MoeSpec& e = m.moe;
-  if (!e.enabled() || m.num_layers <= e.first_dense_layers) return 0;
-  const Count after = m.num_layers - e.first_dense_layers;
-  return (after + e.layer_frequency - 1) / e.layer_frequency;
+  if (!e.enabled() || end <= first) return 0;
+  if (!e.layers.empty()) {
+    return static_cast<Count>(std::lower_bound(e.layers.begin(), e.layers.end(), end) -
+                              std::lower_bound(e.layers.begin(), e.layers.end(), first));
+  }
+  // MoE layers among [0, n): ceil((n - first_dense) / frequency) when n > first_dense.
+  auto below = [&](Count n) {
+    return n <= e.first_dense_layers
+               ? Count{0}
+               : (n - e.first_dense_layers + e.layer_frequency - 1) / e.layer_frequency;
+  };
+  return below(end) - below(first);
+}
+
+Count moe_layer_count(const ModelSpec& m) noexcept {
+  return moe_layers_in(m, 0, m.num_layers);
 }
 
 Count attention_parameters(const ModelSpec& m) noexcept {
@@ -88,7 +105,8 @@ Count moe_block_parameters(const ModelSpec& m, bool active) noexcept {
 ParameterCount count_parameters(const ModelSpec& m) noexcept {
   const Count h = m.hidden_size;
   const LayerTable table = build_layer_table(m, TrainingSpec{});
-  const Count norms = table_params(table, {"input_norm", "post_attention_norm"});
+  const Count norms = table_params(
+      table, {"input_norm", "post_attention_norm", "attention_out_norm", "mlp_out_norm"});
   const Count attention = attention_parameters(m);
   const Count dense_layer = norms + attention + mlp_parameters(m, m.ffn_hidden_size);
   const Count moe_total = norms + attention + moe_block_parameters(m, false);
@@ -105,6 +123,7 @@ ParameterCount count_parameters(const ModelSpec& m) noexcept {
   ParameterCount c;
   c.total = outer + dense_layers * dense_layer + moe_layers * moe_total;
   c.active = outer + dense_layers * dense_layer + moe_layers * moe_active;
+  c.active_non_embedding = c.active - m.vocab_size * h - m.embedding_extra_parameters();
   // A DeepSeek-V3 MTP module (DeepSeek-V3 report, sec. 2.2; README_WEIGHTS.md): RMSNorms of the
   // hidden state and of the next token's embedding, the projection of their concatenation
   // (2h -> h), one transformer layer placed by the main model's rule, and the output head's norm;
@@ -132,7 +151,11 @@ double training_flops_per_token(const ModelSpec& m, Count seq_length) noexcept {
   const double heads = static_cast<double>(m.num_attention_heads);
   const double attention_forward =
       2.0 * heads * (d_qk + d_v) * static_cast<double>(seq_length) / 2.0;
-  return 3.0 * (2.0 * matmul_params + static_cast<double>(m.num_layers) * attention_forward);
+  // Windowed layers compute their share of the causal pairs (layer_ops.h).
+  double layers = 0;
+  const double windowed = attention_keys_fraction(m.attention_window, seq_length);
+  for (Count i = 0; i < m.num_layers; ++i) layers += is_windowed_layer(m, i) ? windowed : 1.0;
+  return 3.0 * (2.0 * matmul_params + layers * attention_forward);
 }
 
 }  // namespace distplan

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -30,6 +31,26 @@ void read_moe(const json& doc, const std::string& path, MoeSpec& e) {
   if (auto v = r.boolean("shared_expert_gate")) e.shared_expert_gate = *v;
   if (auto v = r.integer("first_dense_layers", 0, 100000)) e.first_dense_layers = *v;
   if (auto v = r.integer("layer_frequency", 1, 100000)) e.layer_frequency = *v;
+  if (const json* l = r.take("layers")) {
+    const std::string lp = r.child("layers");
+    if (l->is_null()) {
+      e.layers.clear();
+    } else {
+      if (!l->is_array()) throw InputError(lp, "must be an array of layer indices (from 0)");
+      if (l->size() > 100000) throw InputError(lp, "lists more than 100000 layers");
+      e.layers.clear();
+      for (std::size_t i = 0; i < l->size(); ++i) {
+        const json& v = (*l)[i];
+        if (!v.is_number_integer() || v.get<Count>() < 0 || v.get<Count>() > 100000)
+          throw InputError(fmt::format("{}/{}", lp, i), "must be an integer between 0 and 100000");
+        if (!e.layers.empty() && v.get<Count>() <= e.layers.back()) {
+          throw InputError(fmt::format("{}/{}", lp, i),
+                           "layer indices must be listed in increasing order, each once");
+        }
+        e.layers.push_back(v.get<Count>());
+      }
+    }
+  }
   if (auto i = r.choice("router", {"softmax", "sigmoid"})) e.router = static_cast<Router>(*i);
   if (auto v = r.boolean("router_bias")) e.router_bias = *v;
   if (auto v = r.number("aux_loss_coeff", 0.0, 1000.0, false)) e.aux_loss_coeff = *v;
@@ -145,6 +166,22 @@ void check_moe_mla_fields(const ModelSpec& m, const std::string& path) {
     if (e.shared_expert_gate && e.num_shared_experts == 0)
       fail(moe + "/shared_expert_gate", "a shared-expert gate needs num_shared_experts > 0");
     if (e.layer_frequency < 1) fail(moe + "/layer_frequency", "layer_frequency must be >= 1");
+    if (!e.layers.empty()) {
+      if (e.first_dense_layers != 0 || e.layer_frequency != 1) {
+        fail(moe + "/layers",
+             "an explicit list of MoE layers replaces first_dense_layers and layer_frequency; "
+             "give one or the other");
+      }
+      if (e.layers.back() >= m.num_layers + m.mtp_layers) {
+        fail(
+            moe + "/layers",
+            fmt::format("layer {} is beyond the model's {} layers{}", e.layers.back(), m.num_layers,
+                        m.mtp_layers > 0 ? fmt::format(" and {} MTP layers", m.mtp_layers)
+                                         : std::string()));
+      }
+      if (e.layers.front() >= m.num_layers)
+        fail(moe + "/layers", "the list places no MoE layer among the main model's layers");
+    }
     if (e.first_dense_layers >= m.num_layers) {
       fail(moe + "/first_dense_layers",
            fmt::format("first_dense_layers={} leaves no MoE layer among num_layers={}",
@@ -185,40 +222,19 @@ void refuse_unplanned_model(const Scenario& s) {
   if (m.mtp_layers > 0) not_yet("/model/mtp_layers", "multi-token prediction modules");
   const MoeSpec& e = m.moe;
   if (!e.enabled()) return;
-  // The planner plans MoE models whose every layer is a MoE layer with dense attention
-  // (Mixtral, Qwen2-MoE, Qwen3-MoE): one layer kind per stage.
-  if (e.first_dense_layers > 0) {
-    fail("/model/moe/first_dense_layers",
-         fmt::format("the model ({}) mixes {} dense layers with MoE layers; the planner plans "
-                     "models whose every layer is a MoE layer (per-stage mixes of dense and MoE "
-                     "layers are not modelled yet)",
-                     counts, e.first_dense_layers));
-  }
-  if (e.layer_frequency > 1) {
-    fail("/model/moe/layer_frequency",
-         fmt::format("the model ({}) has a MoE layer every {} layers; the planner plans models "
-                     "whose every layer is a MoE layer (per-stage mixes of dense and MoE layers "
-                     "are not modelled yet)",
-                     counts, e.layer_frequency));
-  }
   const ParallelSpec& p = s.parallel;
   const char* why = "is not modelled for Mixture-of-Experts models";
-  if (p.etp > 1) {
-    fail("/parallel/etp", fmt::format("etp={} {}: the expert tensor-parallel token gathers and "
-                                      "reductions are not planned yet; use etp 1",
-                                      p.etp, why));
+  if (p.etp > 1 && m.bias) {
+    fail("/parallel/etp",
+         fmt::format("etp={} with biased experts is not modelled (the replicated output-projection "
+                     "bias of a tensor-parallel expert); use etp 1",
+                     p.etp));
   }
   if (p.tp > 1 && !p.sequence_parallel) {
     fail("/parallel/sequence_parallel",
          "a MoE model with tp > 1 needs sequence_parallel: Megatron-LM requires it (arguments.py: "
          "'When using MoE and tensor parallelism, sequence parallelism must be used') and the "
          "planner routes each TP rank's sequence shard");
-  }
-  if (p.zero_stage >= 3) {
-    fail("/parallel/zero_stage",
-         fmt::format("ZeRO-3 {} (the gathers of expert parameters over the expert data-parallel "
-                     "group are not planned); use ZeRO 0-2, which shard the experts over it",
-                     why));
   }
   if (p.zero_stage > 0 && p.fsdp_shard_size > 0 && p.fsdp_shard_size != p.dp) {
     fail("/parallel/fsdp_shard_size", fmt::format("hybrid sharding {}", why));
@@ -232,8 +248,6 @@ void refuse_unplanned_model(const Scenario& s) {
     fail("/parallel/offload_optimizer", fmt::format("optimizer offload {}", why));
   if (p.offload_params != Offload::none)
     fail("/parallel/offload_params", fmt::format("parameter offload {}", why));
-  if (s.training.fp8 != Fp8Recipe::none)
-    fail("/training/fp8", fmt::format("FP8 expert GEMMs {} (their cached fp8 weights)", why));
 }
 
 void put_moe_mla_fields(const ModelSpec& m, json& j) {
@@ -254,6 +268,7 @@ void put_moe_mla_fields(const ModelSpec& m, json& j) {
                 {"capacity_factor", e.capacity_factor ? json(*e.capacity_factor) : json()}};
     if (e.shared_expert_ffn_hidden_size > 0)
       j["moe"]["shared_expert_ffn_hidden_size"] = e.shared_expert_ffn_hidden_size;
+    if (!e.layers.empty()) j["moe"]["layers"] = e.layers;
   }
   if (m.mla.enabled()) {
     const MlaSpec& a = m.mla;
@@ -271,22 +286,24 @@ void put_moe_mla_fields(const ModelSpec& m, json& j) {
 namespace {
 
 bool is_deepseek(std::string_view t) {
-  return t == "deepseek_v2" || t == "deepseek_v3";
+  return t == "deepseek_v2" || t == "deepseek_v3" || t == "kimi_k2";
 }
 
 }  // namespace
 
 bool hf_family_maps(std::string_view t, std::string_view key) noexcept {
-  if (t == "mixtral") return key == "num_local_experts" || key == "num_experts_per_tok";
+  if (t == "mixtral" || t == "gpt_oss" || t == "llama4_text")
+    return key == "num_local_experts" || key == "num_experts_per_tok";
   if (t == "qwen2_moe" || t == "qwen3_moe") {
     return key == "num_experts" || key == "num_experts_per_tok" || key == "moe_intermediate_size" ||
+           key == "decoder_sparse_step" || key == "mlp_only_layers" ||
            (t == "qwen2_moe" && key == "shared_expert_intermediate_size");
   }
   if (is_deepseek(t)) {
     for (std::string_view k :
          {"n_routed_experts", "n_shared_experts", "moe_intermediate_size", "num_experts_per_tok",
           "first_k_dense_replace", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim",
-          "qk_nope_head_dim", "v_head_dim", "num_nextn_predict_layers"}) {
+          "qk_nope_head_dim", "v_head_dim", "num_nextn_predict_layers", "moe_layer_freq"}) {
       if (key == k) return true;
     }
   }
@@ -294,7 +311,7 @@ bool hf_family_maps(std::string_view t, std::string_view key) noexcept {
 }
 
 bool hf_family_accepts_yarn(std::string_view t) noexcept {
-  return is_deepseek(t);
+  return is_deepseek(t) || t == "gpt_oss";
 }
 
 void map_hf_moe_mla(const json& cfg, const std::string& path, std::string_view t, ModelSpec& m) {
@@ -333,25 +350,85 @@ void map_hf_moe_mla(const json& cfg, const std::string& path, std::string_view t
     m.moe.top_k = field("num_experts_per_tok", 1, std::nullopt);
     m.moe.expert_ffn_hidden_size = m.ffn_hidden_size;
     m.moe.aux_loss_coeff = coefficient("router_aux_loss_coef");
+  } else if (t == "gpt_oss") {
+    // GptOssMLP (transformers modeling_gpt_oss.py): every layer a MoE layer; GptOssTopKRouter
+    // (E x h weight and an E bias, top-k then softmax), GptOssExperts with biased gate_up
+    // (h -> 2f) and down (f -> h) projections of intermediate_size; the model's linears all have
+    // biases (attention_bias), so `bias` covers the experts'.
+    m.moe.num_experts = field("num_local_experts", 1, std::nullopt);
+    m.moe.top_k = field("num_experts_per_tok", 1, std::nullopt);
+    m.moe.expert_ffn_hidden_size = m.ffn_hidden_size;
+    m.moe.router_bias = true;
+    m.moe.aux_loss_coeff = coefficient("router_aux_loss_coef");
+  } else if (t == "llama4_text") {
+    // Llama4TextMoe (transformers modeling_llama4.py): num_local_experts experts and one shared
+    // expert of intermediate_size, a router without bias; the MoE layers are moe_layers, or
+    // every interleave_moe_layer_step-th from interleave_moe_layer_step - 1
+    // (configuration_llama4.py); the other layers' Llama4TextMLP is intermediate_size_mlp wide.
+    m.moe.num_experts = field("num_local_experts", 1, 16);
+    m.moe.top_k = field("num_experts_per_tok", 1, 1);
+    m.moe.expert_ffn_hidden_size = field("intermediate_size", 1, 8192);
+    m.moe.num_shared_experts = 1;
+    m.moe.shared_expert_ffn_hidden_size = m.moe.expert_ffn_hidden_size;
+    m.moe.router = Router::sigmoid;
+    m.moe.aux_loss_coeff = coefficient("router_aux_loss_coef");
+    m.ffn_hidden_size = field("intermediate_size_mlp", 1, 16384);
+    if (auto it = cfg.find("moe_layers"); it != cfg.end() && !it->is_null()) {
+      if (!it->is_array()) fail(path + "/moe_layers", "moe_layers must be a list");
+      for (std::size_t i = 0; i < it->size(); ++i) {
+        const json& v = (*it)[i];
+        if (!v.is_number_integer() || v.get<Count>() < 0 || v.get<Count>() >= m.num_layers ||
+            (!m.moe.layers.empty() && v.get<Count>() <= m.moe.layers.back())) {
+          fail(fmt::format("{}/moe_layers/{}", path, i),
+               "increasing layer indices below num_hidden_layers");
+        }
+        m.moe.layers.push_back(v.get<Count>());
+      }
+      if (m.moe.layers.empty()) m.moe = MoeSpec{};  // no MoE layer: a dense model
+    } else {
+      const Count step = field("interleave_moe_layer_step", 1, 1);
+      m.moe.first_dense_layers = step - 1;
+      m.moe.layer_frequency = step;
+    }
   } else if (t == "qwen2_moe" || t == "qwen3_moe") {
     // Qwen2MoeDecoderLayer / Qwen3MoeDecoderLayer: layer i is sparse when it is not in
-    // mlp_only_layers and (i + 1) % decoder_sparse_step == 0; only step 1 (every layer) is mapped.
-    if (field("decoder_sparse_step", 1, 1) != 1) {
-      fail(path + "/decoder_sparse_step",
-           "decoder_sparse_step > 1 places MoE layers at (i + 1) % step == 0, which "
-           "model.moe (first_dense_layers, layer_frequency) does not express");
+    // mlp_only_layers and (i + 1) % decoder_sparse_step == 0, else a dense MLP of
+    // intermediate_size. Missing fields take the config classes' defaults (transformers
+    // configuration_qwen2_moe.py: 60 experts, top-4, 1408, a shared expert of 5632;
+    // configuration_qwen3_moe.py: 128 experts, top-8, 768), as transformers builds the model.
+    const bool q2 = t == "qwen2_moe";
+    m.moe.num_experts = field("num_experts", 1, q2 ? 60 : 128);
+    m.moe.top_k = field("num_experts_per_tok", 1, q2 ? 4 : 8);
+    m.moe.expert_ffn_hidden_size = field("moe_intermediate_size", 1, q2 ? 1408 : 768);
+    const Count step = field("decoder_sparse_step", 1, 1);
+    std::vector<Count> dense_only;
+    if (auto it = cfg.find("mlp_only_layers"); it != cfg.end() && !it->is_null()) {
+      if (!it->is_array()) fail(path + "/mlp_only_layers", "mlp_only_layers must be a list");
+      for (std::size_t i = 0; i < it->size(); ++i) {
+        const json& v = (*it)[i];
+        if (!v.is_number_integer() || v.get<Count>() < 0 || v.get<Count>() > 100000) {
+          fail(fmt::format("{}/mlp_only_layers/{}", path, i), "a layer index between 0 and 100000");
+        }
+        dense_only.push_back(v.get<Count>());
+      }
     }
-    if (auto it = cfg.find("mlp_only_layers");
-        it != cfg.end() && !it->is_null() && !(it->is_array() && it->empty())) {
-      fail(path + "/mlp_only_layers", "dense layers at listed positions are not modelled");
+    if (dense_only.empty()) {
+      // (i + 1) % step == 0: every step-th layer from layer step - 1.
+      m.moe.first_dense_layers = step - 1;
+      m.moe.layer_frequency = step;
+    } else {
+      for (Count i = 0; i < m.num_layers; ++i) {
+        if ((i + 1) % step == 0 &&
+            std::find(dense_only.begin(), dense_only.end(), i) == dense_only.end())
+          m.moe.layers.push_back(i);
+      }
+      if (m.moe.layers.empty()) fail(path + "/mlp_only_layers", "leaves no MoE layer");
     }
-    m.moe.num_experts = field("num_experts", 1, std::nullopt);
-    m.moe.top_k = field("num_experts_per_tok", 1, std::nullopt);
-    m.moe.expert_ffn_hidden_size = field("moe_intermediate_size", 1, std::nullopt);
     m.moe.aux_loss_coeff = coefficient("router_aux_loss_coef");
-    if (t == "qwen2_moe") {
-      // One shared expert of shared_expert_intermediate_size behind a sigmoid gate (h -> 1).
-      const Count shared = field("shared_expert_intermediate_size", 0, 0);
+    if (q2) {
+      // Qwen2MoeSparseMoeBlock always builds one shared expert of
+      // shared_expert_intermediate_size (default 5632) behind a sigmoid gate (h -> 1).
+      const Count shared = field("shared_expert_intermediate_size", 0, 5632);
       if (shared > 0) {
         m.moe.num_shared_experts = 1;
         m.moe.shared_expert_ffn_hidden_size = shared;
@@ -361,12 +438,9 @@ void map_hf_moe_mla(const json& cfg, const std::string& path, std::string_view t
   } else if (is_deepseek(t)) {
     // DeepseekV2/V3 MoE (HF modeling_deepseek_v3.py and the released modeling_deepseek.py):
     // layer i is a MoE layer when i >= first_k_dense_replace and i % moe_layer_freq == 0;
-    // n_shared_experts shared experts of moe_intermediate_size each.
-    if (field("moe_layer_freq", 1, 1) != 1) {
-      fail(path + "/moe_layer_freq",
-           "moe_layer_freq > 1 places MoE layers at i % freq == 0, which model.moe "
-           "(first_dense_layers, layer_frequency) does not express");
-    }
+    // n_shared_experts shared experts of moe_intermediate_size each. Kimi K2 (model_type
+    // kimi_k2) is DeepSeek-V3's architecture (its config.json names DeepseekV3ForCausalLM).
+    const Count freq = field("moe_layer_freq", 1, 1);
     m.moe.num_experts = field("n_routed_experts", 1, std::nullopt);
     m.moe.top_k = field("num_experts_per_tok", 1, std::nullopt);
     m.moe.expert_ffn_hidden_size = field("moe_intermediate_size", 1, std::nullopt);
@@ -374,7 +448,18 @@ void map_hf_moe_mla(const json& cfg, const std::string& path, std::string_view t
     m.moe.aux_loss_coeff = coefficient("aux_loss_alpha");
     if (m.moe.num_shared_experts > 0)
       m.moe.shared_expert_ffn_hidden_size = m.moe.expert_ffn_hidden_size;
-    m.moe.first_dense_layers = field("first_k_dense_replace", 0, 0);
+    const Count first = field("first_k_dense_replace", 0, 0);
+    if (freq == 1 || first % freq == 0) {
+      m.moe.first_dense_layers = first;
+      m.moe.layer_frequency = freq;
+    } else {
+      // i >= first and i % freq == 0 is not of the form first + k·freq: list the layers.
+      for (Count i = first; i < m.num_layers + field("num_nextn_predict_layers", 0, 0); ++i) {
+        if (i % freq == 0) m.moe.layers.push_back(i);
+      }
+      if (m.moe.layers.empty() || m.moe.layers.front() >= m.num_layers)
+        fail(path + "/first_k_dense_replace", "first_k_dense_replace leaves no MoE layer");
+    }
     const std::string scoring = text("scoring_func", "softmax");
     if (scoring != "softmax" && scoring != "sigmoid")
       fail(path + "/scoring_func", fmt::format("scoring_func '{}' is not modelled", scoring));
@@ -395,7 +480,8 @@ void map_hf_moe_mla(const json& cfg, const std::string& path, std::string_view t
     m.mtp_layers = field("num_nextn_predict_layers", 0, 0);
   }
   if (m.moe.enabled() && m.moe.first_dense_layers >= m.num_layers) {
-    fail(path + "/first_k_dense_replace", "first_k_dense_replace leaves no MoE layer");
+    const char* key = is_deepseek(t) ? "first_k_dense_replace" : "decoder_sparse_step";
+    fail(path + "/" + key, fmt::format("{} leaves no MoE layer", key));
   }
 }
 

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "distplan/planner/fp8.h"
+
 namespace distplan {
 
 namespace {
@@ -40,7 +42,7 @@ Count planner_layer_params_per_tp_rank(const ModelSpec& m, const LayerTable& tab
 
 MoeLayerPlan moe_layer_plan(const ModelSpec& m, const Assumptions& a, DType precision,
                             Count micro_batch, Count local_seq, Count tp, bool sp, Count ep,
-                            Count etp) noexcept {
+                            Count etp, Fp8Recipe fp8) noexcept {
   MoeLayerPlan x;
   const MoeSpec& e = m.moe;
   if (!e.enabled() || ep < 1 || etp < 1) return x;
@@ -53,14 +55,16 @@ MoeLayerPlan moe_layer_plan(const ModelSpec& m, const Assumptions& a, DType prec
   x.expert_params = routed_expert_params_per_gpu(m, ep, etp);
   x.router_params = e.num_experts * m.hidden_size + (e.router_bias ? e.num_experts : 0);
   x.all_to_all_bytes = x.tokens * e.top_k * m.hidden_size * cb;
-  x.activation = moe_layer_activation(m, x.tokens, x.routed, x.expert_ffn, cb);
+  x.fp8 = fp8;
+  x.activation = moe_layer_activation(m, x.tokens, x.routed, x.expert_ffn, cb, fp8);
   return x;
 }
 
 MoeLayerPlan moe_layer_plan(const Scenario& s) noexcept {
   const ParallelSpec& p = s.parallel;
   return moe_layer_plan(s.model, s.assumptions, s.training.precision, s.training.micro_batch_size,
-                        s.local_seq_length(), p.tp, p.sequence_parallel, p.ep, p.etp);
+                        s.local_seq_length(), p.tp, p.sequence_parallel, p.ep, p.etp,
+                        s.training.fp8);
 }
 
 LayerActivation add_moe_activation(LayerActivation dense, const MoeLayerPlan& x,
@@ -83,7 +87,7 @@ LayerFlops moe_layer_flops(const ModelSpec& m, Count tokens) noexcept {
   if (!e.enabled()) return f;
   const double h = static_cast<double>(m.hidden_size);
   const double fe = static_cast<double>(e.expert_ffn_hidden_size);
-  const double in_out = (m.mlp == Mlp::swiglu ? 2.0 : 1.0) * fe;
+  const double in_out = (gated(m.mlp) ? 2.0 : 1.0) * fe;
   // With a capacity factor c < 1 the experts take c of the routed copies and drop the rest
   // (docs/moe.md, "FLOPs of dropped tokens"): model FLOPs count the copies computed, as the
   // step time does, so MFU stays the utilisation of the work done. c >= 1 (and dropless)
@@ -122,19 +126,43 @@ PassCosts moe_pass_costs(const ModelSpec& m, const MoeLayerPlan& x, const Device
   const double n_exp = static_cast<double>(x.local_experts);
   const double M = R / n_exp;
   const double f = static_cast<double>(x.expert_ffn);
-  const double in_out = (m.mlp == Mlp::swiglu ? 2.0 : 1.0) * f;
+  const double in_out = (gated(m.mlp) ? 2.0 : 1.0) * f;
   // A grouped GEMM (CUTLASS / cuBLAS grouped kernels) runs its per-expert problems below a dense
   // GEMM of the same tiles (per-group scheduling and prologues): `grouped_gemm_efficiency`.
+  // FP8 experts run their GEMMs at the fp8 rate.
+  const bool fp8 = r.fp8_peak > 0;
   const double g = 1.0 / r.grouped_gemm_efficiency;
-  auto grouped = [&](double a, double b, double k) { return g * gemm_seconds(r, a, b, k, n_exp); };
+  auto grouped = [&](double a, double b, double k) {
+    return g * gemm_seconds(r, a, b, k, n_exp, fp8);
+  };
   c.forward += grouped(M, in_out, h) + grouped(M, h, f);
   c.backward_input += grouped(M, h, in_out) + grouped(M, f, h);
   c.backward_weight += grouped(in_out, h, M) + grouped(h, f, M);
+  if (fp8) {
+    // Quantisation of each GEMM's input (forward: x and the activation output; backward: the
+    // output gradients of both), read in the compute dtype, written in both fp8 layouts.
+    c.forward += memory_seconds(r, R * (h + f) * (e + 2), 2);
+    c.backward_input += memory_seconds(r, R * (h + in_out) * (e + 2), 2);
+  }
   // The activation between the projections: read in_out, write f; backward reads both and the
   // output gradient, writes the input gradient.
   c.forward += memory_seconds(r, R * (in_out + f) * e, 1);
   c.backward_input += memory_seconds(r, R * (2 * in_out + f) * e, 1);
   return c;
+}
+
+Count moe_expert_weight_params(const ModelSpec& m, const MoeLayerPlan& x) noexcept {
+  if (!x.enabled()) return 0;
+  const Count in = (gated(m.mlp) ? 2 : 1) * x.expert_ffn;
+  return x.local_experts * (in + x.expert_ffn) * m.hidden_size;
+}
+
+Bytes fp8_moe_layer_state_bytes(const ModelSpec& m, const LayerTable& table, const MoeLayerPlan& x,
+                                Count tp, Fp8Recipe r, const Assumptions& a) noexcept {
+  Bytes b = fp8_layer_state_bytes(table, tp, r, a);
+  if (x.enabled())
+    b += fp8_weight_state_bytes(moe_expert_weight_params(m, x), 2 * x.local_experts, r, a);
+  return b;
 }
 
 }  // namespace distplan

@@ -195,8 +195,9 @@ double gemm_efficiency(const DeviceRates& r, double m, double n, double k, doubl
   return r.gemm_efficiency * quant * k_eff;
 }
 
-Seconds gemm_seconds(const DeviceRates& r, double m, double n, double k, double batch) noexcept {
-  return gemm_time(r, Dim(m), Dim(n), k, batch);
+Seconds gemm_seconds(const DeviceRates& r, double m, double n, double k, double batch,
+                     bool fp8) noexcept {
+  return gemm_time(r, Dim(m), Dim(n), k, batch, fp8 && r.fp8_peak > 0);
 }
 
 Seconds memory_seconds(const DeviceRates& r, double bytes, double kernels) noexcept {
@@ -205,9 +206,11 @@ Seconds memory_seconds(const DeviceRates& r, double bytes, double kernels) noexc
 
 namespace {
 
-// The layer's op costs; with `flow` (fine-tuning) only the backward halves the flow runs.
+// The layer's op costs; with `flow` (fine-tuning) only the backward halves the flow runs;
+// `windowed`: its attention within model.attention_window.
 PassCosts layer_costs(const LayerTable& table, const ModelSpec& m, const TrainingSpec& t, Count tp,
-                      bool sp, const DeviceRates& r, Count cp, const PeftLayerFlow* flow) noexcept {
+                      bool sp, const DeviceRates& r, Count cp, const PeftLayerFlow* flow,
+                      bool windowed) noexcept {
   PassCosts c;
   const double e = static_cast<double>(r.element_bytes);
   const double cpd = static_cast<double>(cp);
@@ -280,7 +283,11 @@ PassCosts layer_costs(const LayerTable& table, const ModelSpec& m, const Trainin
           // recomputes QK^T: 5 GEMM-equivalents against the forward's 2, i.e. 2.5x its FLOPs.
           // Context parallel: 1/cp of the causal work on every rank (2·cp load-balanced chunks,
           // or whole heads under a2a).
-          const double flops = 0.5 * 4.0 * b * s * s * d * heads / cpd;
+          // A window (sliding or chunked) skips the blocks outside it: its share of the causal
+          // pairs (FlashAttention-2's window_size, Transformer Engine's window_size).
+          const double keys =
+              windowed ? attention_keys_fraction(m.attention_window, t.seq_length) : 1.0;
+          const double flops = 0.5 * 4.0 * b * s * s * d * heads / cpd * keys;
           const double io = 2 * q_bytes + kv_bytes;  // read q, k, v; write o
           fwd = std::max(flops * r.inv_flash_forward_rate, io * r.inv_hbm) + r.launch;
           bin =
@@ -343,8 +350,8 @@ PassCosts layer_costs(const LayerTable& table, const ModelSpec& m, const Trainin
       case OpKind::activation: {
         // GeLU: read and write the f/t-wide input; SwiGLU reads gate and up, writes one.
         const double width = static_cast<double>(op.saved[0].per_token) / tpd;
-        const double out_w = m.mlp == Mlp::swiglu ? width / 2 : width;
-        if (eager && m.mlp == Mlp::swiglu) {
+        const double out_w = gated(m.mlp) ? width / 2 : width;
+        if (eager && m.mlp == Mlp::swiglu) {  // measured for silu·up (kEagerSwiglu)
           fwd = memory_seconds(r, T * out_w * kEagerSwiglu.forward_bytes,
                                kEagerSwiglu.forward_kernels);
           bin = memory_seconds(r, T * out_w * kEagerSwiglu.backward_bytes,
@@ -385,14 +392,15 @@ PassCosts layer_costs(const LayerTable& table, const ModelSpec& m, const Trainin
 }  // namespace
 
 PassCosts layer_pass_costs(const LayerTable& table, const ModelSpec& m, const TrainingSpec& t,
-                           Count tp, bool sp, const DeviceRates& r, Count cp) noexcept {
-  return layer_costs(table, m, t, tp, sp, r, cp, nullptr);
+                           Count tp, bool sp, const DeviceRates& r, Count cp,
+                           bool windowed) noexcept {
+  return layer_costs(table, m, t, tp, sp, r, cp, nullptr, windowed);
 }
 
 PassCosts peft_layer_pass_costs(const LayerTable& table, const ModelSpec& m, const TrainingSpec& t,
                                 const LoraLayer& lora, const PeftLayerFlow& flow,
-                                const DeviceRates& r) noexcept {
-  PassCosts c = layer_costs(table, m, t, 1, false, r, 1, &flow);
+                                const DeviceRates& r, bool windowed) noexcept {
+  PassCosts c = layer_costs(table, m, t, 1, false, r, 1, &flow, windowed);
   const PeftSpec& peft = t.peft;
   const double e = static_cast<double>(r.element_bytes);
   const double T = static_cast<double>(t.micro_batch_size * t.seq_length);
@@ -495,6 +503,12 @@ PassCosts head_pass_costs(const ModelSpec& m, const TrainingSpec& t, Count padde
   c.backward_weight += bw;
   c.gemm_forward = f;
   c.gemm_backward = bi + bw;
+  if (m.final_logit_softcap > 0) {
+    // Gemma 2's final softcap, cap·tanh(logits/cap): read and write the logits; its backward
+    // reads the saved tanh and the gradient and writes the gradient.
+    c.forward += memory_seconds(r, T * Vt * 2 * e, 1);
+    c.backward_input += memory_seconds(r, T * Vt * 3 * e, 1);
+  }
   // Vocab-parallel cross-entropy (Megatron-LM): read the logits, write the fp32 softmax; backward
   // reads it and writes the logits' gradient.
   // PyTorch stacks (eager, or compiled per transformer block) run F.cross_entropy on the

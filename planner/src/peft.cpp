@@ -85,7 +85,7 @@ std::span<const PeftModuleName> peft_module_names(PeftNaming naming) noexcept {
 }
 
 PeftNaming default_peft_naming(const ModelSpec& m) noexcept {
-  if (m.mlp == Mlp::swiglu) return PeftNaming::llama;
+  if (gated(m.mlp)) return PeftNaming::llama;
   return m.position_embedding == PositionEmbedding::learned ? PeftNaming::gpt2
                                                             : PeftNaming::gpt_neox;
 }
@@ -93,7 +93,7 @@ PeftNaming default_peft_naming(const ModelSpec& m) noexcept {
 unsigned peft_all_linear_targets(PeftNaming naming, const ModelSpec& m) noexcept {
   unsigned all = 0;
   for (const PeftModuleName& n : peft_module_names(naming)) all |= n.targets;
-  if (m.mlp != Mlp::swiglu) all &= ~static_cast<unsigned>(peft_gate);
+  if (!gated(m.mlp)) all &= ~static_cast<unsigned>(peft_gate);
   return all;
 }
 
@@ -102,7 +102,7 @@ unsigned peft_targets_from_names(PeftNaming naming, const ModelSpec& m,
   const std::span<const PeftModuleName> known = peft_module_names(naming);
   std::string list;
   for (const PeftModuleName& n : known) {
-    if (n.targets == peft_gate && m.mlp != Mlp::swiglu) continue;
+    if (n.targets == peft_gate && !gated(m.mlp)) continue;
     list += list.empty() ? "" : ", ";
     list += n.name;
   }
@@ -111,11 +111,11 @@ unsigned peft_targets_from_names(PeftNaming naming, const ModelSpec& m,
     const std::string where = fmt::format("{}/{}", path, i);
     const auto it = std::find_if(known.begin(), known.end(),
                                  [&](const PeftModuleName& n) { return n.name == names[i]; });
-    if (it == known.end() || (it->targets == peft_gate && m.mlp != Mlp::swiglu)) {
+    if (it == known.end() || (it->targets == peft_gate && !gated(m.mlp))) {
       throw InputError(where, fmt::format("'{}' is not a linear module of a {} layer{} (its "
                                           "modules: {}; or \"all-linear\")",
                                           names[i].substr(0, 64), to_string(naming),
-                                          m.mlp == Mlp::swiglu ? "" : " with a GeLU MLP", list));
+                                          gated(m.mlp) ? "" : " with a GeLU MLP", list));
     }
     bits |= it->targets;
   }
@@ -169,7 +169,7 @@ LayerTensors layer_weight_tensors(const ModelSpec& m, PeftNaming naming) noexcep
     add(h, qh + 2 * kvh, peft_qkv);
   }
   add(qh, h, peft_o);
-  if (m.mlp == Mlp::swiglu) add(h, f, peft_gate);
+  if (gated(m.mlp)) add(h, f, peft_gate);
   add(h, f, peft_up);  // or the GeLU MLP's first linear
   add(f, h, peft_down);
   return t;
@@ -369,9 +369,8 @@ LayerFlops peft_layer_flops(const LayerTable& table, const LoraLayer& lora, Coun
     const double masked =
         0.5 * tokens * op.forward_flops_per_token_per_key * static_cast<double>(seq);
     f.causal_masked_forward += masked;
-    f.causal_masked +=
-        masked * (1.0 + (flow.backward_input[k] ? op.backward_input_factor : 0.0) +
-                  (flow.backward_weight[k] ? op.backward_weight_factor : 0.0));
+    f.causal_masked += masked * (1.0 + (flow.backward_input[k] ? op.backward_input_factor : 0.0) +
+                                 (flow.backward_weight[k] ? op.backward_weight_factor : 0.0));
     for (const LoraModule& x : lora) {
       if (x.op != i) continue;
       const double in = static_cast<double>(x.in), out = static_cast<double>(x.out);

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "attention_json.h"
 #include "distplan/planner/error.h"
 #include "distplan/planner/interval.h"
 #include "distplan/planner/layout.h"
@@ -81,7 +82,7 @@ void read_model_fields(ObjectReader& r, ModelSpec& m) {
   if (auto v = r.integer("num_kv_heads", 1, 1 << 16)) m.num_kv_heads = *v;
   if (auto v = r.integer("ffn_hidden_size", 1, kMaxDim)) m.ffn_hidden_size = *v;
   if (auto v = r.integer("vocab_size", 1, Count{1} << 26)) m.vocab_size = *v;
-  read_enum(r, "mlp", m.mlp, {"gelu", "swiglu"});
+  read_enum(r, "mlp", m.mlp, {"gelu", "swiglu", "geglu"});
   read_enum(r, "norm", m.norm, {"layernorm", "rmsnorm"});
   read_enum(r, "position_embedding", m.position_embedding, {"learned", "rotary", "alibi"});
   if (auto v = r.integer("max_position_embeddings", 1, Count{1} << 24))
@@ -93,6 +94,7 @@ void read_model_fields(ObjectReader& r, ModelSpec& m) {
   if (auto v = r.boolean("qkv_bias")) m.qkv_bias = *v;
   if (auto v = r.boolean("embedding_norm")) m.embedding_norm = *v;
   detail::read_moe_mla_fields(r, m);
+  detail::read_attention_fields(r, m);
 }
 
 }  // namespace
@@ -133,6 +135,7 @@ ModelSpec detail::read_model(const json& doc, const std::string& path) {
   }
   if (m.num_kv_heads == 0) m.num_kv_heads = m.num_attention_heads;
   detail::check_moe_mla_fields(m, path);
+  detail::check_attention_fields(m, path);
   return m;
 }
 
@@ -460,8 +463,23 @@ constexpr UnsupportedField kUnsupportedFields[] = {
 // Families whose config.json distplan maps field by field (docs/scenario.md; MoE and MLA
 // families: docs/moe.md).
 constexpr std::string_view kMappedTypes[] = {
-    "llama", "mistral", "qwen2",     "gpt2",      "gpt_neox",    "bloom",
-    "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3"};
+    "llama",   "mistral", "qwen2",     "gpt2",        "gpt_neox",    "bloom",
+    "qwen3",   "mixtral", "qwen2_moe", "qwen3_moe",   "deepseek_v2", "deepseek_v3",
+    "kimi_k2", "gpt_oss", "gemma2",    "gemma3_text", "llama4_text"};
+
+// Families that are not mapped, with what in them distplan does not model: the refusal names
+// it rather than a field the family shares with mapped ones.
+struct UnmappedFamily {
+  const char* type;
+  const char* why;
+};
+constexpr UnmappedFamily kUnmappedFamilies[] = {
+    {"jamba", "Mamba state-space layers interleaved with attention"},
+    {"olmoe", "q/k RMSNorms over the whole projected width (not per head)"},
+    {"mamba", "state-space layers without attention"},
+    {"mamba2", "state-space layers without attention"},
+    {"qwen3_next", "gated linear-attention (Gated DeltaNet) layers"},
+};
 
 // A present field that turns the feature on: not null, not false, not 0, not "".
 bool enabled(const json& v) {
@@ -473,6 +491,27 @@ bool enabled(const json& v) {
 }
 
 void refuse_unmodelled(const json& cfg, const std::string& path, const std::string& model_type) {
+  // The family first: a family distplan does not map is refused for that, not for a field
+  // (num_local_experts, ...) it shares with a mapped family.
+  if (!model_type.empty()) {
+    bool mapped = false;
+    for (std::string_view t : kMappedTypes) mapped |= model_type == t;
+    if (!mapped) {
+      std::string why;
+      for (const UnmappedFamily& f : kUnmappedFamilies) {
+        if (model_type == f.type)
+          why = fmt::format(": it has {}, which distplan does not model", f.why);
+      }
+      throw InputError(
+          path + "/model_type",
+          fmt::format("model_type '{}' is not mapped by distplan{} (mapped: llama, mistral, "
+                      "qwen2, qwen3, gpt2, gpt_neox, bloom, mixtral, qwen2_moe, qwen3_moe, "
+                      "deepseek_v2, deepseek_v3, kimi_k2, gpt_oss, gemma2, gemma3_text, "
+                      "llama4_text; for gemma3 and llama4 pass their text_config); give the "
+                      "model's fields instead of hf_config",
+                      model_type.substr(0, 64), why));
+    }
+  }
   for (const UnsupportedField& f : kUnsupportedFields) {
     auto it = cfg.find(f.key);
     if (it == cfg.end() || !enabled(*it)) continue;
@@ -483,36 +522,52 @@ void refuse_unmodelled(const json& cfg, const std::string& path, const std::stri
                                  "it is refused",
                                  f.key, it->dump().substr(0, 32), f.what));
   }
-  if (!model_type.empty()) {
-    bool mapped = false;
-    for (std::string_view t : kMappedTypes) mapped |= model_type == t;
-    if (!mapped) {
-      throw InputError(
-          path + "/model_type",
-          fmt::format("model_type '{}' is not mapped by distplan (mapped: llama, "
-                      "mistral, qwen2, qwen3, gpt2, gpt_neox, bloom, mixtral, qwen2_moe, "
-                      "qwen3_moe, deepseek_v2, deepseek_v3); give the model's "
-                      "fields instead of hf_config",
-                      model_type.substr(0, 64)));
-    }
-  }
   auto flag = [&](const char* key, const char* what) {
     auto it = cfg.find(key);
     if (it != cfg.end() && enabled(*it))
       throw InputError(path + "/" + key, fmt::format("{} = {}: {} is not modelled by distplan", key,
                                                      it->dump().substr(0, 32), what));
   };
-  flag("attention_bias", "a bias on every attention projection including o_proj");
+  // GPT-NeoX's attention_bias (default true) and gpt-oss's (true, with biased experts) are read
+  // with the family (model_from_hf_config).
+  if (model_type != "gpt_neox" && model_type != "gpt_oss")
+    flag("attention_bias", "a bias on every attention projection including o_proj");
   flag("mlp_bias", "biases on the MLP projections only");
-  flag("use_qk_norm", "normalisation of queries and keys");
+  // Llama 4's use_qk_norm is a weightless L2 norm (Llama4TextL2Norm): no parameters.
+  if (model_type != "llama4_text") flag("use_qk_norm", "normalisation of queries and keys");
   flag("qk_layernorm", "normalisation of queries and keys");
   if (model_type.starts_with("qwen")) flag("use_sliding_window", "sliding-window attention");
-  if (model_type == "mixtral") flag("sliding_window", "sliding-window attention");
-  if (model_type == "mistral" || model_type == "llama") {
-    // Mistral-7B-v0.1 attends to the last 4096 tokens only: attention FLOPs (and unfused
-    // attention's saved scores) differ from full causal attention beyond the window.
-    flag("sliding_window", "sliding-window attention");
+  // Sliding windows are mapped for mistral, mixtral, gpt_oss and gemma (map_hf_attention); a
+  // Llama config does not declare one.
+  if (model_type == "llama") flag("sliding_window", "sliding-window attention");
+}
+
+enum class HfActivation { silu, gelu };
+// A config.json activation (transformers activations.py ACT2FN names): silu/swish, or one of the
+// GeLU variants (exact, tanh and sigmoid approximations have the same shapes and cost). Anything
+// else, or a value that is not a name, is refused at the field.
+HfActivation hf_activation(const json& cfg, const std::string& path, const char* key,
+                           const char* fallback) {
+  std::string act = fallback;
+  if (auto it = cfg.find(key); it != cfg.end() && !it->is_null()) {
+    if (!it->is_string()) {
+      throw InputError(path + "/" + key, fmt::format("{} must be an activation name (a string), "
+                                                     "not {}",
+                                                     key, it->dump().substr(0, 32)));
+    }
+    act = it->get<std::string>();
   }
+  if (act == "silu" || act == "swish" || act == "swiglu") return HfActivation::silu;
+  for (const char* g : {"gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "gelu_python",
+                        "gelu_accurate", "quick_gelu", "gelu_10"}) {
+    if (act == g) return HfActivation::gelu;
+  }
+  std::string printable = act.substr(0, 32);
+  std::erase_if(printable, [](char c) { return c < 0x20 || c > 0x7E; });
+  throw InputError(path + "/" + key,
+                   fmt::format("activation '{}' is not modelled: distplan's MLPs are GeLU, "
+                               "SwiGLU (silu) or GeGLU (gelu)",
+                               printable));
 }
 
 }  // namespace
@@ -593,6 +648,11 @@ ModelSpec model_from_hf_config(const json& cfg, std::string_view path_view) {
     m.tied_embeddings = true;
     m.bias = true;
   } else if (gpt2) {
+    // GPT2MLP: c_fc, act (activation_function, default gelu_new), c_proj; not gated.
+    if (hf_activation(cfg, path, "activation_function", "gelu_new") != HfActivation::gelu) {
+      throw InputError(path + "/activation_function",
+                       "GPT-2's MLP is modelled with a GeLU activation only");
+    }
     m.num_layers = require({"n_layer"});
     m.hidden_size = require({"n_embd"});
     m.num_attention_heads = require({"n_head"});
@@ -615,20 +675,58 @@ ModelSpec model_from_hf_config(const json& cfg, std::string_view path_view) {
     m.max_position_embeddings = get_int({"max_position_embeddings"}).value_or(2048);
     m.position_embedding = PositionEmbedding::rotary;
     if (neox) {
+      // GPTNeoXMLP: dense_h_to_4h, act, dense_4h_to_h (not gated), with biases; the attention's
+      // query_key_value and dense take bias=config.attention_bias (default true; transformers
+      // modeling_gpt_neox.py).
+      if (hf_activation(cfg, path, "hidden_act", "gelu") != HfActivation::gelu) {
+        throw InputError(path + "/hidden_act",
+                         "GPT-NeoX's MLP is modelled with a GeLU activation only");
+      }
+      if (auto it = cfg.find("attention_bias"); it != cfg.end() && !it->is_null()) {
+        if (!it->is_boolean())
+          throw InputError(path + "/attention_bias", "attention_bias must be true or false");
+        if (!it->get<bool>()) {
+          throw InputError(path + "/attention_bias",
+                           "attention_bias false leaves GPT-NeoX's MLP biases without the "
+                           "attention's; biases on the MLP alone are not modelled by distplan");
+        }
+      }
       m.mlp = Mlp::gelu;
       m.norm = Norm::layernorm;
       m.bias = true;
       m.tied_embeddings = false;
     } else {
-      std::string act = "silu";
-      if (auto it = cfg.find("hidden_act"); it != cfg.end() && it->is_string()) act = *it;
-      m.mlp = (act == "silu" || act == "swiglu") ? Mlp::swiglu : Mlp::gelu;
+      // LlamaMLP, MistralMLP, Qwen2MLP, ...: gate_proj, up_proj and down_proj with
+      // act_fn = ACT2FN[hidden_act], gated whatever the activation (transformers
+      // modeling_llama.py): SwiGLU for silu, GeGLU for the GeLU variants.
+      // Gemma names it hidden_activation (GemmaMLP reads it; gelu_pytorch_tanh).
+      const bool gemma = model_type == "gemma2" || model_type == "gemma3_text";
+      const char* act_key =
+          gemma && cfg.contains("hidden_activation") ? "hidden_activation" : "hidden_act";
+      m.mlp = hf_activation(cfg, path, act_key, gemma ? "gelu_pytorch_tanh" : "silu") ==
+                      HfActivation::silu
+                  ? Mlp::swiglu
+                  : Mlp::geglu;
       m.norm = Norm::rmsnorm;
       m.bias = false;
       // Qwen2 (and Qwen2.5, which shares model_type qwen2) projects q, k and v with biases that
       // config.json does not announce (transformers models/qwen2/modeling_qwen2.py).
       m.qkv_bias = model_type == "qwen2" || model_type == "qwen2_moe";
-      m.tied_embeddings = false;
+      // Gemma ties the LM head to the embedding by default (GemmaConfig tie_word_embeddings).
+      m.tied_embeddings = gemma;
+      if (model_type == "gpt_oss") {
+        // GptOssAttention's q, k, v and o projections take bias=config.attention_bias (true in
+        // every release), and the experts and router have biases.
+        auto it = cfg.find("attention_bias");
+        if (it != cfg.end() && !(it->is_boolean() && it->get<bool>())) {
+          throw InputError(path + "/attention_bias",
+                           "gpt-oss without attention biases is not modelled (its experts keep "
+                           "theirs)");
+        }
+        m.bias = true;
+      }
+      // Gemma 3's q_norm and k_norm over each head (Gemma3Attention), as Qwen3's.
+      if (model_type == "gemma3_text") m.qk_norm = true;
     }
   }
   // An explicit head_dim other than hidden/heads (Mistral-Nemo, Qwen3) widens or narrows the
@@ -640,6 +738,7 @@ ModelSpec model_from_hf_config(const json& cfg, std::string_view path_view) {
       m.explicit_head_dim = it->get<Count>();
   }
   detail::map_hf_moe_mla(cfg, path, model_type, m);
+  detail::map_hf_attention(cfg, path, model_type, m);
   if (auto it = cfg.find("tie_word_embeddings"); it != cfg.end()) {
     if (!it->is_boolean()) throw InputError(path + "/tie_word_embeddings", "must be true or false");
     m.tied_embeddings = it->get<bool>();
@@ -662,6 +761,9 @@ ModelSpec model_from_hf_config(const json& cfg, std::string_view path_view) {
     // YaRN (DeepSeek-V2/V3) rescales rotary frequencies and the attention softmax; it changes
     // no shape, and those families are not planned or exported yet (docs/moe.md).
     if (type == "yarn" && detail::hf_family_accepts_yarn(model_type)) return m;
+    // Gemma 3's linear position interpolation (rope_type "linear", factor 8 on its global
+    // layers) changes no shape either.
+    if (type == "linear" && model_type == "gemma3_text") return m;
     if (type != "llama3") {
       throw InputError(p, fmt::format("rope scaling type '{}' is not modelled; only \"llama3\" is",
                                       type.substr(0, 32)));
@@ -995,6 +1097,7 @@ json to_json(const ModelSpec& m) {
   if (m.max_position_embeddings > 0) j["max_position_embeddings"] = m.max_position_embeddings;
   if (m.embedding_norm) j["embedding_norm"] = true;
   detail::put_moe_mla_fields(m, j);
+  detail::put_attention_fields(m, j);
   return j;
 }
 
@@ -1244,7 +1347,9 @@ json plan_to_json(const Scenario& s, const Estimate& e, unsigned parts) {
     json j(json::value_t::object);
     auto& o = j.get_ref<json::object_t&>();
     put(o, "parameters", e.parameters);
-    put(o, "active_parameters", count_parameters(s.model).active);
+    const ParameterCount count = count_parameters(s.model);
+    put(o, "active_parameters", count.active);
+    put(o, "active_parameters_non_embedding", count.active_non_embedding);
     // As Hugging Face PEFT's print_trainable_parameters prints them (peft.h): trainable, and
     // all (the base plus the adapters).
     const PeftParameterCount pc = peft_parameter_count(
@@ -1333,9 +1438,13 @@ json presets_to_json() {
   for (const auto& p : model_presets()) {
     const ModelSpec m = *find_model_preset(p.name);
     const ParameterCount c = count_parameters(m);
-    json entry = {{"name", p.name},        {"description", p.description},
-                  {"source", p.source},    {"model", to_json(m)},
-                  {"parameters", c.total}, {"active_parameters", c.active}};
+    json entry = {{"name", p.name},
+                  {"description", p.description},
+                  {"source", p.source},
+                  {"model", to_json(m)},
+                  {"parameters", c.total},
+                  {"active_parameters", c.active},
+                  {"active_parameters_non_embedding", c.active_non_embedding}};
     if (c.mtp > 0) entry["mtp_parameters"] = c.mtp;
     out["models"].push_back(std::move(entry));
   }

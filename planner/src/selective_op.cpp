@@ -20,7 +20,7 @@ struct Shape {
 Shape shape_of(const LayerTable& table) noexcept {
   Shape s;
   for (const LayerOp& op : table) {
-    if (op.kind == OpKind::activation) s.gated = op.name == "swiglu";
+    if (op.kind == OpKind::activation) s.gated = op.name != "gelu";
     if (op.kind != OpKind::attention_core) continue;
     for (int j = 0; j < op.num_saved; ++j) {
       if (op.saved[j].name == "q") s.q_width = op.saved[j].per_token;

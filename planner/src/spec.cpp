@@ -5,7 +5,7 @@
 namespace distplan {
 
 std::string_view to_string(Mlp v) noexcept {
-  return v == Mlp::gelu ? "gelu" : "swiglu";
+  return v == Mlp::gelu ? "gelu" : v == Mlp::swiglu ? "swiglu" : "geglu";
 }
 std::string_view to_string(Norm v) noexcept {
   return v == Norm::layernorm ? "layernorm" : "rmsnorm";
@@ -170,6 +170,8 @@ std::string_view to_string(Group v) noexcept {
       return "ep";
     case Group::edp:
       return "edp";
+    case Group::etp:
+      return "etp";
   }
   return "?";
 }

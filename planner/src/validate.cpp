@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "attention_json.h"
 #include "distplan/planner/capabilities.h"
 #include "distplan/planner/error.h"
 #include "distplan/planner/layer_ops.h"
@@ -60,6 +61,20 @@ void check_context_parallel(const Scenario& s) {
   const TrainingSpec& t = s.training;
   const ModelSpec& m = s.model;
   if (p.cp == 1) return;
+  // Transformer Engine 2.x (transformer_engine/pytorch/attention/dot_product_attention/
+  // context_parallel.py, attn_forward_func_with_cp): sliding-window attention only with the
+  // all_gather and a2a variants, and a softmax with sinks (softmax_type other than vanilla) only
+  // with a2a.
+  if (s.model.attention_window.enabled() && p.cp_comm == CpComm::p2p) {
+    fail("/parallel/cp_comm",
+         "context parallelism with windowed attention runs as all_gather or a2a (Transformer "
+         "Engine's p2p ring does not take a window); set cp_comm to all_gather or a2a");
+  }
+  if (s.model.attention_sinks && p.cp_comm != CpComm::a2a) {
+    fail("/parallel/cp_comm",
+         "context parallelism with attention sinks runs as a2a only (Transformer Engine's "
+         "softmax_type other than vanilla); set cp_comm to a2a");
+  }
   if (t.attention != Attention::flash) {
     fail("/parallel/cp",
          "context parallelism splits fused (flash) attention across ranks; standard attention's "
@@ -189,6 +204,7 @@ void validate_scenario(const Scenario& s, bool refuse_unplanned) {
   const ParallelSpec& p = s.parallel;
   const double parameters = check_model(m);
   detail::check_moe_mla_fields(m, "/model");
+  detail::check_attention_fields(m, "/model");
 
   // Cluster.
   const FlopsPerSecond peak = t.precision == DType::bf16 ? c.gpu.peak_flops.bf16

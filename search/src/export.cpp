@@ -148,6 +148,13 @@ Exported megatron(const Scenario& s, Exported out) {
     }
   }
   if (m.mlp == Mlp::swiglu) flag("--swiglu");
+  if (m.mlp == Mlp::geglu) {
+    // Megatron-LM's TransformerConfig has gated_linear_unit and activation_func, but its command
+    // line has --swiglu only (megatron/training/arguments.py).
+    out.to_add.emplace_back(
+        "a GeGLU MLP (Megatron-LM's command line has --swiglu only: set gated_linear_unit and "
+        "activation_func=gelu in the TransformerConfig)");
+  }
   if (m.norm == Norm::rmsnorm) arg("--normalization", "RMSNorm");
   if (!m.tied_embeddings) flag("--untie-embeddings-and-output-weights");
   if (!m.bias) flag("--disable-bias-linear");

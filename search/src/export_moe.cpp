@@ -29,9 +29,9 @@ void megatron_moe_args(const Scenario& s, std::vector<std::string>& args,
     }
   }
   // Which layers are MoE layers: an integer frequency counts from layer 0 (layer i is a MoE
-  // layer when i % k == 0); leading dense layers need the explicit list, which the argument
-  // parser evaluates as a Python expression.
-  if (e.first_dense_layers == 0) {
+  // layer when i % k == 0); leading dense layers and explicit lists need the list, which the
+  // argument parser evaluates as a Python expression.
+  if (e.first_dense_layers == 0 && e.layers.empty()) {
     arg("--moe-layer-freq", e.layer_frequency);
   } else {
     std::string pattern = "[";

@@ -132,6 +132,8 @@ Candidates read_parallel(const json& p, FixedParallel& fixed) {
       c.cp = int_list(v, path, 1, kMaxCount);
     } else if (key == "ep") {
       c.ep = int_list(v, path, 1, kMaxCount);
+    } else if (key == "etp") {
+      c.etp = int_list(v, path, 1, kMaxCount);
     } else if (key == "cp_comm") {
       fixed.cp_comm = read_enum(v, path, {CpComm::p2p, CpComm::all_gather, CpComm::a2a});
     } else if (key == "offload_optimizer" || key == "offload_params") {
@@ -173,8 +175,8 @@ Candidates read_parallel(const json& p, FixedParallel& fixed) {
                            key);
     } else {
       unknown_key("/parallel", key,
-                  {"tp", "pp", "dp", "cp", "ep", "virtual_stages", "fsdp_shard_size", "zero_stage",
-                   "sequence_parallel", "recompute", "schedule", "split", "cp_comm",
+                  {"tp", "pp", "dp", "cp", "ep", "etp", "virtual_stages", "fsdp_shard_size",
+                   "zero_stage", "sequence_parallel", "recompute", "schedule", "split", "cp_comm",
                    "offload_optimizer", "offload_params"});
     }
   }
@@ -476,13 +478,14 @@ std::string format_result_table(const Request& req, const Result& r) {
                                      : std::to_string(l.zero_stage));
     o << fmt::format(
         "{:>4} {:>3}{} {:>3} {:>3} {:>5}{} {:>6} {:>3} {:>9} {:>16} {:>3} {:>9.2f} {:>10.1f} "
-        "{:>12.0f} {:>5.1f}{}{}\n",
+        "{:>12.0f} {:>5.1f}{}{}{}\n",
         rank, l.tp, show_cp ? fmt::format(" {:>3}", l.cp) : "", l.pp, l.virtual_stages, l.dp,
         show_ep ? fmt::format(" {:>3}", l.ep) : "", zero, l.sequence_parallel ? "on" : "-",
         to_string(l.recompute), to_string(l.schedule), l.micro_batch_size,
         to_gib(p.figures.peak_bytes), p.figures.step_seconds * 1e3, p.figures.tokens_per_second,
         p.figures.mfu * 100,
         l.cp > 1 ? fmt::format(" cp_comm={}", to_string(b.parallel.cp_comm)) : "",
+        l.etp > 1 ? fmt::format(" etp={}", l.etp) : "",
         l.split == SplitChoice::light_ends ? " light ends" : "");
   };
   const std::string header = fmt::format(

@@ -2,9 +2,9 @@
 
 #include <algorithm>
 
+#include "distplan/planner/capabilities.h"
 #include "distplan/planner/layout.h"
 #include "distplan/planner/pipeline_split.h"
-#include "distplan/planner/capabilities.h"
 
 namespace distplan::search {
 
@@ -130,7 +130,7 @@ void apply_layout(Scenario& s, const Layout& l) noexcept {
   p.tp = l.tp;
   p.cp = l.cp;
   p.ep = l.ep;
-  p.etp = 1;
+  p.etp = l.etp;
   p.pp = l.pp;
   p.dp = l.dp;
   p.zero_stage = l.zero_stage;
@@ -334,11 +334,13 @@ void walk_outer(const Space& space, RejectCounts& rejected, Fn&& fn) {
               continue;
             }
             // Expert parallel, last: the expert layers regroup a stage's tp·cp·dp ranks as
-            // ep · edp (etp = 1; Megatron-Core's MoE parallel folding, validate.cpp).
+            // etp · ep · edp (Megatron-Core's MoE parallel folding, validate.cpp); etp is 1
+            // unless pinned.
             const bool moe = b.model.moe.enabled();
             const std::vector<Count> eps = !pin.ep.empty() ? pin.ep
                                            : moe           ? divisors(b.model.moe.num_experts)
                                                            : std::vector<Count>{1};
+            const std::vector<Count> etps = !pin.etp.empty() ? pin.etp : std::vector<Count>{1};
             for (Count ep : eps) {
               // A dense model has no experts to split: its own reason, not a divisibility one
               // (issue 29, item 15).
@@ -355,7 +357,21 @@ void walk_outer(const Space& space, RejectCounts& rejected, Fn&& fn) {
                 bump(rejected, Reject::framework_parallel);
                 continue;
               }
-              if (!fn(Outer{tp, pp, dp, mb, cp, ep})) return;
+              for (Count etp : etps) {
+                if (etp < 1 ||
+                    (etp > 1 && (!moe || (tc * dp) % (ep * etp) != 0 ||
+                                 b.model.moe.expert_ffn_hidden_size % etp != 0 || b.model.bias))) {
+                  bump(rejected, Reject::ep_divides_experts);
+                  continue;
+                }
+                if (etp > 1 && !(etp == tp ? caps.expert_tensor_parallel_equal_tp
+                                           : caps.expert_tensor_parallel_other)
+                                    .runs) {
+                  bump(rejected, Reject::framework_parallel);
+                  continue;
+                }
+                if (!fn(Outer{tp, pp, dp, mb, cp, ep, etp})) return;
+              }
             }
           }
         }
@@ -501,10 +517,6 @@ void inner_lists(const Space& space, const Outer& o, RejectCounts& rejected, Inn
       !pin.zero_stage.empty() ? pin.zero_stage : std::vector<int>{0, 1, 2, 3};
   const bool moe = b.model.moe.enabled();
   for (int z : zs) {
-    if (moe && z == 3) {  // ZeRO-3 of experts: refused by validation (docs/moe.md)
-      bump(rejected, Reject::moe_not_planned);
-      continue;
-    }
     if (z > 0 && o.dp * o.cp == 1 && c.zero_needs_dp) {  // ZeRO shards over dp·cp
       bump(rejected, Reject::zero_needs_dp);
       continue;

@@ -28,6 +28,7 @@
 #include "distplan/planner/moe.h"
 #include "distplan/planner/moe_memory.h"
 #include "distplan/planner/scenario_json.h"
+#include "distplan/planner/validate.h"
 #include "worker_launch.h"
 
 namespace distplan::backend {
@@ -182,6 +183,18 @@ TEST_P(MoeLayoutMpiTest, TrainsLikeOneRankWithThePlannersExpertMemory) {
       EXPECT_EQ(r.memory.peak_of(MemoryTag::optimizer),
                 sm.optimizer_bytes + 8 * delta + experts.optimizer);
     }
+  }
+
+  // The planner plans this model itself (dense first layers mixed with MoE layers, docs/moe.md
+  // "Layer placement"): every rank's model states are its stage's, exactly.
+  validate_scenario(s);
+  const Estimate plan = estimate(s);
+  for (const RankMeasurement& r : m.ranks) {
+    SCOPED_TRACE("rank " + std::to_string(r.rank) + " against the plan");
+    const StageMemory& sm = plan.memory.stages[static_cast<std::size_t>(r.coords.pp)];
+    EXPECT_EQ(r.memory.peak_of(MemoryTag::weights), sm.weights_bytes);
+    EXPECT_EQ(r.memory.peak_of(MemoryTag::gradients), sm.gradients_bytes);
+    EXPECT_EQ(r.memory.peak_of(MemoryTag::optimizer), sm.optimizer_bytes);
   }
 
   // All-to-all: per rank, one call of each kind per MoE layer and micro-batch; over the world,
@@ -406,8 +419,16 @@ TEST(MoeTraining, RefusesWhatItDoesNotImplement) {
   J zero2 = moe_scenario(MoeLayout{"x", J{{"dp", 2}, {"ep", 2}, {"zero_stage", 2}}});
   EXPECT_EQ(field_of(zero2), "/parallel/zero_stage");
   EXPECT_EQ(field_of(moe_scenario(l), CommBackend::emulated), "/parallel/ep");
-  // The planner still refuses to plan MoE until its estimate models it (moe_json.h).
-  EXPECT_THROW((void)scenario_from_json(moe_scenario(l)), InputError);
+  // The planner plans this model (a dense first layer before MoE layers, docs/moe.md), and
+  // the backend's refusals stay at their own fields: ETP and ZeRO-3 of experts plan, and the
+  // backend refuses them.
+  EXPECT_NO_THROW((void)scenario_from_json(moe_scenario(l)));
+  J etp = moe_scenario(MoeLayout{"x", J{{"dp", 4}, {"ep", 2}, {"etp", 2}}});
+  EXPECT_NO_THROW((void)scenario_from_json(etp));
+  EXPECT_EQ(field_of(etp), "/parallel/etp");
+  J zero3 = moe_scenario(MoeLayout{"x", J{{"dp", 2}, {"ep", 2}, {"zero_stage", 3}}});
+  EXPECT_NO_THROW((void)scenario_from_json(zero3));
+  EXPECT_EQ(field_of(zero3), "/parallel/zero_stage");
 }
 
 }  // namespace

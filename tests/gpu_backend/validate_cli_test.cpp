@@ -604,4 +604,58 @@ TEST(ValidateCli, TinyMoeWithExpertParallelismMatchesThePlanExactly) {
   EXPECT_EQ(all_to_alls, 4);
 }
 
+// A dense first layer before the MoE layer (DeepSeek's first_k_dense_replace), under ZeRO-1:
+// model states and every collective, the dense layer's gradient reduction beside the MoE
+// layer's, as planned.
+TEST(ValidateCli, TinyMoeWithADenseFirstLayerMatchesThePlanExactly) {
+  const std::string dir = ::testing::TempDir() + "/validate_moe_mixed";
+  json doc = {{"model",
+               {{"num_layers", 2},
+                {"hidden_size", 64},
+                {"num_attention_heads", 4},
+                {"ffn_hidden_size", 128},
+                {"vocab_size", 512},
+                {"mlp", "swiglu"},
+                {"norm", "rmsnorm"},
+                {"position_embedding", "rotary"},
+                {"moe",
+                 {{"num_experts", 4},
+                  {"top_k", 2},
+                  {"expert_ffn_hidden_size", 32},
+                  {"num_shared_experts", 1},
+                  {"shared_expert_ffn_hidden_size", 32},
+                  {"first_dense_layers", 1}}}}},
+              {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", 2}, {"gpus_per_node", 8}}},
+              {"training",
+               {{"seq_length", 32},
+                {"global_batch_size", 4},
+                {"micro_batch_size", 1},
+                {"precision", "fp32"},
+                {"optimizer", "adamw"}}},
+              {"parallel", {{"tp", 1}, {"pp", 1}, {"dp", 2}, {"ep", 2}, {"zero_stage", 1}}}};
+  std::system(("mkdir -p " + dir).c_str());
+  const std::string scenario = dir + "/scenario.json";
+  std::ofstream(scenario) << doc.dump();
+  const CliResult plan = run_cli("plan " + scenario, "", dir + "/plan");
+  ASSERT_EQ(plan.exit_code, 0) << plan.err;
+  const CliResult r = run_cli("validate " + scenario + " --steps 2", "", dir + "/tmp");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json out = json::parse(r.out);
+  const json& ps = out.at("predicted").at("memory").at("stages");
+  const json& ms = out.at("measured").at("memory").at("stages");
+  ASSERT_EQ(ms.size(), 1u);
+  for (const char* k : {"weights_bytes", "gradients_bytes", "optimizer_bytes"})
+    EXPECT_EQ(ms[0].at(k).get<long long>(), ps[0].at(k).get<long long>()) << k;
+  // Every collective is measured and predicted under the same (group, op, what) with the same
+  // bytes and calls: the all-to-alls record the token-side buffer, which the routing does not
+  // change (what crossed ranks is in moe_routing).
+  const json& mc = out.at("measured").at("communication").at("stages").at(0).at("collectives");
+  const json& pc = out.at("predicted").at("communication").at("stages").at(0).at("collectives");
+  EXPECT_EQ(mc, pc);
+  int all_to_alls = 0;
+  for (const json& c : mc) all_to_alls += c.at("op") == "all_to_all" && c.at("group") == "ep";
+  EXPECT_EQ(all_to_alls, 4);
+  EXPECT_EQ(out.at("scenario").at("model").at("moe").at("first_dense_layers"), 1);
+}
+
 }  // namespace

@@ -137,7 +137,8 @@ TEST(PeftMemory, FrozenWeightsHaveNoGradientsOrOptimizerStates) {
   // autocast_adapter_dtype) with fp32 gradients and Adam's two fp32 moments, no master copy.
   const Scenario s = testing::scenario(peft_doc(
       "llama2-7b", {{"method", "lora"}, {"rank", 8}, {"target_modules", {"q_proj", "v_proj"}}}));
-  const StageMemory& st = estimate(s).memory.stages[0];
+  const Estimate e = estimate(s);
+  const StageMemory& st = e.memory.stages[0];
   const Count base = testing::reference("parameter_counts.json")["models"]["llama2-7b"];
   const Count adapters = 4194304;
   EXPECT_EQ(st.weights_bytes, base * 2 + adapters * 4);

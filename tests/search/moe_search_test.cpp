@@ -76,5 +76,39 @@ TEST(MoeSearch, LeanMemoryPathAgreesWithEstimate) {
   EXPECT_GT(ep_layouts, 100u);
 }
 
+// The same for a model whose layers are of two kinds (Qwen3-30B-A3B with its first 5 layers
+// dense, DeepSeek-style), with etp pinned to 1 and 2, FP8, every schedule the search walks
+// (interleaved, V and DualPipe chunks mix the kinds differently) and ZeRO-3 of the experts.
+TEST(MoeSearch, LeanMemoryPathAgreesWithEstimateMixed) {
+  nlohmann::json doc = request("qwen3-30b-a3b", 16, 64);
+  doc["model"] = {{"preset", "qwen3-30b-a3b"}, {"moe", {{"first_dense_layers", 5}}}};
+  doc["training"]["precision"] = "fp8";
+  doc["training"]["fp8_recipe"] = "blockwise";
+  doc["training"]["framework"] = "megatron";
+  doc["parallel"] = {{"etp", {1, 2}}, {"tp", {1, 2}}, {"pp", {1, 2, 4}}};
+  const Request req = request_from_json(doc);
+  const Space& sp = req.space;
+  RejectCounts rejected{};
+  FastMemory fast(sp.base);
+  std::size_t checked = 0, etp_layouts = 0, zero3 = 0;
+  for (const Outer& o : enumerate_outer(sp, rejected)) {
+    fast.set_outer(o);
+    for_each_inner(sp, o, rejected, [&](const Layout& l) {
+      const Scenario s = make_scenario(sp.base, l);
+      const Estimate e = estimate(s);
+      ASSERT_EQ(fast.peak_bytes(l), e.memory.peak_reserved_bytes)
+          << "tp=" << l.tp << " pp=" << l.pp << " dp=" << l.dp << " ep=" << l.ep << " etp=" << l.etp
+          << " zero=" << l.zero_stage << " " << to_string(l.schedule) << " v=" << l.virtual_stages;
+      EXPECT_LE(fast.step_lower_bound(l), e.time.step_seconds);
+      ++checked;
+      if (l.etp > 1) ++etp_layouts;
+      if (l.zero_stage == 3) ++zero3;
+    });
+  }
+  EXPECT_GT(checked, 200u);
+  EXPECT_GT(etp_layouts, 20u);
+  EXPECT_GT(zero3, 20u);
+}
+
 }  // namespace
 }  // namespace distplan::search

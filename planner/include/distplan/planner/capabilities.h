@@ -48,7 +48,7 @@ struct FrameworkCapabilities {
   std::array<Support, kScheduleCount> schedule;   // by Schedule, with pp > 1
   Support pipeline_with_tensor_parallel;          // pp > 1 and tp > 1 together
   std::array<Support, 4> sharding_with_pipeline;  // ZeRO stage s with pp > 1
-  SplitSupport split = SplitSupport::any;               // uneven pipeline splits
+  SplitSupport split = SplitSupport::any;         // uneven pipeline splits
   std::string_view split_source;
 
   // --- Data parallel and sharding --------------------------------------------------------

@@ -72,7 +72,9 @@ struct MemoryEstimate {
 
 // ep: the expert-parallel group of a MoE layer's token all-to-all; edp: the expert data-parallel
 // group that reduces (and ZeRO-shards) the routed experts' gradients (docs/communication.md).
-enum class Group { dp, dp_replicate, tp, pp, embedding, cp, ep, edp };
+// etp: the expert tensor-parallel group that gathers a MoE layer's routed tokens after the
+// all-to-all and reduce-scatters the experts' outputs (Megatron-Core's expert-TP group).
+enum class Group { dp, dp_replicate, tp, pp, embedding, cp, ep, edp, etp };
 enum class CollectiveOp { all_reduce, reduce_scatter, all_gather, send_recv, all_to_all };
 enum class Link { intra_node, inter_node };
 [[nodiscard]] std::string_view to_string(Group v) noexcept;

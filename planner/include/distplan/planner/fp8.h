@@ -28,12 +28,12 @@ namespace distplan {
 /// DelayedScalingRecipeState's amax_history [len, n] and scale [n]); one fp32 scale per 128x128
 /// weight block (blockwise,
 /// DeepSeek-V3 sec. 3.3.1); one E8M0 byte per 32 elements in each layout (MXFP8).
-[[nodiscard]] inline Bytes fp8_layer_state_bytes(const LayerTable& table, Count tp, Fp8Recipe r,
-                                                 const Assumptions& a) noexcept {
+/// The same for `w` linear weight parameters in `linears` GEMM weights (a MoE layer's routed
+/// experts on one GPU: two per local expert, Transformer Engine's GroupedLinear keeps each
+/// expert's weight, scales and amax history apart).
+[[nodiscard]] inline Bytes fp8_weight_state_bytes(Count w, Count linears, Fp8Recipe r,
+                                                  const Assumptions& a) noexcept {
   if (r == Fp8Recipe::none) return 0;
-  const Count w = fp8_linear_params_per_rank(table, tp);
-  Count linears = 0;
-  for (const LayerOp& op : table) linears += op.kind == OpKind::linear ? 1 : 0;
   Bytes bytes = 2 * w;
   switch (r) {
     case Fp8Recipe::none:
@@ -52,6 +52,13 @@ namespace distplan {
       break;
   }
   return bytes;
+}
+[[nodiscard]] inline Bytes fp8_layer_state_bytes(const LayerTable& table, Count tp, Fp8Recipe r,
+                                                 const Assumptions& a) noexcept {
+  if (r == Fp8Recipe::none) return 0;
+  Count linears = 0;
+  for (const LayerOp& op : table) linears += op.kind == OpKind::linear ? 1 : 0;
+  return fp8_weight_state_bytes(fp8_linear_params_per_rank(table, tp), linears, r, a);
 }
 
 }  // namespace distplan

@@ -67,7 +67,8 @@ struct LayerOp {
   int num_saved = 0;
 };
 
-inline constexpr int kMaxLayerOps = 12;  // a GPT layer with dropout has exactly 12
+// A GPT layer with dropout has 12; sandwich norms add 2.
+inline constexpr int kMaxLayerOps = 14;
 
 /// One transformer layer: ops in forward order.
 struct LayerTable {
@@ -118,7 +119,16 @@ struct LayerFlops {
   Flops causal_masked_forward = 0;
   Flops causal_masked = 0;  // forward + backward
 };
-[[nodiscard]] LayerFlops layer_flops(const LayerTable& table, Count micro_batch,
-                                     Count seq) noexcept;
+/// `window`: the layer's attention window (attention_keys_fraction); null for full attention.
+/// A window changes no product of the square (unfused attention computes all of it with a mask)
+/// but the causal_masked share: its model FLOPs, and what flash attention runs, are the window's
+/// causal pairs.
+[[nodiscard]] LayerFlops layer_flops(const LayerTable& table, Count micro_batch, Count seq,
+                                     const AttentionWindowSpec* window = nullptr) noexcept;
+
+/// The (query, key) pairs a windowed causal attention computes over a sequence of s tokens, as a
+/// fraction of full causal attention's s(s + 1)/2: sliding, s·w - w(w - 1)/2 for w < s; chunked,
+/// the chunks' c(c + 1)/2 each. 1 when the window covers the sequence.
+[[nodiscard]] double attention_keys_fraction(const AttentionWindowSpec& window, Count seq) noexcept;
 
 }  // namespace distplan

@@ -16,6 +16,57 @@ namespace distplan {
 /// sums of pipeline_split()'s chunks (pipeline_split.h). Throws InputError as pipeline_split.
 [[nodiscard]] std::vector<Count> stage_layer_counts(const Scenario& s);
 
+/// The model layers [first, end) one chunk of a stage runs.
+struct LayerRange {
+  Count first = 0;
+  Count end = 0;
+};
+/// The layer ranges of each chunk of `stage`, chunk 0 first: pipeline_split()'s chunks at their
+/// virtual stages (DualPipe: model stages s and pp - 1 - s).
+[[nodiscard]] std::vector<LayerRange> stage_chunk_layers(const Scenario& s, int stage);
+
+/// The layer kinds among some layers (docs/moe.md, "Layer placement"): for a MoE model the MoE
+/// layers among them (0 for a dense model; the others have the dense MLP), and the layers whose
+/// attention is windowed (is_windowed_layer).
+struct LayerKinds {
+  Count layers = 0;
+  Count moe_layers = 0;
+  Count windowed_layers = 0;
+  /// Layers of the `layer` kind of StageUnitParams (memory_terms.h): a MoE model's MoE layers,
+  /// every layer of a dense model; and the others (a MoE model's dense-MLP layers).
+  [[nodiscard]] Count main_layers(bool moe) const noexcept { return moe ? moe_layers : layers; }
+  [[nodiscard]] Count dense_layers(bool moe) const noexcept {
+    return moe ? layers - moe_layers : 0;
+  }
+  bool operator==(const LayerKinds&) const = default;
+};
+/// The kinds of model layers [first, end).
+[[nodiscard]] LayerKinds layer_kinds(const ModelSpec& m, Count first, Count end) noexcept;
+struct PipelineSplit;
+/// The kinds of each chunk's layers under a split: [stage][chunk] (pipeline_split.h).
+[[nodiscard]] std::vector<std::vector<LayerKinds>> chunk_layer_kinds(const ModelSpec& m,
+                                                                     const PipelineSplit& split);
+
+/// How a stage's layers divide into layer kinds (docs/moe.md, "Layer placement"): for a MoE
+/// model, the MoE layers among them and the most and fewest MoE layers of one chunk, zero for a
+/// dense model; and the layers whose attention is windowed (is_windowed_layer). The sums of
+/// chunk_layer_kinds(); the planner and the search cost each chunk from those.
+struct StageLayerMix {
+  Count layers = 0;
+  Count moe_layers = 0;
+  Count chunk_moe_most = 0;
+  Count chunk_moe_fewest = 0;
+  Count windowed_layers = 0;  // layers attending within model.attention_window
+  bool operator==(const StageLayerMix&) const = default;
+};
+[[nodiscard]] std::vector<StageLayerMix> stage_layer_mix(const Scenario& s);
+/// The same from chunk_layer_kinds().
+[[nodiscard]] std::vector<StageLayerMix> stage_layer_mix(
+    const ModelSpec& m, const std::vector<std::vector<LayerKinds>>& chunks);
+
+/// Whether layer i attends within model.attention_window (AttentionWindowSpec's rule).
+[[nodiscard]] bool is_windowed_layer(const ModelSpec& m, Count i) noexcept;
+
 /// Where virtual stages sit. Megatron-LM's interleaved placement puts chunk c of stage s at
 /// virtual stage c*p + s; a V-shape schedule (v_shape(), two chunks) puts chunk 0 of stage s at
 /// virtual stage s and chunk 1 at 2p - 1 - s (Qi et al. 2024, Sec. 3; torchtitan's

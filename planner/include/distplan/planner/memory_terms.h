@@ -39,9 +39,13 @@ struct MemoryLayout {
   Count cp = 1;  // context parallel: each GPU holds seq_length / cp tokens of a sequence
   CpComm cp_comm = CpComm::p2p;
   Bytes fp8_layer_state = 0;  // fp8_layer_state_bytes() of one layer (fp8.h); 0 without fp8
+  // A MoE model: fp8_layer_state is a MoE layer's with its experts (fp8_moe_layer_state_bytes),
+  // this a dense-MLP layer's.
+  Bytes fp8_dense_layer_state = 0;
   // Mixture-of-Experts (moe_memory.h, moe_layer.h): every layer is a MoE layer whose routed
   // experts, expert_params of them per GPU, are sharded by ZeRO over the edp group.
   Count ep = 1;
+  Count etp = 1;
   Count edp = 1;
   Count expert_params = 0;  // routed_expert_params_per_gpu() of one layer; 0 for a dense model
 };
@@ -138,27 +142,44 @@ inline Count max_window(bool has_first, Count first, Count n, Count mid, bool ha
 }
 
 /// Parameters per TP rank of the units one stage holds (docs/memory.md, "Units"); a unit that the
-/// stage does not hold has count 0.
+/// stage does not hold has count 0. A MoE model's layers are of two kinds (docs/moe.md, "Layer
+/// placement"): `layer` is then a MoE layer's dense part (its routed experts are units of their
+/// own, MemoryLayout::expert_params) and `dense_layer` a layer with the dense MLP.
 struct StageUnitParams {
-  Count layer = 0, layers = 0;  // one layer's parameters, and the stage's layer count
-  // The layers of each chunk (virtual_stages of them, pipeline_split.h); empty: layers / v each.
+  Count layer = 0, layers = 0;              // one layer's parameters, and the stage's count
+  Count dense_layer = 0, dense_layers = 0;  // a MoE model's dense-MLP layers
+  // The layers of each chunk, of both kinds (virtual_stages of them, pipeline_split.h); empty:
+  // all_layers() / v each.
   std::span<const Count> chunk_layers;
+  // Of those, a MoE model's dense-MLP layers, chunk by chunk; empty: dense_layers / v each.
+  std::span<const Count> chunk_dense_layers;
   Count first_layer = 0;  // the stage's first layer (fine-tuning: frozen_layers); 0 under v > 1
   Count embedding = 0, embeddings = 0;  // stage 0
   Count head = 0, heads = 0;            // final norm and LM head, last stage
   [[nodiscard]] Count total() const noexcept {
-    return layer * layers + embedding * embeddings + head * heads;
+    return layer * layers + dense_layer * dense_layers + embedding * embeddings + head * heads;
   }
+  [[nodiscard]] Count all_layers() const noexcept { return layers + dense_layers; }
 };
-/// `schedule` places the LM head (head_stage in layout.h: stage 0 under a V).
+/// `schedule` places the LM head (head_stage in layout.h: stage 0 under a V). `mix` is the
+/// stage's stage_layer_mix() (layout.h); `dense_layer_params` the parameters per TP rank of a
+/// MoE model's dense-MLP layer (unused for a dense model, whose every layer is `layer_params`).
+/// The chunks' spans (chunk_layers, chunk_dense_layers) are the caller's to set.
 [[nodiscard]] inline StageUnitParams stage_unit_params(const ModelSpec& m, Count tp, Count pp,
-                                                       Schedule schedule, int stage, Count layers,
-                                                       Count padded_vocab,
-                                                       Count layer_params) noexcept {
+                                                       Schedule schedule, int stage,
+                                                       const StageLayerMix& mix, Count padded_vocab,
+                                                       Count layer_params,
+                                                       Count dense_layer_params = 0) noexcept {
   const Count h = m.hidden_size;
   StageUnitParams u;
   u.layer = layer_params;
-  u.layers = layers;
+  if (m.moe.enabled()) {
+    u.layers = mix.moe_layers;
+    u.dense_layer = dense_layer_params;
+    u.dense_layers = mix.layers - mix.moe_layers;
+  } else {
+    u.layers = mix.layers;
+  }
   if (holds_embedding(schedule, pp, stage)) {
     // Vocab-parallel embedding (Shoeybi et al. 2019, sec. 3); positions and the embedding norm
     // whole on every TP rank.
@@ -178,25 +199,42 @@ struct StageUnitParams {
   return u;
 }
 
-/// Whether a stage's chunks hold different numbers of layers (an uneven split, pipeline_split.h).
+/// Whether a stage's chunks differ: in layers (an uneven split, pipeline_split.h) or in their
+/// layer kinds (a MoE model's dense-MLP layers in some chunks only).
 [[nodiscard]] inline bool uneven_chunks(const StageUnitParams& u) noexcept {
-  return std::adjacent_find(u.chunk_layers.begin(), u.chunk_layers.end(), std::not_equal_to<>()) !=
-         u.chunk_layers.end();
+  auto differ = [](std::span<const Count> x) {
+    return std::adjacent_find(x.begin(), x.end(), std::not_equal_to<>()) != x.end();
+  };
+  return differ(u.chunk_layers) || differ(u.chunk_dense_layers);
 }
-/// Layers of chunk `c` of the stage.
+/// Layers of chunk `c` of the stage, of both kinds.
 [[nodiscard]] inline Count chunk_layer_count(const StageUnitParams& u, Count v, Count c) noexcept {
-  return u.chunk_layers.empty() ? u.layers / v : u.chunk_layers[static_cast<std::size_t>(c)];
+  return u.chunk_layers.empty() ? u.all_layers() / v : u.chunk_layers[static_cast<std::size_t>(c)];
+}
+/// Of those, a MoE model's dense-MLP layers (0 for a dense model).
+[[nodiscard]] inline Count chunk_dense_layer_count(const StageUnitParams& u, Count v,
+                                                   Count c) noexcept {
+  return u.chunk_dense_layers.empty() ? u.dense_layers / v
+                                      : u.chunk_dense_layers[static_cast<std::size_t>(c)];
+}
+/// What one micro-batch keeps through the layers of chunk `c`: each layer kind's own bytes
+/// (`act` for u.layer's kind, `dense_act` for the dense-MLP layers).
+[[nodiscard]] inline Bytes chunk_layers_kept(const StageUnitParams& u, Count v, Count c,
+                                             const LayerActivation& act,
+                                             const LayerActivation& dense_act) noexcept {
+  const Count n = chunk_layer_count(u, v, c), d = chunk_dense_layer_count(u, v, c);
+  return (n - d) * act.kept + d * dense_act.kept;
 }
 
-/// The bytes one micro-batch saves through chunk `c` of `stage`: its layers' saved tensors, and the
-/// embedding's (`first`) or the final norm and LM head's (`last`) on the chunk at the start or the
-/// end of the path. The planner's peak and the simulator's (micro-batch, chunk) sets use it.
+/// The bytes one micro-batch saves through chunk `c` of `stage`: its layers' saved tensors
+/// (`layers_kept`, chunk_layers_kept()), and the embedding's (`first`) or the final norm and LM
+/// head's (`last`) on the chunk at the start or the end of the path. The planner's peak and the
+/// simulator's (micro-batch, chunk) sets use it.
 [[nodiscard]] inline Bytes chunk_activation_bytes(Schedule schedule, Count pp, Count v, int stage,
-                                                  Count c, Count layers, Bytes per_layer,
-                                                  Bytes first, Bytes last) noexcept {
+                                                  Count c, Bytes layers_kept, Bytes first,
+                                                  Bytes last) noexcept {
   const Count vs = chunk_virtual_stage(schedule, pp, stage, c);
-  return layers * per_layer + (vs == 0 ? first : 0) +
-         (vs == path_length(schedule, pp, v) - 1 ? last : 0);
+  return layers_kept + (vs == 0 ? first : 0) + (vs == path_length(schedule, pp, v) - 1 ? last : 0);
 }
 
 /// Elements per TP rank of the stage's largest parameter tensor: the word embedding on the stage
@@ -209,9 +247,9 @@ struct StageUnitParams {
                                                       Count padded_vocab) noexcept {
   const Count h = m.hidden_size;
   Count largest = 0;
-  if (u.layers > 0) {
+  if (u.all_layers() > 0) {
     const Count qkv = (m.q_hidden() + 2 * m.kv_hidden()) * h / tp;
-    const Count fc1 = (m.mlp == Mlp::swiglu ? 2 : 1) * m.ffn_hidden_size * h / tp;
+    const Count fc1 = (gated(m.mlp) ? 2 : 1) * m.ffn_hidden_size * h / tp;
     largest = std::max(qkv, fc1);
   }
   const Count word = padded_vocab * h / tp;
@@ -273,8 +311,10 @@ struct StageUnitParams {
   bytes += hybrid ? comm(l.shard) + comm(l.dp / l.shard) : comm(l.dp);
   // MoE: the all-to-all connects to every other rank of the ep group; the experts' gradients
   // are reduced over the expert data-parallel group.
-  if (l.expert_params > 0)
-    bytes += comm(l.ep, std::max<Count>(0, l.ep - 1 - std::min<Count>(l.ep - 1, 2))) + comm(l.edp);
+  if (l.expert_params > 0) {
+    bytes += comm(l.ep, std::max<Count>(0, l.ep - 1 - std::min<Count>(l.ep - 1, 2))) + comm(l.edp) +
+             comm(l.etp);
+  }
   if (l.pp > 1) {
     const Count neighbours = (stage > 0 ? 1 : 0) + (stage < l.pp - 1 ? 1 : 0);
     if (fw.nccl_pipeline_group) bytes += comm(l.pp);
@@ -352,7 +392,10 @@ inline void stage_totals(const Scenario& base, const MemoryLayout& l, int st, St
   const FrameworkProfile& fw = base.assumptions.framework_profile;
   const Bytes cb = bytes_of(base.training.precision);
   const Count act_tokens = l.micro_batch_size * (base.training.seq_length / l.cp);
-  const Bytes kept_logits = fw.loss_keeps_logits ? cb : 0;
+  // A final logit softcap (Gemma 2) keeps its tanh output for the backward: one more
+  // compute-dtype copy of the logits.
+  const Bytes kept_logits =
+      (fw.loss_keeps_logits ? cb : 0) + (base.model.final_logit_softcap > 0 ? cb : 0);
   const Bytes logits =
       act_tokens * (vocab / l.tp) * (kept_logits + 4 * fw.loss_fp32_copies) / fw.loss_chunks;
   const Count live = l.schedule == Schedule::gpipe ? l.num_microbatches : 1;
@@ -377,7 +420,8 @@ inline void framework_terms(const Scenario& base, const MemoryLayout& l, const S
   // Inside a layer's backward: the gradients of its largest activation (an op's output and input
   // gradients together), and the framework's gradient or prefetch buckets, which live while the
   // backward reduces gradients or gathers parameters.
-  Bytes transient = u.layers > 0 ? fw.backward_gradient_tensors * act.largest_elements * cb : 0;
+  Bytes transient =
+      u.all_layers() > 0 ? fw.backward_gradient_tensors * act.largest_elements * cb : 0;
   // BF16_Optimizer (the compute-dtype gradients kept beside its own unsharded ones) has no
   // reduce bucket: it all-reduces its flat gradient buffer (pipe/engine.py, _bf16_reduce_grads).
   const bool bf16_optimizer =
@@ -407,9 +451,11 @@ inline void framework_terms(const Scenario& base, const MemoryLayout& l, const S
       base.training.grad_accumulation_dtype != DType::fp32 &&
       base.training.precision != DType::fp32 && l.offload_optimizer == Offload::none) {
     const Count S = std::max<Count>(l.shard, 1);
-    Count partition = (u.layers > 0 ? detail::ceil_div(u.layer, S) * u.layers : 0) +
-                      (u.embeddings > 0 ? detail::ceil_div(u.embedding, S) : 0) +
-                      (u.heads > 0 ? detail::ceil_div(u.head, S) : 0);
+    Count partition =
+        (u.layers > 0 ? detail::ceil_div(u.layer, S) * u.layers : 0) +
+        (u.dense_layers > 0 ? detail::ceil_div(u.dense_layer, S) * u.dense_layers : 0) +
+        (u.embeddings > 0 ? detail::ceil_div(u.embedding, S) : 0) +
+        (u.heads > 0 ? detail::ceil_div(u.head, S) : 0);
     if (l.zero_stage == 3) partition = std::min(partition, base.assumptions.nvme_sub_group_params);
     transient = std::max(transient, 4 * partition - sm.working_bytes);
   }
@@ -420,9 +466,12 @@ inline void framework_terms(const Scenario& base, const MemoryLayout& l, const S
 
 /// Fills everything of `sm` but the layer range (first_layer, end_layer), for one GPU of
 /// `stage`. `act` is layer_activation() for the layout's tp, sequence parallelism and recompute
-/// (and the training's micro-batch size). Filled in place: estimate() writes its stages directly.
+/// (and the training's micro-batch size) of u.layer's kind; `dense_act` the same for a MoE model's
+/// dense-MLP layers (u.dense_layers; ignored when there are none). Filled in place: estimate()
+/// writes its stages directly.
 inline void stage_memory(const Scenario& base, const MemoryLayout& l, const StageUnitParams& u,
-                         const LayerActivation& act, int st, Count vocab, StageMemory& sm) {
+                         const LayerActivation& act, const LayerActivation& dense_act, int st,
+                         Count vocab, StageMemory& sm) {
   if (base.training.peft.enabled()) {
     peft_stage_memory(base, l, u, st, vocab, sm);
     return;
@@ -439,24 +488,27 @@ inline void stage_memory(const Scenario& base, const MemoryLayout& l, const Stag
   const Count S = l.shard;
   const bool zero = l.zero_stage > 0;
   const Count act_tokens = l.micro_batch_size * (t.seq_length / l.cp);  // this GPU's tokens
+  const Count all_layers = u.all_layers();
 
   sm.stage = st;
-  sm.num_layers = u.layers;
+  sm.num_layers = all_layers;
   sm.parameters = u.total();
 
   // Model states (Rajbhandari et al. 2020, Figure 1), unit by unit with padding.
   // Each unit's shard and padded size, computed for the units the stage holds only (divisions
   // are the lean path's main cost).
   const Count layer_shard = u.layers > 0 ? detail::ceil_div(u.layer, S) : 0;
+  const Count dense_shard = u.dense_layers > 0 ? detail::ceil_div(u.dense_layer, S) : 0;
   const Count embedding_shard = u.embeddings > 0 ? detail::ceil_div(u.embedding, S) : 0;
   const Count head_shard = u.heads > 0 ? detail::ceil_div(u.head, S) : 0;
   const Count padded_layer = zero ? layer_shard * S : u.layer;
+  const Count padded_dense = zero ? dense_shard * S : u.dense_layer;
   const Count padded_embedding = zero ? embedding_shard * S : u.embedding;
   const Count padded_head = zero ? head_shard * S : u.head;
-  const Count full =
-      padded_layer * u.layers + padded_embedding * u.embeddings + padded_head * u.heads;
-  const Count sharded =
-      layer_shard * u.layers + embedding_shard * u.embeddings + head_shard * u.heads;
+  const Count full = padded_layer * u.layers + padded_dense * u.dense_layers +
+                     padded_embedding * u.embeddings + padded_head * u.heads;
+  const Count sharded = layer_shard * u.layers + dense_shard * u.dense_layers +
+                        embedding_shard * u.embeddings + head_shard * u.heads;
   const FrameworkProfile& fw = base.assumptions.framework_profile;
   Bytes opt_k = optimizer_bytes_per_param(t);
   Bytes weight_b = cb;
@@ -471,7 +523,8 @@ inline void stage_memory(const Scenario& base, const MemoryLayout& l, const Stag
   if (unsharded) sm.weights_bytes += full * cb;
   // FP8: each layer's cached fp8 weight copies and scales (fp8.h); under ZeRO-3 only the
   // gathered units have them (buffers, below).
-  if (l.zero_stage < 3) sm.weights_bytes += u.layers * l.fp8_layer_state;
+  if (l.zero_stage < 3)
+    sm.weights_bytes += u.layers * l.fp8_layer_state + u.dense_layers * l.fp8_dense_layer_state;
   sm.gradients_bytes = (l.zero_stage >= 2 && !unsharded ? sharded : full) * gb;
   // DeepSpeed's BF16_Optimizer: the compute-dtype .grad stays beside its own gradients
   // (FrameworkProfile::keeps_compute_dtype_gradients, runtime/bf16_optimizer.py).
@@ -517,26 +570,28 @@ inline void stage_memory(const Scenario& base, const MemoryLayout& l, const Stag
   sm.head_activation_bytes = holds_head(l.schedule, pp, st)
                                  ? 2 * (sp ? token_h * cb / tp : token_h * cb)
                                  : 0;  // final norm, LM head
+  const Bytes layers_kept = u.layers * act.kept + u.dense_layers * dense_act.kept;
   sm.activation_bytes_per_microbatch =
-      u.layers * act.kept + sm.embedding_activation_bytes + sm.head_activation_bytes;
+      layers_kept + sm.embedding_activation_bytes + sm.head_activation_bytes;
   sm.inflight_chunks =
       inflight_chunks(l.schedule, pp, v, st, l.num_microbatches, l.zb_memory_limit);
   sm.inflight_microbatches = static_cast<double>(sm.inflight_chunks) / static_cast<double>(v);
   // The embedding's and LM head's tensors belong to the first and last virtual stage only; the
   // schedule's order decides how many of those chunks are in flight at the peak.
   if (v > 1 && uneven_chunks(u)) {
-    // Chunks of unequal layers: the peak of the per-chunk sets along the schedule's order.
+    // Chunks of unequal layers or layer kinds: the peak of the per-chunk sets along the
+    // schedule's order.
     std::vector<Bytes> chunk_bytes(static_cast<std::size_t>(v));
     for (Count c = 0; c < v; ++c) {
-      chunk_bytes[static_cast<std::size_t>(c)] =
-          chunk_activation_bytes(l.schedule, pp, v, st, c, chunk_layer_count(u, v, c), act.kept,
-                                 sm.embedding_activation_bytes, sm.head_activation_bytes);
+      chunk_bytes[static_cast<std::size_t>(c)] = chunk_activation_bytes(
+          l.schedule, pp, v, st, c, chunk_layers_kept(u, v, c, act, dense_act),
+          sm.embedding_activation_bytes, sm.head_activation_bytes);
     }
     sm.activations_bytes = activation_peak_bytes(l.schedule, pp, v, st, l.num_microbatches,
                                                  chunk_bytes, l.zb_memory_limit);
   } else {
     sm.activations_bytes = activation_peak_bytes(
-        l.schedule, pp, v, st, l.num_microbatches, chunk_layer_count(u, v, 0) * act.kept,
+        l.schedule, pp, v, st, l.num_microbatches, chunk_layers_kept(u, v, 0, act, dense_act),
         sm.embedding_activation_bytes, sm.head_activation_bytes, l.zb_memory_limit);
   }
   // A pipeline engine that keeps each in-flight micro-batch's stage output until its backward
@@ -550,7 +605,8 @@ inline void stage_memory(const Scenario& base, const MemoryLayout& l, const Stag
   }
   // The layer whose backward runs rebuilds what recomputation dropped: one layer's working set,
   // counted on top of everything else in flight (docs/memory.md).
-  sm.working_bytes = u.layers > 0 ? act.working : 0;
+  sm.working_bytes =
+      std::max(u.layers > 0 ? act.working : 0, u.dense_layers > 0 ? dense_act.working : 0);
   sm.activations_bytes += sm.working_bytes;
 
   // Buffers: the logits workspace lives from the last stage's forward to the loss gradient;
@@ -572,7 +628,9 @@ inline void stage_memory(const Scenario& base, const MemoryLayout& l, const Stag
   // (Units kept gathered with unsharded gradients need no per-unit buffer: both are counted in
   // weights and gradients above.)
   if ((dense_zero || expert_zero) && l.zero_stage >= 2 && !unsharded) {
-    Count largest = dense_zero ? padded_layer : 0;
+    Count largest = 0;
+    if (dense_zero && u.layers > 0) largest = padded_layer;
+    if (dense_zero && u.dense_layers > 0) largest = std::max(largest, padded_dense);
     if (dense_zero && u.embeddings > 0) largest = std::max(largest, padded_embedding);
     if (dense_zero && u.heads > 0) largest = std::max(largest, padded_head);
     // The routed experts of a layer are a unit too, padded over the expert data-parallel group.
@@ -582,47 +640,57 @@ inline void stage_memory(const Scenario& base, const MemoryLayout& l, const Stag
     if (l.zero_stage == 3) {
       // Gathered parameters: each pass over a chunk's units (embedding, layers, LM head) keeps
       // the current unit and the next zero3_prefetch_layers gathered, so the peak is the largest
-      // run of that many consecutive units of one chunk.
+      // run of that many consecutive units of one chunk. A chunk whose layers are of two kinds
+      // counts each layer as the larger (an upper bound: the window's place among them is not
+      // modelled); a chunk of one kind is exact.
       const Count k = 1 + base.assumptions.zero3_prefetch_layers;
       const bool emb = u.embeddings > 0, head = u.heads > 0;
+      // A MoE layer gathers its routed experts too, over the expert data-parallel group.
+      const Count gathered_experts =
+          l.expert_params > 0 && l.edp > 1 ? detail::ceil_div(l.expert_params, l.edp) * l.edp : 0;
+      const bool dualpipe_v = l.schedule == Schedule::dualpipe_v;
       Count gathered = 0;
-      Count most_layers = 0;  // of any chunk: the fp8 copies below
+      Bytes fp8 = 0;  // the gathered layers' fp8 copies (at most k of them per chunk)
       for (Count c = 0; c < v; ++c) {
         // Each chunk's pass: the embedding opens the chunk at the path's start and the LM head
         // closes the one at its end.
-        const Count n = chunk_layer_count(u, v, c);
+        const Count n = chunk_layer_count(u, v, c), d = chunk_dense_layer_count(u, v, c);
+        const Count layer_unit =
+            std::max(n > d ? padded_layer + gathered_experts : 0, d > 0 ? padded_dense : 0);
+        const Bytes layer_fp8 =
+            std::max(n > d ? l.fp8_layer_state : 0, d > 0 ? l.fp8_dense_layer_state : 0);
         const Count vs = chunk_virtual_stage(l.schedule, pp, st, c);
         const bool opens = emb && vs == 0;
         const bool closes = head && vs == path_length(l.schedule, pp, v) - 1;
         const Count window =
-            detail::max_window(opens, padded_embedding, n, padded_layer, closes, padded_head, k);
+            detail::max_window(opens, padded_embedding, n, layer_unit, closes, padded_head, k);
+        const Bytes window_fp8 = std::min(k, n) * layer_fp8;
         // DualPipeV's F&B pairs run a forward of one chunk and a backward of the other at once:
         // both chunks' gathered units are alive (issue 29, item 7: the backend measured twice
         // the one-chunk figure).
-        gathered = l.schedule == Schedule::dualpipe_v ? gathered + window
-                                                      : std::max(gathered, window);
-        most_layers = std::max(most_layers, n);
+        gathered = dualpipe_v ? gathered + window : std::max(gathered, window);
+        fp8 = dualpipe_v ? fp8 + window_fp8 : std::max(fp8, window_fp8);
       }
       // Zero-bubble schedules split the backward: the B pass gathers parameters and defers every
       // weight gradient, the W pass fills the unit gradient and reads no parameter, so the
       // gathered units and the unit gradient are never alive together.
       const bool split =
           l.schedule == Schedule::zb_h1 || l.schedule == Schedule::zb_h2 || v_shape(l.schedule);
-      // FP8: the gathered layers' fp8 copies (at most k of them).
-      const Bytes fp8 = std::min(k, most_layers) * l.fp8_layer_state *
-                        (l.schedule == Schedule::dualpipe_v ? 2 : 1);
       zero_ws = split ? std::max(gathered * cb + fp8, gradient) : gathered * cb + fp8 + gradient;
     }
   }
   // Context parallel: the key/value exchange buffers of the layer whose attention runs, alive
   // with that layer's ZeRO-3 gathered units (docs/memory.md, "Context parallel").
-  const Bytes cp_ws = u.layers > 0 ? cp_attention_buffer_bytes(m, l, act_tokens, cb) : 0;
+  const Bytes cp_ws = all_layers > 0 ? cp_attention_buffer_bytes(m, l, act_tokens, cb) : 0;
   // GPipe's last stage keeps every micro-batch's logits until its backward: while the first
   // backward gathers units and fills unit gradients, the other m - 1 are alive (issue 29,
   // item 7, measured by the backend at dp 1).
   const Bytes waiting_logits = logits_ws - logits_one;
   sm.buffers_bytes = std::max(logits_ws, waiting_logits + zero_ws + cp_ws);
-  framework_terms(base, l, u, act, st, vocab, sm);
+  LayerActivation largest = act;
+  if (u.dense_layers > 0)
+    largest.largest_elements = std::max(act.largest_elements, dense_act.largest_elements);
+  framework_terms(base, l, u, largest, st, vocab, sm);
 }
 
 }  // namespace distplan

@@ -10,6 +10,8 @@ namespace distplan {
 
 /// Whether layer `i` (from 0) of the main model is a MoE layer (MoeSpec's placement rule).
 [[nodiscard]] bool is_moe_layer(const ModelSpec& m, Count i) noexcept;
+/// MoE layers among the layers [first, end) (indices >= num_layers: the MTP modules' layers).
+[[nodiscard]] Count moe_layers_in(const ModelSpec& m, Count first, Count end) noexcept;
 /// MoE layers among the main model's num_layers.
 [[nodiscard]] Count moe_layer_count(const ModelSpec& m) noexcept;
 
@@ -26,7 +28,11 @@ namespace distplan {
 struct ParameterCount {
   Count total = 0;   // main model: embeddings, all layers, final norm, LM head
   Count active = 0;  // what one token's forward pass uses (top_k routed experts per MoE layer)
-  Count mtp = 0;     // multi-token prediction modules, beyond the shared embedding and head
+  // The same without the input embedding (token and learned position tables, embedding norm):
+  // the parameters whose GEMMs a token runs, the LM head included (the convention of OpenAI's
+  // gpt-oss figures and of the 6N FLOPs rule).
+  Count active_non_embedding = 0;
+  Count mtp = 0;  // multi-token prediction modules, beyond the shared embedding and head
 };
 /// The model's parameters (unpadded vocabulary). For a dense model total = active and equals
 /// model_parameters() of layout.h.

@@ -37,7 +37,8 @@ struct MoeLayerPlan {
   Count router_params = 0;     // router weight and expert bias (replicated on the TP ranks)
   Bytes all_to_all_bytes = 0;  // buffer of one dispatch or combine: tokens · top_k · h · dtype
   MoeLayerActivation activation;
-  double load_factor = 1;  // capacity_factor, or else Assumptions::moe_load_imbalance
+  double load_factor = 1;           // capacity_factor, or else Assumptions::moe_load_imbalance
+  Fp8Recipe fp8 = Fp8Recipe::none;  // the expert GEMMs in fp8 (training.fp8)
   [[nodiscard]] bool enabled() const noexcept { return local_experts > 0; }
 };
 /// `local_seq` is seq_length / cp. Megatron-Core routes each TP rank's sequence-parallel shard
@@ -45,7 +46,8 @@ struct MoeLayerPlan {
 /// does). A dense model gives a plan that is not enabled().
 [[nodiscard]] MoeLayerPlan moe_layer_plan(const ModelSpec& m, const Assumptions& a, DType precision,
                                           Count micro_batch, Count local_seq, Count tp, bool sp,
-                                          Count ep, Count etp) noexcept;
+                                          Count ep, Count etp,
+                                          Fp8Recipe fp8 = Fp8Recipe::none) noexcept;
 [[nodiscard]] MoeLayerPlan moe_layer_plan(const Scenario& s) noexcept;
 
 /// One MoE layer's activations: the dense table's plus the routed part's (moe_layer_activation),
@@ -65,7 +67,19 @@ struct MoeLayerPlan {
 /// the all-to-all, and the experts as grouped GEMMs (local_experts GEMMs of routed / local_experts
 /// rows each, whose tile and wave quantisation gemm_efficiency() prices), their activation.
 /// Communication is not included (the estimate adds the all-to-alls).
+/// FP8 (r.fp8_peak > 0): the grouped GEMMs at the fp8 rate, each input quantised first (read in
+/// the compute dtype, written row- and column-wise in fp8, as the table's linears; op_costs.cpp).
 [[nodiscard]] PassCosts moe_pass_costs(const ModelSpec& m, const MoeLayerPlan& x,
                                        const DeviceRates& r) noexcept;
+
+/// Linear weight parameters of one MoE layer's routed experts on one GPU (their GEMMs' weights,
+/// biases left out): x.local_experts experts of (in + out)·h / etp.
+[[nodiscard]] Count moe_expert_weight_params(const ModelSpec& m, const MoeLayerPlan& x) noexcept;
+
+/// FP8 state of one layer on one GPU (fp8.h): a MoE layer's table (attention, shared experts)
+/// and its routed experts' weight caches and scales; a dense model's layer as fp8.h has it.
+[[nodiscard]] Bytes fp8_moe_layer_state_bytes(const ModelSpec& m, const LayerTable& table,
+                                              const MoeLayerPlan& x, Count tp, Fp8Recipe r,
+                                              const Assumptions& a) noexcept;
 
 }  // namespace distplan

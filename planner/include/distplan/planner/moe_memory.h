@@ -84,13 +84,15 @@ struct MoeLayerActivation {
   [[nodiscard]] Bytes total() const noexcept { return router + permutation + experts; }
 };
 /// `tokens` and `routed` as routed_tokens_per_gpu(); `expert_ffn` one expert's width per GPU
-/// (expert_ffn_hidden_size / etp); `cb` the compute dtype's bytes.
-[[nodiscard]] inline MoeLayerActivation moe_layer_activation(const ModelSpec& m, Count tokens,
-                                                             Count routed, Count expert_ffn,
-                                                             Bytes cb) noexcept {
+/// (expert_ffn_hidden_size / etp); `cb` the compute dtype's bytes. FP8: the expert GEMMs keep
+/// their inputs quantised, one byte per element (and the recipe's block scales), as the layer
+/// table's linears do (layer_ops.cpp); the activation's input stays in the compute dtype.
+[[nodiscard]] inline MoeLayerActivation moe_layer_activation(
+    const ModelSpec& m, Count tokens, Count routed, Count expert_ffn, Bytes cb,
+    Fp8Recipe fp8 = Fp8Recipe::none) noexcept {
   const Count h = m.hidden_size;
   const Count e = m.moe.num_experts;
-  const bool gated = m.mlp == Mlp::swiglu;
+  const bool is_gated = gated(m.mlp);
   MoeLayerActivation a;
   a.router = tokens * e * (cb + 1);
   // The router's input (the post-attention norm's output) for its weight gradient: without
@@ -99,7 +101,17 @@ struct MoeLayerActivation {
   if (m.moe.num_shared_experts == 0) a.router += tokens * h * cb;
   constexpr Bytes kIndex = 8;
   a.permutation = tokens * m.moe.top_k * kIndex + routed * kIndex + routed * h * cb;
-  a.experts = routed * (h + (gated ? 3 : 2) * expert_ffn) * cb;
+  const Count act_in = (is_gated ? 2 : 1) * expert_ffn;  // the activation's input
+  if (fp8 == Fp8Recipe::none) {
+    a.experts = routed * (h + act_in + expert_ffn) * cb;
+    return a;
+  }
+  a.experts = routed * ((h + expert_ffn) + act_in * cb);
+  if (fp8 == Fp8Recipe::blockwise || fp8 == Fp8Recipe::mxfp8) {
+    const Count block = fp8 == Fp8Recipe::mxfp8 ? 32 : 128;
+    const Bytes scale = fp8 == Fp8Recipe::mxfp8 ? 1 : 4;
+    a.experts += routed * ((h + block - 1) / block + (expert_ffn + block - 1) / block) * scale;
+  }
   return a;
 }
 

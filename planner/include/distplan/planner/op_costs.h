@@ -44,9 +44,10 @@ struct DeviceRates {
 /// quantisation over the SMs times k / (k + k_overhead), best over the usual tensor-core tiles.
 [[nodiscard]] double gemm_efficiency(const DeviceRates& r, double m, double n, double k,
                                      double batch) noexcept;
-/// Roofline time of one (batched) GEMM plus its launch.
+/// Roofline time of one (batched) GEMM plus its launch; `fp8`: at the fp8 rate with one-byte
+/// inputs (r.fp8_peak must be set).
 [[nodiscard]] Seconds gemm_seconds(const DeviceRates& r, double m, double n, double k,
-                                   double batch = 1) noexcept;
+                                   double batch = 1, bool fp8 = false) noexcept;
 /// A bandwidth-bound kernel (or `kernels` fused ones) moving `bytes` through HBM.
 [[nodiscard]] Seconds memory_seconds(const DeviceRates& r, double bytes, double kernels) noexcept;
 
@@ -67,19 +68,23 @@ struct PassCosts {
 /// on one GPU of a TP group of `tp` (with or without sequence parallelism) and of a
 /// context-parallel group of `cp`: the GPU holds s/cp tokens of each sequence and does 1/cp of
 /// the causal attention (load-balanced chunks).
+/// `windowed`: the layer attends within model.attention_window (its causal work scaled by
+/// attention_keys_fraction over the whole sequence).
 [[nodiscard]] PassCosts layer_pass_costs(const LayerTable& table, const ModelSpec& m,
                                          const TrainingSpec& t, Count tp, bool sp,
-                                         const DeviceRates& r, Count cp = 1) noexcept;
+                                         const DeviceRates& r, Count cp = 1,
+                                         bool windowed = false) noexcept;
 
 struct LoraLayer;
 struct PeftLayerFlow;
 /// One layer under fine-tuning (tp = 1; docs/peft.md, "Time"): the table's ops with only the
 /// backward halves the flow runs (no weight gradient of a frozen weight), the LoRA adapters'
-/// small GEMMs, and a quantized base's dequantization before each GEMM.
+/// small GEMMs, and a quantized base's dequantization before each GEMM. `windowed` as for
+/// layer_pass_costs.
 [[nodiscard]] PassCosts peft_layer_pass_costs(const LayerTable& table, const ModelSpec& m,
                                               const TrainingSpec& t, const LoraLayer& lora,
-                                              const PeftLayerFlow& flow,
-                                              const DeviceRates& r) noexcept;
+                                              const PeftLayerFlow& flow, const DeviceRates& r,
+                                              bool windowed = false) noexcept;
 
 /// The first stage's extra ops: the vocab-parallel embedding lookup (and its gradient scatter).
 [[nodiscard]] PassCosts embedding_pass_costs(const ModelSpec& m, const TrainingSpec& t, Count tp,

@@ -12,7 +12,12 @@
 
 namespace distplan {
 
-enum class Mlp { gelu, swiglu };
+/// The MLP: GeLU (two matrices), or gated with a third: SwiGLU (silu, Shazeer 2020; Llama) or
+/// GeGLU (gelu, Shazeer 2020; Gemma's gelu_pytorch_tanh). Both gated kinds have the same shapes.
+enum class Mlp { gelu, swiglu, geglu };
+[[nodiscard]] constexpr bool gated(Mlp v) noexcept {
+  return v != Mlp::gelu;
+}
 enum class Norm { layernorm, rmsnorm };
 // ALiBi (Press et al. 2022): a per-head linear bias added to the attention scores; no parameters,
 // nothing saved for the backward, its cost inside the softmax (or the flash kernel).
@@ -93,9 +98,10 @@ enum class Schedule {
 }
 
 /// Mixture-of-Experts feed-forward layers (docs/moe.md). num_experts = 0: a dense model.
-/// Layer i (from 0) is a MoE layer when i >= first_dense_layers and
-/// (i - first_dense_layers) % layer_frequency == 0; the other layers keep the dense MLP of
-/// ffn_hidden_size. Experts use the model's `mlp` kind (SwiGLU: three matrices).
+/// Layer i (from 0) is a MoE layer when it is listed in `layers`, or, with no list, when
+/// i >= first_dense_layers and (i - first_dense_layers) % layer_frequency == 0; the other layers
+/// keep the dense MLP of ffn_hidden_size. Experts use the model's `mlp` kind (SwiGLU: three
+/// matrices).
 struct MoeSpec {
   Count num_experts = 0;                    // routed experts per MoE layer
   Count top_k = 0;                          // routed experts per token
@@ -105,6 +111,9 @@ struct MoeSpec {
   bool shared_expert_gate = false;  // Qwen2-MoE: a sigmoid gate (h -> 1) on the shared output
   Count first_dense_layers = 0;     // leading dense layers (HF first_k_dense_replace)
   Count layer_frequency = 1;        // every k-th layer after them is a MoE layer
+  // Explicit MoE layers (0-based, increasing; Megatron-LM --moe-layer-freq as a list, Qwen's
+  // mlp_only_layers); empty: the rule above. Indices >= num_layers place the MTP modules' layers.
+  std::vector<Count> layers;
   Router router = Router::softmax;  // score function of the router (h -> num_experts)
   bool router_bias = false;         // DeepSeek-V3's per-expert bias for top-k selection
   // Tokens an expert takes, as a multiple of its even share; nullopt: dropless.
@@ -127,6 +136,22 @@ struct MlaSpec {
   Count v_head_dim = 0;
   [[nodiscard]] bool enabled() const noexcept { return kv_lora_rank > 0; }
   bool operator==(const MlaSpec&) const = default;
+};
+
+/// Attention restricted to nearby keys (docs/layer_ops.md, "Attention variants"): sliding, each
+/// query sees the last `size` tokens, itself included (Mistral-7B-v0.1 4096; Gemma 2 and 3;
+/// gpt-oss 128; transformers sliding_window), or chunked, each query sees the earlier tokens of
+/// its own chunk of `size` (Llama 4's attention_chunk_size 8192). Layer i is windowed when it is
+/// listed in `layers`, or, with no list, unless full_every > 0 and (i + 1) % full_every == 0
+/// (Gemma 2 and gpt-oss alternate: 2; Gemma 3: 6; Llama 4: 4).
+enum class WindowKind { sliding, chunked };
+struct AttentionWindowSpec {
+  Count size = 0;  // 0: every layer attends to all earlier tokens
+  WindowKind kind = WindowKind::sliding;
+  Count full_every = 0;
+  std::vector<Count> layers;  // explicit windowed layers (0-based, increasing)
+  [[nodiscard]] bool enabled() const noexcept { return size > 0; }
+  bool operator==(const AttentionWindowSpec&) const = default;
 };
 
 /// A decoder-only transformer. Shapes: h = hidden_size, a = num_attention_heads,
@@ -161,6 +186,17 @@ struct ModelSpec {
   MoeSpec moe;
   MlaSpec mla;
   Count mtp_layers = 0;  // multi-token prediction modules (DeepSeek-V3), counted apart
+  AttentionWindowSpec attention_window;
+  // A learned logit per head that joins each softmax (gpt-oss's `sinks`; attention sinks, Xiao
+  // et al. 2024): num_attention_heads parameters a layer, nothing saved beyond the log-sum-exp.
+  bool attention_sinks = false;
+  // tanh softcapping of the attention scores and of the final logits, cap·tanh(x/cap) (Gemma 2:
+  // 50 and 30); 0: none.
+  double attention_softcap = 0;
+  double final_logit_softcap = 0;
+  // Norms on the outputs of attention and of the MLP too, before each residual add: four norms
+  // a layer (Gemma 2 and 3: post_attention_layernorm, post_feedforward_layernorm).
+  bool sandwich_norm = false;
   bool operator==(const ModelSpec&) const = default;
 
   [[nodiscard]] Count head_dim() const noexcept {

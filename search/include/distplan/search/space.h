@@ -36,8 +36,9 @@ struct Layout {
   Count fsdp_shard_size = 0;  // 0: the whole dp group (not hybrid); else a proper divisor of dp
   Recompute recompute = Recompute::none;
   bool sequence_parallel = false;
-  Count cp = 1;  // context parallel (the exchange, cp_comm, is the base scenario's)
-  Count ep = 1;  // expert parallel (MoE models; etp stays 1)
+  Count cp = 1;   // context parallel (the exchange, cp_comm, is the base scenario's)
+  Count ep = 1;   // expert parallel (MoE models)
+  Count etp = 1;  // expert tensor parallel (MoE models; 1 unless the search pins others)
   SplitChoice split = SplitChoice::even;
 
   [[nodiscard]] Count num_gpus() const noexcept { return tp * cp * pp * dp; }
@@ -75,10 +76,10 @@ enum class Reject : int {
   tp_divides_heads,    // tp divides num_attention_heads and num_kv_heads
   tp_divides_ffn,      // tp divides ffn_hidden_size
   pp_exceeds_layers,
-  batch_not_divisible,            // dp*micro_batch_size does not divide the global batch
-  too_few_layers,                 // more virtual stages than a split can fill with layers
-  virtual_stages_uneven,  // unpinned interleaved v whose virtual stages no split fills evenly
-  interleaved_microbatches,       // interleaved: micro-batches per step a multiple of pp
+  batch_not_divisible,       // dp*micro_batch_size does not divide the global batch
+  too_few_layers,            // more virtual stages than a split can fill with layers
+  virtual_stages_uneven,     // unpinned interleaved v whose virtual stages no split fills evenly
+  interleaved_microbatches,  // interleaved: micro-batches per step a multiple of pp
   sequence_parallel_divides_seq,  // sp: tp divides seq_length
   shard_not_divisor,              // a pinned fsdp_shard_size that does not divide dp
   v_shape_microbatches,           // V schedules: at least 2 pp micro-batches per step
@@ -120,7 +121,7 @@ using RejectCounts = std::array<std::uint64_t, kNumRejects>;
 
 /// Candidate values per dimension; an empty list means "every value the space allows".
 struct Candidates {
-  std::vector<Count> tp, pp, dp, virtual_stages, fsdp_shard_size, micro_batch_size, cp, ep;
+  std::vector<Count> tp, pp, dp, virtual_stages, fsdp_shard_size, micro_batch_size, cp, ep, etp;
   std::vector<int> zero_stage;
   std::vector<bool> sequence_parallel;
   std::vector<Recompute> recompute;
@@ -152,6 +153,7 @@ struct Outer {
   Count tp, pp, dp, micro_batch_size;
   Count cp = 1;
   Count ep = 1;
+  Count etp = 1;
 };
 [[nodiscard]] std::vector<Outer> enumerate_outer(const Space& space, RejectCounts& rejected);
 
@@ -219,6 +221,7 @@ void for_each_inner(const Space& space, const Outer& o, RejectCounts& rejected, 
   l.micro_batch_size = o.micro_batch_size;
   l.cp = o.cp;
   l.ep = o.ep;
+  l.etp = o.etp;
   static const std::vector<Count> kOne{1};
   static const std::vector<Count> kTwo{2};  // a V: exactly two chunks per stage
   for (Schedule sched : lists.schedules) {
