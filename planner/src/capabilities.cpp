@@ -165,11 +165,12 @@ FrameworkCapabilities megatron_row() {
       no("--tp-comm-overlap asserts --sequence-parallel (arguments.py validate_args)");
   c.overlap_grad_reduce = yes("--overlap-grad-reduce");
   c.overlap_param_gather = yes("--overlap-param-gather (with the distributed optimizer)");
+  // distplan's overlap_param_gather_after_step is the distributed optimizer's all-gather behind
+  // the next step's forward: --overlap-param-gather, with any schedule (the separate
+  // --overlap-param-gather-with-optimizer-step, interleaved only, is not modelled).
   c.overlap_param_gather_after_step =
-      yes("--overlap-param-gather-with-optimizer-step (asserts interleaved pipelining)");
-  c.overlap_param_gather_after_step_flat =
-      no("--overlap-param-gather-with-optimizer-step asserts interleaved pipelining "
-         "(arguments.py)");
+      yes("--overlap-param-gather (distributed optimizer; needs --overlap-grad-reduce)");
+  c.overlap_param_gather_after_step_flat = c.overlap_param_gather_after_step;
   c.overlap_p2p = no("arguments.py sets overlap_p2p_comm False without the interleaved schedule");
   c.interleaved_pp2_without_p2p_overlap =
       no("arguments.py asserts pipeline-model-parallel size > 2 for the interleaved schedule "
@@ -210,11 +211,16 @@ FrameworkCapabilities torchtitan_row() {
   c.split = SplitSupport::any;
   c.split_source = "[parallelism] module_fqns_per_model_part: any list of layers per stage";
   c.zero_stage[0] = yes("data_parallel_replicate_degree (DDP) only");
-  c.zero_stage[1] = c.zero_stage[2] =
-      no("FSDP2 (fully_shard) shards parameters, gradients and optimizer states together: "
-         "torchtitan has ZeRO-3 (data_parallel_shard_degree) or replication, no ZeRO-1/2");
+  c.zero_stage[1] =
+      no("FSDP2 (fully_shard) reduce-scatters every gradient: torchtitan has no ZeRO-1 (full "
+         "gradients beside sharded optimizer states)");
+  // Parameters gathered at the first forward and kept to the end of the backward, gradients and
+  // optimizer states sharded: ZeRO-2's peak and traffic (the Llama 3 paper's FSDP, sec. 3.3.2).
+  c.zero_stage[2] = yes("fsdp_reshard_after_forward = \"never\" with data_parallel_shard_degree");
+  c.hybrid_shard[2] = yes("data_parallel_replicate_degree x data_parallel_shard_degree, "
+                          "fsdp_reshard_after_forward = \"never\"");
   c.zero_stage[3] = yes("data_parallel_shard_degree: FSDP2 fully_shard");
-  c.hybrid_shard.fill(no("only FSDP2 shards"));
+  c.hybrid_shard[0] = c.hybrid_shard[1] = no("only FSDP2 shards");
   c.hybrid_shard[3] = yes("data_parallel_replicate_degree x data_parallel_shard_degree (HSDP)");
   c.replicas_with_model_parallel =
       no("DDP without sharding is 1-D only: \"DDP has not supported > 1D parallelism\" "
@@ -309,9 +315,11 @@ FrameworkCapabilities deepspeed_row() {
       no("DeepSpeed's pipeline engine runs TrainSchedule, 1F1B "
          "(runtime/pipe/schedule.py); it has no other training schedule"));
   c.schedule[at(Schedule::one_f_one_b)] = yes("PipelineEngine TrainSchedule (1F1B)");
+  // A PipelineModule gets tensor parallelism from its model code: Megatron-DeepSpeed's
+  // --tensor-model-parallel-size under the PipelineEngine, as BLOOM-176B and MT-NLG 530B ran.
   c.pipeline_with_tensor_parallel =
-      no("AutoTP training (tensor_parallel.autotp_size) shards a plain model; a PipelineModule "
-         "gets tensor parallelism only from model code (Megatron-DeepSpeed)");
+      yes("Megatron-DeepSpeed model code (--tensor-model-parallel-size) under the "
+          "PipelineEngine (BLOOM-176B, MT-NLG 530B)");
   c.sharding_with_pipeline.fill(
       no("\"ZeRO-2 and ZeRO-3 are incompatible with pipeline "
          "parallelism\" (runtime/pipe/engine.py)"));
@@ -430,10 +438,23 @@ bool split_expressible(const Scenario& s, SplitSupport rule) {
   const bool even =
       std::all_of(layers.begin(), layers.end(), [&](Count c) { return c == layers.front(); });
   if (even) return true;
-  if (rule == SplitSupport::even_only) return false;
+  if (rule == SplitSupport::even_only) return split_weighs_embedding_and_head(s);
   // first_last: the middle stages equal (with two stages, any split).
   return p.pp == 2 ||
          std::all_of(layers.begin() + 1, layers.end() - 1, [&](Count c) { return c == layers[1]; });
+}
+
+bool split_weighs_embedding_and_head(const Scenario& s) {
+  const ParallelSpec& p = s.parallel;
+  const Count slots = s.model.num_layers + 2;
+  if (p.pp < 2 || p.virtual_stages != 1 || slots % p.pp != 0) return false;
+  const Count per = slots / p.pp;
+  const std::vector<Count> layers = stage_layer_counts(s);
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    const bool end = i == 0 || i + 1 == layers.size();
+    if (layers[i] != per - (end ? 1 : 0)) return false;
+  }
+  return true;
 }
 
 std::optional<FrameworkRefusal> framework_refusal(const Scenario& s) {

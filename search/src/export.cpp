@@ -14,6 +14,7 @@
 #include "distplan/planner/estimate.h"
 #include "distplan/planner/layout.h"
 #include "distplan/planner/units.h"
+#include "distplan/simulator/plan.h"
 #include "export_split.h"
 
 namespace distplan::search {
@@ -253,10 +254,20 @@ Exported megatron(const Scenario& s, Exported out) {
   // The overlaps the plan assumed.
   const Assumptions& a = s.assumptions;
   if (p.dp * p.cp > 1 && a.overlap_grad_reduce) flag("--overlap-grad-reduce");
-  if (p.zero_stage >= 1 && p.dp * p.cp > 1 && a.overlap_grad_reduce && a.overlap_param_gather) {
-    flag("--overlap-param-gather");  // arguments.py: needs --overlap-grad-reduce
-    if (a.overlap_param_gather_after_step && p.zero_stage <= 2)
-      flag("--overlap-param-gather-with-optimizer-step");
+  // --overlap-param-gather: the distributed optimizer's all-gather behind the next forward
+  // (overlap_param_gather_after_step at ZeRO-1/2; Megatron FSDP's prefetch at ZeRO-3, the
+  // overlap_param_gather assumption). arguments.py: it needs --overlap-grad-reduce.
+  const bool gather_overlapped = p.zero_stage == 3 ? a.overlap_param_gather
+                                                   : a.overlap_param_gather_after_step;
+  if (p.zero_stage >= 1 && p.dp * p.cp > 1 && gather_overlapped) {
+    if (!a.overlap_grad_reduce) {
+      throw InputError("/assumptions/overlap_grad_reduce",
+                       fmt::format("{} overlaps the parameter all-gather only beside the gradient "
+                                   "reduction (--overlap-param-gather asserts "
+                                   "--overlap-grad-reduce): set overlap_grad_reduce true",
+                                   kMegatronVersion));
+    }
+    flag("--overlap-param-gather");
   }
   if (a.tp_comm_overlap && p.tp > 1) flag("--tp-comm-overlap");
 
@@ -295,6 +306,7 @@ Exported megatron(const Scenario& s, Exported out) {
 Exported deepspeed(const Scenario& s, Exported out) {
   const TrainingSpec& t = s.training;
   const ParallelSpec& p = s.parallel;
+  const ModelSpec& m = s.model;
   // JSON has no comments: the header goes first among the notes (stderr).
   out.notes.push_back(fmt::format("{} config for {} on {} GPUs: tp={} pp={} dp={} ZeRO-{}",
                                   kDeepSpeedVersion, s.model.name, s.cluster.num_gpus, p.tp, p.pp,
@@ -348,16 +360,28 @@ Exported deepspeed(const Scenario& s, Exported out) {
     if (hybrid(s)) zero["mics_shard_size"] = shard(s);
   }
   j["zero_optimization"] = zero;
-  // Tensor parallelism through AutoTP training; the pipeline through PipelineModule(num_stages=pp).
-  if (p.tp > 1) j["tensor_parallel"] = {{"autotp_size", p.tp}};
+  // Tensor parallelism through AutoTP training without a pipeline; with one, from the model
+  // code (Megatron-DeepSpeed's tensor-parallel layers), which the config does not carry.
+  if (p.tp > 1 && p.pp == 1) j["tensor_parallel"] = {{"autotp_size", p.tp}};
+  if (p.tp > 1 && p.pp > 1) {
+    out.to_add.push_back(fmt::format(
+        "tensor parallelism {} in the model code (Megatron-DeepSpeed: --tensor-model-parallel-size "
+        "{} with its mpu passed to deepspeed.initialize); AutoTP does not shard a PipelineModule",
+        p.tp, p.tp));
+  }
   if (p.pp > 1) {
-    // The pipeline engine runs TrainSchedule (1F1B); the stages come from the model code.
+    // The pipeline engine runs TrainSchedule (1F1B); the stages come from the model code. The
+    // embedding and tied head weighed as layers give the first and last stage one fewer.
+    const bool weighed = split_weighs_embedding_and_head(s);
     out.to_add.push_back(fmt::format(
         "the model as a PipelineModule(layers=..., num_stages={}, partition_method=\"type:<your "
-        "decoder layer class>\"{}): {} layers per stage, the embedding on the first and the LM "
+        "decoder layer class>{}\"{}): {} layers per stage, the embedding on the first and the LM "
         "head on the last",
-        p.pp, p.recompute == Recompute::full ? ", activation_checkpoint_interval=1" : "",
-        s.model.num_layers / p.pp));
+        p.pp, weighed ? "|<your embedding class>" : "",
+        p.recompute == Recompute::full ? ", activation_checkpoint_interval=1" : "",
+        weighed ? fmt::format("{} (the first and last stage {})", (m.num_layers + 2) / p.pp,
+                              (m.num_layers + 2) / p.pp - 1)
+                : std::to_string(m.num_layers / p.pp)));
   }
   if (p.recompute == Recompute::full) {
     // Every layer checkpointed (deepspeed.checkpointing.checkpoint; the PipelineModule's
@@ -421,6 +445,17 @@ Exported deepspeed(const Scenario& s, Exported out) {
 Exported export_scenario(const Scenario& s, ExportFormat format) {
   // The plan's memory and its layout are the framework's own: a plan made under another
   // framework would run with other conventions, so it is refused rather than translated.
+  const PeftSpec& pe = s.training.peft;
+  if (pe.enabled() && (format == ExportFormat::megatron || format == ExportFormat::torchtitan)) {
+    // Neither Megatron-LM nor torchtitan v0.2.2 trains LoRA adapters or a frozen 4-bit base
+    // (Megatron-Bridge's PEFT and torchtitan's LoRA converter, pytorch/torchtitan#2484, came
+    // later); the peft export runs it.
+    throw InputError(
+        "/training/peft",
+        fmt::format("{} has no fine-tuning with frozen parameters or adapters; "
+                    "export peft (Hugging Face PEFT + Accelerate) runs this layout",
+                    format == ExportFormat::megatron ? kMegatronVersion : kTorchtitanVersion));
+  }
   const Framework fw = framework_of(format);
   if (format != ExportFormat::peft && s.training.framework != fw) {
     throw InputError(
@@ -434,23 +469,13 @@ Exported export_scenario(const Scenario& s, ExportFormat format) {
   // validate_scenario() refused what the framework cannot run; a scenario built in code is
   // checked here too.
   if (auto r = framework_refusal(s)) throw InputError(r->path, r->message);
-  // The fit is known before the text is written, so the text can carry the warning.
-  const MemoryEstimate mem = estimate(s).memory;
+  // The fit is known before the text is written, so the text can carry the warning: the plan's
+  // (the schedule walk's joint peaks, what `distplan plan` says fits).
+  const MemoryEstimate mem = sim::plan(s).memory;
   Exported seed;
   seed.fits = mem.fits;
   seed.peak_bytes = mem.peak_reserved_bytes;  // what fits compares
   seed.capacity_bytes = mem.capacity_bytes;
-  const PeftSpec& pe = s.training.peft;
-  if (pe.enabled() && (format == ExportFormat::megatron || format == ExportFormat::torchtitan)) {
-    // Neither Megatron-LM nor torchtitan v0.2.2 trains LoRA adapters or a frozen 4-bit base
-    // (Megatron-Bridge's PEFT and torchtitan's LoRA converter, pytorch/torchtitan#2484, came
-    // later); the peft export runs it.
-    throw InputError(
-        "/training/peft",
-        fmt::format("{} has no fine-tuning with frozen parameters or adapters; "
-                    "export peft (Hugging Face PEFT + Accelerate) runs this layout",
-                    format == ExportFormat::megatron ? kMegatronVersion : kTorchtitanVersion));
-  }
   switch (format) {
     case ExportFormat::peft:
       return export_peft(s, seed);

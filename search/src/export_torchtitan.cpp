@@ -115,7 +115,7 @@ Exported torchtitan_export(const Scenario& s, Exported out) {
   // FSDP2 shards parameters, gradients and optimizer states (ZeRO-3); replicas of a shard group
   // form the HSDP replicate dimension; ZeRO-0 is plain replication (DDP, 1-D only). cp folds into
   // the FSDP mesh as distplan's ZeRO group (dp x cp) does.
-  const Count shard_degree = p.zero_stage == 3 ? s.shard_size() : 1;
+  const Count shard_degree = p.zero_stage >= 2 ? s.shard_size() : 1;
   const Count replicate = p.dp / shard_degree;
   const std::string model_section = torchtitan_model(s.model, out);
   out.to_add = {"[model] hf_assets_path: the folder with the tokenizer (vocabulary " +
@@ -158,7 +158,9 @@ Exported torchtitan_export(const Scenario& s, Exported out) {
   o << "data_parallel_shard_degree = " << shard_degree << '\n';
   // "default": resharded after the forward without a pipeline, kept gathered with one
   // (models/llama3/infra/parallelize.py apply_fsdp), as the plan's memory counts it.
-  o << "fsdp_reshard_after_forward = \"default\"\n";
+  // ZeRO-2: parameters stay gathered from the forward to the end of the backward ("never").
+  o << "fsdp_reshard_after_forward = " << (p.zero_stage == 2 ? "\"never\"" : "\"default\"")
+    << '\n';
   o << "tensor_parallel_degree = " << p.tp << '\n';
   if (s.assumptions.tp_comm_overlap && p.tp > 1) o << "enable_async_tensor_parallel = true\n";
   o << "pipeline_parallel_degree = " << p.pp << '\n';

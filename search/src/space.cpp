@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "distplan/planner/capabilities.h"
+#include "distplan/planner/error.h"
 #include "distplan/planner/layout.h"
 #include "distplan/planner/pipeline_split.h"
 
@@ -639,7 +640,16 @@ SplitChoices split_choices(const Space& space, Count pp, Schedule schedule, Coun
   // A framework told only its partitioner's own split (DeepSpeed) runs the even one alone.
   const bool told_splits =
       capabilities(space.base.training.framework).split != SplitSupport::even_only;
-  if (pp > 1 && told_splits && layers + 2 >= path && allowed(pin, SplitChoice::light_ends)) {
+  // Only where it differs from the even split (32 layers on 2 stages: 16 and 16 both ways).
+  auto differs = [&] {
+    try {
+      return torchtitan_split(layers, path, 1, 1, "") != even_split(layers, path);
+    } catch (const InputError&) {
+      return false;
+    }
+  };
+  if (pp > 1 && told_splits && layers + 2 >= path && allowed(pin, SplitChoice::light_ends) &&
+      differs()) {
     out.choice[out.n++] = SplitChoice::light_ends;
   }
   return out;

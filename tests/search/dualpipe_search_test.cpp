@@ -30,8 +30,13 @@ nlohmann::json doc(const char* schedule) {
 }
 
 TEST(DualPipeVExport, TorchtitanNamesDualPipeV) {
-  const Exported x =
-      export_scenario(scenario_from_json(doc("dualpipe_v")), ExportFormat::torchtitan);
+  // Planned under torchtitan, which runs DualPipeV: FSDP2 (ZeRO-3) beside the pipeline, tensor
+  // parallelism with sequence parallelism.
+  nlohmann::json d = doc("dualpipe_v");
+  d["training"]["framework"] = "torchtitan";
+  d["parallel"]["zero_stage"] = 3;
+  d["parallel"]["sequence_parallel"] = true;
+  const Exported x = export_scenario(scenario_from_json(d), ExportFormat::torchtitan);
   EXPECT_NE(x.text.find("pipeline_parallel_schedule = \"DualPipeV\""), std::string::npos) << x.text;
   // Two stages per rank in a V (torchtitan's default for a multi-stage schedule), 80 layers /
   // (2 * 4) = 10 each: torchtitan's split rule without weights.
@@ -40,11 +45,18 @@ TEST(DualPipeVExport, TorchtitanNamesDualPipeV) {
   EXPECT_EQ(x.text.find("pipeline_parallel_layers_per_stage"), std::string::npos) << x.text;
 }
 
-TEST(DualPipeVExport, MegatronNotesItsDefaultSchedule) {
-  const Exported x = export_scenario(scenario_from_json(doc("dualpipe_v")), ExportFormat::megatron);
-  bool noted = false;
-  for (const std::string& n : x.notes) noted = noted || n.find("dualpipe_v") != std::string::npos;
-  EXPECT_TRUE(noted);
+TEST(DualPipeVExport, MegatronRefusesItInsteadOfRunningItsDefaultSchedule) {
+  // Megatron-LM runs 1F1B and interleaving only: a DualPipeV plan is refused at its schedule
+  // (it used to be exported with a note that 1F1B would run instead).
+  nlohmann::json d = doc("dualpipe_v");
+  d["training"]["framework"] = "megatron";
+  try {
+    (void)scenario_from_json(d);
+    FAIL() << "planned";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.path(), "/parallel/schedule");
+    EXPECT_NE(std::string(e.what()).find("dualpipe_v"), std::string::npos) << e.what();
+  }
 }
 
 TEST(DualPipeVSearch, TheSpaceProposesDualPipeVWhereTheVFits) {

@@ -12,6 +12,7 @@
 
 #include "distplan/planner/error.h"
 #include "distplan/planner/layout.h"
+#include "distplan/planner/pipeline_split.h"
 #include "distplan/search/export.h"
 #include "distplan/search/search.h"
 #include "distplan/search/search_json.h"
@@ -31,7 +32,7 @@ struct Launched {
   std::string recompute = "none";
   std::string schedule = "1f1b";
   Count virtual_stages = 1;
-  std::vector<Count> layers;  // per pipeline stage (chunk 0 of each with virtual stages)
+  std::vector<Count> layers;  // per virtual stage, in the path's order (pipeline_split.h)
   Count micro_batch_size = 1, global_batch_size = 0;
   std::string grad_dtype;
   std::string offload = "none";
@@ -60,7 +61,7 @@ Launched planned(const Scenario& s) {
   l.recompute = to_string(p.recompute);
   l.schedule = p.pp > 1 ? std::string(to_string(p.schedule)) : "1f1b";
   l.virtual_stages = p.virtual_stages;
-  if (p.pp > 1) l.layers = stage_layer_counts(s);
+  if (p.pp > 1) l.layers = pipeline_split(s).layers;
   l.micro_batch_size = s.training.micro_batch_size;
   l.global_batch_size = s.training.global_batch_size;
   l.grad_dtype = to_string(s.training.grad_accumulation_dtype);
@@ -120,41 +121,49 @@ Launched read_megatron(const std::string& text, Count world, const Scenario& s) 
     }
   }
   const Count layers = num("--num-layers", 0);
-  if (has("--num-layers-per-virtual-pipeline-stage")) {
-    l.schedule = "interleaved_1f1b";
+  if (has("--num-layers-per-virtual-pipeline-stage"))
     l.virtual_stages = layers / (l.pp * num("--num-layers-per-virtual-pipeline-stage", 1));
-  }
+  l.virtual_stages = num("--num-virtual-stages-per-pipeline-rank", l.virtual_stages);
   if (l.pp > 1) {
     if (has("--pipeline-model-parallel-layout")) {
-      // Stages split by '|', "t*n" is n decoder layers, a bare 't' one.
-      std::string layout = f.at("--pipeline-model-parallel-layout");
-      std::stringstream ss(layout);
-      std::string stage;
-      while (std::getline(ss, stage, '|')) {
-        Count n = 0;
-        const std::regex run("t\\*(\\d+)|t");
-        for (auto it = std::sregex_iterator(stage.begin(), stage.end(), run);
-             it != std::sregex_iterator(); ++it)
-          n += (*it)[1].matched ? std::stoll((*it)[1].str()) : 1;
-        l.layers.push_back(n);
-      }
+      // PipelineParallelLayerLayout: every virtual stage spelled out.
+      const MegatronLayout x = parse_megatron_layout(f.at("--pipeline-model-parallel-layout"),
+                                                     l.pp, layers, s.model.mtp_layers, "");
+      l.layers = x.decoder;
+      l.virtual_stages = static_cast<Count>(x.decoder.size()) / l.pp;
     } else {
+      // Megatron-LM's get_num_layers_to_build (transformer_block.py): each rank's layers, split
+      // equally over its virtual stages.
+      const Count v = l.virtual_stages;
+      std::vector<Count> per_rank(static_cast<std::size_t>(l.pp));
+      const bool emb = has("--account-for-embedding-in-pipeline-split");
+      const bool loss = has("--account-for-loss-in-pipeline-split");
       const Count first = num("--decoder-first-pipeline-num-layers", -1);
       const Count last = num("--decoder-last-pipeline-num-layers", -1);
-      if (first < 0) {
-        EXPECT_EQ(layers % l.pp, 0) << "Megatron-LM asserts an even split without the flags";
-        l.layers.assign(static_cast<std::size_t>(l.pp), layers / l.pp);
+      if (first >= 0 || last >= 0) {
+        Count rest = layers, ranks = l.pp;
+        if (first >= 0) rest -= first, --ranks;
+        if (last >= 0) rest -= last, --ranks;
+        EXPECT_EQ(rest % ranks, 0) << "Megatron-LM asserts the middle ranks split evenly";
+        for (Count& n : per_rank) n = rest / ranks;
+        if (first >= 0) per_rank.front() = first;
+        if (last >= 0) per_rank.back() = last;
       } else {
-        const Count middle = l.pp > 2 ? (layers - first - last) / (l.pp - 2) : 0;
-        l.layers.push_back(first);
-        for (Count i = 1; i + 1 < l.pp; ++i) l.layers.push_back(middle);
-        l.layers.push_back(last);
+        const Count slots = layers + (emb ? 1 : 0) + (loss ? 1 : 0);
+        EXPECT_EQ(slots % l.pp, 0) << "Megatron-LM asserts an even split of the slots";
+        for (Count& n : per_rank) n = slots / l.pp;
       }
+      l.layers.assign(static_cast<std::size_t>(l.pp * v), 0);
+      for (Count r = 0; r < l.pp; ++r) {
+        EXPECT_EQ(per_rank[static_cast<std::size_t>(r)] % v, 0) << "each rank's layers split by v";
+        for (Count c = 0; c < v; ++c)
+          l.layers[static_cast<std::size_t>(c * l.pp + r)] = per_rank[static_cast<std::size_t>(r)] / v;
+      }
+      // The embedding and the loss take a layer's slot on the first and the last virtual stage.
+      if (emb) --l.layers.front();
+      if (loss) --l.layers.back();
     }
-    if (l.virtual_stages > 1) {
-      // The planner's stage counts: each stage's v chunks together.
-      for (Count& n : l.layers) n = layers / l.pp;
-    }
+    if (l.virtual_stages > 1) l.schedule = "interleaved_1f1b";
   }
   l.micro_batch_size = num("--micro-batch-size", 1);
   l.global_batch_size = num("--global-batch-size", 0);
@@ -202,6 +211,12 @@ Launched read_deepspeed(const std::string& text, const std::vector<std::string>&
     if (std::regex_search(a, m, std::regex("num_stages=(\\d+)"))) l.pp = std::stoll(m[1].str());
   }
   if (j.contains("tensor_parallel")) l.tp = j["tensor_parallel"]["autotp_size"].get<Count>();
+  // Beside a pipeline, tensor parallelism is the model code's (Megatron-DeepSpeed).
+  for (const std::string& a : to_add) {
+    std::smatch m;
+    if (std::regex_search(a, m, std::regex("^tensor parallelism (\\d+) in the model code")))
+      l.tp = std::stoll(m[1].str());
+  }
   l.dp = world / (l.tp * l.pp);
   const json& z = j["zero_optimization"];
   l.zero_stage = z["stage"].get<int>();
@@ -216,7 +231,16 @@ Launched read_deepspeed(const std::string& text, const std::vector<std::string>&
   const Count ds_world = l.pp > 1 ? l.dp : world;
   EXPECT_EQ(j["train_batch_size"].get<Count>(), l.micro_batch_size * gas * ds_world);
   l.global_batch_size = l.micro_batch_size * gas * l.dp;  // distinct sequences per step
-  if (l.pp > 1) l.layers.assign(static_cast<std::size_t>(l.pp), s.model.num_layers / l.pp);
+  if (l.pp > 1) {
+    // PipelineModule's partitioner: equal stages of the decoder layers, or, with the embedding
+    // class in partition_method, of the layers and the embedding and tied head together.
+    bool weighed = false;
+    for (const std::string& a : to_add) weighed = weighed || a.find("|<your embedding class>") != std::string::npos;
+    const Count slots = s.model.num_layers + (weighed ? 2 : 0);
+    EXPECT_EQ(slots % l.pp, 0) << "the partitioner's equal stages";
+    l.layers.assign(static_cast<std::size_t>(l.pp), slots / l.pp);
+    if (weighed) --l.layers.front(), --l.layers.back();
+  }
   // grad_accum_dtype defaults to the model dtype (runtime/engine.py get_data_types).
   const std::string model = j.contains("bf16") ? "bf16" : j.contains("fp16") ? "fp16" : "fp32";
   l.grad_dtype =
@@ -262,7 +286,10 @@ Launched read_torchtitan(const std::string& text, Count world, const Scenario& s
   l.dp = replicate * shard;
   // FSDP when dp_shard > 1 or cp > 1 (parallel_dims.py fsdp_enabled): ZeRO-3 over shard x cp.
   l.zero_stage = shard > 1 || l.cp > 1 ? 3 : 0;
-  l.shard = l.zero_stage == 3 ? shard : l.dp;
+  // Parameters kept gathered from the forward to the end of the backward: ZeRO-2.
+  if (l.zero_stage == 3 && t.at("parallelism.fsdp_reshard_after_forward") == "never")
+    l.zero_stage = 2;
+  l.shard = l.zero_stage >= 2 ? shard : l.dp;
   l.sequence_parallel = l.tp > 1;  // torchtitan's TP always shards the sequence
   if (l.cp > 1)
     l.cp_comm =
@@ -285,32 +312,34 @@ Launched read_torchtitan(const std::string& text, Count world, const Scenario& s
     l.schedule = names.at(t.at("parallelism.pipeline_parallel_schedule"));
     l.micro_batch_size = num("parallelism.pipeline_parallel_microbatch_size", 1);
     EXPECT_EQ(local, l.global_batch_size / l.dp);
-    // module_fqns_per_model_part: "layers.<i>" per chunk.
+    const bool multi = l.schedule == "interleaved_1f1b" || l.schedule == "zb_v" ||
+                       l.schedule == "dualpipe_v";
     std::vector<Count> chunks;
-    const std::string fq = t.at("parallelism.module_fqns_per_model_part");
-    for (std::size_t at = fq.find('['), end; (at = fq.find('[', at + 1)) != std::string::npos;
-         at = end) {
-      end = fq.find(']', at);
-      const std::string part = fq.substr(at, end - at);
-      Count n = 0;
-      for (std::size_t p = part.find("layers."); p != std::string::npos;
-           p = part.find("layers.", p + 1))
-        ++n;
-      chunks.push_back(n);
+    if (t.count("parallelism.module_fqns_per_model_part")) {
+      // module_fqns_per_model_part: "layers.<i>" per chunk.
+      const std::string fq = t.at("parallelism.module_fqns_per_model_part");
+      for (std::size_t at = fq.find('['), end; (at = fq.find('[', at + 1)) != std::string::npos;
+           at = end) {
+        end = fq.find(']', at);
+        const std::string part = fq.substr(at, end - at);
+        Count n = 0;
+        for (std::size_t p = part.find("layers."); p != std::string::npos;
+             p = part.find("layers.", p + 1))
+          ++n;
+        chunks.push_back(n);
+      }
+    } else {
+      // _generate_llm_fqn_per_model_part with the first and last stages' weights over the
+      // stages: one per rank, two for a multi-stage schedule, or ceil((L + iw + ow) / k).
+      const Count iw = num("parallelism.pipeline_parallel_first_stage_less_layers", 1);
+      const Count ow = num("parallelism.pipeline_parallel_last_stage_less_layers", 1);
+      const Count k = num("parallelism.pipeline_parallel_layers_per_stage", 0);
+      const Count L = s.model.num_layers;
+      const Count n = k > 0 ? (L + iw + ow + k - 1) / k : l.pp * (multi ? 2 : 1);
+      chunks = torchtitan_split(L, n, iw, ow, "");
     }
     l.virtual_stages = static_cast<Count>(chunks.size()) / l.pp;
-    // Each rank's chunks together: the looped placement (rank = chunk % pp) or, for the V
-    // schedules, chunks s and 2pp - 1 - s.
-    l.layers.assign(static_cast<std::size_t>(l.pp), 0);
-    const bool v = l.schedule == "zb_v" || l.schedule == "dualpipe_v";
-    for (std::size_t c = 0; c < chunks.size(); ++c) {
-      const auto pp = static_cast<std::size_t>(l.pp);
-      const std::size_t rank = v ? (c < pp ? c : 2 * pp - 1 - c) : c % pp;
-      l.layers[rank] += chunks[c];
-    }
-    if (l.virtual_stages == 1) {
-      // the planner's per-stage list as is
-    }
+    l.layers = chunks;
   } else {
     l.micro_batch_size = local;
   }
@@ -318,14 +347,6 @@ Launched read_torchtitan(const std::string& text, Count world, const Scenario& s
   EXPECT_EQ(t.at("training.mixed_precision_reduce"), "float32");
   l.offload = t.count("training.enable_cpu_offload") ? "cpu" : "none";
   (void)s;
-  return l;
-}
-
-Launched planned_with_chunks(const Scenario& s) {
-  Launched l = planned(s);
-  if (s.parallel.pp > 1 && s.parallel.virtual_stages > 1) {
-    for (Count& n : l.layers) n = s.model.num_layers / s.parallel.pp;
-  }
   return l;
 }
 
@@ -349,7 +370,7 @@ void expect_round_trip(json doc, const char* framework, int top) {
                           : format == ExportFormat::deepspeed
                               ? read_deepspeed(e.text, e.to_add, world, s)
                               : read_torchtitan(e.text, world, s);
-    EXPECT_EQ(back, planned_with_chunks(s)) << framework << "\n" << e.text;
+    EXPECT_EQ(back, planned(s)) << framework << "\n" << e.text;
   }
 }
 

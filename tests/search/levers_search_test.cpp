@@ -89,6 +89,7 @@ TEST(LeversExport, MegatronContextParallelAndOffloadFlags) {
   const nlohmann::json& flags = ref.at("flags");
   for (const char* comm : {"p2p", "all_gather", "a2a"}) {
     nlohmann::json doc = long_context(comm);
+    doc["training"]["framework"] = "megatron";  // an export needs a plan under its framework
     doc["parallel"] = {
         {"tp", 2}, {"cp", 4}, {"cp_comm", comm}, {"zero_stage", 1}, {"offload_optimizer", "cpu"}};
     const Scenario s = scenario_from_json(doc);
@@ -125,18 +126,29 @@ TEST(LeversExport, MegatronContextParallelAndOffloadFlags) {
 }
 
 TEST(LeversExport, TorchtitanAndDeepSpeed) {
+  // Each export of a plan made under its framework: torchtitan with context parallelism (FSDP2
+  // over dp x cp, tensor parallelism with sequence parallelism), DeepSpeed without (it has none).
   nlohmann::json doc = long_context("p2p");
+  doc["training"]["framework"] = "torchtitan";
   doc["parallel"] = {{"tp", 2},
                      {"cp", 4},
+                     {"sequence_parallel", true},
                      {"zero_stage", 3},
                      {"offload_optimizer", "cpu"},
                      {"offload_params", "cpu"}};
-  const Scenario s = scenario_from_json(doc);
-  const std::string tt = export_scenario(s, ExportFormat::torchtitan).text;
+  const std::string tt = export_scenario(scenario_from_json(doc), ExportFormat::torchtitan).text;
   EXPECT_NE(tt.find("context_parallel_degree = 4\n"), std::string::npos) << tt;
   EXPECT_NE(tt.find("context_parallel_rotate_method = \"alltoall\"\n"), std::string::npos);
   EXPECT_NE(tt.find("enable_cpu_offload = true\n"), std::string::npos);
-  const nlohmann::json ds = nlohmann::json::parse(export_scenario(s, ExportFormat::deepspeed).text);
+  doc["training"]["framework"] = "deepspeed";
+  doc["training"]["seq_length"] = 8192;
+  doc["parallel"] = {{"tp", 1},
+                     {"dp", 16},
+                     {"zero_stage", 3},
+                     {"offload_optimizer", "cpu"},
+                     {"offload_params", "cpu"}};
+  const nlohmann::json ds = nlohmann::json::parse(
+      export_scenario(scenario_from_json(doc), ExportFormat::deepspeed).text);
   EXPECT_EQ(ds["zero_optimization"]["offload_optimizer"]["device"], "cpu");
   EXPECT_EQ(ds["zero_optimization"]["offload_param"]["device"], "cpu");
 }

@@ -32,8 +32,11 @@ enum class SplitSupport {
   /// Own counts for the first and the last stage, the middle stages equal: Megatron-LM
   /// --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers.
   first_last,
-  /// Only what the framework's partitioner computes: DeepSpeed PipelineModule
-  /// partition_method "uniform" (runtime/utils.py partition_uniform), equal stages here.
+  /// Only what the framework's partitioner computes: DeepSpeed PipelineModule with
+  /// partition_method "type:<layer class>" (equal stages) or "type:<layer class>|<embedding
+  /// class>" (the embedding and the tied head weighed as layers: when they and the layers fill
+  /// the stages equally, the first and last stage one layer fewer, as BLOOM-176B ran;
+  /// runtime/utils.py partition_balanced).
   even_only,
 };
 
@@ -123,5 +126,9 @@ struct FrameworkRefusal {
 /// The pipeline split of `s` (stage_layer_counts) in the framework's own terms: whether
 /// `rule` can express it.
 [[nodiscard]] bool split_expressible(const Scenario& s, SplitSupport rule);
+
+/// Whether the split of `s` is not even but the one a partitioner gives when the embedding and
+/// the LM head each weigh as a layer: (L + 2) / pp per stage, the first and last one layer fewer.
+[[nodiscard]] bool split_weighs_embedding_and_head(const Scenario& s);
 
 }  // namespace distplan
