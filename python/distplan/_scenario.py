@@ -24,17 +24,19 @@ _SECTIONS = {
     ),
     "training": (
         "seq_length", "global_batch_size", "micro_batch_size", "precision", "fp8_recipe",
-        "optimizer", "framework", "grad_accumulation_dtype", "attention", "dropout",
+        "optimizer", "framework", "grad_accumulation_dtype", "attention", "dropout", "kernels",
+        "cuda_graphs", "optimizer_state_dtype", "peft",
     ),
     "cluster": (
         "gpu", "num_gpus", "gpus_per_node", "intra_node_bandwidth", "inter_node_bandwidth",
         "intra_node_latency", "inter_node_latency", "runtime_reserve_bytes", "host_memory_bytes",
-        "nvme_bandwidth",
+        "nvme_bandwidth", "nvlink_domain_size", "power_limit_watts",
     ),
     "parallel": (
         "tp", "pp", "dp", "cp", "cp_comm", "ep", "etp", "zero_stage", "fsdp_shard_size",
         "sequence_parallel", "recompute", "schedule", "virtual_stages", "offload_optimizer",
-        "offload_params", "layers_per_stage", "zb_memory_limit_microbatches",
+        "offload_params", "layers_per_stage", "layers_per_virtual_stage", "pipeline_split",
+        "zb_memory_limit_microbatches",
     ),
     "assumptions": (
         "compute_efficiency", "memory_efficiency", "communication_efficiency",
@@ -44,6 +46,7 @@ _SECTIONS = {
         "vocab_pad_multiple", "moe_load_imbalance", "pcie_efficiency", "cpu_optimizer_bandwidth",
         "nvme_optimizer_buffer_count", "nvme_sub_group_params", "nvme_param_buffer_count",
         "nvme_param_buffer_params", "fp8_amax_history_len", "framework_profile",
+        "clock_power_exponent", "fp8_compute_efficiency", "grouped_gemm_efficiency",
     ),
 }
 

@@ -117,20 +117,30 @@ TEST(BadInput, NonUtf8BytesAreMalformed) {
 }
 
 TEST(BadInput, DeepNestingIsRejectedWithoutCrashing) {
+  // Refused before a tree is built, at the container that holds the first one nested deeper
+  // than 64 levels (a scenario nests about 5).
   const int depth = 10'000;
+  auto repeat = [](const std::string& step, int n) {
+    std::string out;
+    for (int i = 0; i < n; ++i) out += step;
+    return out;
+  };
   const std::string arrays = std::string(depth, '[') + std::string(depth, ']');
-  expect_rejected(arrays, "", "must be an object");
-  // The same depth under a field: rejected at that field.
+  expect_rejected(arrays, repeat("/0", 64), "nested deeper than 64 levels");
+  // The same depth under a field: the pointer starts at that field.
   json doc = default_doc();
   std::string text = doc.dump();
   text.insert(text.size() - 1, ",\"deep\":" + arrays);
-  expect_rejected(text, "/deep", "unknown field");
+  expect_rejected(text, "/deep" + repeat("/0", 63), "nested deeper than 64 levels");
   std::string objects;
   for (int i = 0; i < depth; ++i) objects += "{\"a\":";
   objects += "1" + std::string(depth, '}');
-  expect_rejected(R"({"model": )" + objects + "}", "/model/a", "unknown field");
-  // Unbalanced: deep and truncated.
-  expect_rejected(std::string(depth, '['), "", "malformed JSON");
+  expect_rejected(R"({"model": )" + objects + "}", "/model" + repeat("/a", 63),
+                  "nested deeper than 64 levels");
+  // Unbalanced: deep and truncated; the depth is met first.
+  expect_rejected(std::string(depth, '['), repeat("/0", 64), "nested deeper than 64 levels");
+  // Truncated within the limit: malformed.
+  expect_rejected(std::string(10, '['), "", "malformed JSON");
 }
 
 TEST(BadInput, HundredMegabyteDocumentIsRejectedQuickly) {

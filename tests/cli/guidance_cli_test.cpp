@@ -21,11 +21,14 @@ json default_doc() {
 }
 
 // Llama 2 70B replicated on 8 GPUs without ZeRO: 140 GB of bf16 weights alone, on 80 GB GPUs.
-json not_fitting() {
-  return json::parse(R"({"model": "llama2-70b",
+// Planned under `framework`, the one an export to it needs.
+json not_fitting(const std::string& framework = "megatron") {
+  json doc = json::parse(R"({"model": "llama2-70b",
     "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
     "training": {"seq_length": 4096, "global_batch_size": 32},
     "parallel": {"tp": 1, "dp": 8}})");
+  doc["training"]["framework"] = framework;
+  return doc;
 }
 
 // The error object of a run that must fail with exit 2 and nothing on stdout.
@@ -44,8 +47,8 @@ json error_of(const CliResult& r) {
 
 TEST(Guidance, ExportRefusesALayoutThatDoesNotFit) {
   TempDir dir;
-  const auto file = dir.write("big.json", not_fitting().dump());
   for (const char* to : {"megatron", "deepspeed", "torchtitan"}) {
+    const auto file = dir.write(std::string(to) + ".json", not_fitting(to).dump());
     const json e = error_of(run_cli({"export", file.string(), "--to", to}));
     EXPECT_EQ(e.value("path", ""), "/parallel");
     const std::string m = e.value("message", "");
@@ -62,7 +65,8 @@ TEST(Guidance, ExportForcedCarriesTheWarning) {
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out.rfind("# WARNING: this layout does not fit", 0), 0u) << r.out;
   EXPECT_NE(r.err.find("warning: the layout does not fit"), std::string::npos) << r.err;
-  const CliResult d = run_cli({"export", file.string(), "--to", "deepspeed", "--force"});
+  const auto ds = dir.write("big-ds.json", not_fitting("deepspeed").dump());
+  const CliResult d = run_cli({"export", ds.string(), "--to", "deepspeed", "--force"});
   EXPECT_EQ(d.exit_code, 0) << d.err;
   EXPECT_NO_THROW({
     const json parsed = json::parse(d.out);
@@ -72,10 +76,11 @@ TEST(Guidance, ExportForcedCarriesTheWarning) {
 }
 
 TEST(Guidance, ExportOfAFittingLayoutExitsZeroWithoutWarning) {
-  const CliResult r = run_cli({"export", "--to", "torchtitan"});  // the embedded default fits
+  // The embedded default fits, planned under its framework, Megatron-LM.
+  const CliResult r = run_cli({"export", "--to", "megatron"});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out.find("WARNING"), std::string::npos);
-  EXPECT_NE(r.out.find("[model]"), std::string::npos);
+  EXPECT_NE(r.out.find("--tensor-model-parallel-size"), std::string::npos);
   EXPECT_NE(r.out.find("# you still add:"), std::string::npos);
 }
 

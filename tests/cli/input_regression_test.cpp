@@ -41,13 +41,15 @@ TEST(InputRegression, SyntaxErrorsStayAtTheDocument) {
 // Finding 2: fit suggestions of a valid scenario with ~10^9 micro-batches per step tried "2 GPUs,
 // ZeRO-3", whose per-micro-batch parameter gathers (wire bytes = calls × bytes) overflowed int64 in
 // estimate() (UBSan: signed overflow). Validation now bounds ZeRO-2/3 traffic per step.
+// The reproducer as found (GPipe at pp 1, which Megatron-LM does not run: distplan's textbook
+// model).
 nlohmann::json huge_batch_scenario() {
   return nlohmann::json::parse(
       R"({"cluster": {"gpu": "a100-40gb", "gpus_per_node": 1, "num_gpus": 1},
     "model": "mistral-7b",
     "parallel": {"dp": 1, "pp": 1, "tp": 1, "zero_stage": 0, "schedule": "gpipe"},
     "training": {"global_batch_size": 1886671360, "micro_batch_size": 1, "precision": "fp32",
-                 "seq_length": 1}})");
+                 "seq_length": 1, "framework": "generic"}})");
 }
 
 TEST(InputRegression, ZeroThreeTrafficBeyondInt64IsRejected) {

@@ -73,6 +73,9 @@ class ViewsTest : public QObject {
     MainWindow w(false);
     loadDefault(w);
     QVERIFY(setCount(w, "/training/global_batch_size", 64));
+    // Every schedule distplan models: its textbook framework runs them all (Megatron-LM, the
+    // default, runs 1F1B and interleaving only).
+    QVERIFY(chooseText(w, "/training/framework", QStringLiteral("generic")));
     QVERIFY(chooseText(w, "/parallel/schedule", schedule));
     if (virtualStages > 1) QVERIFY(setCount(w, "/parallel/virtual_stages", virtualStages));
     QVERIFY2(w.session()->isValid(), qPrintable(w.session()->errorMessage()));

@@ -84,7 +84,9 @@ TEST(EmbeddingNorm, EmbeddingStageKeepsTheNormInputPerInflightMicrobatch) {
   EXPECT_EQ(last_on.activations_bytes, last_off.activations_bytes);
   EXPECT_EQ(last_on.weights_bytes, last_off.weights_bytes);
 
-  // Under sequence parallelism the norm runs in the sequence-parallel region: 1/tp of the tokens.
+  // Under sequence parallelism the norm runs in the sequence-parallel region: 1/tp of the tokens
+  // (Megatron-LM's; DeepSpeed's engine has no sequence parallelism of its own).
+  d["training"]["framework"] = "megatron";
   d["parallel"]["sequence_parallel"] = true;
   const StageMemory sp_off = estimate(testing::scenario(d)).memory.stages.at(0);
   d["model"]["embedding_norm"] = true;

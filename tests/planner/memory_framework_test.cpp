@@ -120,15 +120,21 @@ TEST(MemoryFramework, Fsdp2ShardedFp32ParamsAreTheMaster) {
 TEST(MemoryFramework, DeepSpeedCountsItsReduceBucket) {
   json d = small_doc("deepspeed");
   d["parallel"] = {{"tp", 1}, {"pp", 1}, {"dp", 8}, {"zero_stage", 2}};
+  // The bucket lives inside the backward; the optimizer step's fp32 gradient upcast comes after
+  // it and would stand in for a smaller backward transient: left out, the bucket's bytes show.
+  d["assumptions"]["framework_profile"] = {{"optimizer_step_upcast", false}};
   const StageMemory ds = estimate(testing::scenario(d)).memory.stages[0];
-  d["assumptions"]["framework_profile"] = {{"reduce_bucket_elements", 0}};
+  d["assumptions"]["framework_profile"] = {{"optimizer_step_upcast", false},
+                                           {"reduce_bucket_elements", 0}};
   const StageMemory none = estimate(testing::scenario(d)).memory.stages[0];
   // reduce_bucket_size 5e8 elements in bf16, double-buffered with overlap_comm (the default
   // assumptions.overlap_grad_reduce; stage_1_and_2.py backward_prologue), one buffer without.
   EXPECT_EQ(ds.transient_bytes - none.transient_bytes, Bytes{500'000'000} * 2 * 2);
   d["assumptions"]["overlap_grad_reduce"] = false;
+  d["assumptions"]["framework_profile"] = {{"optimizer_step_upcast", false}};
   const StageMemory one = estimate(testing::scenario(d)).memory.stages[0];
-  d["assumptions"]["framework_profile"] = {{"reduce_bucket_elements", 0}};
+  d["assumptions"]["framework_profile"] = {{"optimizer_step_upcast", false},
+                                           {"reduce_bucket_elements", 0}};
   EXPECT_EQ(one.transient_bytes - estimate(testing::scenario(d)).memory.stages[0].transient_bytes,
             Bytes{500'000'000} * 2);
 }
@@ -158,6 +164,11 @@ TEST(MemoryFramework, FitsComparesReservedBytes) {
 TEST(MemoryFramework, EchoedScenarioRoundTrips) {
   for (const char* f : {"generic", "megatron", "deepspeed", "torchtitan"}) {
     json d = small_doc(f);
+    if (std::string(f) == "torchtitan") {
+      // What torchtitan runs of the layout: FSDP2 (ZeRO-3), tensor parallelism with sp.
+      d["parallel"]["zero_stage"] = 3;
+      d["parallel"]["sequence_parallel"] = true;
+    }
     d["assumptions"]["framework_profile"] = {{"allocator_fragmentation", 0.2}};
     const Scenario s = testing::scenario(d);
     EXPECT_DOUBLE_EQ(s.assumptions.framework_profile.allocator_fragmentation, 0.2);

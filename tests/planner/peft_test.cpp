@@ -310,7 +310,10 @@ json llama65b_qlora(bool paged) {
             {"global_batch_size", 16},
             {"micro_batch_size", 1},
             {"precision", "bf16"},
-            {"framework", "fsdp2"},
+            // Hugging Face PEFT on one GPU, eager PyTorch: none of the three frameworks (torchtitan
+            // reduces in fp32 only); distplan's textbook conventions.
+            {"framework", "generic"},
+            {"kernels", "eager"},
             {"grad_accumulation_dtype", "bf16"},  // the bf16 adapters' own gradients
             {"peft",
              {{"method", "qlora"},

@@ -20,19 +20,23 @@ namespace {
 
 using J = nlohmann::json;
 
-// A model of `layers` layers (Llama-3.1-405B's shape otherwise) on `parallel`, Megatron-LM's
-// framework profile.
+// A model of `layers` layers (Llama-3.1-405B's shape otherwise) on `parallel`: Megatron-LM's
+// framework for the schedules it runs (interleaving with its default overlapped sends, which it
+// needs at pp 2), distplan's textbook model for the V and DualPipe schedules.
 J doc_with(Count layers, const J& parallel, Count gbs = 64) {
   const Count gpus = parallel.value("tp", 1) * parallel.value("pp", 1) * parallel.value("dp", 1) *
                      parallel.value("cp", 1);
+  const std::string schedule = parallel.value("schedule", "1f1b");
+  const bool megatron = schedule == "1f1b" || schedule == "interleaved_1f1b";
   return {{"model", {{"preset", "llama3.1-405b"}, {"num_layers", layers}}},
           {"cluster", {{"gpu", "h100-sxm-80gb"}, {"num_gpus", gpus}}},
           {"training",
            {{"seq_length", 4096},
             {"global_batch_size", gbs},
             {"micro_batch_size", 1},
-            {"framework", "megatron"}}},
-          {"parallel", parallel}};
+            {"framework", megatron ? "megatron" : "generic"}}},
+          {"parallel", parallel},
+          {"assumptions", {{"overlap_p2p", schedule == "interleaved_1f1b"}}}};
 }
 
 PipelineSplit split_of(const J& doc) {

@@ -170,8 +170,9 @@ def test_threads_plan_at_once_and_agree_with_one_thread(default):
 LAYOUT_RUN_BY = {
     "generic": ({}, (0, 1, 3)),
     "megatron": ({}, (0, 1, 3)),
-    # DeepSpeed's pipeline engine: no tensor or sequence parallelism beside it, ZeRO 0/1.
-    "deepspeed": ({"tp": 1, "pp": 8, "dp": 8, "sequence_parallel": False, "recompute": "none"},
+    # DeepSpeed's pipeline engine: ZeRO 0/1 beside it, tensor parallelism from the model code
+    # (Megatron-DeepSpeed), no sequence parallelism.
+    "deepspeed": ({"tp": 8, "pp": 2, "dp": 4, "sequence_parallel": False, "recompute": "none"},
                   (0, 1)),
     # torchtitan: FSDP2 (ZeRO-3) beside tp and pp, no Megatron-style selective recompute.
     "fsdp2": ({"recompute": "none"}, (3,)),

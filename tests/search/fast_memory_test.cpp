@@ -90,8 +90,10 @@ TEST(FastMemory, AgreesWithEstimateUnderEachFramework) {
   // adds a peer on the first and last; the lean path's three stages still hold the peak.
   for (const char* f : {"megatron", "deepspeed", "torchtitan"}) {
     SCOPED_TRACE(f);
+    // DeepSpeed runs 1F1B alone, without sequence or context parallelism: a smaller space.
     expect_agreement(space_of("gpt3-1.3b", 24, 96, 2048,
-                              {{"framework", f}, {"dropout", 0.1}, {"attention", "standard"}}));
+                              {{"framework", f}, {"dropout", 0.1}, {"attention", "standard"}}),
+                     std::string(f) == "deepspeed" ? 300 : 1000);
   }
 }
 

@@ -141,8 +141,8 @@ TEST(SearchJson, BestPlanFedBackAsAScenarioGivesTheSameFigures) {
     EXPECT_EQ(plan.at("mfu").get<double>(), e.time.mfu);
     // The plan's own scenario member is the same layout, whole: planned as it is, it gives the
     // same figures with no merging by hand.
-    const Estimate own = estimate(scenario_from_json(plan.at("scenario")));
-    EXPECT_EQ(plan.at("peak_bytes").get<Bytes>(), own.memory.peak_bytes);
+    const Estimate own = sim::plan(scenario_from_json(plan.at("scenario")));
+    EXPECT_EQ(plan.at("peak_bytes").get<Bytes>(), own.memory.peak_reserved_bytes);
     EXPECT_EQ(plan.at("step_seconds").get<double>(), own.time.step_seconds);
     EXPECT_EQ(plan.at("scenario").at("parallel"), plan.at("parallel"));
   }
