@@ -5,6 +5,7 @@
 #include <unordered_map>
 
 #include "distplan/planner/error.h"
+#include "distplan/planner/scenario_json.h"
 
 namespace distplan::py {
 namespace {
@@ -90,8 +91,29 @@ nlohmann::json integer(PyObject* o, const std::string& path) {
   throw InputError(path, "integer out of the 64-bit range");
 }
 
+// Containers open on the way down: a document deeper than any distplan reads (kMaxJsonDepth, as
+// the JSON text reader) is refused at the container that holds the first too-deep one, which
+// also stops a dict or list that contains itself (it recursed until the interpreter crashed).
+thread_local int depth = 0;
+struct Nested {
+  explicit Nested(const std::string& path) {
+    if (depth >= kMaxJsonDepth) {
+      throw InputError(path, "nested deeper than " + std::to_string(kMaxJsonDepth) +
+                                 " levels here (a scenario has about 5; a dict or list that "
+                                 "contains itself?)");
+    }
+    ++depth;
+  }
+  ~Nested() { --depth; }
+  Nested(const Nested&) = delete;
+  Nested& operator=(const Nested&) = delete;
+};
+
 nlohmann::json from_python_at(PyObject* o, std::string& path) {
-  if (PyDict_Check(o)) return object_from_dict(o, path);
+  if (PyDict_Check(o)) {
+    const Nested level(path);
+    return object_from_dict(o, path);
+  }
   // bool before int: True is an int in Python.
   if (PyBool_Check(o)) return nlohmann::json(o == Py_True);
   if (PyLong_Check(o)) return integer(o, path);
@@ -110,7 +132,10 @@ nlohmann::json from_python_at(PyObject* o, std::string& path) {
     return nlohmann::json(std::string(s, static_cast<std::size_t>(n)));
   }
   if (o == Py_None) return nlohmann::json(nullptr);
-  if (PyList_Check(o) || PyTuple_Check(o)) return array_from_sequence(o, path);
+  if (PyList_Check(o) || PyTuple_Check(o)) {
+    const Nested level(path);
+    return array_from_sequence(o, path);
+  }
   throw InputError(
       path, "a " + type_name(o) + " is not JSON (use dict, list, str, int, float, bool or None)");
 }

@@ -169,7 +169,8 @@ TEST(PeftMemory, QloraWeightsFollowTheBitsPerParameter) {
       "llama2-7b", {{"method", "qlora"}, {"rank", 8}, {"target_modules", {"q_proj", "v_proj"}}}));
   EXPECT_EQ(s.training.peft.base_storage, BaseStorage::nf4);
   EXPECT_TRUE(s.training.peft.double_quant);
-  const StageMemory& st = estimate(s).memory.stages[0];
+  const Estimate e = estimate(s);
+  const StageMemory& st = e.memory.stages[0];
   const ModelSpec& m = s.model;
   const double linear = 32.0 * (4.0 * 4096 * 4096 + 3.0 * 4096 * 11008);
   const double other = 2.0 * 32000 * 4096 + (2 * 32 + 1) * 4096.0;

@@ -198,3 +198,23 @@ def test_fits_is_judged_on_the_peak_it_names(default, framework):
             assert memory["fits"] == (judged <= memory["capacity_bytes"])
             seen.add(memory["fits"])
     assert seen == {True, False}
+
+
+def test_documents_nested_without_end_are_refused_at_their_container(default):
+    """A dict that contains itself, and a list nested 100,000 deep, crashed the interpreter
+    (issue 29, item 11): both are refused at the container past 64 levels."""
+    s = copy.deepcopy(default)
+    s["model"] = {"preset": "llama2-7b"}
+    s["model"]["self"] = s["model"]
+    with pytest.raises(distplan.InputError) as info:
+        distplan.plan(s)
+    assert info.value.path == "/model" + "/self" * 63
+    assert "nested deeper than 64 levels" in str(info.value)
+    deep = []
+    for _ in range(100_000):
+        deep = [deep]
+    s = copy.deepcopy(default)
+    s["extra"] = deep
+    with pytest.raises(distplan.InputError) as info:
+        distplan.plan(s)
+    assert info.value.path == "/extra" + "/0" * 63
