@@ -71,6 +71,7 @@ FrameworkCapabilities generic_row() {
   c.overlap_p2p = all;
   c.overlap_p2p_interleaved = all;
   c.interleaved_pp2_without_p2p_overlap = all;
+  c.fine_tuning = all;
   c.p2p_overlap_default = no("generic: assumptions.overlap_p2p decides (default off)");
   c.ep_dispatch_overlap = no("generic: not modelled");
   c.grouped_gemm = yes("generic: the op table times one GEMM per rank's experts");
@@ -188,6 +189,10 @@ FrameworkCapabilities megatron_row() {
       yes("Transformer Engine layers: fused norms, rotary, softmax, attention; "
           "fused vocab-parallel cross-entropy");
   c.torch_compile = no("no torch.compile of the model; fusions are TE kernels");
+  c.fine_tuning =
+      no("Megatron-LM core_v0.15.3 trains no LoRA adapters or frozen 4-bit base "
+         "(Megatron-Bridge's PEFT wraps its own adapters, not modelled); plan fine-tuning "
+         "under \"generic\" or \"deepspeed\" (Hugging Face PEFT + Accelerate, export peft)");
   return c;
 }
 
@@ -301,6 +306,10 @@ FrameworkCapabilities torchtitan_row() {
           "combine overlap the other chunk's compute; TP collectives are not overlapped");
   c.grouped_gemm = yes("MoE experts through torch._grouped_mm (use_grouped_mm)");
   c.fused_kernels = no("eager PyTorch ops (fused only under [compile] enable)");
+  c.fine_tuning =
+      no("torchtitan v0.2.2 has no LoRA converter or quantized base (its LoRA came later, "
+         "pytorch/torchtitan#2484); plan fine-tuning under \"generic\" or \"deepspeed\" "
+         "(Hugging Face PEFT + Accelerate, export peft)");
   c.torch_compile =
       yes("[compile] enable, components [\"model\", \"loss\"]: per-block "
           "torch.compile (apply_compile)");
@@ -393,6 +402,8 @@ FrameworkCapabilities deepspeed_row() {
          "(deepspeed/moe/experts.py)");
   c.fused_kernels = no("the model's own (Hugging Face) eager ops");
   c.torch_compile = yes("compile.enabled: engine.compile()");
+  c.fine_tuning = yes(
+      "Hugging Face PEFT + Accelerate with DeepSpeed ZeRO (PEFT v0.20.0 examples/sft/configs)");
   return c;
 }
 
@@ -469,6 +480,7 @@ std::optional<FrameworkRefusal> framework_refusal(const Scenario& s) {
     out = refusal(c, row, path, what);
   };
   const bool half = t.precision != DType::fp32;
+  if (t.peft.enabled()) need(c.fine_tuning, "/training/peft", "fine-tuning (training.peft)");
 
   // Precision first: it is the recipe, the layout comes after.
   need(c.precision[static_cast<std::size_t>(t.precision)], "/training/precision",

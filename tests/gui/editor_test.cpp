@@ -135,6 +135,8 @@ class EditorTest : public QObject {
     MainWindow w(false);
     loadDefault(w);
     QCOMPARE(w.memoryView()->frozenWeightsGiB(0), -1.0);  // pre-training: nothing frozen
+    // Megatron-LM, the default, fine-tunes nothing (docs/frameworks.md): the textbook model.
+    QVERIFY(chooseText(w, "/training/framework", QStringLiteral("generic")));
     QVERIFY(chooseText(w, "/training/peft/method", QStringLiteral("full")));
     QVERIFY(setCount(w, "/training/peft/frozen_layers", 20));
     QVERIFY(w.session()->isValid());

@@ -211,6 +211,16 @@ TEST(Capabilities, DeepSpeedPipelineEngineAndAutoTp) {
   expect_refused(weighed, "/parallel/layers_per_stage", "partition");
 }
 
+TEST(Capabilities, FineTuningRunsWhereHuggingFacePeftRunsIt) {
+  const json lora = {{"method", "lora"}, {"rank", 8}, {"target_modules", {"q_proj", "v_proj"}}};
+  expect_refused(doc("megatron", {{"dp", 16}, {"zero_stage", 1}}, {{"peft", lora}}),
+                 "/training/peft", "no LoRA");
+  expect_refused(doc("torchtitan", {{"dp", 16}, {"zero_stage", 3}}, {{"peft", lora}}),
+                 "/training/peft", "no LoRA");
+  expect_runs(doc("deepspeed", {{"dp", 16}, {"zero_stage", 2}}, {{"peft", lora}}));
+  expect_runs(doc("generic", {{"dp", 16}, {"zero_stage", 2}}, {{"peft", lora}}));
+}
+
 TEST(Capabilities, GenericRunsEverythingTheOthersRefuse) {
   for (const json& p : {json{{"pp", 4}, {"dp", 4}, {"schedule", "zb_h1"}},
                         json{{"tp", 2}, {"pp", 2}, {"dp", 4}, {"zero_stage", 2}},
@@ -256,6 +266,7 @@ TEST(Capabilities, EveryRowOfEveryFrameworkHasASource) {
                              &c.fp32_gradients_with_half,
                              &c.half_gradients,
                              &c.offload_optimizer_alone,
+                             &c.fine_tuning,
                              &c.tp_comm_overlap,
                              &c.tp_comm_overlap_without_sp,
                              &c.overlap_grad_reduce,

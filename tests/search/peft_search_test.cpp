@@ -27,7 +27,9 @@ json lora_on(const std::string& model, const std::string& gpu, Count gpus, json 
            {{"seq_length", 2048},
             {"global_batch_size", 16},
             {"precision", "bf16"},
-            {"framework", "fsdp2"},
+            // Hugging Face PEFT + Accelerate FSDP: distplan's textbook conventions (Megatron-LM
+            // and torchtitan v0.2.2 fine-tune nothing; docs/frameworks.md).
+            {"framework", "generic"},
             {"peft", std::move(peft)}}}};
 }
 

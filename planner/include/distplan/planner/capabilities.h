@@ -96,6 +96,7 @@ struct FrameworkCapabilities {
   Support overlap_p2p;                           // pipeline sends overlap compute (flat schedules)
   Support overlap_p2p_interleaved;               // ... in the interleaved schedule
   Support interleaved_pp2_without_p2p_overlap;   // interleaved at pp = 2, sends not overlapped
+  Support fine_tuning;  // training.peft: adapters, a frozen or quantized base (docs/peft.md)
 
   // --- Facts for the time model (recorded, not refused) ----------------------------------
   Support p2p_overlap_default;  // pipeline sends overlapped by default (its own default)
