@@ -87,7 +87,8 @@ class Estimator {
         t_(s.training),
         p_(s.parallel),
         table_(planner_layer_table(s.model, s.training)),
-        dense_table_(build_layer_table(s.model, s.training)),
+        // A dense model's table is already the dense-MLP layer's: built once.
+        dense_table_(s.model.moe.enabled() ? build_layer_table(s.model, s.training) : table_),
         split_(pipeline_split(s)),
         layer_params_rank_(planner_layer_params_per_tp_rank(s.model, table_, s.parallel.tp)),
         dense_params_rank_(layer_parameters_per_tp_rank(dense_table_, s.parallel.tp)),
@@ -216,10 +217,13 @@ class Estimator {
                                                               p_.sequence_parallel, p_.recompute),
                                              moe_, p_.recompute),
                           m_, p_.cp, p_.cp_comm, act_tokens(), p_.tp, cb(), p_.recompute);
+    // A dense model's layers are all of one kind: its dense-MLP activation is `act` itself.
     const LayerActivation dense_act =
-        add_cp_activation(layer_activation(dense_table_, m_, local_training(), p_.tp,
-                                           p_.sequence_parallel, p_.recompute),
-                          m_, p_.cp, p_.cp_comm, act_tokens(), p_.tp, cb(), p_.recompute);
+        moe_.enabled()
+            ? add_cp_activation(layer_activation(dense_table_, m_, local_training(), p_.tp,
+                                                 p_.sequence_parallel, p_.recompute),
+                                m_, p_.cp, p_.cp_comm, act_tokens(), p_.tp, cb(), p_.recompute)
+            : act;
     MemoryEstimate& mem = e.memory;
     mem.capacity_bytes = s_.cluster.gpu.memory_bytes;
     mem.stages.resize(static_cast<std::size_t>(pp));
