@@ -6,6 +6,9 @@
 
 #include <time.h>
 
+#include <atomic>
+#include <chrono>
+#include <future>
 #include <optional>
 #include <string>
 #include <vector>
@@ -122,6 +125,30 @@ bool return_errors(pyb::handle errors) {
 // Plans a list of scenarios in small blocks: each block's inputs are read with the GIL held,
 // planned without it, and its answers converted with it again. Small blocks keep the documents in
 // cache between building and converting, and memory bounded for long sweeps.
+// Runs `work` off the interpreter and still answers Ctrl-C (issue 29, item 13): the calling
+// thread looks at Python's signal handlers every 50 ms; when one raises (KeyboardInterrupt),
+// `cancel` asks the work to stop at its next check and the exception is raised once the work
+// has returned.
+template <typename Work>
+auto interruptible(Work&& work, std::atomic<bool>& cancel) {
+  auto task = std::async(std::launch::async, std::forward<Work>(work));
+  for (;;) {
+    {
+      pyb::gil_scoped_release nogil;
+      if (task.wait_for(std::chrono::milliseconds(50)) == std::future_status::ready) break;
+    }
+    if (PyErr_CheckSignals() != 0) {
+      cancel = true;
+      {
+        pyb::gil_scoped_release nogil;
+        task.wait();
+      }
+      throw pyb::error_already_set();
+    }
+  }
+  return task.get();
+}
+
 pyb::list plan_many(pyb::handle scenarios, pyb::handle parts_arg, pyb::handle errors) {
   const unsigned parts = plan_parts(parts_arg);
   const bool keep_going = return_errors(errors);
@@ -137,6 +164,8 @@ pyb::list plan_many(pyb::handle scenarios, pyb::handle parts_arg, pyb::handle er
   // errors="return": the error of each failed scenario of the block (empty optional: planned).
   std::vector<std::optional<InputError>> failed;
   for (Py_ssize_t begin = 0; begin < n; begin += kBlock) {
+    // Between blocks, with the interpreter held: Ctrl-C stops a long sweep (issue 29, item 13).
+    if (PyErr_CheckSignals() != 0) throw pyb::error_already_set();
     const Py_ssize_t end = std::min(n, begin + kBlock);
     docs.clear();
     failed.assign(static_cast<std::size_t>(end - begin), std::nullopt);
@@ -254,12 +283,14 @@ pyb::object simulate(pyb::handle scenario, pyb::handle costs) {
 
 pyb::object search_layouts(pyb::handle request) {
   const json doc = from_python(request.ptr());
-  json out;
-  {
-    pyb::gil_scoped_release nogil;
-    const search::Request req = search::request_from_json(doc);
-    out = search::result_to_json(req, search::run(req.space, req.options));
-  }
+  std::atomic<bool> cancel{false};
+  const json out = interruptible(
+      [&doc, &cancel] {
+        search::Request req = search::request_from_json(doc);
+        req.options.cancel = &cancel;
+        return search::result_to_json(req, search::run(req.space, req.options));
+      },
+      cancel);
   return to_object(out);
 }
 

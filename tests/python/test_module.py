@@ -218,3 +218,41 @@ def test_documents_nested_without_end_are_refused_at_their_container(default):
     with pytest.raises(distplan.InputError) as info:
         distplan.plan(s)
     assert info.value.path == "/extra" + "/0" * 63
+
+
+def test_ctrl_c_stops_a_long_search():
+    """Ctrl-C inside distplan.search was not honoured (issue 29, item 13): the search ran on with
+    the interpreter released. A SIGINT now raises from the call well before the search ends."""
+    import signal
+
+    class Interrupted(Exception):
+        pass
+
+    def handler(signum, frame):
+        raise Interrupted()
+
+    request = {
+        "model": "llama3.1-405b",
+        "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16384},
+        "training": {"seq_length": 8192, "global_batch_size": 2048, "framework": "generic"},
+        "parallel": {"schedule": ["1f1b", "interleaved_1f1b", "zb_h1", "zb_h2", "zb_v",
+                                  "v_half", "dualpipe_v", "zb_auto"]},
+        "search": {"threads": 1},
+    }
+    start = time.perf_counter()
+    distplan.search(request)
+    whole = time.perf_counter() - start
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        timer = threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT))
+        start = time.perf_counter()
+        timer.start()
+        with pytest.raises(Interrupted):
+            distplan.search(request)
+            time.sleep(5)  # the signal came after the search: it lands here instead
+        stopped = time.perf_counter() - start
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGINT, previous)
+    if whole > 1.0:
+        assert stopped < 0.5 * whole, (stopped, whole)
