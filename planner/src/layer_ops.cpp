@@ -212,25 +212,30 @@ Count layer_parameters_per_tp_rank(const LayerTable& table, Count tp) noexcept {
   return n;
 }
 
+void add_saved_tensors(const LayerOp& op, Count b, Count s, Count tp, bool sequence_parallel,
+                       SavedSums& sums) noexcept {
+  for (int i = 0; i < op.num_saved; ++i) {
+    const SavedTensor& t = op.saved[i];
+    const Bytes elems = b * s * (t.per_token + t.per_token_per_key * s);
+    Bytes bytes = elems * t.bytes_per_element;
+    const bool sharded = t.shard == TpShard::tp || (t.shard == TpShard::sp && sequence_parallel);
+    if (t.bytes_per_element > 1)
+      sums.largest = std::max(sums.largest, sharded ? elems / tp : elems);
+    if (sharded) bytes /= tp;
+    sums.all += bytes;
+    if (t.dropped_by_selective) sums.dropped += bytes;
+  }
+}
+
 LayerActivation layer_activation(const LayerTable& table, const ModelSpec& model,
                                  const TrainingSpec& training, Count tp, bool sequence_parallel,
                                  Recompute recompute) noexcept {
   const Count b = training.micro_batch_size;
   const Count s = training.seq_length;
-  Bytes all = 0, dropped = 0;
-  Count largest = 0;
-  for (const LayerOp& op : table) {
-    for (int i = 0; i < op.num_saved; ++i) {
-      const SavedTensor& t = op.saved[i];
-      const Bytes elems = b * s * (t.per_token + t.per_token_per_key * s);
-      Bytes bytes = elems * t.bytes_per_element;
-      const bool sharded = t.shard == TpShard::tp || (t.shard == TpShard::sp && sequence_parallel);
-      if (t.bytes_per_element > 1) largest = std::max(largest, sharded ? elems / tp : elems);
-      if (sharded) bytes /= tp;
-      all += bytes;
-      if (t.dropped_by_selective) dropped += bytes;
-    }
-  }
+  SavedSums sums;
+  for (const LayerOp& op : table) add_saved_tensors(op, b, s, tp, sequence_parallel, sums);
+  const Bytes all = sums.all, dropped = sums.dropped;
+  const Count largest = sums.largest;
   LayerActivation out;
   out.largest_elements = largest;
   switch (recompute) {

@@ -289,22 +289,13 @@ LayerActivation peft_layer_activation(const LayerTable& table, const ModelSpec& 
   const Count b = training.micro_batch_size;
   const Count s = training.seq_length;
   const Bytes cb = bytes_of(training.precision);
-  Bytes all = 0, dropped = 0;
-  Count largest = 0;
+  SavedSums sums;
   for (int i = 0; i < table.num_ops; ++i) {
-    const LayerOp& op = table.ops[static_cast<std::size_t>(i)];
     if (!flow.saves[static_cast<std::size_t>(i)]) continue;
-    for (int j = 0; j < op.num_saved; ++j) {
-      const SavedTensor& t = op.saved[j];
-      const Bytes elems = b * s * (t.per_token + t.per_token_per_key * s);
-      Bytes bytes = elems * t.bytes_per_element;
-      const bool sharded = t.shard == TpShard::tp || (t.shard == TpShard::sp && sequence_parallel);
-      if (t.bytes_per_element > 1) largest = std::max(largest, sharded ? elems / tp : elems);
-      if (sharded) bytes /= tp;
-      all += bytes;
-      if (t.dropped_by_selective) dropped += bytes;
-    }
+    add_saved_tensors(table.ops[static_cast<std::size_t>(i)], b, s, tp, sequence_parallel, sums);
   }
+  Bytes all = sums.all, dropped = sums.dropped;
+  Count largest = sums.largest;
   // Flash attention's backward reads its output O (Dao 2023, Algorithm 2: D = rowsum(dO * O));
   // the table counts O as attention_out's saved input, so when that frozen projection keeps
   // nothing, the attention keeps O itself.

@@ -92,6 +92,16 @@ struct LayerActivation {
   Bytes working = 0;  // rebuilt by recomputation while this layer's backward runs (one layer)
   Count largest_elements = 0;  // elements of the largest non-mask tensor it saves (per GPU)
 };
+/// The tensors one op saves for backward, for one micro-batch of b x s tokens on one GPU of a
+/// TP group of `tp`: added to `all` (and to `dropped` where selective recompute drops them), and
+/// the largest non-mask one's elements kept in `largest`. One definition for the training and
+/// the fine-tuning activations (layer_activation, peft_layer_activation).
+struct SavedSums {
+  Bytes all = 0, dropped = 0;
+  Count largest = 0;
+};
+void add_saved_tensors(const LayerOp& op, Count b, Count s, Count tp, bool sequence_parallel,
+                       SavedSums& sums) noexcept;
 /// none: everything saved, no working set. selective: the s x s tensors are dropped and rebuilt
 /// in backward. full: only the input is kept; the rest is rebuilt (docs/layer_ops.md).
 [[nodiscard]] LayerActivation layer_activation(const LayerTable& table, const ModelSpec& model,
