@@ -543,7 +543,40 @@ class Estimator {
       c.all_gather = 3 * blocks + replay;
       c.reduce_scatter = 2 * blocks + replay;
     }
+    // MLA's attention block carries its latents, not h, on its input side (tp_latent_calls).
+    const TpCalls l = tp_latent_calls();
+    c.all_reduce -= l.all_reduce;
+    c.all_gather -= l.all_gather;
+    c.fwd_all_gather -= l.fwd_all_gather;
+    c.reduce_scatter -= l.reduce_scatter;
     return c;
+  }
+  // MLA (layer_ops.cpp, add_mla_projections): the attention block's input-side collectives move
+  // the latents the up-projections read, not the hidden states. Under sequence parallelism the
+  // normed query latent and kv latent are all-gathered by their TELayerNormColumnParallelLinear and
+  // the rotary key part by gather_from_sequence_parallel_region (forward, again for the weight
+  // gradients in backward, and in a full-recompute replay), their input gradients
+  // reduce-scattered; without it the column-parallel up-projections' input gradients are
+  // all-reduced. Counted as one collective of the three widths together (tp_latent_bytes).
+  [[nodiscard]] TpCalls tp_latent_calls() const noexcept {
+    TpCalls c;
+    if (!m_.mla.enabled()) return c;
+    const Count replay = p_.recompute == Recompute::full ? 1 : 0;
+    if (!p_.sequence_parallel) {
+      c.all_reduce = 1;
+    } else {
+      c.fwd_all_gather = 1;
+      c.all_gather = 2 + replay;
+      c.reduce_scatter = 1;
+    }
+    return c;
+  }
+  // One micro-batch's MLA latents: q_lora_rank (h without a query rank: linear_q_proj reads the
+  // hidden states) + kv_lora_rank + qk_rope_head_dim per token, in the compute dtype.
+  [[nodiscard]] Bytes tp_latent_bytes() const noexcept {
+    const MlaSpec& x = m_.mla;
+    const Count q = x.q_lora_rank > 0 ? x.q_lora_rank : m_.hidden_size;
+    return act_tokens() * (q + x.kv_lora_rank + x.qk_rope_head_dim) * cb();
   }
 
   // Context-parallel exchanges of one layer's attention for one micro-batch (Transformer Engine
@@ -569,7 +602,8 @@ class Estimator {
     std::array<CpCall, 3> calls{};
   };
   [[nodiscard]] Bytes cp_kv_bytes() const noexcept {
-    return act_tokens() * 2 * m_.kv_hidden() / p_.tp * cb();
+    // Keys and values together (MLA: every head's, of d_qk and d_v).
+    return act_tokens() * (m_.attention_k_width() + m_.attention_v_width()) / p_.tp * cb();
   }
   [[nodiscard]] CpCalls cp_layer_calls() const noexcept {
     CpCalls x;
@@ -588,7 +622,10 @@ class Estimator {
         break;
       case CpComm::a2a: {
         // Query width heads × head_dim (q_hidden: not hidden_size when head_dim is explicit).
-        const Bytes q = act_tokens() * m_.q_hidden() / p_.tp * cb();
+        // MLA's outputs (d_v) are narrower than its queries (d_qk): the mean of the two is the
+        // exact total of the four exchanges, and k and v alike below.
+        const Bytes q =
+            act_tokens() * ((m_.attention_q_width() + m_.attention_out_width()) / 2) / p_.tp * cb();
         // q and the output (forward), dO and dQ (backward): Transformer Engine >= 2.9's
         // AttnFuncWithCPAndQKVOA2A saves the head-sharded output and exchanges only dO before
         // the attention backward (context_parallel.py; NVIDIA/TransformerEngine#2012), as
@@ -780,6 +817,16 @@ class Estimator {
         (c.all_gather * L + cd.all_gather * Ld) * m);
     add(out, Group::tp, CollectiveOp::reduce_scatter, "layer activations", act,
         (c.reduce_scatter * L + cd.reduce_scatter * Ld) * m);
+    if (m_.mla.enabled()) {
+      const TpCalls l = tp_latent_calls();
+      const Bytes lat = tp_latent_bytes();
+      add(out, Group::tp, CollectiveOp::all_reduce, "attention latents (MLA)", lat,
+          l.all_reduce * (L + Ld) * m);
+      add(out, Group::tp, CollectiveOp::all_gather, "attention latents (MLA)", lat,
+          l.all_gather * (L + Ld) * m);
+      add(out, Group::tp, CollectiveOp::reduce_scatter, "attention latents (MLA)", lat,
+          l.reduce_scatter * (L + Ld) * m);
+    }
     if (u.embedding.count > 0) {
       // Vocab-parallel embedding: partial lookups summed (all-reduce, or reduce-scatter into the
       // sequence-parallel region).
@@ -1122,10 +1169,12 @@ class Estimator {
       double tp_fwd_share = 0;
       {
         const TpCalls c = tp_layer_calls();
-        const double fwd_calls =
-            static_cast<double>(c.fwd_all_reduce * 2 + c.fwd_all_gather + c.fwd_reduce_scatter);
+        const TpCalls l = tp_latent_calls();
+        const double fwd_calls = static_cast<double>(c.fwd_all_reduce * 2 + c.fwd_all_gather +
+                                                     c.fwd_reduce_scatter + l.fwd_all_gather);
         const double all_calls =
-            static_cast<double>(c.all_reduce * 2 + c.all_gather + c.reduce_scatter);
+            static_cast<double>(c.all_reduce * 2 + c.all_gather + c.reduce_scatter +
+                                l.all_reduce * 2 + l.all_gather + l.reduce_scatter);
         tp_fwd_share = all_calls > 0 ? fwd_calls / all_calls : 0;
       }
       // Each chunk's units, and its share of the stage's TP time per micro-batch: its own

@@ -61,18 +61,21 @@ LayerOp& add_linear(Builder& b, std::string_view name, LinearKind kind, Count in
   return op;
 }
 
-LayerOp& add_norm(Builder& b, std::string_view name, const ModelSpec& m, Bytes act_bytes) {
+// A norm over `width` features (the hidden size unless stated: MLA's latent norms).
+LayerOp& add_norm(Builder& b, std::string_view name, const ModelSpec& m, Bytes act_bytes,
+                  Count width = 0) {
+  if (width == 0) width = m.hidden_size;
   LayerOp& op = b.add(OpKind::norm, name);
-  op.weight_params = m.hidden_size;
-  op.bias_params = m.norm == Norm::layernorm ? m.hidden_size : 0;
+  op.in_features = op.out_features = width;
+  op.weight_params = width;
+  op.bias_params = m.norm == Norm::layernorm ? width : 0;
   op.param_shard = TpShard::replicated;
   op.bias_shard = TpShard::replicated;
   // The input only: mean and rstd are recomputed from it in backward (they are O(sb) fp32 values,
   // which Korthikanti et al. also leave out).
-  Builder::save(op, {.name = "input",
-                     .per_token = m.hidden_size,
-                     .bytes_per_element = act_bytes,
-                     .shard = TpShard::sp});
+  Builder::save(
+      op,
+      {.name = "input", .per_token = width, .bytes_per_element = act_bytes, .shard = TpShard::sp});
   return op;
 }
 
@@ -82,6 +85,47 @@ void add_dropout(Builder& b, std::string_view name, const ModelSpec& m) {
   Builder::save(
       op,
       {.name = "mask", .per_token = m.hidden_size, .bytes_per_element = 1, .shard = TpShard::sp});
+}
+
+// Multi-head latent attention's projections (DeepSeek-AI 2024, "DeepSeek-V2", eqs. 9-18), as
+// Megatron-Core builds them (megatron/core/transformer/multi_latent_attention.py with the
+// Transformer Engine spec): the down-projections linear_q_down_proj (h -> q_lora_rank) and
+// linear_kv_down_proj (h -> kv_lora_rank + qk_rope_head_dim) are duplicated TELinears, whole on
+// every TP rank and run on the rank's sequence shard; the latents are normed (q_layernorm,
+// kv_layernorm, fused into the up-projections' TELayerNormColumnParallelLinear, which gathers the
+// normed latent under sequence parallelism) and projected up column-parallel, linear_q_up_proj to
+// the a heads' queries (d_qk each) and linear_kv_up_proj to their keys without rotary part and
+// values (qk_nope + v each); the shared rotary key part is gathered beside them. Without a query
+// rank (DeepSeek-V2-Lite) the queries come straight from h (linear_q_proj, column-parallel).
+// Saved for backward: the layer input's norm output once (both down-projections read the same
+// tensor; in FP8 each keeps its own quantised copy), each latent's norm input and output. The
+// core then saves q, k, v as the attention sees them.
+void add_mla_projections(Builder& b, const ModelSpec& m, Bytes act, Bytes lin, Fp8Recipe fp8) {
+  const MlaSpec& x = m.mla;
+  const Count h = m.hidden_size;
+  const Count a = m.num_attention_heads;
+  const bool bias = m.bias;
+  auto duplicated = [&](std::string_view name, Count out, Bytes saved) {
+    LayerOp& op =
+        add_linear(b, name, LinearKind::duplicated, h, out, bias, saved, TpShard::sp, fp8);
+    op.param_shard = op.bias_shard = TpShard::replicated;
+    return &op;
+  };
+  if (x.q_lora_rank > 0) {
+    duplicated("q_down", x.q_lora_rank, lin);
+    add_norm(b, "q_norm", m, act, x.q_lora_rank);
+    add_linear(b, "q_up", LinearKind::column_parallel, x.q_lora_rank, a * m.attention_qk_head_dim(),
+               bias, lin, TpShard::sp, fp8);
+  } else {
+    add_linear(b, "q_proj", LinearKind::column_parallel, h, a * m.attention_qk_head_dim(), bias,
+               lin, TpShard::sp, fp8);
+  }
+  // The kv down-projection reads the tensor the query projection saved: only an FP8 copy is new.
+  LayerOp* kv_down = duplicated("kv_down", x.kv_lora_rank + x.qk_rope_head_dim, lin);
+  if (fp8 == Fp8Recipe::none) kv_down->num_saved = 0;
+  add_norm(b, "kv_norm", m, act, x.kv_lora_rank);
+  add_linear(b, "kv_up", LinearKind::column_parallel, x.kv_lora_rank,
+             a * (x.qk_nope_head_dim + x.v_head_dim), bias, lin, TpShard::sp, fp8);
 }
 
 }  // namespace
@@ -107,13 +151,19 @@ LayerTable build_layer_table(const ModelSpec& m, const TrainingSpec& t) {
   const Fp8Recipe fp8 = t.fp8;
   const Bytes lin = fp8 != Fp8Recipe::none ? 1 : act;
   const Bytes attn_out = fp8 != Fp8Recipe::none ? act + 1 : act;
-  add_linear(b, "qkv", LinearKind::column_parallel, h, qh + 2 * kvh, m.bias || m.qkv_bias, lin,
-             TpShard::sp, fp8);
+  if (m.mla.enabled()) {
+    add_mla_projections(b, m, act, lin, fp8);
+  } else {
+    add_linear(b, "qkv", LinearKind::column_parallel, h, qh + 2 * kvh, m.bias || m.qkv_bias, lin,
+               TpShard::sp, fp8);
+  }
 
   LayerOp& attn = b.add(OpKind::attention_core, "attention");
   // QK^T and (softmax)V: 2*h FLOPs each per query token per key (all heads), forward; backward
   // computes two GEMMs per forward GEMM and has no weights (Narayanan et al. 2021, eq. 1).
-  attn.forward_flops_per_token_per_key = 4.0 * static_cast<double>(qh);
+  // MLA: QK^T over d_qk, (softmax)V over d_v, every head (Model::attention_*).
+  attn.forward_flops_per_token_per_key =
+      2.0 * static_cast<double>(m.attention_q_width() + m.attention_out_width());
   attn.backward_input_factor = 2.0;
   attn.backward_weight_factor = 0.0;
   if (m.attention_sinks) {
@@ -135,19 +185,23 @@ LayerTable build_layer_table(const ModelSpec& m, const TrainingSpec& t) {
         attn,
         {.name = "k_norm_input", .per_token = kvh, .bytes_per_element = act, .shard = TpShard::tp});
   }
-  Builder::save(attn,
-                {.name = "q", .per_token = qh, .bytes_per_element = act, .shard = TpShard::tp});
+  Builder::save(attn, {.name = "q",
+                       .per_token = m.attention_q_width(),
+                       .bytes_per_element = act,
+                       .shard = TpShard::tp});
   // Keys and values as the score and context GEMMs see them. Flash attention reads the kv heads
   // directly; unfused attention first expands them to all a heads and its batched GEMMs save the
   // expanded copies (Megatron-LM megatron/core/transformer/dot_product_attention.py repeats the
   // query groups before baddbmm/bmm; Hugging Face transformers' repeat_kv in
   // models/llama/modeling_llama.py eager_attention_forward), so under GQA the standard core saves
   // what MHA saves.
-  const Count kv_saved = t.attention == Attention::standard ? a * m.head_dim() : kvh;
+  const bool expanded = t.attention == Attention::standard;
+  const Count k_saved = expanded ? a * m.attention_qk_head_dim() : m.attention_k_width();
+  const Count v_saved = expanded ? a * m.attention_v_head_dim() : m.attention_v_width();
   Builder::save(
-      attn, {.name = "k", .per_token = kv_saved, .bytes_per_element = act, .shard = TpShard::tp});
+      attn, {.name = "k", .per_token = k_saved, .bytes_per_element = act, .shard = TpShard::tp});
   Builder::save(
-      attn, {.name = "v", .per_token = kv_saved, .bytes_per_element = act, .shard = TpShard::tp});
+      attn, {.name = "v", .per_token = v_saved, .bytes_per_element = act, .shard = TpShard::tp});
   if (t.attention == Attention::standard) {
     // Softmax output (a s x s per sequence), and with dropout its mask and dropped output.
     Builder::save(attn, {.name = "probs",
@@ -174,8 +228,8 @@ LayerTable build_layer_table(const ModelSpec& m, const TrainingSpec& t) {
         attn, {.name = "logsumexp", .per_token = a, .bytes_per_element = 4, .shard = TpShard::tp});
   }
 
-  add_linear(b, "attention_out", LinearKind::row_parallel, qh, h, m.bias, attn_out, TpShard::tp,
-             fp8);
+  add_linear(b, "attention_out", LinearKind::row_parallel, m.attention_out_width(), h, m.bias,
+             attn_out, TpShard::tp, fp8);
   // Gemma 2/3's norm of the attention output before the residual add (post_attention_layernorm
   // in transformers modeling_gemma2.py; its pre_feedforward_layernorm is the next norm here).
   if (m.sandwich_norm) add_norm(b, "attention_out_norm", m, act);

@@ -3,8 +3,8 @@
 // here is the table's; only the router, the expert multiplicities and MLA's projections are
 // written here. Sources: Hugging Face transformers modeling_mixtral.py (MixtralSparseMoeBlock),
 // modeling_qwen2_moe.py (shared_expert, shared_expert_gate), modeling_qwen3_moe.py,
-// modeling_deepseek_v3.py (DeepseekV3Attention, DeepseekV3TopkRouter's e_score_correction_bias);
-// DeepSeek-AI 2024, "DeepSeek-V2", sec. 2.1 (MLA).
+// modeling_deepseek_v3.py (DeepseekV3TopkRouter's e_score_correction_bias). MLA's projections are
+// the layer table's (DeepseekV3Attention; DeepSeek-AI 2024, "DeepSeek-V2", sec. 2.1).
 #include "distplan/planner/moe.h"
 
 #include <algorithm>
@@ -23,29 +23,6 @@ Count table_params(const LayerTable& table, std::initializer_list<std::string_vi
       if (op.name == name) n += op.weight_params + op.bias_params;
     }
   }
-  return n;
-}
-
-// MLA (DeepSeek-V2 eqs. 9-19; HF DeepseekV3Attention): queries through a low-rank bottleneck
-// (q_a_proj, its RMSNorm, q_b_proj) or directly (q_proj); keys and values through the compressed
-// latent plus the shared rotary key (kv_a_proj_with_mqa, its RMSNorm, kv_b_proj); o_proj.
-Count mla_parameters(const ModelSpec& m) noexcept {
-  const MlaSpec& a = m.mla;
-  const Count h = m.hidden_size;
-  const Count heads = m.num_attention_heads;
-  const Count qk_head = a.qk_nope_head_dim + a.qk_rope_head_dim;
-  // The latent norms (q_a_layernorm, kv_a_layernorm) are of the model's norm kind: RMSNorm's
-  // weight, LayerNorm's weight and bias (issue 29, item 9: the bias was left out).
-  const Count per_width = m.norm == Norm::layernorm ? 2 : 1;
-  Count n = 0;
-  if (a.q_lora_rank > 0) {
-    n += h * a.q_lora_rank + per_width * a.q_lora_rank + a.q_lora_rank * heads * qk_head;
-  } else {
-    n += h * heads * qk_head;
-  }
-  n += h * (a.kv_lora_rank + a.qk_rope_head_dim) + per_width * a.kv_lora_rank;
-  n += a.kv_lora_rank * heads * (a.qk_nope_head_dim + a.v_head_dim);
-  n += heads * a.v_head_dim * h;
   return n;
 }
 
@@ -80,8 +57,10 @@ Count moe_layer_count(const ModelSpec& m) noexcept {
 }
 
 Count attention_parameters(const ModelSpec& m) noexcept {
-  if (m.mla.enabled()) return mla_parameters(m);
-  return table_params(build_layer_table(m, TrainingSpec{}), {"qkv", "attention", "attention_out"});
+  // MLA's projections and latent norms are the table's too (layer_ops.cpp, add_mla_projections).
+  return table_params(build_layer_table(m, TrainingSpec{}),
+                      {"qkv", "q_down", "q_norm", "q_up", "q_proj", "kv_down", "kv_norm", "kv_up",
+                       "attention", "attention_out"});
 }
 
 Count mlp_parameters(const ModelSpec& m, Count f) noexcept {

@@ -218,8 +218,17 @@ void refuse_unplanned_model(const Scenario& s) {
                            "plan it rather than plan it as a dense model",
                            counts, what));
   };
-  if (m.mla.enabled()) not_yet("/model/mla", "multi-head latent attention");
   if (m.mtp_layers > 0) not_yet("/model/mtp_layers", "multi-token prediction modules");
+  if (m.mla.enabled()) {
+    // MLA plans (layer_ops.cpp); what its layer does not have a model for is refused here.
+    const char* mla = "is not modelled with multi-head latent attention";
+    if (m.qk_norm) fail("/model/qk_norm", fmt::format("q/k norms {}", mla));
+    if (s.parallel.recompute == Recompute::selective_op) {
+      fail("/parallel/recompute",
+           fmt::format("selective_op (torchtitan's per-op policy) {}; use none, selective or full",
+                       mla));
+    }
+  }
   const MoeSpec& e = m.moe;
   if (!e.enabled()) return;
   const ParallelSpec& p = s.parallel;

@@ -220,43 +220,46 @@ PassCosts layer_costs(const LayerTable& table, const ModelSpec& m, const Trainin
   const double h = static_cast<double>(m.hidden_size);
   const double s = static_cast<double>(t.seq_length);
   const double b = static_cast<double>(t.micro_batch_size);
-  const double d = static_cast<double>(m.head_dim());
   const double heads = static_cast<double>(m.num_attention_heads) / tpd;  // per rank
   const bool dropout = t.dropout > 0;
   const bool eager = r.kernels == Kernels::eager;
   const bool eager_rms = eager && m.norm == Norm::rmsnorm;
-  const Dim dT(T);
   const std::array<double, kMaxLayerOps> op_share = selective_op_recompute_share(table);
   int index = 0;
   for (const LayerOp& op : table) {
     double fwd = 0, bin = 0, bw = 0;
     switch (op.kind) {
-      case OpKind::norm:
+      case OpKind::norm: {
         // Read x, write y; backward reads dy and x, writes dx (gamma/beta grads reduce in the
         // same kernel pair). Eager RMSNorm is composed of point-wise ops (kEagerRmsNorm); eager
-        // LayerNorm is one ATen kernel each way.
+        // LayerNorm is one ATen kernel each way. Its width: h, or an MLA latent's.
+        const double w = static_cast<double>(op.in_features);
         if (eager_rms) {
-          fwd = memory_seconds(r, T_sp * h * kEagerRmsNorm.forward_bytes,
+          fwd = memory_seconds(r, T_sp * w * kEagerRmsNorm.forward_bytes,
                                kEagerRmsNorm.forward_kernels);
-          bin = memory_seconds(r, T_sp * h * kEagerRmsNorm.backward_bytes,
+          bin = memory_seconds(r, T_sp * w * kEagerRmsNorm.backward_bytes,
                                kEagerRmsNorm.backward_kernels);
         } else {
-          fwd = memory_seconds(r, T_sp * h * 2 * e, 1);
-          bin = memory_seconds(r, T_sp * h * 3 * e, 2);
+          fwd = memory_seconds(r, T_sp * w * 2 * e, 1);
+          bin = memory_seconds(r, T_sp * w * 3 * e, 2);
         }
         break;
+      }
       case OpKind::linear: {
-        // Column-parallel: all tokens, output split t ways; row-parallel: input split t ways.
+        // Column-parallel: all tokens, output split t ways; row-parallel: input split t ways;
+        // duplicated (MLA's down-projections): the whole weight over the rank's own tokens.
         const double in = static_cast<double>(op.in_features);
         const double out = static_cast<double>(op.out_features);
         const bool col = op.linear == LinearKind::column_parallel;
+        const bool dup = op.linear == LinearKind::duplicated;
         const double N = col ? out / tpd : out;
-        const double K = col ? in : in / tpd;
-        const Dim dN(N), dK(K);
+        const double K = col || dup ? in : in / tpd;
+        const double tokens = dup ? T_sp : T;
+        const Dim dN(N), dK(K), dTok(tokens);
         const bool fp8 = r.fp8_peak > 0;
-        fwd = gemm_time(r, dT, dN, K, 1, fp8);  // Y = X W^T (bias fused in the epilogue)
-        bin = gemm_time(r, dT, dK, N, 1, fp8);  // dX = dY W
-        bw = gemm_time(r, dN, dK, T, 1, fp8);   // dW = dY^T X
+        fwd = gemm_time(r, dTok, dN, K, 1, fp8);    // Y = X W^T (bias fused in the epilogue)
+        bin = gemm_time(r, dTok, dK, N, 1, fp8);    // dX = dY W
+        bw = gemm_time(r, dN, dK, tokens, 1, fp8);  // dW = dY^T X
         if (flow != nullptr) {
           const auto i = static_cast<std::size_t>(index);
           if (!flow->backward_input[i]) bin = 0;
@@ -270,14 +273,19 @@ PassCosts layer_costs(const LayerTable& table, const ModelSpec& m, const Trainin
           // once per step (estimate.cpp, with the optimizer).
           const double cast = fp8_cast_bytes(r.fp8_recipe, e);
           const double kernels = r.fp8_recipe == Fp8Recipe::current ? 2 : 1;
-          fwd += memory_seconds(r, T * K * cast, kernels);
-          bin += memory_seconds(r, T * N * cast, kernels);
+          fwd += memory_seconds(r, tokens * K * cast, kernels);
+          bin += memory_seconds(r, tokens * N * cast, kernels);
         }
         break;
       }
       case OpKind::attention_core: {
-        const double q_bytes = T * static_cast<double>(m.q_hidden()) / tpd * e;
-        const double kv_bytes = 2 * T * static_cast<double>(m.kv_hidden()) / tpd * e;
+        // q and the output; K and V together (MLA: d_qk keys, d_v values, every head).
+        const double q_bytes = T * static_cast<double>(m.attention_q_width()) / tpd * e;
+        const double o_bytes = T * static_cast<double>(m.attention_out_width()) / tpd * e;
+        const double kv_bytes =
+            T * static_cast<double>(m.attention_k_width() + m.attention_v_width()) / tpd * e;
+        const double d_qk = static_cast<double>(m.attention_qk_head_dim());
+        const double d_v = static_cast<double>(m.attention_v_head_dim());
         if (t.attention == Attention::flash) {
           // Dao 2023 (FlashAttention-2): causal masking skips half the blocks; the backward
           // recomputes QK^T: 5 GEMM-equivalents against the forward's 2, i.e. 2.5x its FLOPs.
@@ -287,8 +295,8 @@ PassCosts layer_costs(const LayerTable& table, const ModelSpec& m, const Trainin
           // pairs (FlashAttention-2's window_size, Transformer Engine's window_size).
           const double keys =
               windowed ? attention_keys_fraction(m.attention_window, t.seq_length) : 1.0;
-          const double flops = 0.5 * 4.0 * b * s * s * d * heads / cpd * keys;
-          const double io = 2 * q_bytes + kv_bytes;  // read q, k, v; write o
+          const double flops = 0.5 * 2.0 * b * s * s * (d_qk + d_v) * heads / cpd * keys;
+          const double io = q_bytes + kv_bytes + o_bytes;  // read q, k, v; write o
           fwd = std::max(flops * r.inv_flash_forward_rate, io * r.inv_hbm) + r.launch;
           bin =
               std::max(2.5 * flops * r.inv_flash_backward_rate, 2 * io * r.inv_hbm) + 2 * r.launch;
@@ -297,8 +305,8 @@ PassCosts layer_costs(const LayerTable& table, const ModelSpec& m, const Trainin
           // over b * heads; the full s x s is computed (no causal skipping).
           const double bh = b * heads;
           const double scores = bh * s * s;
-          const double qk = gemm_seconds(r, s, s, d, bh);
-          const double pv = gemm_seconds(r, s, d, s, bh);
+          const double qk = gemm_seconds(r, s, s, d_qk, bh);
+          const double pv = gemm_seconds(r, s, d_v, s, bh);
           fwd = qk + pv + memory_seconds(r, scores * 2 * e, 1);            // softmax: read, write
           if (dropout) fwd += memory_seconds(r, scores * (2 * e + 1), 1);  // + 1-byte mask
           // dV = P^T dO, dP = dO V^T, dQ = dS K, dK = dS^T Q; softmax backward reads P and dP.
@@ -307,15 +315,20 @@ PassCosts layer_costs(const LayerTable& table, const ModelSpec& m, const Trainin
         }
         if (m.position_embedding == PositionEmbedding::rotary) {
           // Rotary on q and k: read and write them, forward and backward (eager: kEagerRotary
-          // per element, each of q and k its own kernels).
+          // per element, each of q and k its own kernels). MLA rotates only the rotary part: the
+          // queries' qk_rope_head_dim per head and the one shared key part, gathered whole.
+          const double rope_elements =
+              m.mla.enabled()
+                  ? T * static_cast<double>(m.mla.qk_rope_head_dim) * (heads + 1)
+                  : T * static_cast<double>(m.attention_q_width() + m.attention_k_width()) / tpd;
           if (eager) {
-            const double elements = (q_bytes + kv_bytes / 2) / e;
+            const double elements = rope_elements;
             fwd += memory_seconds(r, elements * kEagerRotary.forward_bytes,
                                   2 * kEagerRotary.forward_kernels);
             bin += memory_seconds(r, elements * kEagerRotary.backward_bytes,
                                   2 * kEagerRotary.backward_kernels);
           } else {
-            const double rope = (q_bytes + kv_bytes / 2) * 2;
+            const double rope = rope_elements * e * 2;
             fwd += memory_seconds(r, rope, 1);
             bin += memory_seconds(r, rope, 1);
           }
@@ -326,9 +339,9 @@ PassCosts layer_costs(const LayerTable& table, const ModelSpec& m, const Trainin
           // the backward sums them back), and the (b, heads, s, d) output is made contiguous
           // for the output projection (read and write q-sized, both ways). Fused stacks take
           // GQA and the layout inside the attention kernel.
-          fwd += memory_seconds(r, 2 * q_bytes, 1);
-          bin += memory_seconds(r, 2 * q_bytes, 1);
-          if (m.num_kv_heads < m.num_attention_heads) {
+          fwd += memory_seconds(r, 2 * o_bytes, 1);
+          bin += memory_seconds(r, 2 * o_bytes, 1);
+          if (m.attention_kv_heads() < m.num_attention_heads) {
             fwd += memory_seconds(r, kv_bytes + 2 * q_bytes, 2);
             bin += memory_seconds(r, 2 * q_bytes + kv_bytes, 2);
           }

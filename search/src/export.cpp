@@ -70,9 +70,9 @@ namespace {
 
 using detail::megatron_split_args;
 using detail::SplitArgs;
+using detail::to_add_lines;
 using detail::torchtitan_split_lines;
 using detail::warning_comment;
-using detail::to_add_lines;
 
 Count accumulation_steps(const Scenario& s) {
   return s.training.global_batch_size / (s.training.micro_batch_size * s.parallel.dp);
@@ -113,7 +113,16 @@ Exported megatron(const Scenario& s, Exported out) {
         "a norm after the word embedding (Megatron-LM has none; Megatron-DeepSpeed: "
         "--embed-layernorm)");
   }
-  if (m.num_kv_heads != m.num_attention_heads) {
+  if (m.mla.enabled()) {
+    // Megatron-Core's MLASelfAttention (core_v0.15.3 arguments.py): --qk-head-dim is the
+    // no-rotary part, --qk-pos-emb-head-dim the rotary part; no --q-lora-rank: queries from h.
+    flag("--multi-latent-attention");
+    if (m.mla.q_lora_rank > 0) arg("--q-lora-rank", m.mla.q_lora_rank);
+    arg("--kv-lora-rank", m.mla.kv_lora_rank);
+    arg("--qk-head-dim", m.mla.qk_nope_head_dim);
+    arg("--qk-pos-emb-head-dim", m.mla.qk_rope_head_dim);
+    arg("--v-head-dim", m.mla.v_head_dim);
+  } else if (m.num_kv_heads != m.num_attention_heads) {
     flag("--group-query-attention");
     arg("--num-query-groups", m.num_kv_heads);
   }
@@ -257,8 +266,8 @@ Exported megatron(const Scenario& s, Exported out) {
   // --overlap-param-gather: the distributed optimizer's all-gather behind the next forward
   // (overlap_param_gather_after_step at ZeRO-1/2; Megatron FSDP's prefetch at ZeRO-3, the
   // overlap_param_gather assumption). arguments.py: it needs --overlap-grad-reduce.
-  const bool gather_overlapped = p.zero_stage == 3 ? a.overlap_param_gather
-                                                   : a.overlap_param_gather_after_step;
+  const bool gather_overlapped =
+      p.zero_stage == 3 ? a.overlap_param_gather : a.overlap_param_gather_after_step;
   if (p.zero_stage >= 1 && p.dp * p.cp > 1 && gather_overlapped) {
     if (!a.overlap_grad_reduce) {
       throw InputError("/assumptions/overlap_grad_reduce",
@@ -394,6 +403,16 @@ Exported deepspeed(const Scenario& s, Exported out) {
           "deepspeed.checkpointing.checkpoint(layer, ...) around each decoder layer's forward in "
           "the model code");
     }
+  }
+  if (s.model.mla.enabled()) {
+    // DeepSpeed has no attention of its own: MLA is the model code's (as in Megatron-DeepSpeed).
+    const MlaSpec& x = s.model.mla;
+    out.to_add.push_back(fmt::format(
+        "multi-head latent attention in the model code (q_lora_rank {}, kv_lora_rank {}, "
+        "qk_nope_head_dim {}, qk_rope_head_dim {}, v_head_dim {}; Hugging Face "
+        "DeepseekV3Attention's shapes)",
+        x.q_lora_rank > 0 ? fmt::format("{}", x.q_lora_rank) : std::string("none"), x.kv_lora_rank,
+        x.qk_nope_head_dim, x.qk_rope_head_dim, x.v_head_dim));
   }
   if (s.model.moe.enabled()) {
     // DeepSpeed-MoE (deepspeed/moe/layer.py, MoE): the experts and their expert-parallel size are

@@ -12,8 +12,8 @@
 namespace distplan::search {
 namespace {
 
-using detail::warning_comment;
 using detail::to_add_lines;
+using detail::warning_comment;
 
 std::string toml_string(std::string_view v) {
   return fmt::format("\"{}\"", v);
@@ -47,6 +47,16 @@ Count torchtitan_ffn(const TorchtitanFlavor& f) {
 
 // The [model] section: the Llama-3 flavor with this model's shape, or what to register.
 std::string torchtitan_model(const ModelSpec& m, Exported& out) {
+  if (m.mla.enabled()) {
+    // Latent attention is torchtitan's deepseek_v3 model's (its MLA Attention), not llama3's.
+    out.notes.push_back(fmt::format(
+        "multi-head latent attention (q_lora_rank {}, kv_lora_rank {}, qk_nope_head_dim {}, "
+        "qk_rope_head_dim {}, v_head_dim {}) is torchtitan's deepseek_v3 model: register a "
+        "\"distplan_custom\" flavor of this shape there",
+        m.mla.q_lora_rank, m.mla.kv_lora_rank, m.mla.qk_nope_head_dim, m.mla.qk_rope_head_dim,
+        m.mla.v_head_dim));
+    return "\n[model]\nname = \"deepseek_v3\"\nflavor = \"distplan_custom\"\n";
+  }
   if (m.moe.enabled()) {
     // torchtitan's llama3 is dense; its MoE models (qwen3, llama4, deepseek_v3) have their own
     // model code and flavors, none of which this exporter matches by shape.
@@ -159,8 +169,7 @@ Exported torchtitan_export(const Scenario& s, Exported out) {
   // "default": resharded after the forward without a pipeline, kept gathered with one
   // (models/llama3/infra/parallelize.py apply_fsdp), as the plan's memory counts it.
   // ZeRO-2: parameters stay gathered from the forward to the end of the backward ("never").
-  o << "fsdp_reshard_after_forward = " << (p.zero_stage == 2 ? "\"never\"" : "\"default\"")
-    << '\n';
+  o << "fsdp_reshard_after_forward = " << (p.zero_stage == 2 ? "\"never\"" : "\"default\"") << '\n';
   o << "tensor_parallel_degree = " << p.tp << '\n';
   if (s.assumptions.tp_comm_overlap && p.tp > 1) o << "enable_async_tensor_parallel = true\n";
   o << "pipeline_parallel_degree = " << p.pp << '\n';

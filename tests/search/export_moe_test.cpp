@@ -143,6 +143,42 @@ TEST(ExportMoe, DeepSeekV3MegatronArguments) {
   EXPECT_EQ(a.at("--moe-layer-freq"), pattern + "]");
 }
 
+// DeepSeek-V3's latent attention in Megatron-LM's terms (config.json: q_lora_rank 1536,
+// kv_lora_rank 512, qk_nope_head_dim 128, qk_rope_head_dim 64, v_head_dim 128): every flag a
+// core_v0.15.3 argument, no grouped-query flags (MLA's heads each have their own key and value).
+TEST(ExportMoe, DeepSeekV3LatentAttentionArguments) {
+  const nlohmann::json doc = {
+      {"model", {{"preset", "deepseek-v3"}, {"mtp_layers", 0}}},
+      {"cluster", {{"gpu", "h800-sxm-80gb"}, {"num_gpus", 256}}},
+      {"training", {{"seq_length", 4096}, {"global_batch_size", 256}, {"micro_batch_size", 1}}},
+      {"parallel",
+       {{"tp", 1}, {"pp", 1}, {"dp", 256}, {"ep", 32}, {"zero_stage", 1}, {"recompute", "full"}}}};
+  const Scenario s = scenario_from_json(doc);
+  const Exported e = export_scenario(s, ExportFormat::megatron);
+  // Each flag and its value as the export writes them: "--flag value" or "--flag".
+  std::map<std::string, std::string> a;
+  for (const char* f :
+       {"--multi-latent-attention", "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim",
+        "--qk-pos-emb-head-dim", "--v-head-dim", "--group-query-attention"}) {
+    const std::string flag = f;
+    const auto at = e.text.find(flag + " ");
+    if (at == std::string::npos) continue;
+    const auto from = at + flag.size() + 1;
+    const auto end = e.text.find_first_of(" \\\n", from);
+    std::string value = e.text.substr(from, end - from);
+    if (value.rfind("--", 0) == 0) value.clear();
+    a[flag] = value;
+  }
+  EXPECT_TRUE(a.contains("--multi-latent-attention"));
+  EXPECT_EQ(a.at("--q-lora-rank"), "1536");
+  EXPECT_EQ(a.at("--kv-lora-rank"), "512");
+  EXPECT_EQ(a.at("--qk-head-dim"), "128");
+  EXPECT_EQ(a.at("--qk-pos-emb-head-dim"), "64");
+  EXPECT_EQ(a.at("--v-head-dim"), "128");
+  EXPECT_FALSE(a.contains("--group-query-attention"));
+  expect_known_flags(a);
+}
+
 TEST(ExportMoe, DenseModelsGetNoMoeArguments) {
   EXPECT_TRUE(moe_args("llama2-70b", 1, 1).empty());
 }

@@ -31,8 +31,11 @@ enum class TpShard {
   sp,          // split t ways along the sequence only when sequence parallelism is on
 };
 
-/// Megatron's TP linear flavours (Shoeybi et al. 2019, sec. 3).
-enum class LinearKind { none, column_parallel, row_parallel };
+/// Megatron's TP linear flavours (Shoeybi et al. 2019, sec. 3). `duplicated`: the whole weight on
+/// every TP rank, run on the rank's own tokens (its sequence shard under sequence parallelism):
+/// MLA's down-projections (Megatron-Core multi_latent_attention.py, TELinear
+/// parallel_mode="duplicated").
+enum class LinearKind { none, column_parallel, row_parallel, duplicated };
 
 /// A tensor an op keeps alive from its forward to its backward.
 /// Elements per micro-batch = b * s * (per_token + per_token_per_key * s) before TP/SP sharding.
@@ -51,10 +54,10 @@ struct LayerOp {
   OpKind kind = OpKind::norm;
   std::string_view name;
   LinearKind linear = LinearKind::none;
-  Count in_features = 0;                      // linear: full (unsharded) input width
-  Count out_features = 0;                     // linear: full (unsharded) output width
-  Count weight_params = 0;                    // full (unsharded) parameter count of the weight
-  Count bias_params = 0;                      // full (unsharded) parameter count of the bias
+  Count in_features = 0;    // linear: full (unsharded) input width; norm: its width
+  Count out_features = 0;   // linear: full (unsharded) output width; norm: its width
+  Count weight_params = 0;  // full (unsharded) parameter count of the weight
+  Count bias_params = 0;    // full (unsharded) parameter count of the bias
   TpShard param_shard = TpShard::replicated;  // weight and bias: tp for column/row weights
   TpShard bias_shard = TpShard::replicated;   // row-parallel biases stay replicated
   // Matmul FLOPs per token of the micro-batch, unsharded: forward, backward w.r.t. the input,
@@ -67,8 +70,8 @@ struct LayerOp {
   int num_saved = 0;
 };
 
-// A GPT layer with dropout has 12; sandwich norms add 2.
-inline constexpr int kMaxLayerOps = 14;
+// A GPT layer with dropout has 12; sandwich norms add 2; MLA's six projections and norms add 5.
+inline constexpr int kMaxLayerOps = 20;
 
 /// One transformer layer: ops in forward order.
 struct LayerTable {

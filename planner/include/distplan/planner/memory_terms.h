@@ -94,20 +94,22 @@ inline Count max_window(bool has_first, Count first, Count n, Count mid, bool ha
 /// the per-step outputs being merged in the forward, and KV plus dKV in the backward;
 /// all_gather (AttnFuncWithCPAndKVAllGather) gathers the whole sequence's K and V, and in the
 /// backward their gradients before the reduce-scatter; a2a (AttnFuncWithCPAndQKVOA2A) holds the
-/// exchanged q, k, v and output, each the size of the local ones. The query width is
-/// heads × head_dim (ModelSpec::q_hidden(), not hidden_size when head_dim is explicit).
+/// exchanged q, k, v and output, each the size of the local ones. The widths are the attention
+/// core's (ModelSpec::attention_*: heads × head_dim, not hidden_size when head_dim is explicit;
+/// MLA's d_qk queries and keys, d_v values and output).
 [[nodiscard]] inline Bytes cp_attention_buffer_bytes(const ModelSpec& m, const MemoryLayout& l,
                                                      Count tokens, Bytes cb) noexcept {
   if (l.cp <= 1) return 0;
-  const Bytes kv = tokens * 2 * m.kv_hidden() / l.tp * cb;  // local K and V
-  const Bytes q = tokens * m.q_hidden() / l.tp * cb;        // local q, and the output alike
+  const Bytes kv = tokens * (m.attention_k_width() + m.attention_v_width()) / l.tp * cb;
+  const Bytes q = tokens * m.attention_q_width() / l.tp * cb;  // local q
+  const Bytes o = tokens * m.attention_out_width() / l.tp * cb;
   switch (l.cp_comm) {
     case CpComm::p2p:
-      return std::max(2 * kv + 2 * q, 4 * kv);
+      return std::max(2 * kv + 2 * o, 4 * kv);
     case CpComm::all_gather:
       return 2 * l.cp * kv;
     case CpComm::a2a:
-      return 2 * q + kv;
+      return q + o + kv;
   }
   return 0;
 }
@@ -124,7 +126,7 @@ inline Count max_window(bool has_first, Count first, Count n, Count mid, bool ha
                                                        Count tp, Bytes cb,
                                                        Recompute recompute) noexcept {
   if (cp <= 1 || comm != CpComm::a2a) return a;
-  const Bytes out = tokens * m.q_hidden() / tp * cb;
+  const Bytes out = tokens * m.attention_out_width() / tp * cb;
   (recompute == Recompute::full ? a.working : a.kept) += out;
   return a;
 }
@@ -248,7 +250,18 @@ struct StageUnitParams {
   const Count h = m.hidden_size;
   Count largest = 0;
   if (u.all_layers() > 0) {
-    const Count qkv = (m.q_hidden() + 2 * m.kv_hidden()) * h / tp;
+    Count qkv = (m.q_hidden() + 2 * m.kv_hidden()) * h / tp;
+    if (m.mla.enabled()) {
+      // MLA's projections (layer_ops.cpp): the down-projections whole on every rank, the up
+      // ones and the output split t ways.
+      const MlaSpec& x = m.mla;
+      const Count a = m.num_attention_heads;
+      const Count q_in = x.q_lora_rank > 0 ? x.q_lora_rank : h;
+      qkv = std::max({x.q_lora_rank * h, (x.kv_lora_rank + x.qk_rope_head_dim) * h,
+                      q_in * a * m.attention_qk_head_dim() / tp,
+                      x.kv_lora_rank * a * (x.qk_nope_head_dim + x.v_head_dim) / tp,
+                      m.attention_out_width() * h / tp});
+    }
     const Count fc1 = (gated(m.mlp) ? 2 : 1) * m.ffn_hidden_size * h / tp;
     largest = std::max(qkv, fc1);
   }

@@ -214,6 +214,33 @@ struct ModelSpec {
            (embedding_norm ? norm_parameters() : 0);
   }
   [[nodiscard]] Count kv_hidden() const noexcept { return head_dim() * num_kv_heads; }
+
+  // The attention core's shapes. Grouped-query attention: queries and keys of head_dim over a
+  // and kv heads, values alike. MLA (DeepSeek-V2 eqs. 12-18): after the up-projections every one
+  // of the a heads has its own key and value (kv = a), queries and keys of
+  // qk_nope_head_dim + qk_rope_head_dim, values (and so the output) of v_head_dim.
+  [[nodiscard]] Count attention_qk_head_dim() const noexcept {
+    return mla.enabled() ? mla.qk_nope_head_dim + mla.qk_rope_head_dim : head_dim();
+  }
+  [[nodiscard]] Count attention_v_head_dim() const noexcept {
+    return mla.enabled() ? mla.v_head_dim : head_dim();
+  }
+  [[nodiscard]] Count attention_kv_heads() const noexcept {
+    return mla.enabled() ? num_attention_heads : num_kv_heads;
+  }
+  /// Widths per token, all heads: queries, keys, values, and the core's output (a · d_v).
+  [[nodiscard]] Count attention_q_width() const noexcept {
+    return num_attention_heads * attention_qk_head_dim();
+  }
+  [[nodiscard]] Count attention_k_width() const noexcept {
+    return attention_kv_heads() * attention_qk_head_dim();
+  }
+  [[nodiscard]] Count attention_v_width() const noexcept {
+    return attention_kv_heads() * attention_v_head_dim();
+  }
+  [[nodiscard]] Count attention_out_width() const noexcept {
+    return num_attention_heads * attention_v_head_dim();
+  }
 };
 
 /// Dense (non-sparse) peak throughput of one GPU per compute dtype.
@@ -347,7 +374,7 @@ struct TrainingSpec {
   DType optimizer_state_dtype = DType::fp32;
   Kernels kernels = Kernels::fused;  // the reader sets the framework's default
   bool cuda_graphs = false;          // whole-step CUDA graphs: no host launch gaps
-  PeftSpec peft;  // fine-tuning; method none: every parameter trained
+  PeftSpec peft;                     // fine-tuning; method none: every parameter trained
   bool operator==(const TrainingSpec&) const = default;
 };
 
