@@ -9,6 +9,7 @@
 #include <QCommandLineParser>
 #include <QElapsedTimer>
 #include <QEventLoop>
+#include <QFile>
 #include <QFileInfo>
 #include <QPixmap>
 #include <QSize>
@@ -52,6 +53,43 @@ std::optional<std::pair<double, double>> parseWindow(const QString& text) {
   return std::make_pair(a, b);
 }
 
+/// The arguments less the options Qt's application object reads itself (-platform, -style, ...,
+/// as --help-all lists them): QApplication takes them from argv, and the parser would refuse
+/// them ("-platform" read as the short options p, l, a, ...).
+QStringList withoutQtOptions(const QStringList& arguments) {
+  static const QStringList withValue = {
+      QStringLiteral("platform"),        QStringLiteral("platformpluginpath"),
+      QStringLiteral("platformtheme"),   QStringLiteral("plugin"),
+      QStringLiteral("qwindowgeometry"), QStringLiteral("qwindowicon"),
+      QStringLiteral("qwindowtitle"),    QStringLiteral("session"),
+      QStringLiteral("display"),         QStringLiteral("name"),
+      QStringLiteral("title"),           QStringLiteral("visual"),
+      QStringLiteral("geometry"),        QStringLiteral("style"),
+      QStringLiteral("stylesheet")};
+  // Without a value of their own (-qmljsdebugger takes its value after '=').
+  static const QStringList flags = {QStringLiteral("reverse"),       QStringLiteral("widgetcount"),
+                                    QStringLiteral("qmljsdebugger"), QStringLiteral("nograb"),
+                                    QStringLiteral("dograb"),        QStringLiteral("sync")};
+  QStringList out;
+  for (qsizetype i = 0; i < arguments.size(); ++i) {
+    const QString& a = arguments[i];
+    if (i == 0 || !a.startsWith(QLatin1Char('-')) || a == QStringLiteral("--")) {
+      out << a;
+      continue;
+    }
+    QString name = a.mid(a.startsWith(QStringLiteral("--")) ? 2 : 1);
+    const qsizetype equals = name.indexOf(QLatin1Char('='));
+    if (equals >= 0) name.truncate(equals);
+    if (withValue.contains(name)) {
+      if (equals < 0) ++i;  // its value is the next argument
+      continue;
+    }
+    if (flags.contains(name)) continue;
+    out << a;
+  }
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -59,6 +97,7 @@ int main(int argc, char** argv) {
   // need no display (a QApplication aborts without one).
   QStringList arguments;
   for (int i = 0; i < argc; ++i) arguments << QString::fromLocal8Bit(argv[i]);
+  arguments = withoutQtOptions(arguments);
   QCoreApplication::setOrganizationName(QStringLiteral("distplan"));
   QCoreApplication::setApplicationName(QStringLiteral("distplan-gui"));
   QCoreApplication::setApplicationVersion(QStringLiteral("0.1.0"));
@@ -109,6 +148,23 @@ int main(int argc, char** argv) {
                  arguments.isEmpty() ? QStringLiteral("distplan-gui")
                                      : QFileInfo(arguments.first()).fileName());
     std::fputs(qPrintable(help), stdout);
+    return 0;
+  }
+  if (parser.isSet(QStringLiteral("help-all"))) {
+    // --help-all adds the options Qt's application object reads (-platform, -style, ...), so
+    // it needs one, but not a display: built on the offscreen platform from the program's name
+    // alone (a -platform on the command line is not applied), it only lists them. process()
+    // prints the text, with the program's name, and exits 0.
+    qputenv("QT_QPA_PLATFORM", "offscreen");
+    int helpArgc = 1;
+    // The usage line names the program as --help does, without the path it was started by.
+    QByteArray name = arguments.isEmpty()
+                          ? QByteArray()
+                          : QFile::encodeName(QFileInfo(arguments.first()).fileName());
+    if (name.isEmpty()) name = "distplan-gui";
+    char* helpArgv[] = {name.data(), nullptr};
+    QApplication helpApp(helpArgc, helpArgv);
+    parser.process(arguments);
     return 0;
   }
   if (parser.isSet(versionOption)) {

@@ -89,10 +89,24 @@ class HostileTest : public QObject {
       // The usage line names the program, not Qt's placeholder.
       QVERIFY2(help.out.contains("Usage: distplan-gui"), help.out.constData());
       QVERIFY(!help.out.contains("<executable_name>"));
+      // --help-all lists Qt's own options too: it needs an application object, not a display.
+      const Run helpAll = runGui({QStringLiteral("--help-all")}, platform);
+      QCOMPARE(helpAll.status, QProcess::NormalExit);
+      QCOMPARE(helpAll.exitCode, 0);
+      QVERIFY2(helpAll.out.contains("Usage: distplan-gui"), helpAll.out.constData());
+      QVERIFY(helpAll.out.contains("--scenario"));
+      QVERIFY2(helpAll.out.contains("-platform"), helpAll.out.constData());
       const Run version = runGui({QStringLiteral("--version")}, platform);
       QCOMPARE(version.status, QProcess::NormalExit);
       QCOMPARE(version.exitCode, 0);
       QVERIFY(version.out.contains("distplan-gui"));
+      // Qt's own options, as --help-all lists them, are left to Qt, not refused.
+      const Run qtOptions = runGui({QStringLiteral("-platform"), QStringLiteral("offscreen"),
+                                    QStringLiteral("-style=fusion"), QStringLiteral("--version")},
+                                   platform);
+      QCOMPARE(qtOptions.status, QProcess::NormalExit);
+      QCOMPARE(qtOptions.exitCode, 0);
+      QVERIFY2(qtOptions.out.contains("distplan-gui"), qtOptions.err.constData());
       const Run bad = runGui({QStringLiteral("--no-such-option")}, platform);
       QCOMPARE(bad.status, QProcess::NormalExit);
       QCOMPARE(bad.exitCode, 2);
