@@ -223,8 +223,14 @@ void TimelineWidget::paintEvent(QPaintEvent*) {
     p.setPen(QColor(0xdd, 0xdd, 0xdd));
     p.drawLine(QPointF(x, plot.top()), QPointF(x, plot.bottom()));
     p.setPen(palette().color(QPalette::Text));
-    p.drawText(QRectF(x - 50, 4, 100, kTopMargin - 6), Qt::AlignHCenter | Qt::AlignBottom,
-               tr("%1 ms").arg(t * 1e3, 0, 'f', step * 1e3 < 1 ? 2 : (step * 1e3 < 10 ? 1 : 0)));
+    // Centred on its tick, but kept inside the widget: the last tick of a window that ends on a
+    // round figure sits near the right edge.
+    const QString text =
+        tr("%1 ms").arg(t * 1e3, 0, 'f', step * 1e3 < 1 ? 2 : (step * 1e3 < 10 ? 1 : 0));
+    const double half = fm.horizontalAdvance(text) / 2.0 + 2;
+    const double centre = std::min(x, width() - half);
+    p.drawText(QRectF(centre - half, 4, 2 * half, kTopMargin - 6),
+               Qt::AlignHCenter | Qt::AlignBottom, text);
   }
 
   p.save();
@@ -291,8 +297,10 @@ void TimelineWidget::paintEvent(QPaintEvent*) {
         continue;
       }
       // A run of narrow blocks: pixel column after pixel column while they cover it, each column
-      // one rectangle whatever the number of passes in it.
-      aggregated_ = true;
+      // one rectangle whatever the number of passes in it. Short sends are shaded in the
+      // communication colour, which its legend entry names; only shaded passes of a compute lane
+      // earn the "many passes" entry.
+      if (!commLane) aggregated_ = true;
       double column = std::floor(xOf(b.start_seconds));
       std::size_t j = i + 1;  // the first block not yet in the run
       while (column <= plot.right()) {

@@ -42,7 +42,8 @@ class TimelineWidget : public QWidget {
   void showWindow(double startSeconds, double spanSeconds);
   /// The share of the step stage `stage`'s compute lane is idle (its bubble), 0..1.
   [[nodiscard]] double idleFraction(int stage) const;
-  /// Whether the last paint shaded passes narrower than a few pixels instead of drawing them.
+  /// Whether the last paint shaded compute passes narrower than a few pixels instead of drawing
+  /// them (the legend then says so; short sends shaded in the communication lane do not count).
   [[nodiscard]] bool lastPaintAggregated() const { return aggregated_; }
 
   /// The tooltip text of `b`: stage, pass, times and, for a pass of a MoE model, the planner's

@@ -377,6 +377,8 @@ class ViewsTest : public QObject {
     // A window of a few passes draws them one by one again: forward and backward alternate.
     t.showWindow(sim.step_seconds * 0.5, sim.step_seconds * 0.01);
     const QImage window = t.grab().toImage();
+    // ... and the legend no longer speaks of shaded passes (the sends may still be shaded).
+    QVERIFY(!t.lastPaintAggregated());
     int passes = 0;
     for (int x = static_cast<int>(plotLeft) + 1; x < static_cast<int>(plotLeft + plotWidth); ++x) {
       const QColor a = window.pixelColor(x, y), b = window.pixelColor(x - 1, y);
