@@ -29,6 +29,8 @@ bool SearchModel::axisUsed(Column column) const {
         return r.parallel.virtual_stages > 1;
       case EpColumn:
         return r.parallel.ep > 1;
+      case SplitColumn:
+        return r.light_ends;
       default:
         return true;
     }
@@ -73,6 +75,8 @@ QVariant SearchModel::data(const QModelIndex& index, int role) const {
         return p.sequence_parallel;
       case ScheduleColumn:
         return static_cast<int>(p.schedule);
+      case SplitColumn:
+        return r.light_ends;
       case PeakColumn:
         return QVariant::fromValue<qlonglong>(r.peak_bytes);
       case StepColumn:
@@ -132,6 +136,8 @@ QVariant SearchModel::data(const QModelIndex& index, int role) const {
       return p.sequence_parallel ? tr("on") : tr("-");
     case ScheduleColumn:
       return qs(to_string(p.schedule));
+    case SplitColumn:
+      return r.light_ends ? tr("light ends") : tr("even");
     case PeakColumn:
       return QString::number(to_gib(r.peak_bytes), 'f', 2);
     case StepColumn:
@@ -165,6 +171,10 @@ QVariant SearchModel::headerData(int section, Qt::Orientation orientation, int r
         return tr("sequence parallelism");
       case ScheduleColumn:
         return tr("pipeline schedule");
+      case SplitColumn:
+        return tr(
+            "pipeline split: light ends = the first and last stages hold fewer layers "
+            "(they also hold the embedding and the loss); even = equal layers per stage");
       default:
         return {};
     }
@@ -196,6 +206,8 @@ QVariant SearchModel::headerData(int section, Qt::Orientation orientation, int r
       return tr("sp");
     case ScheduleColumn:
       return tr("schedule");
+    case SplitColumn:
+      return tr("split");
     case PeakColumn:
       return tr("peak GiB");
     case StepColumn:

@@ -1,6 +1,6 @@
 // Table model over the search's ranked plans (plain rows, so the view works with or without the
 // search library): layout (tp, cp, pp, v, dp, ep, micro-batch, ZeRO, recompute, sp, schedule),
-// peak memory, step time, tokens/s, MFU, bubble.
+// pipeline split (when a plan has light ends), peak memory, step time, tokens/s, MFU, bubble.
 #pragma once
 
 #include <vector>
@@ -17,6 +17,9 @@ struct SearchRow {
   Count shard_group =
       0;  // the layout's ZeRO shard group (0: the whole dp group), as the CLI has it
   Count micro_batch_size = 1;
+  // The search's split choice: the first and last stages hold fewer layers (the CLI's "light
+  // ends" note). `parallel` carries the split itself, so the row plans as it was searched.
+  bool light_ends = false;
   Bytes peak_bytes = 0;
   Bytes capacity_bytes = 0;
   double step_seconds = 0;
@@ -43,6 +46,7 @@ class SearchModel : public QAbstractTableModel {
     RecomputeColumn,
     SequenceParallelColumn,
     ScheduleColumn,
+    SplitColumn,
     PeakColumn,
     StepColumn,
     TokensColumn,
@@ -57,7 +61,8 @@ class SearchModel : public QAbstractTableModel {
 
   void setRows(std::vector<SearchRow> rows);
   [[nodiscard]] const std::vector<SearchRow>& rows() const { return rows_; }
-  /// Whether a parallel axis column (cp, v, ep) holds anything but 1: the view hides it when not.
+  /// Whether a parallel axis column (cp, v, ep) holds anything but 1, or the split column a plan
+  /// with light ends: the view hides it when not.
   [[nodiscard]] bool axisUsed(Column column) const;
 
   [[nodiscard]] int rowCount(const QModelIndex& parent = {}) const override;

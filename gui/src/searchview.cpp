@@ -19,6 +19,7 @@
 #include <QSortFilterProxyModel>
 #include <QSpinBox>
 #include <QSplitter>
+#include <QStyle>
 #include <QTableView>
 #include <QThread>
 #include <QTimer>
@@ -67,6 +68,31 @@ struct SearchView::Job {
   QString error;
 };
 
+namespace {
+
+/// A header that keeps room for the sort arrow only in the section that shows it. QHeaderView
+/// widens every section by the arrow (a header's height and a margin, about 30 px) whenever
+/// sorting is on; over 17 columns that is more than the split column needs to fit beside the
+/// others at the default window size.
+class CompactSortHeader : public QHeaderView {
+ public:
+  explicit CompactSortHeader(QWidget* parent) : QHeaderView(Qt::Horizontal, parent) {
+    connect(this, &QHeaderView::sortIndicatorChanged, this, [this] { resizeSections(); });
+  }
+
+ protected:
+  [[nodiscard]] QSize sectionSizeFromContents(int logicalIndex) const override {
+    QSize size = QHeaderView::sectionSizeFromContents(logicalIndex);
+    if (isSortIndicatorShown() && logicalIndex != sortIndicatorSection()) {
+      // What QHeaderView added for the arrow; the label has the section to itself without one.
+      size.rwidth() -= size.height() + style()->pixelMetric(QStyle::PM_HeaderMargin, nullptr, this);
+    }
+    return size;
+  }
+};
+
+}  // namespace
+
 SearchView::SearchView(QWidget* parent) : QWidget(parent) {
   objective_ = new QComboBox(this);
   objective_->addItem(tr("highest tokens/s"), 0);
@@ -105,6 +131,7 @@ SearchView::SearchView(QWidget* parent) : QWidget(parent) {
   proxy_->setSourceModel(model_);
   proxy_->setSortRole(SearchModel::SortRole);
   table_ = new QTableView(this);
+  table_->setHorizontalHeader(new CompactSortHeader(table_));
   table_->setModel(proxy_);
   table_->setSortingEnabled(true);
   table_->sortByColumn(SearchModel::RankColumn, Qt::AscendingOrder);
@@ -278,8 +305,11 @@ void SearchView::startSearch() {
       for (const search::Plan& p : result.plans) {
         SearchRow r;
         r.rank = ++rank;
-        r.parallel = search::parallel_of(p.layout);
-        r.parallel.cp_comm = space.base.parallel.cp_comm;
+        // The layout over the request's scenario, so a light-ends split is resolved against the
+        // model (parallel_of() knows no model and gives the even split) and double-clicking the
+        // row plans what the search planned.
+        r.parallel = search::make_scenario(space.base, p.layout).parallel;
+        r.light_ends = p.layout.split == search::SplitChoice::light_ends;
         r.shard_group = p.layout.fsdp_shard_size;
         r.micro_batch_size = p.layout.micro_batch_size;
         r.peak_bytes = p.figures.peak_bytes;
@@ -359,10 +389,11 @@ void SearchView::finishJob(const std::shared_ptr<Job>& job) {
   emit searchFinished();
 }
 
-// cp, v and ep get their column when a plan splits them (every axis that is not 1 is shown).
+// cp, v and ep get their column when a plan splits them (every axis that is not 1 is shown), and
+// the split its column when a plan has light ends (two rows that differ only there differ).
 void SearchView::showUsedAxes() {
-  for (SearchModel::Column c :
-       {SearchModel::CpColumn, SearchModel::VirtualStagesColumn, SearchModel::EpColumn}) {
+  for (SearchModel::Column c : {SearchModel::CpColumn, SearchModel::VirtualStagesColumn,
+                                SearchModel::EpColumn, SearchModel::SplitColumn}) {
     table_->setColumnHidden(c, !model_->axisUsed(c));
   }
 }

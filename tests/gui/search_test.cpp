@@ -1,6 +1,7 @@
 // The Search tab (issue 17, item 11): ZeRO sharding written as `distplan search --format table`
 // writes it, the chart's "best" marker on the plan the table ranks first, axes from zero, no
 // column cut off at the default window size, and search documents (lists, a `search` object).
+#include <algorithm>
 #include <sstream>
 
 #include <QChart>
@@ -135,6 +136,41 @@ class SearchTest : public QObject {
     QCOMPARE(w.session()->scenario().training.micro_batch_size, chosen.micro_batch_size);
     QCOMPARE(w.session()->estimate().memory.peak_reserved_bytes, chosen.peak_bytes);
     QVERIFY(w.editor()->document().contains("search"));
+  }
+
+  // Two plans that differ only in their pipeline split (the CLI's "light ends" note) differ in
+  // the table too, and double-clicking a light-ends plan plans that split, not the even one.
+  void lightEndsPlansShowTheirSplitAndPlanAsSearched() {
+    QTemporaryDir dir;
+    const QString path = dir.filePath(QStringLiteral("plan.json"));
+    QFile f(path);
+    QVERIFY(f.open(QIODevice::WriteOnly));
+    f.write(R"({"model": "llama3.1-70b",
+      "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 64, "gpus_per_node": 8},
+      "training": {"seq_length": 8192, "global_batch_size": 512, "framework": "megatron"},
+      "parallel": {"tp": 8, "pp": 4}})");
+    f.close();
+    MainWindow w(false);
+    QString error;
+    QVERIFY2(w.openScenario(path, &error), qPrintable(error));
+    QVERIFY(w.session()->waitForPlan());
+    QVERIFY(runSearch(w.searchView()));
+    const auto& rows = w.searchView()->model()->rows();
+    const auto light =
+        std::find_if(rows.begin(), rows.end(), [](const SearchRow& r) { return r.light_ends; });
+    QVERIFY2(light != rows.end(), "no plan with light ends among the top plans");
+    QVERIFY(!w.searchView()->table()->isColumnHidden(SearchModel::SplitColumn));
+    const int row = static_cast<int>(light - rows.begin());
+    const QModelIndex cell = w.searchView()->model()->index(row, SearchModel::SplitColumn);
+    QCOMPARE(cell.data().toString(), QStringLiteral("light ends"));
+    QVERIFY(light->parallel.split.rule != SplitRule::even ||
+            !light->parallel.layers_per_stage.empty());
+    const SearchRow chosen = *light;
+    emit w.searchView()->table()->doubleClicked(w.searchView()->proxy()->mapFromSource(cell));
+    QVERIFY(w.session()->waitForPlan());
+    QVERIFY2(w.session()->isValid(), qPrintable(w.session()->errorMessage()));
+    QCOMPARE(w.session()->scenario().parallel.split, chosen.parallel.split);
+    QCOMPARE(w.session()->estimate().memory.peak_reserved_bytes, chosen.peak_bytes);
   }
 
   void zeroShardingIsWrittenAsTheCliWritesIt() {
