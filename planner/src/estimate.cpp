@@ -340,10 +340,17 @@ class Estimator {
                 static_cast<double>(m_.hidden_size) * static_cast<double>(vocab_);
     const double mbs_per_step = static_cast<double>(nmb_ * p_.dp);
     // A MoE model's MoE layers (lf_) and dense-MLP layers (the dense table); every layer of a
-    // dense model is lf_'s.
-    const Count moe_layers = moe_.enabled() ? moe_layer_count(m_) : m_.num_layers;
+    // dense model is lf_'s. The MTP modules' layers count as Megatron-LM's
+    // num_floating_point_operations counts them (megatron/training/training.py), with their
+    // norms, their 2h -> h projections and their logits.
+    const Count all_layers = m_.num_layers + m_.mtp_layers;
+    const Count moe_layers = moe_.enabled() ? moe_layers_in(m_, 0, all_layers) : all_layers;
     const double L = static_cast<double>(moe_layers);
-    const double Ld = static_cast<double>(m_.num_layers - moe_layers);
+    const double Ld = static_cast<double>(all_layers - moe_layers);
+    const double mtp = static_cast<double>(m_.mtp_layers);
+    const double mtp_proj = 2.0 * static_cast<double>(t_.micro_batch_size * t_.seq_length) * 2.0 *
+                            static_cast<double>(m_.hidden_size) *
+                            static_cast<double>(m_.hidden_size);
     const LayerFlops df =
         Ld > 0 ? layer_flops(dense_table_, t_.micro_batch_size, t_.seq_length) : LayerFlops{};
     // Model FLOPs count causal attention: half the s x s products, as Megatron-LM's
@@ -352,7 +359,8 @@ class Estimator {
     // (causal_self_attn). Hardware FLOPs are what the GPU runs: standard attention computes the
     // masked half too, flash attention skips it, also when it recomputes (docs/flops.md).
     const double full = L * (lf_.forward + lf_.backward_input + lf_.backward_weight) +
-                        Ld * (df.forward + df.backward_input + df.backward_weight) + 3 * head_fwd_;
+                        Ld * (df.forward + df.backward_input + df.backward_weight) +
+                        3 * head_fwd_ * (1 + mtp) + 3 * mtp * mtp_proj;
     double masked = L * lf_.causal_masked + Ld * df.causal_masked;
     double masked_forward = L * lf_.causal_masked_forward + Ld * df.causal_masked_forward;
     if (m_.attention_window.enabled()) {
@@ -361,7 +369,7 @@ class Estimator {
       // attention is alike in both layer kinds, so the dense table's difference serves every
       // layer.
       Count windowed = 0;
-      for (Count i = 0; i < m_.num_layers; ++i) windowed += is_windowed_layer(m_, i);
+      for (Count i = 0; i < all_layers; ++i) windowed += is_windowed_layer(m_, i);
       const LayerFlops w =
           layer_flops(dense_table_, t_.micro_batch_size, t_.seq_length, &m_.attention_window);
       const LayerFlops f = layer_flops(dense_table_, t_.micro_batch_size, t_.seq_length);
@@ -899,9 +907,13 @@ class Estimator {
               expert_unit_elements() * gb(), u.layer.count);
         }
       }
-      if (m_.tied_embeddings && head_stage(p_.schedule, pp) != 0 && (st == 0 || st == pp - 1) &&
-          peft_embedding_trains(t_.peft)) {
-        add(out, Group::embedding, CollectiveOp::all_reduce, "tied embedding gradients",
+      // The last stage's copy of the word embedding (the tied LM head, or the MTP modules'
+      // embedding: memory_terms.h, mtp_head_parameters) sums its gradient with the first
+      // stage's over the embedding group (Megatron-Core's embedding group holds the MTP ranks).
+      if ((m_.tied_embeddings || m_.mtp_layers > 0) && head_stage(p_.schedule, pp) != 0 &&
+          (st == 0 || st == pp - 1) && peft_embedding_trains(t_.peft)) {
+        add(out, Group::embedding, CollectiveOp::all_reduce,
+            m_.tied_embeddings ? "tied embedding gradients" : "MTP embedding gradients",
             vocab_ * m_.hidden_size / p_.tp * gb(), 1);
       }
     }

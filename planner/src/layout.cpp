@@ -41,6 +41,10 @@ bool is_windowed_layer(const ModelSpec& m, Count i) noexcept {
 }
 
 LayerKinds layer_kinds(const ModelSpec& m, Count first, Count end) noexcept {
+  // The MTP modules' transformer layers (ids num_layers + k) follow the main model's last layer
+  // on its chunk, as Megatron-Core places them without a layout (multi_token_prediction.py,
+  // mtp_on_this_rank: the last pipeline stage); their kinds by the main model's rule.
+  if (end == m.num_layers) end += m.mtp_layers;
   LayerKinds k;
   k.layers = end - first;
   if (m.moe.enabled()) k.moe_layers = moe_layers_in(m, first, end);

@@ -9,6 +9,7 @@
 
 #include "distplan/planner/error.h"
 #include "distplan/planner/moe.h"
+#include "distplan/planner/pipeline_split.h"
 
 namespace distplan::detail {
 
@@ -206,19 +207,32 @@ void check_moe_mla_fields(const ModelSpec& m, const std::string& path) {
 void refuse_unplanned_model(const Scenario& s) {
   const ModelSpec& m = s.model;
   if (!m.moe.enabled() && !m.mla.enabled() && m.mtp_layers == 0) return;
-  const ParameterCount c = count_parameters(m);
-  const std::string counts =
-      fmt::format("{} parameters, {} active per token{}", c.total, c.active,
-                  c.mtp > 0 ? fmt::format(", {} in the MTP modules", c.mtp) : "");
-  // Counted but not planned: the memory, communication and time of these parts are not modelled
-  // yet (docs/moe.md, "What is refused"), so the plan is refused rather than made as if dense.
-  auto not_yet = [&](const char* path, const char* what) {
-    fail(path, fmt::format("the model ({}) has {}; distplan counts their parameters but does not "
-                           "yet model their memory, communication and time, so it refuses to "
-                           "plan it rather than plan it as a dense model",
-                           counts, what));
-  };
-  if (m.mtp_layers > 0) not_yet("/model/mtp_layers", "multi-token prediction modules");
+  if (m.mtp_layers > 0) {
+    // The MTP modules plan with the LM head's chunk (layout.h, layer_kinds; memory_terms.h,
+    // mtp_head_parameters). Their projection's and second head's tensor- and context-parallel
+    // exchanges are not modelled.
+    const char* mtp = "is not modelled with multi-token prediction modules (mtp_layers > 0)";
+    if (s.parallel.tp > 1) {
+      fail("/parallel/tp",
+           fmt::format("tp={} {}: the MTP projection's gather and its head's collectives; use "
+                       "tp 1 (DeepSeek-V3's layout) or mtp_layers 0",
+                       s.parallel.tp, mtp));
+    }
+    if (s.parallel.cp > 1) {
+      fail("/parallel/cp", fmt::format("cp={} {}: the MTP shift of tokens across context-parallel "
+                                       "ranks; use cp 1 or mtp_layers 0",
+                                       s.parallel.cp, mtp));
+    }
+    const PipelineSplit split = pipeline_split(s);
+    if (split.mtp_virtual_stage >= 0) {
+      const auto vs = static_cast<std::size_t>(split.mtp_virtual_stage);
+      if (split.first[vs] + split.layers[vs] != m.num_layers) {
+        fail("/parallel/pipeline_split/layout",
+             "MTP layers ('m') on a virtual stage other than the one with the last decoder layer "
+             "are not modelled; place them after the last 't'");
+      }
+    }
+  }
   if (m.mla.enabled()) {
     // MLA plans (layer_ops.cpp); what its layer does not have a model for is refused here.
     const char* mla = "is not modelled with multi-head latent attention";

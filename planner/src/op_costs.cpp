@@ -535,6 +535,30 @@ PassCosts head_pass_costs(const ModelSpec& m, const TrainingSpec& t, Count padde
     c.forward += memory_seconds(r, T * Vt * (e + 4), 2);
     c.backward_input += memory_seconds(r, T * Vt * (4 + e), 1);
   }
+  if (m.mtp_layers > 0) {
+    // Each MTP module (memory_terms.h, mtp_head_parameters) runs the head once more on its own
+    // hidden states (final norm, LM head, loss: the costs above) after its hnorm and enorm and
+    // its column-parallel projection 2h -> h; its transformer layer is costed with the chunk's
+    // layers.
+    const double k = static_cast<double>(m.mtp_layers);
+    PassCosts x = c;
+    add_norm_costs(x, r, m, T_sp * h * e);
+    add_norm_costs(x, r, m, T_sp * h * e);
+    const Dim dN(h / tpd), dK(2 * h);
+    const double pf = gemm_time(r, dT, dN, 2 * h, 1);
+    const double pi = gemm_time(r, dT, dK, h / tpd, 1);
+    const double pw = gemm_time(r, dN, dK, T, 1);
+    x.forward += pf;
+    x.backward_input += pi;
+    x.backward_weight += pw;
+    x.gemm_forward += pf;
+    x.gemm_backward += pi + pw;
+    c.forward += k * x.forward;
+    c.backward_input += k * x.backward_input;
+    c.backward_weight += k * x.backward_weight;
+    c.gemm_forward += k * x.gemm_forward;
+    c.gemm_backward += k * x.gemm_backward;
+  }
   return c;
 }
 

@@ -122,7 +122,12 @@ Exported megatron(const Scenario& s, Exported out) {
     arg("--qk-head-dim", m.mla.qk_nope_head_dim);
     arg("--qk-pos-emb-head-dim", m.mla.qk_rope_head_dim);
     arg("--v-head-dim", m.mla.v_head_dim);
-  } else if (m.num_kv_heads != m.num_attention_heads) {
+  }
+  // The MTP modules, on the last pipeline stage as the plan places them (Megatron-Core's default
+  // without --pipeline-model-parallel-layout; the layout's 'm' otherwise).
+  if (m.mtp_layers > 0) arg("--mtp-num-layers", m.mtp_layers);
+  // MLA's heads each have their own key and value: no query groups.
+  if (!m.mla.enabled() && m.num_kv_heads != m.num_attention_heads) {
     flag("--group-query-attention");
     arg("--num-query-groups", m.num_kv_heads);
   }
@@ -403,6 +408,13 @@ Exported deepspeed(const Scenario& s, Exported out) {
           "deepspeed.checkpointing.checkpoint(layer, ...) around each decoder layer's forward in "
           "the model code");
     }
+  }
+  if (s.model.mtp_layers > 0) {
+    out.to_add.push_back(fmt::format(
+        "{} multi-token prediction module(s) in the model code on the last pipeline stage "
+        "(DeepSeek-V3's: hnorm, enorm, a 2h -> h projection, one transformer layer, the shared "
+        "output head, its own loss)",
+        s.model.mtp_layers));
   }
   if (s.model.mla.enabled()) {
     // DeepSpeed has no attention of its own: MLA is the model code's (as in Megatron-DeepSpeed).

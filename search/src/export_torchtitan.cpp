@@ -47,6 +47,12 @@ Count torchtitan_ffn(const TorchtitanFlavor& f) {
 
 // The [model] section: the Llama-3 flavor with this model's shape, or what to register.
 std::string torchtitan_model(const ModelSpec& m, Exported& out) {
+  if (m.mtp_layers > 0) {
+    out.notes.push_back(fmt::format(
+        "{} multi-token prediction module(s) on the last stage: the model code must add them (as "
+        "DeepSeek-V3's hnorm, enorm, eh_proj, one layer and the shared head)",
+        m.mtp_layers));
+  }
   if (m.mla.enabled()) {
     // Latent attention is torchtitan's deepseek_v3 model's (its MLA Attention), not llama3's.
     out.notes.push_back(fmt::format(

@@ -131,8 +131,9 @@ const FastMemory::Split& FastMemory::split_of(const Layout& l) const {
     auto& c = x.chunks[i];
     for (Count k = 0; k < x.v; ++k) {
       const auto vs = static_cast<std::size_t>(chunk_virtual_stage(kind, pp, st, k));
-      c.push_back(per_vs[vs]);
+      // The chunk's layers as layer_kinds counts them (the MTP modules' with the last layer).
       x.kinds[i].push_back(layer_kinds(base_.model, first[vs], first[vs] + per_vs[vs]));
+      c.push_back(x.kinds[i].back().layers);
       x.dense_chunks[i].push_back(x.kinds[i].back().dense_layers(moe));
       x.stage_layers[i] += c.back();
     }

@@ -63,6 +63,8 @@ std::string_view to_string(Reject r) noexcept {
       return "framework_split";
     case Reject::moe_not_planned:
       return "moe_not_planned";
+    case Reject::mla_mtp_not_planned:
+      return "mla_mtp_not_planned";
     case Reject::tp_within_node:
       return "tp_within_node";
     case Reject::pp_divides_layers:
@@ -220,6 +222,10 @@ void walk_outer(const Space& space, RejectCounts& rejected, Fn&& fn) {
       bump(rejected, Reject::tp_divides_heads);
       continue;
     }
+    if (tp > 1 && b.model.mtp_layers > 0) {  // MTP's TP exchanges: refused (docs/moe.md)
+      bump(rejected, Reject::mla_mtp_not_planned);
+      continue;
+    }
     if (b.model.ffn_hidden_size % tp != 0) {
       bump(rejected, Reject::tp_divides_ffn);
       continue;
@@ -246,6 +252,10 @@ void walk_outer(const Space& space, RejectCounts& rejected, Fn&& fn) {
       }
       if (cp > 1 && peft.enabled()) {
         bump(rejected, Reject::peft_not_planned);
+        continue;
+      }
+      if (cp > 1 && b.model.mtp_layers > 0) {  // MTP's shift across CP ranks: refused
+        bump(rejected, Reject::mla_mtp_not_planned);
         continue;
       }
       if (cp > 1) {
@@ -590,6 +600,8 @@ void inner_lists(const Space& space, const Outer& o, RejectCounts& rejected, Inn
   }
   if (moe && std::erase(out.recompute, Recompute::selective_op) > 0)
     bump(rejected, Reject::moe_not_planned);
+  if (b.model.mla.enabled() && std::erase(out.recompute, Recompute::selective_op) > 0)
+    bump(rejected, Reject::mla_mtp_not_planned);
   if (b.training.peft.enabled() && std::erase(out.recompute, Recompute::selective_op) > 0)
     bump(rejected, Reject::peft_not_planned);
   const auto unsupported = std::erase_if(out.recompute, [&](Recompute r) {

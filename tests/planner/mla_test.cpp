@@ -230,6 +230,59 @@ TEST(Mla, QueriesWithoutALatentPlan) {
   EXPECT_EQ(lat, 4096 * (2048 + 512 + 64) * 2);
 }
 
+// DeepSeek-V3's MTP module on the last pipeline stage (Megatron-Core's default placement), held
+// against its published size: README_WEIGHTS.md's 11.5 B unique parameters (count_parameters()'s
+// 11,610,068,224, within 0.12 B: moe_test.cpp) plus the stage's own copy of the 129,280 x 7,168
+// word embedding, which the MTP stage builds when it does not hold the embedding (GPTModel:
+// `pre_process or mtp_process`). bf16 weights, tp = ep = 1: the stage's weights grow by exactly
+// their bytes, the first stage's not at all.
+TEST(Mtp, TheLastStageHoldsTheModuleAndAnEmbeddingCopy) {
+  json d = testing::default_doc();
+  d["model"] = {{"preset", "deepseek-v3"}, {"mtp_layers", 0}};
+  d["cluster"] = {{"gpu", "h800-sxm-80gb"}, {"num_gpus", 2}};
+  d["training"]["seq_length"] = 4096;
+  d["training"]["global_batch_size"] = 8;
+  d["training"]["micro_batch_size"] = 1;
+  d["parallel"] = {{"tp", 1}, {"pp", 2}, {"dp", 1}, {"schedule", "1f1b"}, {"recompute", "full"}};
+  const Estimate without = estimate(testing::scenario(d));
+  d["model"]["mtp_layers"] = 1;
+  const Scenario s = testing::scenario(d);
+  const Estimate with = estimate(s);
+  const Count mtp = count_parameters(s.model).mtp;
+  EXPECT_NEAR(static_cast<double>(mtp), 11.5e9, 0.12e9);
+  const Bytes word = 129280LL * 7168;  // 129,280 is a multiple of 128: no padding
+  EXPECT_EQ(with.memory.stages[1].weights_bytes - without.memory.stages[1].weights_bytes,
+            2 * (mtp + word));
+  EXPECT_EQ(with.memory.stages[0].weights_bytes, without.memory.stages[0].weights_bytes);
+  // The embedding copy's gradient is summed with the first stage's.
+  bool summed = false;
+  for (const Collective& c : stage_communication(s, 1))
+    summed |= c.group == Group::embedding && c.what == "MTP embedding gradients" &&
+              c.bytes_per_call == word * bytes_of(s.training.grad_accumulation_dtype);
+  EXPECT_TRUE(summed);
+}
+
+// Its FLOPs, two ways: the plan's model FLOPs (the layer table's ops for the MTP layer, its head's
+// logits and its 2h -> h projection, as Megatron-LM's num_floating_point_operations adds them)
+// against 6 FLOPs per active MTP parameter (the module's count less the 248 experts a token does
+// not use) plus its logits' 6 h V and the causal attention of one more layer, 3 x 2a(d_qk +
+// d_v) x s/2.
+TEST(Mtp, FlopsAreOneMoreLayerItsProjectionAndItsLogits) {
+  json d = v3_doc();
+  const Scenario s0 = testing::scenario(d);
+  d["model"]["mtp_layers"] = 1;
+  const Scenario s1 = testing::scenario(d);
+  const double tokens = 15360.0 * 4096.0;
+  const double delta =
+      (estimate(s1).compute.model_flops_per_step - estimate(s0).compute.model_flops_per_step) /
+      tokens;
+  const ModelSpec& m = s1.model;
+  const double expert = 3.0 * 7168 * 2048;
+  const double active = static_cast<double>(count_parameters(m).mtp) - 248 * expert;
+  const double want = 6 * active + 6.0 * 7168 * 129280 + 3 * 2.0 * 128 * (192 + 128) * 4096 / 2;
+  EXPECT_NEAR(delta / want, 1.0, 0.005);
+}
+
 // What is not modelled with MLA stays refused at its field; the MTP module too.
 TEST(Mla, WhatIsNotModelledIsRefusedAtItsField) {
   auto path_of = [](const json& doc) -> std::string {
@@ -243,7 +296,14 @@ TEST(Mla, WhatIsNotModelledIsRefusedAtItsField) {
   json d = v3_doc();
   EXPECT_EQ(path_of(d), "accepted");
   d["model"]["mtp_layers"] = 1;
-  EXPECT_EQ(path_of(d), "/model/mtp_layers");
+  EXPECT_EQ(path_of(d), "accepted");
+  d["parallel"]["tp"] = 2;
+  d["parallel"]["dp"] = 64;
+  d["parallel"]["sequence_parallel"] = true;
+  EXPECT_EQ(path_of(d), "/parallel/tp");
+  d["parallel"]["tp"] = 1;
+  d["parallel"]["cp"] = 2;
+  EXPECT_EQ(path_of(d), "/parallel/cp");
   d = v3_doc();
   d["model"]["qk_norm"] = true;
   EXPECT_EQ(path_of(d), "/model/qk_norm");

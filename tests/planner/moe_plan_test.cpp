@@ -270,7 +270,7 @@ TEST(MoePlan, UnmodelledPartsAreRefusedAtTheirField) {
   d = base;
   d["model"] = "deepseek-v3";
   d["parallel"]["ep"] = 8;
-  EXPECT_EQ(path_of(d), "/model/mtp_layers");
+  EXPECT_EQ(path_of(d), "/parallel/tp");  // MTP's tensor-parallel exchanges
   d["model"] = {{"preset", "deepseek-v3"}, {"mtp_layers", 0}};
   EXPECT_EQ(path_of(d), "accepted");
   // Qwen3-MoE (all layers MoE, dense attention with q/k norms) plans.

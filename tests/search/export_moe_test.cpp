@@ -148,7 +148,7 @@ TEST(ExportMoe, DeepSeekV3MegatronArguments) {
 // core_v0.15.3 argument, no grouped-query flags (MLA's heads each have their own key and value).
 TEST(ExportMoe, DeepSeekV3LatentAttentionArguments) {
   const nlohmann::json doc = {
-      {"model", {{"preset", "deepseek-v3"}, {"mtp_layers", 0}}},
+      {"model", {{"preset", "deepseek-v3"}}},
       {"cluster", {{"gpu", "h800-sxm-80gb"}, {"num_gpus", 256}}},
       {"training", {{"seq_length", 4096}, {"global_batch_size", 256}, {"micro_batch_size", 1}}},
       {"parallel",
@@ -159,7 +159,7 @@ TEST(ExportMoe, DeepSeekV3LatentAttentionArguments) {
   std::map<std::string, std::string> a;
   for (const char* f :
        {"--multi-latent-attention", "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim",
-        "--qk-pos-emb-head-dim", "--v-head-dim", "--group-query-attention"}) {
+        "--qk-pos-emb-head-dim", "--v-head-dim", "--group-query-attention", "--mtp-num-layers"}) {
     const std::string flag = f;
     const auto at = e.text.find(flag + " ");
     if (at == std::string::npos) continue;
@@ -176,6 +176,7 @@ TEST(ExportMoe, DeepSeekV3LatentAttentionArguments) {
   EXPECT_EQ(a.at("--qk-pos-emb-head-dim"), "64");
   EXPECT_EQ(a.at("--v-head-dim"), "128");
   EXPECT_FALSE(a.contains("--group-query-attention"));
+  EXPECT_EQ(a.at("--mtp-num-layers"), "1");  // num_nextn_predict_layers
   expect_known_flags(a);
 }
 

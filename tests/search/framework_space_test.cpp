@@ -90,6 +90,12 @@ TEST(FrameworkSpace, EnumeratorAndRefusalAgreeOnExperts) {
   expect_agreement(base_doc("mixtral-8x7b", 32, 64, 4096));
 }
 
+// DeepSeek-V3 with its MTP module: the enumerator leaves out what validate_scenario() refuses
+// with MLA and MTP (tp or cp above 1), so every layout it walks plans.
+TEST(FrameworkSpace, EnumeratorAndRefusalAgreeOnLatentAttentionAndMtp) {
+  expect_agreement(base_doc("deepseek-v3", 64, 64, 4096));
+}
+
 TEST(FrameworkSpace, EnumeratorAndRefusalAgreeUnderAssumedOverlaps) {
   json d = base_doc("llama3.1-8b", 16, 32, 8192);
   d["assumptions"] = {{"tp_comm_overlap", true}, {"overlap_p2p", true}};

@@ -40,7 +40,8 @@ struct LayerKinds {
   }
   bool operator==(const LayerKinds&) const = default;
 };
-/// The kinds of model layers [first, end).
+/// The kinds of model layers [first, end); a range ending at num_layers includes the MTP modules'
+/// layers (model.mtp_layers), which follow the last layer on its chunk.
 [[nodiscard]] LayerKinds layer_kinds(const ModelSpec& m, Count first, Count end) noexcept;
 struct PipelineSplit;
 /// The kinds of each chunk's layers under a split: [stage][chunk] (pipeline_split.h).

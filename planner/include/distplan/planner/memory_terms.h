@@ -163,6 +163,25 @@ struct StageUnitParams {
   }
   [[nodiscard]] Count all_layers() const noexcept { return layers + dense_layers; }
 };
+/// What the MTP modules (model.mtp_layers; DeepSeek-V3 report, sec. 2.2) add to the stage that
+/// holds them, the LM head's (their transformer layers are layers of the chunk, layer_kinds()):
+/// per module the norms of the hidden state and of the embedding, the column-parallel projection
+/// 2h -> h (split t ways) and the final norm (Megatron-Core MultiTokenPredictionLayer: hnorm,
+/// enorm, eh_proj, final_layernorm); and the word embedding, of which the MTP stage builds its
+/// own copy when it does not hold the embedding (GPTModel: `pre_process or mtp_process`),
+/// unless the LM head already is that copy (tied embeddings). Per TP rank.
+[[nodiscard]] inline Count mtp_head_parameters(const ModelSpec& m, Count tp, Count padded_vocab,
+                                               bool holds_embedding) noexcept {
+  if (m.mtp_layers == 0) return 0;
+  const Count h = m.hidden_size;
+  Count n = m.mtp_layers * (3 * m.norm_parameters() + 2 * h * h / tp);
+  if (!holds_embedding && !m.tied_embeddings) {
+    n += padded_vocab * h / tp;
+    if (m.position_embedding == PositionEmbedding::learned) n += m.max_position_embeddings * h;
+  }
+  return n;
+}
+
 /// `schedule` places the LM head (head_stage in layout.h: stage 0 under a V). `mix` is the
 /// stage's stage_layer_mix() (layout.h); `dense_layer_params` the parameters per TP rank of a
 /// MoE model's dense-MLP layer (unused for a dense model, whose every layer is `layer_params`).
@@ -195,6 +214,7 @@ struct StageUnitParams {
     // embedding on the last stage and all-reduces its gradient with the first; on the embedding's
     // own stage (pp = 1, or a V) the one matrix serves both.
     if (!m.tied_embeddings || head_st != 0) head += padded_vocab * h / tp;
+    head += mtp_head_parameters(m, tp, padded_vocab, holds_embedding(schedule, pp, stage));
     u.head = head;
     u.heads = 1;
   }
@@ -412,7 +432,9 @@ inline void stage_totals(const Scenario& base, const MemoryLayout& l, int st, St
   const Bytes logits =
       act_tokens * (vocab / l.tp) * (kept_logits + 4 * fw.loss_fp32_copies) / fw.loss_chunks;
   const Count live = l.schedule == Schedule::gpipe ? l.num_microbatches : 1;
-  return logits * live;
+  // Each MTP module's loss computes its logits in the same forward, before the backward of any
+  // of them (Megatron-Core process_mtp_loss): 1 + mtp_layers workspaces live together.
+  return logits * live * (1 + base.model.mtp_layers);
 }
 
 /// stage_memory() under fine-tuning (training.peft; peft_memory.cpp, docs/peft.md): frozen
@@ -580,9 +602,12 @@ inline void stage_memory(const Scenario& base, const MemoryLayout& l, const Stag
     // recomputation checkpoints.
     if (base.model.embedding_norm) sm.embedding_activation_bytes += local_h * cb;
   }
-  sm.head_activation_bytes = holds_head(l.schedule, pp, st)
-                                 ? 2 * (sp ? token_h * cb / tp : token_h * cb)
-                                 : 0;  // final norm, LM head
+  // The final norm's and the LM head's inputs; each MTP module adds its two norms' inputs, its
+  // projection's 2h-wide input, its final norm's and its head's: 6h (sequence-parallel).
+  sm.head_activation_bytes =
+      holds_head(l.schedule, pp, st)
+          ? (2 + 6 * base.model.mtp_layers) * (sp ? token_h * cb / tp : token_h * cb)
+          : 0;
   const Bytes layers_kept = u.layers * act.kept + u.dense_layers * dense_act.kept;
   sm.activation_bytes_per_microbatch =
       layers_kept + sm.embedding_activation_bytes + sm.head_activation_bytes;

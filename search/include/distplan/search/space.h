@@ -89,6 +89,7 @@ enum class Reject : int {
   ep_divides_experts,             // MoE: ep divides num_experts and tp·cp·dp (expert folding)
   ep_needs_moe,                   // ep > 1 pinned for a dense model (no experts to split)
   moe_not_planned,                // MoE: a lever the planner refuses for MoE (docs/moe.md)
+  mla_mtp_not_planned,            // MLA / MTP: selective_op with MLA, tp or cp > 1 with MTP
   dualpipe_pp,                    // dualpipe: pp even (>= 2)
   dualpipe_microbatches,          // dualpipe: an even number of micro-batches, at least 2 pp
   dualpipe_not_planned,           // dualpipe: ZeRO-2/3 or tied embeddings (validate refuses)
