@@ -218,7 +218,8 @@ TEST(Mla, QueriesWithoutALatentPlan) {
   EXPECT_NEAR(static_cast<double>(c.total), 15.7e9, 0.05e9);
   // "Activated" without the input embedding (2.45 B; 2.66 B with it), rounded by the paper.
   EXPECT_NEAR(static_cast<double>(c.active_non_embedding), 2.4e9, 0.05e9 * 2.4);
-  auto op = ops_by_name(build_layer_table(s.model, s.training));
+  const LayerTable t = build_layer_table(s.model, s.training);  // ops_by_name points into it
+  auto op = ops_by_name(t);
   EXPECT_EQ(op.count("q_down"), 0u);
   EXPECT_EQ(op.at("q_proj")->weight_params, 2048 * 16 * 192);
   const Estimate e = sim::plan(s);
