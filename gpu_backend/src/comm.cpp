@@ -14,7 +14,7 @@
 
 namespace distplan::backend {
 
-void CommLog::record(Group g, CollectiveOp op, const std::string& what, Bytes bytes) {
+void CommLog::record(Group g, CollectiveOp op, Traffic what, Bytes bytes) {
   CommTotals& t = entries_[Key{g, op, what}];
   t.bytes += bytes;
   t.calls += 1;
@@ -31,23 +31,19 @@ CommTotals CommLog::total(Group g, CollectiveOp op) const {
   return t;
 }
 
-void Communicator::all_reduce(void* data, Count n, DType dtype, ReduceOp op,
-                              const std::string& what) {
+void Communicator::all_reduce(void* data, Count n, DType dtype, ReduceOp op, Traffic what) {
   log_->record(group_, CollectiveOp::all_reduce, what, n * bytes_of(dtype));
   do_all_reduce(data, n, dtype, op);
 }
-void Communicator::reduce_scatter(const void* in, void* out, Count n, DType dtype,
-                                  const std::string& what) {
+void Communicator::reduce_scatter(const void* in, void* out, Count n, DType dtype, Traffic what) {
   log_->record(group_, CollectiveOp::reduce_scatter, what, n * size_ * bytes_of(dtype));
   do_reduce_scatter(in, out, n, dtype);
 }
-void Communicator::all_gather(const void* in, void* out, Count n, DType dtype,
-                              const std::string& what) {
+void Communicator::all_gather(const void* in, void* out, Count n, DType dtype, Traffic what) {
   log_->record(group_, CollectiveOp::all_gather, what, n * size_ * bytes_of(dtype));
   do_all_gather(in, out, n, dtype);
 }
-void Communicator::all_to_all(const void* in, void* out, Count n, DType dtype,
-                              const std::string& what) {
+void Communicator::all_to_all(const void* in, void* out, Count n, DType dtype, Traffic what) {
   log_->record(group_, CollectiveOp::all_to_all, what, n * size_ * bytes_of(dtype));
   do_all_to_all(in, out, n, dtype);
 }
@@ -66,7 +62,7 @@ void Communicator::send_recv(std::vector<P2POp> batch) {
 
 void Communicator::all_to_all_v(const void* in, const std::vector<Count>& send_counts, void* out,
                                 const std::vector<Count>& recv_counts, DType dtype, Count recorded,
-                                const std::string& what) {
+                                Traffic what) {
   DISTPLAN_CHECK(static_cast<int>(send_counts.size()) == size_ &&
                      static_cast<int>(recv_counts.size()) == size_,
                  "all_to_all needs one count per rank of the group");

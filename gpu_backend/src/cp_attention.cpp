@@ -36,8 +36,8 @@ Count packed_offset(Count p, Count c, Count cp, Count block, Count row) {
   return rank * block + local * row;
 }
 
-constexpr const char* kQo = "cp all-to-all: queries and outputs";  // the planner's names
-constexpr const char* kKv = "cp all-to-all: keys and values";
+constexpr Traffic kQo = Traffic::cp_a2a_queries_outputs;
+constexpr Traffic kKv = Traffic::cp_a2a_kv;
 
 }  // namespace
 
@@ -61,7 +61,7 @@ void Trainer::all_gather_attention_forward(const HostVec& q, const HostVec& k, c
   mine.write(v.data(), kn, kn);
   // Buffers (the planner's 2 cp kv at the backward's peak): the whole sequence's K and V.
   Tensor all(alloc_, {cp_ * 2 * kn}, cb_, MemoryTag::buffers);
-  g_.cp->all_gather(mine.data(), all.data(), 2 * kn, cb_, "cp: keys and values");
+  g_.cp->all_gather(mine.data(), all.data(), 2 * kn, cb_, Traffic::cp_kv);
   HostVec kg, vg;
   global_kv(rd_host(all), kn, kg, vg);
   out.assign(q.size(), 0.0f);
@@ -83,7 +83,7 @@ void Trainer::all_gather_attention_backward(const HostVec& dout, const HostVec& 
   mine.write(k.data(), kn, 0);
   mine.write(v.data(), kn, kn);
   Tensor all(alloc_, {cp_ * 2 * kn}, cb_, MemoryTag::buffers);
-  g_.cp->all_gather(mine.data(), all.data(), 2 * kn, cb_, "cp: keys and values");
+  g_.cp->all_gather(mine.data(), all.data(), 2 * kn, cb_, Traffic::cp_kv);
   HostVec kg, vg;
   global_kv(rd_host(all), kn, kg, vg);
   HostVec dkg(kg.size(), 0.0f), dvg(vg.size(), 0.0f);
@@ -102,7 +102,7 @@ void Trainer::all_gather_attention_backward(const HostVec& dout, const HostVec& 
   Tensor grads(alloc_, {cp_ * 2 * kn}, cb_, MemoryTag::buffers);
   grads.fill_from(packed);
   Tensor part(alloc_, {2 * kn}, cb_, MemoryTag::temporaries);
-  g_.cp->reduce_scatter(grads.data(), part.data(), 2 * kn, cb_, "cp: key and value gradients");
+  g_.cp->reduce_scatter(grads.data(), part.data(), 2 * kn, cb_, Traffic::cp_kv_gradients);
   const HostVec got = rd_host(part);
   dk.assign(got.begin(), got.begin() + kn);
   dv.assign(got.begin() + kn, got.end());
@@ -114,7 +114,7 @@ void Trainer::all_gather_attention_backward(const HostVec& dout, const HostVec& 
 // output back; the forward saves the head-sharded output, so the backward exchanges only dO,
 // then sends dQ, dK, dV back: four query-sized all-to-alls per layer (TE before 2.9 exchanged
 // [out, dO] in the backward, five).
-HostVec Trainer::seq_to_heads(const HostVec& x, Count heads, const char* what, Tensor& recv,
+HostVec Trainer::seq_to_heads(const HostVec& x, Count heads, Traffic what, Tensor& recv,
                               MemoryTag tag) {
   const Count b = t_.micro_batch_size, hc = heads / cp_, c = sl_ / 2;
   const Count row = b * hc * d_, blk = sl_ * row;  // one rank's rows of one head group
@@ -136,7 +136,7 @@ HostVec Trainer::seq_to_heads(const HostVec& x, Count heads, const char* what, T
   return y;
 }
 
-HostVec Trainer::heads_to_seq(const HostVec& y, Count heads, const char* what, Tensor* send_keep,
+HostVec Trainer::heads_to_seq(const HostVec& y, Count heads, Traffic what, Tensor* send_keep,
                               MemoryTag tag) {
   const Count b = t_.micro_batch_size, hc = heads / cp_, c = sl_ / 2;
   const Count row = b * hc * d_, blk = sl_ * row;

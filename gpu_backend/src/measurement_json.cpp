@@ -17,6 +17,10 @@ Group group_from(const std::string& s) {
     if (to_string(g) == s) return g;
   throw std::runtime_error("measurement: unknown group '" + s + "'");
 }
+Traffic traffic_from(const std::string& s) {
+  if (const auto t = traffic_from_string(s)) return *t;
+  throw std::runtime_error("measurement: unknown traffic '" + s + "'");
+}
 CollectiveOp op_from(const std::string& s) {
   for (CollectiveOp o :
        {CollectiveOp::all_reduce, CollectiveOp::reduce_scatter, CollectiveOp::all_gather,
@@ -65,7 +69,7 @@ nlohmann::json to_json(const RankMeasurement& r) {
   for (const auto& [k, v] : r.communication) {
     comm.push_back({{"group", to_string(std::get<0>(k))},
                     {"op", to_string(std::get<1>(k))},
-                    {"what", std::get<2>(k)},
+                    {"what", to_string(std::get<2>(k))},
                     {"bytes", v.bytes},
                     {"calls", v.calls}});
   }
@@ -123,7 +127,8 @@ RankMeasurement rank_measurement_from_json(const nlohmann::json& j) {
   }
   for (const auto& c : j.at("communication")) {
     CommLog::Key k{group_from(c.at("group").get<std::string>()),
-                   op_from(c.at("op").get<std::string>()), c.at("what").get<std::string>()};
+                   op_from(c.at("op").get<std::string>()),
+                   traffic_from(c.at("what").get<std::string>())};
     r.communication[k] = CommTotals{c.at("bytes").get<Bytes>(), c.at("calls").get<Count>()};
   }
   if (j.contains("moe_routing")) {

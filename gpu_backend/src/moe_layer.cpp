@@ -147,7 +147,7 @@ Exchange<T> local_exchange() {
   Exchange<T> ex;
   ex.counts = [](const std::vector<Count>& send) { return send; };
   ex.rows = [](const T* in, const std::vector<Count>& send_rows, T* out,
-               const std::vector<Count>& recv_rows, Count width, Count, const char*) {
+               const std::vector<Count>& recv_rows, Count width, Count, Traffic) {
     DISTPLAN_CHECK(send_rows == recv_rows, "a one-rank exchange receives what it sends");
     std::copy(in, in + send_rows.front() * width, out);
   };
@@ -206,7 +206,7 @@ std::vector<T> block_forward(const BlockWeights<T>& w, const T* x, Count n, Bloc
     std::copy(x + sv.sent_token[i] * h, x + (sv.sent_token[i] + 1) * h, xs.data() + i * h);
   sv.x_in.assign(static_cast<std::size_t>(R * h), T(0));
   ex.rows(xs.data(), sv.send_rows, sv.x_in.data(), sv.recv_rows, h, sv.sent(),
-          "dispatch (forward)");
+          Traffic::dispatch_forward);
   // Experts on contiguous runs of equal local expert.
   sv.fc1.assign(static_cast<std::size_t>(R * 2 * f), T(0));
   sv.act.assign(static_cast<std::size_t>(R * f), T(0));
@@ -222,7 +222,7 @@ std::vector<T> block_forward(const BlockWeights<T>& w, const T* x, Count n, Bloc
   // Combine: the outputs return, weighted and summed per token.
   sv.y_back.assign(static_cast<std::size_t>(S * h), T(0));
   ex.rows(y.data(), sv.recv_rows, sv.y_back.data(), sv.send_rows, h, sv.sent(),
-          "combine (forward)");
+          Traffic::combine_forward);
   std::vector<T> out(static_cast<std::size_t>(n * h), T(0));
   for (Count t = 0; t < n; ++t)
     for (Count j = 0; j < k; ++j) {
@@ -259,7 +259,8 @@ std::vector<T> block_backward(const BlockWeights<T>& w, const T* x, const T* dy,
       dweight[t * k + j] = d;
     }
   std::vector<T> dye(static_cast<std::size_t>(R * h));
-  ex.rows(dys.data(), sv.send_rows, dye.data(), sv.recv_rows, h, sv.sent(), "combine (backward)");
+  ex.rows(dys.data(), sv.send_rows, dye.data(), sv.recv_rows, h, sv.sent(),
+          Traffic::combine_backward);
   std::vector<T> dxe(static_cast<std::size_t>(R * h));
   for (Count a = 0; a < R;) {
     Count b = a;
@@ -272,7 +273,8 @@ std::vector<T> block_backward(const BlockWeights<T>& w, const T* x, const T* dy,
   }
   // Dispatch backward: the input gradients return and add up per token.
   std::vector<T> dxs(static_cast<std::size_t>(S * h));
-  ex.rows(dxe.data(), sv.recv_rows, dxs.data(), sv.send_rows, h, sv.sent(), "dispatch (backward)");
+  ex.rows(dxe.data(), sv.recv_rows, dxs.data(), sv.send_rows, h, sv.sent(),
+          Traffic::dispatch_backward);
   std::vector<T> dx(static_cast<std::size_t>(n * h), T(0));
   for (Count i = 0; i < S; ++i)
     for (Count c = 0; c < h; ++c) dx[sv.sent_token[i] * h + c] += dxs[i * h + c];

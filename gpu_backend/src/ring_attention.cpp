@@ -13,8 +13,8 @@ namespace distplan::backend::trainer_detail {
 
 namespace {
 
-constexpr const char* kKv = "cp ring: keys and values";  // the planner's names (estimate.cpp)
-constexpr const char* kDkv = "cp ring: key and value gradients";
+constexpr Traffic kKv = Traffic::cp_ring_kv;
+constexpr Traffic kDkv = Traffic::cp_ring_kv_gradients;
 
 // Both neighbours name a message by what it carries, the layer unit and the ring step.
 P2PTag ring_tag(bool grad, Count mb, int ui, Count cp, Count step) {

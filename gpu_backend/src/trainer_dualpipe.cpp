@@ -34,7 +34,7 @@ void Trainer::mirror_gradients() {
     std::vector<P2POp> batch(2);
     batch[0].dir = P2POp::Dir::send;
     batch[0].data = out->data();
-    batch[0].what = std::string(kMirrorGradients);
+    batch[0].what = Traffic::mirror_gradients;
     batch[1].dir = P2POp::Dir::recv;
     batch[1].data = in.data();
     for (P2POp& op : batch) {

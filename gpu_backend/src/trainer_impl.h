@@ -81,14 +81,10 @@ struct Param {
   [[nodiscard]] Count numel() const { return rows * cols; }
 };
 
-inline const char* unit_label(int kind) {
-  static const char* kNames[] = {"layers", "embedding", "lm head", "experts", "adapters"};
-  return kNames[kind];
-}
-
 struct Unit {
-  int kind = 0;   // 0 layer, 1 embedding, 2 head, 3 a MoE layer's routed experts on this rank,
-                  // 4 a layer's LoRA adapters (fine-tuning)
+  // A layer's own parameters, the embedding, the final norm and LM head, a MoE layer's routed
+  // experts on this rank, or a layer's LoRA adapters (fine-tuning).
+  ParamUnit kind = ParamUnit::layers;
   int chunk = 0;  // the model chunk holding it
   // Fine-tuning (training.peft, planner/peft.h): the dtypes of the weights and gradients (the
   // compute and gradient dtypes, but a frozen base and the adapters have their own), a frozen
@@ -235,8 +231,8 @@ class Trainer {
   Tensor save_act(const HostVec& x);
   Tensor pack(const HostVec& x, DType d);
   void rnd(HostVec& x, DType d) const;
-  HostVec gather_in(const HostVec& x, const char* what);
-  HostVec reduce_out(const HostVec& x, const char* what);
+  HostVec gather_in(const HostVec& x, Traffic what);
+  HostVec reduce_out(const HostVec& x, Traffic what);
   HostVec param_host(Unit& u, int i);
   void add_grad(Unit& u, int i, const HostVec& g);
 
@@ -245,16 +241,16 @@ class Trainer {
   // A temporary copy of a tensor in its own dtype (a send's buffer).
   Tensor pack_tensor(const Tensor& t);
 
-  void tp_all_reduce(Vec& x, const char* what, DType d);
-  void tp_all_reduce_max(Vec& x, const char* what);
+  void tp_all_reduce(Vec& x, Traffic what, DType d);
+  void tp_all_reduce_max(Vec& x, Traffic what);
   // (N,h) -> (N/t,h) summed over the TP group (sequence-parallel reduce-scatter along s).
-  Vec tp_reduce_scatter(const Vec& x, const char* what);
+  Vec tp_reduce_scatter(const Vec& x, Traffic what);
   // (N/t,h) -> (N,h) gathered along s.
-  Vec tp_all_gather(const Vec& x, const char* what);
+  Vec tp_all_gather(const Vec& x, Traffic what);
   // Row-parallel output: all-reduce, or reduce-scatter into the sequence-parallel region.
-  Vec reduce_out(Vec x, const char* what);
+  Vec reduce_out(Vec x, Traffic what);
   // Column-parallel input: the sequence-parallel shard gathered (identity without SP).
-  Vec gather_in(const Vec& x, const char* what);
+  Vec gather_in(const Vec& x, Traffic what);
 
   // ---- weights of a unit as fp32 ------------------------------------------------------------
   const Tensor& unit_weights(Unit& u);
@@ -315,9 +311,8 @@ class Trainer {
   // DeepSpeed-Ulysses (cp_comm a2a): x (this rank's rows, `heads` heads) to every row of this
   // rank's heads / cp heads in global order, the received all-to-all buffer kept in `recv`
   // (tagged `tag`); and back.
-  HostVec seq_to_heads(const HostVec& x, Count heads, const char* what, Tensor& recv,
-                       MemoryTag tag);
-  HostVec heads_to_seq(const HostVec& y, Count heads, const char* what, Tensor* send_keep = nullptr,
+  HostVec seq_to_heads(const HostVec& x, Count heads, Traffic what, Tensor& recv, MemoryTag tag);
+  HostVec heads_to_seq(const HostVec& y, Count heads, Traffic what, Tensor* send_keep = nullptr,
                        MemoryTag tag = MemoryTag::temporaries);
   // The forward replaces q, k, v and lse by their head-sharded forms and returns the output in
   // both layouts (`out` by rows for the out projection, `out_heads` as the attention wrote it),
@@ -334,7 +329,7 @@ class Trainer {
   struct RingMessage {
     Tensor* buf = nullptr;
     P2PTag tag;
-    const char* what = "";
+    Traffic what = Traffic::probe;
   };
   void ring_exchange(const std::vector<RingMessage>& send, int to,
                      const std::vector<RingMessage>& recv, int from);
@@ -444,12 +439,12 @@ class Trainer {
     std::shared_ptr<Tensor> buf;
     int peer = 0;
     P2PTag tag;
-    const char* what = "";
+    Traffic what = Traffic::probe;
     sim::Track track = sim::Track::send_next;
     sim::SliceKind kind = sim::SliceKind::send_activation;
     Count mb = 0, chunk = 0;
   };
-  void post_send(const Vec& x, int peer, P2PTag t, const char* what, sim::Track track,
+  void post_send(const Vec& x, int peer, P2PTag t, Traffic what, sim::Track track,
                  sim::SliceKind kind, Count mb, Count c);
   // Issues the waiting send (if any) and the receive into `in` (if given) as one exchange.
   void exchange(Tensor* in, int peer, P2PTag t);

@@ -131,7 +131,7 @@ Vec Trainer::layer_forward(int ui, const LayerParams& lp, LayerSaved& sv, const 
   auto keeps = [&lp](int op) { return lp.flow.saves[static_cast<std::size_t>(op)]; };
   Vec ln1 = norm_fwd(u, lp.norm1_g, lp.norm1_b, x, Nl_);
   if (keeps(op_.qkv)) sv.ln1 = save_act(ln1);
-  const Vec ln1f = gather_in(ln1, "layer activations");
+  const Vec ln1f = gather_in(ln1, Traffic::layer_activations);
   const Count qkv_w = ql + 2 * kvl;
   Vec qkv = linear_fwd(u, lp.qkv_w, lp.qkv_b, ln1f, N_, h_, qkv_w);
   lora_forward(ui, lp, op_.qkv, ln1f, qkv, sv);
@@ -176,7 +176,7 @@ Vec Trainer::layer_forward(int ui, const LayerParams& lp, LayerSaved& sv, const 
   if (keeps(op_.attn_out) || (flash() && keeps(op_.attention))) sv.attn = save_act(attn);
   Vec proj = linear_fwd(u, lp.out_w, -1, attn, N_, ql, h_);
   lora_forward(ui, lp, op_.attn_out, attn, proj, sv);
-  proj = reduce_out(std::move(proj), "layer activations");
+  proj = reduce_out(std::move(proj), Traffic::layer_activations);
   Vec x2 = residual(u, lp.out_b, x, proj);
   if (keeps(op_.norm2)) sv.x2 = save_act(x2);
   Vec ln2 = norm_fwd(u, lp.norm2_g, lp.norm2_b, x2, Nl_);
@@ -188,7 +188,7 @@ Vec Trainer::layer_forward(int ui, const LayerParams& lp, LayerSaved& sv, const 
     rnd(y, cb_);
     return y;
   }
-  const Vec ln2f = gather_in(ln2, "layer activations");
+  const Vec ln2f = gather_in(ln2, Traffic::layer_activations);
   Vec fc1 = linear_fwd(u, lp.in_w, lp.in_b, ln2f, N_, h_, mi_l_);
   lora_forward(ui, lp, op_.mlp_in, ln2f, fc1, sv);
   if (keeps(op_.activation)) sv.fc1 = save_act(fc1);
@@ -204,7 +204,7 @@ Vec Trainer::layer_forward(int ui, const LayerParams& lp, LayerSaved& sv, const 
   if (keeps(op_.mlp_out)) sv.act = save_act(act);
   Vec o = linear_fwd(u, lp.mlp_out_w, -1, act, N_, f_l_, h_);
   lora_forward(ui, lp, op_.mlp_out, act, o, sv);
-  o = reduce_out(std::move(o), "layer activations");
+  o = reduce_out(std::move(o), Traffic::layer_activations);
   return residual(u, lp.mlp_out_b, x2, o);
 }
 
@@ -236,7 +236,7 @@ Vec Trainer::layer_backward(int ui, const LayerParams& lp, LayerSaved& sv, const
   if (lp.moe) {
     dln2 = Vec::from_host(o_.device, moe_backward(ui, lp, sv, dy.to_host(), jobs));
   } else {
-    const Vec dyf = gather_in(dy, "layer activations");
+    const Vec dyf = gather_in(dy, Traffic::layer_activations);
     Vec dact;
     if (bin(op_.mlp_out)) dact = linear_bwd_input(u, lp.mlp_out_w, dyf, N_, f_l_, h_);
     if (bw(op_.mlp_out)) {
@@ -268,14 +268,14 @@ Vec Trainer::layer_backward(int ui, const LayerParams& lp, LayerSaved& sv, const
     if (bw(op_.mlp_in)) {
       jobs.push_back([this, ui, lp, dfc1, S] {
         Unit& uu = units_[static_cast<std::size_t>(ui)];
-        linear_bwd_weight(uu, lp.in_w, lp.in_b, dfc1, gather_in(rd(S->ln2), "layer activations"),
-                          N_, h_, mi_l_);
+        linear_bwd_weight(uu, lp.in_w, lp.in_b, dfc1,
+                          gather_in(rd(S->ln2), Traffic::layer_activations), N_, h_, mi_l_);
       });
     }
     lora_backward(ui, lp, op_.mlp_in, dfc1, sv.ln2.empty() ? Vec{} : rd(sv.ln2), sv,
                   bin(op_.mlp_in) ? &dln2f : nullptr, jobs);
     if (!bin(op_.mlp_in)) return {};
-    dln2 = reduce_out(std::move(dln2f), "layer activations");
+    dln2 = reduce_out(std::move(dln2f), Traffic::layer_activations);
   }
   if (bw(op_.norm2)) {
     jobs.push_back([this, ui, lp, dln2, S] {
@@ -289,7 +289,7 @@ Vec Trainer::layer_backward(int ui, const LayerParams& lp, LayerSaved& sv, const
   dev::add(o_.device, dx2.data(), dy.data(), dx2.data(), static_cast<Count>(dx2.size()));
   rnd(dx2, cb_);
   // Attention.
-  const Vec dx2f = gather_in(dx2, "layer activations");
+  const Vec dx2f = gather_in(dx2, Traffic::layer_activations);
   Vec dattn;
   if (bin(op_.attn_out)) dattn = linear_bwd_input(u, lp.out_w, dx2f, N_, ql, h_);
   if (bw(op_.attn_out)) {
@@ -346,14 +346,14 @@ Vec Trainer::layer_backward(int ui, const LayerParams& lp, LayerSaved& sv, const
   if (bw(op_.qkv)) {
     jobs.push_back([this, ui, lp, dqkv, S, qkv_w] {
       Unit& uu = units_[static_cast<std::size_t>(ui)];
-      linear_bwd_weight(uu, lp.qkv_w, lp.qkv_b, dqkv, gather_in(rd(S->ln1), "layer activations"),
-                        N_, h_, qkv_w);
+      linear_bwd_weight(uu, lp.qkv_w, lp.qkv_b, dqkv,
+                        gather_in(rd(S->ln1), Traffic::layer_activations), N_, h_, qkv_w);
     });
   }
   lora_backward(ui, lp, op_.qkv, dqkv, sv.ln1.empty() ? Vec{} : rd(sv.ln1), sv,
                 bin(op_.qkv) ? &dln1f : nullptr, jobs);
   if (!bin(op_.qkv)) return {};
-  Vec dln1 = reduce_out(std::move(dln1f), "layer activations");
+  Vec dln1 = reduce_out(std::move(dln1f), Traffic::layer_activations);
   if (bw(op_.norm1)) {
     jobs.push_back([this, ui, lp, dln1, S] {
       norm_bwd_weight(units_[static_cast<std::size_t>(ui)], lp.norm1_g, lp.norm1_b, dln1, rd(S->x),

@@ -20,18 +20,20 @@ void Trainer::peft_unit(Unit& u, Count layer) const {
   if (!pe.enabled()) return;
   const bool adapters = pe.adapters();
   switch (u.kind) {
-    case 0:  // a layer's own parameters: LoRA's frozen base, or full fine-tuning's layer
+    case ParamUnit::layers:  // a layer's own parameters: LoRA's frozen base, or full fine-tuning's
+                             // layer
       u.frozen = adapters || !peft_layer_trains(pe, layer);
       // QLoRA: the flat buffer keeps the norms (and biases) in base_dtype; the linear weights
       // are quantized apart.
       if (adapters) u.wdt = pe.quantized() ? pe.base_dtype : dtype_of(pe.base_storage);
       break;
-    case 1:  // the embedding: its backward is its weight gradient only
+    case ParamUnit::embedding:  // the embedding: its backward is its weight gradient only
       u.frozen = !peft_embedding_trains(pe);
       u.backward = !u.frozen;
       if (adapters) u.wdt = pe.base_dtype;
       break;
-    case 2:  // final norm and LM head (a tied copy freezes with the embedding: check_supported)
+    case ParamUnit::head:  // final norm and LM head (a tied copy freezes with the embedding:
+                           // check_supported)
       u.frozen = adapters;
       if (adapters) u.wdt = pe.base_dtype;
       break;
@@ -90,7 +92,7 @@ void Trainer::add_lora_unit(Count layer, LayerParams& lp) {
   // every other weight of the backend (not PEFT's zeros), so the first step's gradient of A is
   // not zero and every gradient is checked from the first step (docs/gpu_backend.md).
   Unit u;
-  u.kind = 4;
+  u.kind = ParamUnit::adapters;
   u.wdt = pe.adapter_dtype;
   u.gdt = pe.adapter_dtype == DType::fp32 ? DType::fp32 : gb_;
   const Count r = pe.rank, ql = a_l_ * d_, kvl = g_l_ * d_;

@@ -26,11 +26,11 @@ constexpr int kRouterSlot = 12, kRouterBiasSlot = 13, kSharedInSlot = 14, kShare
 }  // namespace
 
 Communicator& Trainer::shard_comm(const Unit& u) const {
-  return u.kind == 3 ? *g_.edp : *g_.dp;
+  return u.kind == ParamUnit::experts ? *g_.edp : *g_.dp;
 }
 
 Count Trainer::shard_size(const Unit& u) const {
-  if (u.kind != 3) return S_;
+  if (u.kind != ParamUnit::experts) return S_;
   return p_.zero_stage == 0 ? 1 : g_.edp->size();
 }
 
@@ -62,7 +62,7 @@ void Trainer::add_moe_params(Count layer, Unit& u, LayerParams& lp) {
 
 Unit Trainer::make_expert_unit(Count layer) {
   Unit u;
-  u.kind = 3;
+  u.kind = ParamUnit::experts;
   const Count f = m_.moe.expert_ffn_hidden_size;
   const Count local = m_.moe.num_experts / p_.ep;
   const Count first = g_.ep->rank() * local;
@@ -101,7 +101,7 @@ moe::Exchange<float> Trainer::ep_exchange() {
   ex.counts = [this](const std::vector<Count>& send) { return g_.ep->exchange_counts(send); };
   ex.rows = [this](const float* in, const std::vector<Count>& send_rows, float* out,
                    const std::vector<Count>& recv_rows, Count width, Count token_rows,
-                   const char* what) {
+                   Traffic what) {
     std::vector<Count> sc(send_rows.size()), rc(recv_rows.size());
     Count ns = 0, nr = 0;
     for (std::size_t r = 0; r < sc.size(); ++r) {
@@ -123,7 +123,7 @@ HostVec Trainer::moe_forward(Unit& u, const LayerParams& lp, LayerSaved& sv, con
   // Shared experts on the gathered tokens, reduced back into the sequence-parallel shard.
   if (lp.shared_in >= 0) {
     const Count fs_l = m_.moe.num_shared_experts * m_.moe.shared_expert_ffn_hidden_size / tp_;
-    const HostVec xf = gather_in(ln2, "layer activations");
+    const HostVec xf = gather_in(ln2, Traffic::layer_activations);
     const HostVec wi = param_host(u, lp.shared_in), wo = param_host(u, lp.shared_out);
     HostVec fc1(static_cast<std::size_t>(N_ * 2 * fs_l)), act(static_cast<std::size_t>(N_ * fs_l)),
         y(static_cast<std::size_t>(N_ * h_));
@@ -131,7 +131,7 @@ HostVec Trainer::moe_forward(Unit& u, const LayerParams& lp, LayerSaved& sv, con
                         fs_l);
     sv.fc1 = save_act(fc1);
     sv.act = save_act(act);
-    out = reduce_out(y, "layer activations");
+    out = reduce_out(y, Traffic::layer_activations);
   }
   // Routed experts on this rank's tokens.
   auto bs = std::make_shared<moe::BlockSaved<float>>();
@@ -161,14 +161,14 @@ HostVec Trainer::moe_backward(int ui, const LayerParams& lp, LayerSaved& sv, con
   HostVec dx(static_cast<std::size_t>(Nl_ * h_), 0.0f);
   if (lp.shared_in >= 0) {
     const Count fs_l = m_.moe.num_shared_experts * m_.moe.shared_expert_ffn_hidden_size / tp_;
-    const HostVec dyf = gather_in(dy, "layer activations");
-    const HostVec xf = gather_in(ln2, "layer activations");
+    const HostVec dyf = gather_in(dy, Traffic::layer_activations);
+    const HostVec xf = gather_in(ln2, Traffic::layer_activations);
     const HostVec wi = param_host(u, lp.shared_in), wo = param_host(u, lp.shared_out);
     const HostVec fc1 = rd_host(sv.fc1), act = rd_host(sv.act);
     HostVec dxf(static_cast<std::size_t>(N_ * h_)), dwi(wi.size(), 0.0f), dwo(wo.size(), 0.0f);
     moe::expert_backward(dyf.data(), xf.data(), wi.data(), wo.data(), fc1.data(), act.data(),
                          dxf.data(), dwi.data(), dwo.data(), N_, h_, fs_l);
-    dx = reduce_out(dxf, "layer activations");
+    dx = reduce_out(dxf, Traffic::layer_activations);
     jobs.push_back([this, ui, lp, dwi, dwo] {
       Unit& uu = units_[static_cast<std::size_t>(ui)];
       add_grad(uu, lp.shared_in, dwi);
@@ -200,7 +200,7 @@ HostVec Trainer::moe_backward(int ui, const LayerParams& lp, LayerSaved& sv, con
 void Trainer::reduce_expert_grads(Unit& u) {
   if (g_.edp->size() == 1) return;
   const auto t0 = now();
-  const std::string what = "gradients (experts)";
+  const Traffic what = unit_traffic(UnitTraffic::gradients, ParamUnit::experts);
   if (p_.zero_stage == 0) {
     g_.edp->all_reduce(u.grads.data(), u.grads.numel(), gb_, ReduceOp::sum, what);
   } else {

@@ -125,7 +125,7 @@ void Trainer::gather_updated_shards(Unit& u) {
     dev::copy_bytes(o_.device, mine.data(), src, static_cast<std::size_t>(mine.bytes()));
     const auto t0 = now();
     shard_comm(u).all_gather(mine.data(), u.weights.data(), u.shard, u.wdt,
-                             std::string("parameters (") + unit_label(u.kind) + ")");
+                             unit_traffic(UnitTraffic::parameters, u.kind));
     mark(sim::Track::dp, sim::SliceKind::param_gather, -1, u.chunk, t0);
   }
 }

@@ -36,7 +36,7 @@ std::function<Count(Count)> Trainer::identity() {
 
 Unit Trainer::make_layer_unit(Count layer, LayerParams& lp) {
   Unit u;
-  u.kind = 0;
+  u.kind = ParamUnit::layers;
   const bool ln = m_.norm == Norm::layernorm;
   const Count kvh = m_.kv_hidden();
   const Count qh = m_.q_hidden();  // heads × head_dim: hidden_size unless head_dim is explicit
@@ -92,7 +92,7 @@ void Trainer::build_units() {
     ch.last = vs % pipeline_length() == pipeline_length() - 1;
     if (ch.first) {
       Unit u;
-      u.kind = 1;
+      u.kind = ParamUnit::embedding;
       u.add(vl_, h_, Init::normal, uid(100000, 0),
             [=, this](Count i) { return rank_row0 * h_ + i; });
       if (m_.position_embedding == PositionEmbedding::learned) {
@@ -120,7 +120,7 @@ void Trainer::build_units() {
     }
     if (ch.last) {
       Unit u;
-      u.kind = 2;
+      u.kind = ParamUnit::head;
       u.add(1, h_, Init::one, uid(100001, 0), identity(), sp_);
       if (m_.norm == Norm::layernorm) u.add(1, h_, Init::zero, uid(100001, 1), identity(), sp_);
       // Tied embeddings: when the head is on another stage (pp > 1, not a V) that stage holds a
@@ -284,11 +284,11 @@ void Trainer::rnd(HostVec& x, DType d) const {
   dev::round_to(Device::cpu, x.data(), static_cast<Count>(x.size()), d);  // host memory
 }
 
-HostVec Trainer::gather_in(const HostVec& x, const char* what) {
+HostVec Trainer::gather_in(const HostVec& x, Traffic what) {
   return gather_in(Vec::from_host(o_.device, x), what).to_host();
 }
 
-HostVec Trainer::reduce_out(const HostVec& x, const char* what) {
+HostVec Trainer::reduce_out(const HostVec& x, Traffic what) {
   return reduce_out(Vec::from_host(o_.device, x), what).to_host();
 }
 
@@ -310,41 +310,41 @@ Tensor Trainer::pack_tensor(const Tensor& t) {
   return out;
 }
 
-void Trainer::tp_all_reduce(Vec& x, const char* what, DType d) {
+void Trainer::tp_all_reduce(Vec& x, Traffic what, DType d) {
   if (tp_ == 1) return;
   Tensor t = pack(x, d);
   g_.tp->all_reduce(t.data(), t.numel(), d, ReduceOp::sum, what);
   dev::read_tensor(o_.device, t, 0, x.data(), t.numel());
 }
 
-void Trainer::tp_all_reduce_max(Vec& x, const char* what) {
+void Trainer::tp_all_reduce_max(Vec& x, Traffic what) {
   Tensor t = pack(x, DType::fp32);
   g_.tp->all_reduce(t.data(), t.numel(), DType::fp32, ReduceOp::max, what);
   dev::read_tensor(o_.device, t, 0, x.data(), t.numel());
 }
 
-Vec Trainer::tp_reduce_scatter(const Vec& x, const char* what) {
+Vec Trainer::tp_reduce_scatter(const Vec& x, Traffic what) {
   Tensor in = pack(x, cb_);
   Tensor out(alloc_, {in.numel() / tp_}, cb_, MemoryTag::temporaries);
   g_.tp->reduce_scatter(in.data(), out.data(), out.numel(), cb_, what);
   return rd(out);
 }
 
-Vec Trainer::tp_all_gather(const Vec& x, const char* what) {
+Vec Trainer::tp_all_gather(const Vec& x, Traffic what) {
   Tensor in = pack(x, cb_);
   Tensor out(alloc_, {in.numel() * tp_}, cb_, MemoryTag::temporaries);
   g_.tp->all_gather(in.data(), out.data(), in.numel(), cb_, what);
   return rd(out);
 }
 
-Vec Trainer::reduce_out(Vec x, const char* what) {
+Vec Trainer::reduce_out(Vec x, Traffic what) {
   if (tp_ == 1) return x;
   if (sp_) return tp_reduce_scatter(x, what);
   tp_all_reduce(x, what, cb_);
   return x;
 }
 
-Vec Trainer::gather_in(const Vec& x, const char* what) {
+Vec Trainer::gather_in(const Vec& x, Traffic what) {
   return sp_ ? tp_all_gather(x, what) : x;
 }
 
@@ -382,8 +382,9 @@ void Trainer::acquire(int ui) {
     // A unit no backward passes (fine-tuning's frozen embedding and layers below the adapters)
     // is gathered for the forward only.
     g_.dp->all_gather(u.weights.data(), u.gathered.data(), u.shard, u.wdt,
-                      std::string("parameters (") + unit_label(u.kind) +
-                          (u.backward ? ", forward+backward)" : ", forward)"));
+                      unit_traffic(u.backward ? UnitTraffic::gather_forward_backward
+                                              : UnitTraffic::gather_forward,
+                                   u.kind));
     mark(sim::Track::zero3, sim::SliceKind::zero3_gather, cur_mb_, u.chunk, t0);
   } else {
     dev::copy_bytes(o_.device, u.gathered.data(), u.weights.data(),
@@ -415,7 +416,7 @@ void Trainer::end_unit_grad(int ui) {
   if (S_ > 1) {
     const auto t0 = now();
     g_.dp->reduce_scatter(u.unit_grad.data(), part.data(), u.shard, u.gdt,
-                          std::string("gradients (") + unit_label(u.kind) + ")");
+                          unit_traffic(UnitTraffic::gradients, u.kind));
     mark(sim::Track::dp, sim::SliceKind::grad_reduce, cur_mb_, u.chunk, t0);
   } else {
     dev::copy_bytes(o_.device, part.data(), u.unit_grad.data(),
@@ -439,7 +440,7 @@ void Trainer::sp_reduce_partials(Unit& u, Tensor& grad) {
     dev::read_tensor(o_.device, grad, p.offset, flat.data() + at, p.numel());
     at += p.numel();
   }
-  tp_all_reduce(flat, "sequence-parallel gradients", gb_);
+  tp_all_reduce(flat, unit_traffic(UnitTraffic::sp_gradients, u.kind), gb_);
   at = 0;
   for (const Param& p : u.params) {
     if (!p.sp_partial) continue;

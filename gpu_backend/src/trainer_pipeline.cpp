@@ -33,7 +33,7 @@ P2PTag Trainer::tag(bool grad, Count mb, Count vs) {
   return t;
 }
 
-void Trainer::post_send(const Vec& x, int peer, P2PTag t, const char* what, sim::Track track,
+void Trainer::post_send(const Vec& x, int peer, P2PTag t, Traffic what, sim::Track track,
                         sim::SliceKind kind, Count mb, Count c) {
   DISTPLAN_CHECK(!outbox_, "a pipeline send is already waiting");
   outbox_ = OutMessage{std::make_shared<Tensor>(pack(x, cb_)), peer, t, what, track, kind, mb, c};
@@ -159,9 +159,9 @@ void Trainer::forward(Count step, Count mb, Count c) {
     rnd(e, cb_);
     if (tp_ > 1) {
       if (sp_) {
-        e = tp_reduce_scatter(e, "embedding output");
+        e = tp_reduce_scatter(e, Traffic::embedding_output);
       } else {
-        tp_all_reduce(e, "embedding output", cb_);
+        tp_all_reduce(e, Traffic::embedding_output, cb_);
       }
     }
     if (m_.position_embedding == PositionEmbedding::learned) add_positions(u, e);
@@ -201,8 +201,8 @@ void Trainer::forward(Count step, Count mb, Count c) {
   } else if (const int to = stage_of(vstage(c) + 1); to == stage_) {
     keep_local(x, tag(false, mb, vstage(c) + 1));
   } else {
-    post_send(x, to, tag(false, mb, vstage(c) + 1), "activations (forward)", sim::Track::send_next,
-              sim::SliceKind::send_activation, mb, c);
+    post_send(x, to, tag(false, mb, vstage(c) + 1), Traffic::activations_forward,
+              sim::Track::send_next, sim::SliceKind::send_activation, mb, c);
   }
 }
 
@@ -240,7 +240,7 @@ void Trainer::head_forward(const Chunk& ch, ChunkState& st, const Vec& x, Count 
   const Vec y = norm_fwd(u, 0, ln ? 1 : -1, x, Nl_);
   // The LM head keeps its input for its weight gradient only (a frozen head needs W alone).
   if (!units_[static_cast<std::size_t>(head_w_unit_)].frozen) hs.ln = save_act(y);
-  const Vec yf = gather_in(y, "lm head input");
+  const Vec yf = gather_in(y, Traffic::head_input);
   Vec logits = linear_fwd(units_[static_cast<std::size_t>(head_w_unit_)], head_w_param_, -1, yf, N_,
                           h_, vl_);
   hs.logits = save(logits, cb_, MemoryTag::buffers);
@@ -248,12 +248,12 @@ void Trainer::head_forward(const Chunk& ch, ChunkState& st, const Vec& x, Count 
   // Vocab-parallel cross-entropy: max, target logit and sum of exponentials over the TP group.
   Vec mx = zeros(N_), tl = zeros(N_), se = zeros(N_);
   dev::ce_local_max(o_.device, logits.data(), mx.data(), N_, vl_);
-  if (tp_ > 1) tp_all_reduce_max(mx, "cross-entropy statistics");
+  if (tp_ > 1) tp_all_reduce_max(mx, Traffic::cross_entropy_statistics);
   dev::ce_local_target(o_.device, logits.data(), hs.targets.data(), tl.data(), N_, vl_,
                        g_.coords.tp * vl_);
-  if (tp_ > 1) tp_all_reduce(tl, "cross-entropy statistics", DType::fp32);
+  if (tp_ > 1) tp_all_reduce(tl, Traffic::cross_entropy_statistics, DType::fp32);
   dev::ce_local_sumexp(o_.device, logits.data(), mx.data(), se.data(), N_, vl_);
-  if (tp_ > 1) tp_all_reduce(se, "cross-entropy statistics", DType::fp32);
+  if (tp_ > 1) tp_all_reduce(se, Traffic::cross_entropy_statistics, DType::fp32);
   // The fp32 softmax, kept to the backward; its gradient is softmax - onehot.
   Vec sm = zeros(static_cast<Count>(logits.size()));
   dev::ce_softmax(o_.device, logits.data(), mx.data(), se.data(), sm.data(), N_, vl_);
@@ -286,16 +286,16 @@ Vec Trainer::head_backward(const Chunk& ch, ChunkState& st, const Vec& dlogits,
   Vec dyf = linear_bwd_input(units_[static_cast<std::size_t>(wu)], wi, dlogits, N_, h_, vl_);
   Vec dy;
   if (tp_ > 1 && sp_) {
-    dy = tp_reduce_scatter(dyf, "lm head input gradient");
+    dy = tp_reduce_scatter(dyf, Traffic::head_input_gradient);
   } else {
-    if (tp_ > 1) tp_all_reduce(dyf, "lm head input gradient", cb_);
+    if (tp_ > 1) tp_all_reduce(dyf, Traffic::head_input_gradient, cb_);
     dy = dyf;
   }
   HeadSaved* H = &hs;
   if (!units_[static_cast<std::size_t>(wu)].frozen) {
     jobs.push_back([this, wu, wi, dlogits, H] {
       linear_bwd_weight(units_[static_cast<std::size_t>(wu)], wi, -1, dlogits,
-                        gather_in(rd(H->ln), "lm head input"), N_, h_, vl_);
+                        gather_in(rd(H->ln), Traffic::head_input), N_, h_, vl_);
     });
   }
   const Vec x = rd(hs.x);
@@ -325,7 +325,7 @@ void Trainer::embedding_backward(const Chunk& ch, ChunkState& st, const Vec& dx,
       add_grad(u, 1, dpos);
     }
     // Backward of the reduce-scatter into the sequence-parallel region: an all-gather.
-    const Vec dxf = gather_in(dx, "embedding output gradient");
+    const Vec dxf = gather_in(dx, Traffic::embedding_output_gradient);
     Vec dt = zeros(vl_ * h_);
     dev::embedding_backward(o_.device, ids.data(), dxf.data(), dt.data(), N_, h_,
                             g_.coords.tp * vl_, vl_);
@@ -397,8 +397,8 @@ void Trainer::backward(Count mb, Count c, bool split) {
   } else if (const int to = stage_of(vstage(c) - 1); to == stage_) {
     keep_local(dy, tag(true, mb, vstage(c) - 1));
   } else {
-    post_send(dy, to, tag(true, mb, vstage(c) - 1), "gradients (backward)", sim::Track::send_prev,
-              sim::SliceKind::send_gradient, mb, c);
+    post_send(dy, to, tag(true, mb, vstage(c) - 1), Traffic::gradients_backward,
+              sim::Track::send_prev, sim::SliceKind::send_gradient, mb, c);
   }
   if (!split) states_.erase({mb, c});
 }
@@ -468,13 +468,13 @@ std::pair<double, bool> Trainer::train_step(Count step) {
     const Param& w = stage_ == 0 ? u.params.front() : u.params.back();
     char* base = static_cast<char*>(u.grads.data());
     g_.embedding->all_reduce(base + w.offset * bytes_of(gb_), w.numel(), gb_, ReduceOp::sum,
-                             "tied embedding gradients");
+                             Traffic::tied_embedding_gradients);
     mark(sim::Track::dp, sim::SliceKind::grad_reduce, -1, stage_ == 0 ? 0 : v_ - 1, te);
   }
   // Data-parallel reduction (ZeRO 0/1: once per step, unit by unit).
   for (Unit& u : units_) {
-    if (u.frozen) continue;  // fine-tuning: nothing to reduce
-    if (u.kind == 3) {       // routed experts: over the expert data-parallel group
+    if (u.frozen) continue;              // fine-tuning: nothing to reduce
+    if (u.kind == ParamUnit::experts) {  // routed experts: over the expert data-parallel group
       reduce_expert_grads(u);
       continue;
     }
@@ -486,7 +486,7 @@ std::pair<double, bool> Trainer::train_step(Count step) {
     if (p_.zero_stage <= 1) sp_reduce_partials(u, u.grads);
     const DType gd = u.gdt;
     if (dp_group) {
-      const std::string what = std::string("gradients (") + unit_label(u.kind) + ")";
+      const Traffic what = unit_traffic(UnitTraffic::gradients, u.kind);
       if (p_.zero_stage == 0) {
         g_.dp->all_reduce(u.grads.data(), u.grads.numel(), gd, ReduceOp::sum, what);
       } else if (p_.zero_stage == 1) {
@@ -501,7 +501,7 @@ std::pair<double, bool> Trainer::train_step(Count step) {
       char* base = static_cast<char*>(u.grads.data());
       const Count off = p_.zero_stage >= 2 ? 0 : opt_begin(u);
       g_.dp_replicate->all_reduce(base + off * bytes_of(gd), u.shard, gd, ReduceOp::sum,
-                                  std::string("gradients (") + unit_label(u.kind) + ")");
+                                  unit_traffic(UnitTraffic::gradients, u.kind));
     }
     if (reduces) mark(sim::Track::dp, sim::SliceKind::grad_reduce, -1, u.chunk, tu);
   }

@@ -76,7 +76,7 @@ void sum_by_op(StageCollectives& c) {
 StageCollectives planned_collectives(const Scenario& s, int stage) {
   CollectiveAccumulator pc;
   for (const Collective& c : stage_communication(s, stage)) {
-    pc.add(std::string(to_string(c.group)), std::string(to_string(c.op)), std::string(c.what),
+    pc.add(std::string(to_string(c.group)), std::string(to_string(c.op)), std::string(c.what()),
            c.bytes_per_call * c.calls_per_step, c.calls_per_step);
     pc.add_wire(c.wire_bytes_per_gpu_per_step);
   }
@@ -143,7 +143,8 @@ ValidationReport compare(const Scenario& s, const Estimate& e, const Measurement
     CollectiveAccumulator mc;
     for (const auto& [k, v] : first->communication) {
       const auto& [g, op, what] = k;
-      mc.add(std::string(to_string(g)), std::string(to_string(op)), what, v.bytes, v.calls);
+      mc.add(std::string(to_string(g)), std::string(to_string(op)), std::string(to_string(what)),
+             v.bytes, v.calls);
       // Every collective records its buffer (the ep all-to-all its token-side buffer, comm.h);
       // its wire share follows the planner's ring factors.
       if (v.calls > 0) {

@@ -61,7 +61,7 @@ QVariant CommunicationModel::data(const QModelIndex& index, int role) const {
     case OpColumn:
       return qs(to_string(c.op));
     case WhatColumn:
-      return qs(c.what);
+      return qs(c.what());
     case LinkColumn:
       return qs(to_string(c.link));
     case GroupSizeColumn:

@@ -86,7 +86,7 @@ void CommunicationView::rebuildChart() {
   QStringList rows;
   for (const Collective& c : collectives) {
     rows << QStringLiteral("%1 %2 · %3")
-                .arg(qs(to_string(c.group)), qs(to_string(c.op)), qs(c.what));
+                .arg(qs(to_string(c.group)), qs(to_string(c.op)), qs(c.what()));
   }
   double maxGiB = 0;
   for (Link link : {Link::intra_node, Link::inter_node}) {
@@ -107,7 +107,7 @@ void CommunicationView::rebuildChart() {
       const Collective& c = cs[static_cast<std::size_t>(index)];
       QToolTip::showText(QCursor::pos(),
                          tr("%1 %2 (%3) over %4 ranks, %5\n%6 calls × %7 buffer\nwire: %8 per step")
-                             .arg(qs(to_string(c.group)), qs(to_string(c.op)), qs(c.what))
+                             .arg(qs(to_string(c.group)), qs(to_string(c.op)), qs(c.what()))
                              .arg(c.group_size)
                              .arg(qs(to_string(c.link)))
                              .arg(c.calls_per_step)

@@ -498,8 +498,7 @@ class Estimator {
   // Hands one collective to `out`, a callable taking const Collective& (it may store it, or only
   // add up its figures).
   template <typename Sink>
-  void add(Sink& out, Group g, CollectiveOp op, std::string_view what, Bytes bytes,
-           Count calls) const {
+  void add(Sink& out, Group g, CollectiveOp op, Traffic what, Bytes bytes, Count calls) const {
     const GroupInfo& x = group(g);
     const Count n = x.size;
     if (n <= 1 || calls <= 0 || bytes <= 0) return;
@@ -507,7 +506,7 @@ class Estimator {
     c.group = g;
     c.op = op;
     c.link = x.link;
-    c.what = what;
+    c.purpose = what;
     c.group_size = n;
     c.bytes_per_call = bytes;
     c.calls_per_step = calls;
@@ -601,7 +600,7 @@ class Estimator {
   // Full recompute replays the forward's exchanges in the backward.
   struct CpCall {
     CollectiveOp op = CollectiveOp::send_recv;
-    std::string_view what;
+    Traffic what = Traffic::cp_kv;
     Bytes bytes = 0;
     Count calls = 0;          // per layer per micro-batch
     Count forward_calls = 0;  // of `calls`, in the forward (before any recompute replay)
@@ -620,13 +619,13 @@ class Estimator {
     const Bytes kv = cp_kv_bytes();
     switch (p_.cp_comm) {
       case CpComm::p2p:
-        x.calls[0] = {CollectiveOp::send_recv, "cp ring: keys and values", kv,
-                      (n - 1) * (2 + replay), (n - 1)};
-        x.calls[1] = {CollectiveOp::send_recv, "cp ring: key and value gradients", kv, n - 1, 0};
+        x.calls[0] = {CollectiveOp::send_recv, Traffic::cp_ring_kv, kv, (n - 1) * (2 + replay),
+                      (n - 1)};
+        x.calls[1] = {CollectiveOp::send_recv, Traffic::cp_ring_kv_gradients, kv, n - 1, 0};
         break;
       case CpComm::all_gather:
-        x.calls[0] = {CollectiveOp::all_gather, "cp: keys and values", n * kv, 2 + replay, 1};
-        x.calls[1] = {CollectiveOp::reduce_scatter, "cp: key and value gradients", n * kv, 1, 0};
+        x.calls[0] = {CollectiveOp::all_gather, Traffic::cp_kv, n * kv, 2 + replay, 1};
+        x.calls[1] = {CollectiveOp::reduce_scatter, Traffic::cp_kv_gradients, n * kv, 1, 0};
         break;
       case CpComm::a2a: {
         // Query width heads × head_dim (q_hidden: not hidden_size when head_dim is explicit).
@@ -639,10 +638,9 @@ class Estimator {
         // the attention backward (context_parallel.py; NVIDIA/TransformerEngine#2012), as
         // DeepSpeed-Ulysses' DistributedAttention does (the backward of its _SeqAllToAll of the
         // output and of q); k and v, then dK and dV.
-        x.calls[0] = {CollectiveOp::all_to_all, "cp all-to-all: queries and outputs", q,
-                      4 + 2 * replay, 2};
-        x.calls[1] = {CollectiveOp::all_to_all, "cp all-to-all: keys and values", kv / 2,
-                      4 + 2 * replay, 2};
+        x.calls[0] = {CollectiveOp::all_to_all, Traffic::cp_a2a_queries_outputs, q, 4 + 2 * replay,
+                      2};
+        x.calls[1] = {CollectiveOp::all_to_all, Traffic::cp_a2a_kv, kv / 2, 4 + 2 * replay, 2};
         break;
       }
     }
@@ -696,13 +694,14 @@ class Estimator {
     const Bytes act = hidden_bytes();
     // A MoE model's dense-MLP layers are layer units as well (the same names).
     const Unit* all_units[] = {&u.layer, &u.dense_layer, &u.embedding, &u.head};
-    static constexpr std::string_view kGrad[] = {"gradients (layers)", "gradients (layers)",
-                                                 "gradients (embedding)", "gradients (lm head)"};
-    static constexpr std::string_view kParam[] = {"parameters (layers)", "parameters (layers)",
-                                                  "parameters (embedding)", "parameters (lm head)"};
-    static constexpr std::string_view kGather[] = {
-        "parameters (layers, forward+backward)", "parameters (layers, forward+backward)",
-        "parameters (embedding, forward+backward)", "parameters (lm head, forward+backward)"};
+    // The units' ids (the dense-MLP layers are layer units as well).
+    static constexpr ParamUnit kUnit[] = {ParamUnit::layers, ParamUnit::layers,
+                                          ParamUnit::embedding, ParamUnit::head};
+    auto grads = [](int i) { return unit_traffic(UnitTraffic::gradients, kUnit[i]); };
+    auto params = [](int i) { return unit_traffic(UnitTraffic::parameters, kUnit[i]); };
+    auto gathers = [](int i) {
+      return unit_traffic(UnitTraffic::gather_forward_backward, kUnit[i]);
+    };
 
     // Data parallel / ZeRO, unit by unit (docs/communication.md); fine-tuning reduces only what
     // trains (peft_collectives).
@@ -714,24 +713,24 @@ class Estimator {
       const Bytes full_w = padded(x.params) * cb();
       switch (p_.zero_stage) {
         case 0:
-          add(out, Group::dp, CollectiveOp::all_reduce, kGrad[i], full_g, x.count);
+          add(out, Group::dp, CollectiveOp::all_reduce, grads(i), full_g, x.count);
           break;
         case 1:
-          add(out, Group::dp, CollectiveOp::reduce_scatter, kGrad[i], full_g, x.count);
-          add(out, Group::dp, CollectiveOp::all_gather, kParam[i], full_w, x.count);
+          add(out, Group::dp, CollectiveOp::reduce_scatter, grads(i), full_g, x.count);
+          add(out, Group::dp, CollectiveOp::all_gather, params(i), full_w, x.count);
           break;
         case 2:
-          add(out, Group::dp, CollectiveOp::reduce_scatter, kGrad[i], full_g, x.count * m);
-          add(out, Group::dp, CollectiveOp::all_gather, kParam[i], full_w, x.count);
+          add(out, Group::dp, CollectiveOp::reduce_scatter, grads(i), full_g, x.count * m);
+          add(out, Group::dp, CollectiveOp::all_gather, params(i), full_w, x.count);
           break;
         default:
-          add(out, Group::dp, CollectiveOp::all_gather, kGather[i], full_w, 2 * x.count * m);
-          add(out, Group::dp, CollectiveOp::reduce_scatter, kGrad[i], full_g, x.count * m);
+          add(out, Group::dp, CollectiveOp::all_gather, gathers(i), full_w, 2 * x.count * m);
+          add(out, Group::dp, CollectiveOp::reduce_scatter, grads(i), full_g, x.count * m);
           break;
       }
       if (p_.zero_stage > 0) {
         // Hybrid sharding: shards are all-reduced across the replicas once per step.
-        add(out, Group::dp_replicate, CollectiveOp::all_reduce, kGrad[i],
+        add(out, Group::dp_replicate, CollectiveOp::all_reduce, grads(i),
             ceil_div(x.params, S) * gb(), x.count);
       }
     }
@@ -745,51 +744,58 @@ class Estimator {
       const Count n = u.layer.count;
       switch (p_.zero_stage) {
         case 0:
-          add(out, Group::edp, CollectiveOp::all_reduce, "gradients (experts)", eg, n);
+          add(out, Group::edp, CollectiveOp::all_reduce,
+              unit_traffic(UnitTraffic::gradients, ParamUnit::experts), eg, n);
           break;
         case 1:
-          add(out, Group::edp, CollectiveOp::reduce_scatter, "gradients (experts)", eg, n);
-          add(out, Group::edp, CollectiveOp::all_gather, "parameters (experts)", ew, n);
+          add(out, Group::edp, CollectiveOp::reduce_scatter,
+              unit_traffic(UnitTraffic::gradients, ParamUnit::experts), eg, n);
+          add(out, Group::edp, CollectiveOp::all_gather,
+              unit_traffic(UnitTraffic::parameters, ParamUnit::experts), ew, n);
           break;
         case 2:
-          add(out, Group::edp, CollectiveOp::reduce_scatter, "gradients (experts)", eg, n * m);
-          add(out, Group::edp, CollectiveOp::all_gather, "parameters (experts)", ew, n);
+          add(out, Group::edp, CollectiveOp::reduce_scatter,
+              unit_traffic(UnitTraffic::gradients, ParamUnit::experts), eg, n * m);
+          add(out, Group::edp, CollectiveOp::all_gather,
+              unit_traffic(UnitTraffic::parameters, ParamUnit::experts), ew, n);
           break;
         default:
           // ZeRO-3 / FSDP of the experts over the expert data-parallel group (torchtitan's
           // FSDP on the dp_shard_mod_ep mesh, Megatron-FSDP's expert shards): each layer's
           // experts gathered before its forward and again before its backward, their gradients
           // reduce-scattered after each backward.
-          add(out, Group::edp, CollectiveOp::all_gather, "parameters (experts, forward+backward)",
-              ew, 2 * n * m);
-          add(out, Group::edp, CollectiveOp::reduce_scatter, "gradients (experts)", eg, n * m);
+          add(out, Group::edp, CollectiveOp::all_gather,
+              unit_traffic(UnitTraffic::gather_forward_backward, ParamUnit::experts), ew,
+              2 * n * m);
+          add(out, Group::edp, CollectiveOp::reduce_scatter,
+              unit_traffic(UnitTraffic::gradients, ParamUnit::experts), eg, n * m);
           break;
       }
       // Token all-to-alls per layer and micro-batch (Megatron-Core's MoEAlltoAllTokenDispatcher,
       // the names the training backend records): dispatch and combine forward, their gradients
       // backward; a full-recompute replay repeats the forward pair.
       const Count forward = p_.recompute == Recompute::full ? 2 : 1;
-      add(out, Group::ep, CollectiveOp::all_to_all, "dispatch (forward)", moe_.all_to_all_bytes,
+      add(out, Group::ep, CollectiveOp::all_to_all, Traffic::dispatch_forward,
+          moe_.all_to_all_bytes, forward * n * m);
+      add(out, Group::ep, CollectiveOp::all_to_all, Traffic::combine_forward, moe_.all_to_all_bytes,
           forward * n * m);
-      add(out, Group::ep, CollectiveOp::all_to_all, "combine (forward)", moe_.all_to_all_bytes,
-          forward * n * m);
-      add(out, Group::ep, CollectiveOp::all_to_all, "combine (backward)", moe_.all_to_all_bytes,
-          n * m);
-      add(out, Group::ep, CollectiveOp::all_to_all, "dispatch (backward)", moe_.all_to_all_bytes,
-          n * m);
+      add(out, Group::ep, CollectiveOp::all_to_all, Traffic::combine_backward,
+          moe_.all_to_all_bytes, n * m);
+      add(out, Group::ep, CollectiveOp::all_to_all, Traffic::dispatch_backward,
+          moe_.all_to_all_bytes, n * m);
       // Expert tensor parallelism (Megatron-Core MoEAlltoAllTokenDispatcher, steps (4) and (5):
       // AG(TP) after the dispatch all-to-all, RS(TP) before the combine, over the expert-TP
       // group): the etp ranks of an expert gather the tokens each received, and reduce-scatter
       // the experts' partial outputs back; the backward runs the converse. Buffers are the
       // gathered tokens, etp times one rank's received copies (even routing).
       const Bytes gathered = etp_gather_bytes();
-      add(out, Group::etp, CollectiveOp::all_gather, "expert tokens (forward)", gathered,
+      add(out, Group::etp, CollectiveOp::all_gather, Traffic::expert_tokens_forward, gathered,
           forward * n * m);
-      add(out, Group::etp, CollectiveOp::reduce_scatter, "expert outputs (forward)", gathered,
+      add(out, Group::etp, CollectiveOp::reduce_scatter, Traffic::expert_outputs_forward, gathered,
           forward * n * m);
-      add(out, Group::etp, CollectiveOp::all_gather, "expert output gradients (backward)", gathered,
-          n * m);
-      add(out, Group::etp, CollectiveOp::reduce_scatter, "expert token gradients (backward)",
+      add(out, Group::etp, CollectiveOp::all_gather, Traffic::expert_output_gradients_backward,
+          gathered, n * m);
+      add(out, Group::etp, CollectiveOp::reduce_scatter, Traffic::expert_token_gradients_backward,
           gathered, n * m);
     }
 
@@ -806,10 +812,9 @@ class Estimator {
                                  : i == 1 ? dense_replicated_
                                  : i == 2 ? embedding_replicated()
                                           : head_replicated();
-        static constexpr std::string_view kSp[] = {
-            "sequence-parallel gradients (layers)", "sequence-parallel gradients (layers)",
-            "sequence-parallel gradients (embedding)", "sequence-parallel gradients (lm head)"};
-        add(out, Group::tp, CollectiveOp::all_reduce, kSp[i], replicated * gb(),
+
+        add(out, Group::tp, CollectiveOp::all_reduce,
+            unit_traffic(UnitTraffic::sp_gradients, kUnit[i]), replicated * gb(),
             x.count * per_dp_reduction);
       }
     }
@@ -819,20 +824,20 @@ class Estimator {
     const TpCalls cd = tp_layer_calls(false);
     const Count L = u.layer.count;
     const Count Ld = u.dense_layer.count;
-    add(out, Group::tp, CollectiveOp::all_reduce, "layer activations", act,
+    add(out, Group::tp, CollectiveOp::all_reduce, Traffic::layer_activations, act,
         (c.all_reduce * L + cd.all_reduce * Ld) * m);
-    add(out, Group::tp, CollectiveOp::all_gather, "layer activations", act,
+    add(out, Group::tp, CollectiveOp::all_gather, Traffic::layer_activations, act,
         (c.all_gather * L + cd.all_gather * Ld) * m);
-    add(out, Group::tp, CollectiveOp::reduce_scatter, "layer activations", act,
+    add(out, Group::tp, CollectiveOp::reduce_scatter, Traffic::layer_activations, act,
         (c.reduce_scatter * L + cd.reduce_scatter * Ld) * m);
     if (m_.mla.enabled()) {
       const TpCalls l = tp_latent_calls();
       const Bytes lat = tp_latent_bytes();
-      add(out, Group::tp, CollectiveOp::all_reduce, "attention latents (MLA)", lat,
+      add(out, Group::tp, CollectiveOp::all_reduce, Traffic::attention_latents, lat,
           l.all_reduce * (L + Ld) * m);
-      add(out, Group::tp, CollectiveOp::all_gather, "attention latents (MLA)", lat,
+      add(out, Group::tp, CollectiveOp::all_gather, Traffic::attention_latents, lat,
           l.all_gather * (L + Ld) * m);
-      add(out, Group::tp, CollectiveOp::reduce_scatter, "attention latents (MLA)", lat,
+      add(out, Group::tp, CollectiveOp::reduce_scatter, Traffic::attention_latents, lat,
           l.reduce_scatter * (L + Ld) * m);
     }
     if (u.embedding.count > 0) {
@@ -840,24 +845,24 @@ class Estimator {
       // sequence-parallel region).
       add(out, Group::tp,
           p_.sequence_parallel ? CollectiveOp::reduce_scatter : CollectiveOp::all_reduce,
-          "embedding output", act, m);
+          Traffic::embedding_output, act, m);
       // Under SP the reduce-scatter's backward all-gathers the output gradient.
       if (p_.sequence_parallel) {
-        add(out, Group::tp, CollectiveOp::all_gather, "embedding output gradient", act, m);
+        add(out, Group::tp, CollectiveOp::all_gather, Traffic::embedding_output_gradient, act, m);
       }
     }
     if (u.head.count > 0) {
       if (p_.sequence_parallel) {
         // Gather the final norm's output for the vocab-parallel LM head; in backward, gather it
         // again and reduce-scatter its gradient.
-        add(out, Group::tp, CollectiveOp::all_gather, "lm head input", act, 2 * m);
-        add(out, Group::tp, CollectiveOp::reduce_scatter, "lm head input gradient", act, m);
+        add(out, Group::tp, CollectiveOp::all_gather, Traffic::head_input, act, 2 * m);
+        add(out, Group::tp, CollectiveOp::reduce_scatter, Traffic::head_input_gradient, act, m);
       } else {
-        add(out, Group::tp, CollectiveOp::all_reduce, "lm head input gradient", act, m);
+        add(out, Group::tp, CollectiveOp::all_reduce, Traffic::head_input_gradient, act, m);
       }
       // Vocab-parallel cross-entropy: max, target logit and sum of exponentials, fp32 per token.
-      add(out, Group::tp, CollectiveOp::all_reduce, "cross-entropy statistics", act_tokens() * 4,
-          3 * m);
+      add(out, Group::tp, CollectiveOp::all_reduce, Traffic::cross_entropy_statistics,
+          act_tokens() * 4, 3 * m);
     }
 
     // Context parallel, per layer and micro-batch (docs/communication.md, "Context parallel").
@@ -880,15 +885,15 @@ class Estimator {
       const Count fwd_sends =
           vee ? m * (2 - (st == 0) - (st == pp - 1)) : (st == pp - 1 ? m * (v - 1) : m * v);
       const Count bwd_sends = vee ? fwd_sends : (st == 0 ? m * (v - 1) : m * v);
-      add(out, Group::pp, CollectiveOp::send_recv, "activations (forward)", p2p, fwd_sends);
-      add(out, Group::pp, CollectiveOp::send_recv, "gradients (backward)", p2p, bwd_sends);
+      add(out, Group::pp, CollectiveOp::send_recv, Traffic::activations_forward, p2p, fwd_sends);
+      add(out, Group::pp, CollectiveOp::send_recv, Traffic::gradients_backward, p2p, bwd_sends);
       if (scatter_gather_p2p() && !p_.sequence_parallel) {
         // Scatter/gather: each TP rank sends 1/t of the replicated activation; the receivers
         // all-gather it over NVLink (Narayanan et al. 2021, sec. 4.1). One gather per receive
         // (under a V a stage receives as often as it sends).
         const Count fwd_recvs = vee ? fwd_sends : (st == 0 ? m * (v - 1) : m * v);
         const Count bwd_recvs = vee ? bwd_sends : (st == pp - 1 ? m * (v - 1) : m * v);
-        add(out, Group::tp, CollectiveOp::all_gather, "pipeline receives (scatter/gather)", act,
+        add(out, Group::tp, CollectiveOp::all_gather, Traffic::pipeline_receives, act,
             fwd_recvs + bwd_recvs);
       }
       if (bidirectional(p_.schedule)) {
@@ -898,12 +903,12 @@ class Estimator {
         // mirror's p1.grad, parameter by parameter), before the data-parallel reduction (ZeRO
         // 0/1: full gradients). One send per unit, as the data-parallel reduction goes.
         for (const Unit* x : {&u.layer, &u.dense_layer, &u.embedding, &u.head})
-          add(out, Group::pp, CollectiveOp::send_recv, kMirrorGradients, padded(x->params) * gb(),
-              x->count);
+          add(out, Group::pp, CollectiveOp::send_recv, Traffic::mirror_gradients,
+              padded(x->params) * gb(), x->count);
         // A MoE layer's routed experts on this rank are a unit of their own; the mirror stage
         // holds the same experts (same ep rank) of the same layers.
         if (moe_.enabled()) {
-          add(out, Group::pp, CollectiveOp::send_recv, kMirrorGradients,
+          add(out, Group::pp, CollectiveOp::send_recv, Traffic::mirror_gradients,
               expert_unit_elements() * gb(), u.layer.count);
         }
       }
@@ -913,7 +918,8 @@ class Estimator {
       if ((m_.tied_embeddings || m_.mtp_layers > 0) && head_stage(p_.schedule, pp) != 0 &&
           (st == 0 || st == pp - 1) && peft_embedding_trains(t_.peft)) {
         add(out, Group::embedding, CollectiveOp::all_reduce,
-            m_.tied_embeddings ? "tied embedding gradients" : "MTP embedding gradients",
+            m_.tied_embeddings ? Traffic::tied_embedding_gradients
+                               : Traffic::mtp_embedding_gradients,
             vocab_ * m_.hidden_size / p_.tp * gb(), 1);
       }
     }
@@ -933,7 +939,7 @@ class Estimator {
     const bool below_backward = peft_kind(kBelow).flow.any;
     const bool emb_backward = peft_embedding_trains(t_.peft);
     struct Part {
-      std::string_view grads, params, gather;  // labels
+      Traffic grads, params, gather;
       Count trainable = 0;
       Bytes frozen_gathered = 0;
       Count count = 0;
@@ -945,20 +951,30 @@ class Estimator {
     const PeftUnit& layer_base = x.trained_layer;
     const Part parts[] = {
         // The trained layers' own units (their frozen base under LoRA).
-        {"gradients (layers)", "parameters (layers)", "parameters (layers, forward+backward)",
+        {unit_traffic(UnitTraffic::gradients, ParamUnit::layers),
+         unit_traffic(UnitTraffic::parameters, ParamUnit::layers),
+         unit_traffic(UnitTraffic::gather_forward_backward, ParamUnit::layers),
          adapters ? 0 : layer_base.trainable, layer_base.frozen_gathered(S), x.trained_layers,
          true},
-        {"gradients (adapters)", "parameters (adapters)", "parameters (adapters, forward+backward)",
+        {unit_traffic(UnitTraffic::gradients, ParamUnit::adapters),
+         unit_traffic(UnitTraffic::parameters, ParamUnit::adapters),
+         unit_traffic(UnitTraffic::gather_forward_backward, ParamUnit::adapters),
          adapter_unit.trainable, 0, adapters ? x.trained_layers : 0, true},
-        {"", "",
-         below_backward ? "parameters (layers, forward+backward)" : "parameters (layers, forward)",
+        // The frozen layers below: nothing trains (grads and params are never sent).
+        {unit_traffic(UnitTraffic::gradients, ParamUnit::layers),
+         unit_traffic(UnitTraffic::parameters, ParamUnit::layers),
+         below_backward ? unit_traffic(UnitTraffic::gather_forward_backward, ParamUnit::layers)
+                        : unit_traffic(UnitTraffic::gather_forward, ParamUnit::layers),
          0, x.frozen_layer.frozen_gathered(S), x.frozen_layers, below_backward},
-        {"gradients (embedding)", "parameters (embedding)",
-         emb_backward ? "parameters (embedding, forward+backward)"
-                      : "parameters (embedding, forward)",
+        {unit_traffic(UnitTraffic::gradients, ParamUnit::embedding),
+         unit_traffic(UnitTraffic::parameters, ParamUnit::embedding),
+         emb_backward ? unit_traffic(UnitTraffic::gather_forward_backward, ParamUnit::embedding)
+                      : unit_traffic(UnitTraffic::gather_forward, ParamUnit::embedding),
          x.embedding.trainable, x.embedding.frozen_gathered(S), su.embedding.count, emb_backward},
-        {"gradients (lm head)", "parameters (lm head)", "parameters (lm head, forward+backward)",
-         x.head.trainable, x.head.frozen_gathered(S), su.head.count, true}};
+        {unit_traffic(UnitTraffic::gradients, ParamUnit::head),
+         unit_traffic(UnitTraffic::parameters, ParamUnit::head),
+         unit_traffic(UnitTraffic::gather_forward_backward, ParamUnit::head), x.head.trainable,
+         x.head.frozen_gathered(S), su.head.count, true}};
     for (const Part& h : parts) {
       if (h.count == 0) continue;
       const Bytes full_g = padded(h.trainable) * x.gradient;
@@ -1141,11 +1157,11 @@ class Estimator {
           case Group::etp:
             break;  // on the critical path inside the passes (cp_layer_seconds, ep below)
           case Group::pp:
-            if (c.what == "activations (forward)")
+            if (c.purpose == Traffic::activations_forward)
               k.p2p = c.seconds_per_step / static_cast<double>(c.calls_per_step);
             // DualPipe's gradient sum between a model stage's two copies: reduced once per step
             // like the data-parallel gradients (the simulator's DP stream).
-            if (c.what == kMirrorGradients) k.grad_reduce += c.seconds_per_step;
+            if (c.purpose == Traffic::mirror_gradients) k.grad_reduce += c.seconds_per_step;
             break;
           case Group::dp:
           case Group::dp_replicate:

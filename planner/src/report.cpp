@@ -396,7 +396,8 @@ std::string format_plan_table(const Scenario& s, const Estimate& e, const PlanFu
     line(fmt::format("  {:<13} {:<15} {:<11} {:>4} {:>12} {:>8} {:>12} {:>10.2f}  {}",
                      to_string(c.group), to_string(c.op), to_string(c.link), c.group_size,
                      human_bytes(c.bytes_per_call), c.calls_per_step,
-                     human_bytes(c.wire_bytes_per_gpu_per_step), c.seconds_per_step * 1e3, c.what));
+                     human_bytes(c.wire_bytes_per_gpu_per_step), c.seconds_per_step * 1e3,
+                     c.what()));
   }
   line("");
   line(

@@ -1270,7 +1270,7 @@ json collective_json(const Collective& c) {
   put(o, "group", to_string(c.group));
   put(o, "op", to_string(c.op));
   put(o, "link", to_string(c.link));
-  put(o, "what", c.what);
+  put(o, "what", c.what());
   put(o, "group_size", c.group_size);
   put(o, "bytes_per_call", c.bytes_per_call);
   put(o, "calls_per_step", c.calls_per_step);

@@ -88,7 +88,7 @@ TEST(InputRegression, FitSuggestionsOfAHugeBatchStayInRange) {
     const Estimate fe = estimate(f.scenario);
     EXPECT_GE(fe.communication.wire_bytes_per_gpu_per_step, 0);
     for (const Collective& c : fe.communication.collectives) {
-      EXPECT_GE(c.wire_bytes_per_gpu_per_step, 0) << c.what;
+      EXPECT_GE(c.wire_bytes_per_gpu_per_step, 0) << c.what();
     }
   }
   EXPECT_FALSE(format_plan_table(s, e, plan).empty());

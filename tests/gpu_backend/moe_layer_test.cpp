@@ -272,7 +272,7 @@ Exchange<float> over(Communicator& c) {
   ex.rank = c.rank();
   ex.counts = [&c](const std::vector<Count>& s) { return c.exchange_counts(s); };
   ex.rows = [&c](const float* in, const std::vector<Count>& sr, float* out,
-                 const std::vector<Count>& rr, Count width, Count token_rows, const char* what) {
+                 const std::vector<Count>& rr, Count width, Count token_rows, Traffic what) {
     std::vector<Count> s(sr.size()), r(rr.size());
     for (std::size_t i = 0; i < s.size(); ++i) s[i] = sr[i] * width, r[i] = rr[i] * width;
     c.all_to_all_v(in, s, out, r, DType::fp32, token_rows * width, what);
@@ -367,12 +367,12 @@ TEST(MoeExpertParallel, TwoRanksComputeWhatOneDoesAndSendThePlannersBytes) {
     SCOPED_TRACE("rank " + std::to_string(r));
     EXPECT_EQ(sent_to_other[r], n);
     EXPECT_EQ(sent_to_other[r] * h * 4, kHand);  // what crossed ranks: the wire share
-    for (const char* what :
-         {"dispatch (forward)", "combine (forward)", "combine (backward)", "dispatch (backward)"}) {
+    for (Traffic what : {Traffic::dispatch_forward, Traffic::combine_forward,
+                         Traffic::combine_backward, Traffic::dispatch_backward}) {
       const CommTotals t = logs[r].entries().at({Group::ep, CollectiveOp::all_to_all, what});
-      EXPECT_EQ(t.calls, 1) << what;
+      EXPECT_EQ(t.calls, 1) << to_string(what);
       // Recorded: the token-side buffer, all n * top_k copies, the planner's bytes per call.
-      EXPECT_EQ(t.bytes, 8 * 2 * 6 * 4) << what;
+      EXPECT_EQ(t.bytes, 8 * 2 * 6 * 4) << to_string(what);
     }
   }
 }

@@ -215,10 +215,11 @@ TEST_P(MoeLayoutMpiTest, TrainsLikeOneRankWithThePlannersExpertMemory) {
     for (const auto& [k, v] : r.communication) {
       if (std::get<0>(k) != Group::ep) continue;
       EXPECT_EQ(std::get<1>(k), CollectiveOp::all_to_all);
-      EXPECT_EQ(v.calls, moe_layers * nmb) << std::get<2>(k);
+      EXPECT_EQ(v.calls, moe_layers * nmb) << to_string(std::get<2>(k));
       // Recorded per call: the rank's token-side buffer, its tokens' top_k copies (hand count).
-      EXPECT_EQ(v.bytes, tokens * kTopK * kHidden * 4 * moe_layers * nmb) << std::get<2>(k);
-      bytes[std::get<2>(k)] += v.bytes;
+      EXPECT_EQ(v.bytes, tokens * kTopK * kHidden * 4 * moe_layers * nmb)
+          << to_string(std::get<2>(k));
+      bytes[std::string(to_string(std::get<2>(k)))] += v.bytes;
     }
     planner_bytes += ep_all_to_all_bytes(tokens, kTopK, kHidden, 4, p.ep) *
                      static_cast<double>(moe_layers * nmb);
@@ -248,7 +249,7 @@ TEST_P(MoeLayoutMpiTest, TrainsLikeOneRankWithThePlannersExpertMemory) {
     }
     for (const auto& [k, v] : r.communication)
       if (std::get<0>(k) == Group::dp) {
-        EXPECT_NE(std::get<2>(k), "gradients (experts)");
+        EXPECT_NE(std::get<2>(k), unit_traffic(UnitTraffic::gradients, ParamUnit::experts));
       }
   }
 }
@@ -341,11 +342,11 @@ INSTANTIATE_TEST_SUITE_P(
 
 // DualPipe's mirror exchange sends the stage's whole gradient once per step: every gradient
 // buffer the rank holds (ZeRO-0: its gradient memory, routed experts included), one pipeline
-// send per unit, which is the planner's kMirrorGradients entries for the stage. At pp = 2 each
-// stage holds the whole model: the embedding, the LM head, and per layer its unit and its routed
-// experts' unit. Every layer is a MoE layer
-// here: the planner counts a MoE model's layers alike (its MoE estimate is not yet per layer,
-// moe_json.h), so a dense first layer would differ from it by that layer's MLP.
+// send per unit, which is the planner's Traffic::mirror_gradients entries for the stage. At pp = 2
+// each stage holds the whole model: the embedding, the LM head, and per layer its unit and its
+// routed experts' unit. Every layer is a MoE layer here: the planner counts a MoE model's layers
+// alike (its MoE estimate is not yet per layer, moe_json.h), so a dense first layer would differ
+// from it by that layer's MLP.
 TEST(MoeTraining, DualPipeMirrorSendsTheStagesWholeGradientAsPlanned) {
   J doc = moe_scenario(kDualPipe);
   doc["model"]["moe"]["first_dense_layers"] = 0;
@@ -357,12 +358,12 @@ TEST(MoeTraining, DualPipeMirrorSendsTheStagesWholeGradientAsPlanned) {
     SCOPED_TRACE("rank " + std::to_string(r.rank));
     CommTotals sent;
     for (const auto& [k, v] : r.communication)
-      if (std::get<2>(k) == kMirrorGradients) sent.bytes += v.bytes, sent.calls += v.calls;
+      if (std::get<2>(k) == Traffic::mirror_gradients) sent.bytes += v.bytes, sent.calls += v.calls;
     EXPECT_EQ(sent.calls, 2 + 2 * kLayers);
     EXPECT_EQ(sent.bytes, r.memory.peak_of(MemoryTag::gradients));
     CommTotals planned;
     for (const Collective& c : stage_communication(s, static_cast<int>(r.coords.pp))) {
-      if (c.what != kMirrorGradients) continue;
+      if (c.purpose != Traffic::mirror_gradients) continue;
       planned.bytes += c.bytes_per_call * c.calls_per_step;
       planned.calls += c.calls_per_step;
     }

@@ -47,7 +47,7 @@ P2POp op(P2POp::Dir d, int peer, void* data, Count n, P2PTag t) {
   o.n = n;
   o.dtype = DType::fp32;
   o.tag = t;
-  o.what = "probe";
+  o.what = Traffic::probe;
   return o;
 }
 // The value element i of a message from `rank` in round `r` carries.

@@ -1,8 +1,9 @@
 // Fine-tuning on the CPU backend (training.peft; docs/peft.md, docs/gpu_backend.md): LoRA adapters
-// on a frozen base, in a float dtype or quantized as bitsandbytes stores it (QLoRA). The base stays bit for bit what it was and has no gradient; the adapters'
-// gradient is the slope of the loss (a float64 directional finite difference along the step the
-// optimizer takes, for SGD and AdamW); every layout's adapter gradients equal one rank's; the
-// measured memory and collectives equal the planner's.
+// on a frozen base, in a float dtype or quantized as bitsandbytes stores it (QLoRA). The base stays
+// bit for bit what it was and has no gradient; the adapters' gradient is the slope of the loss (a
+// float64 directional finite difference along the step the optimizer takes, for SGD and AdamW);
+// every layout's adapter gradients equal one rank's; the measured memory and collectives equal the
+// planner's.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -111,13 +112,14 @@ void expect_memory_is_planned(const Scenario& s, const Measurement& m) {
       std::map<std::string, std::pair<Bytes, Count>> want, got;
       for (const Collective& c : stage_communication(s, static_cast<int>(r.coords.pp))) {
         auto& w = want[std::string(to_string(c.group)) + " " + std::string(to_string(c.op)) + " " +
-                       std::string(c.what)];
+                       std::string(c.what())];
         w.first += c.bytes_per_call * c.calls_per_step;
         w.second += c.calls_per_step;
       }
       for (const auto& [k, v] : r.communication) {
         auto& g = got[std::string(to_string(std::get<0>(k))) + " " +
-                      std::string(to_string(std::get<1>(k))) + " " + std::get<2>(k)];
+                      std::string(to_string(std::get<1>(k))) + " " +
+                      std::string(to_string(std::get<2>(k)))];
         g.first += v.bytes;
         g.second += v.calls;
       }

@@ -220,7 +220,7 @@ P2POp op(P2POp::Dir d, int peer, std::vector<float>& buf, P2PTag t) {
   o.data = buf.data();
   o.n = static_cast<Count>(buf.size());
   o.tag = t;
-  o.what = "test";
+  o.what = Traffic::probe;
   return o;
 }
 

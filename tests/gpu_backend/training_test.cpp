@@ -44,7 +44,7 @@ struct Layout {
   const char* optimizer = "adamw";
   // training.global_batch_size: DualPipe needs at least 2 pp micro-batches per data-parallel rank.
   int global_batch = 4;
-  int layers = 4;  // model.num_layers: 5 splits unevenly over every pipeline of the matrix
+  int layers = 4;    // model.num_layers: 5 splits unevenly over every pipeline of the matrix
   int head_dim = 0;  // model.head_dim when > 0 (heads × head_dim ≠ hidden_size)
 };
 
@@ -126,7 +126,7 @@ void expect_matches_planner(const Scenario& s, const Measurement& m) {
   const Estimate e = estimate(s);
   // zb_auto's program is the heuristic's order for the planner's stage times.
   const sim::SchedulePrograms prog = sim::scenario_program(s, e);
-  std::map<int, std::map<std::pair<Group, CollectiveOp>, CommTotals>> stage_comm;
+  std::map<int, std::map<CommLog::Key, CommTotals>> stage_comm;
   for (const RankMeasurement& r : m.ranks) {
     const StageMemory& sm = e.memory.stages[static_cast<std::size_t>(r.coords.pp)];
     SCOPED_TRACE("rank " + std::to_string(r.rank));
@@ -164,32 +164,36 @@ void expect_matches_planner(const Scenario& s, const Measurement& m) {
     if (r.coords.tp == 0 && r.coords.cp == 0 && r.coords.dp == 0) {
       auto& c = stage_comm[r.coords.pp];
       for (const auto& [k, v] : r.communication) {
-        CommTotals& t = c[{std::get<0>(k), std::get<1>(k)}];
+        CommTotals& t = c[k];
         t.bytes += v.bytes;
         t.calls += v.calls;
       }
     }
   }
-  // Every stage's collectives equal the planner's list for that stage, per (group, op).
+  // Every stage's collectives equal the planner's list for that stage, per (group, op, traffic):
+  // the backend records each call under the id the planner plans it by.
   std::vector<int> stages;
   for (int st = 0; st < s.parallel.pp; ++st) stages.push_back(st);
   for (const int st : stages) {
     SCOPED_TRACE("stage " + std::to_string(st));
-    std::map<std::pair<Group, CollectiveOp>, CommTotals> predicted;
+    std::map<CommLog::Key, CommTotals> predicted;
     for (const Collective& c : stage_communication(s, st)) {
-      CommTotals& t = predicted[{c.group, c.op}];
+      CommTotals& t = predicted[{c.group, c.op, c.purpose}];
       t.bytes += c.bytes_per_call * c.calls_per_step;
       t.calls += c.calls_per_step;
     }
     ASSERT_TRUE(stage_comm.count(st));
     for (const auto& [k, v] : predicted) {
-      SCOPED_TRACE(std::string(to_string(k.first)) + " " + std::string(to_string(k.second)));
+      SCOPED_TRACE(std::string(to_string(std::get<0>(k))) + " " +
+                   std::string(to_string(std::get<1>(k))) + " " +
+                   std::string(to_string(std::get<2>(k))));
       EXPECT_EQ(stage_comm[st][k].bytes, v.bytes);
       EXPECT_EQ(stage_comm[st][k].calls, v.calls);
     }
     for (const auto& [k, v] : stage_comm[st]) {
       EXPECT_TRUE(predicted.count(k))
-          << "unpredicted " << to_string(k.first) << " " << to_string(k.second);
+          << "unpredicted " << to_string(std::get<0>(k)) << " " << to_string(std::get<1>(k)) << " "
+          << to_string(std::get<2>(k));
     }
   }
 }

@@ -60,9 +60,10 @@ Measurement measurement_of(const Scenario& s, const Estimate& e) {
     }
     r.step_seconds = 31e-3 + 1e-4 * rank;
     r.optimizer_seconds = 1.5e-3;
-    r.communication[{Group::pp, CollectiveOp::send_recv, "activations (forward)"}] = {
+    r.communication[{Group::pp, CollectiveOp::send_recv, Traffic::activations_forward}] = {
         4096 * (st + 1), 4};
-    r.communication[{Group::dp, CollectiveOp::all_reduce, "gradients"}] = {1 << 20, 1};
+    r.communication[{Group::dp, CollectiveOp::all_reduce,
+                      unit_traffic(UnitTraffic::gradients, ParamUnit::layers)}] = {1 << 20, 1};
     m.ranks.push_back(r);
   }
   (void)s;

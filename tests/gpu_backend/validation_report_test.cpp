@@ -43,7 +43,7 @@ Measurement synthetic(const Estimate& e) {
     r.step_seconds = 10e-3;
     r.optimizer_seconds = 1e-3;
     if (st == 0)
-      r.communication[{Group::pp, CollectiveOp::send_recv, "activations (forward)"}] = {3000, 1};
+      r.communication[{Group::pp, CollectiveOp::send_recv, Traffic::activations_forward}] = {3000, 1};
     m.ranks.push_back(r);
   }
   m.losses = {6.2, 6.1};

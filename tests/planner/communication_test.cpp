@@ -11,9 +11,9 @@ namespace {
 
 using nlohmann::json;
 
-const Collective* find(const Estimate& e, Group g, CollectiveOp op, std::string_view what) {
+const Collective* find(const Estimate& e, Group g, CollectiveOp op, Traffic what) {
   for (const auto& c : e.communication.collectives) {
-    if (c.group == g && c.op == op && c.what == what) return &c;
+    if (c.group == g && c.op == op && c.purpose == what) return &c;
   }
   return nullptr;
 }
@@ -82,8 +82,10 @@ TEST(Communication, Zero3GathersParametersTwicePerMicrobatch) {
       {"parallel", {{"zero_stage", 3}}}};
   const Estimate e = estimate(testing::scenario(doc));
   const Collective* ag =
-      find(e, Group::dp, CollectiveOp::all_gather, "parameters (layers, forward+backward)");
-  const Collective* rs = find(e, Group::dp, CollectiveOp::reduce_scatter, "gradients (layers)");
+      find(e, Group::dp, CollectiveOp::all_gather,
+           unit_traffic(UnitTraffic::gather_forward_backward, ParamUnit::layers));
+  const Collective* rs = find(e, Group::dp, CollectiveOp::reduce_scatter,
+                              unit_traffic(UnitTraffic::gradients, ParamUnit::layers));
   ASSERT_NE(ag, nullptr);
   ASSERT_NE(rs, nullptr);
   EXPECT_EQ(ag->calls_per_step, 2 * 32 * e.num_microbatches);
@@ -97,7 +99,7 @@ TEST(Communication, TensorParallelAllReducesFourTimesPerLayerPerMicrobatch) {
   const Scenario s = testing::scenario(doc);
   const Estimate e = estimate(s);
   // The busiest GPU is on the last stage (LM head collectives); it holds 20 layers.
-  const Collective* ar = find(e, Group::tp, CollectiveOp::all_reduce, "layer activations");
+  const Collective* ar = find(e, Group::tp, CollectiveOp::all_reduce, Traffic::layer_activations);
   ASSERT_NE(ar, nullptr);
   EXPECT_EQ(ar->calls_per_step, 4 * 20 * e.num_microbatches);
   EXPECT_EQ(ar->bytes_per_call, Bytes{4096} * 8192 * 2);  // b*s*h in bf16
@@ -106,9 +108,10 @@ TEST(Communication, TensorParallelAllReducesFourTimesPerLayerPerMicrobatch) {
 
 TEST(Communication, SequenceParallelTradesAllReduceForGatherAndScatter) {
   const Estimate e = estimate(testing::scenario(testing::default_doc()));
-  EXPECT_EQ(find(e, Group::tp, CollectiveOp::all_reduce, "layer activations"), nullptr);
-  const Collective* ag = find(e, Group::tp, CollectiveOp::all_gather, "layer activations");
-  const Collective* rs = find(e, Group::tp, CollectiveOp::reduce_scatter, "layer activations");
+  EXPECT_EQ(find(e, Group::tp, CollectiveOp::all_reduce, Traffic::layer_activations), nullptr);
+  const Collective* ag = find(e, Group::tp, CollectiveOp::all_gather, Traffic::layer_activations);
+  const Collective* rs =
+      find(e, Group::tp, CollectiveOp::reduce_scatter, Traffic::layer_activations);
   ASSERT_NE(ag, nullptr);
   ASSERT_NE(rs, nullptr);
   // Same bytes on the wire as the all-reduces they replace, plus the backward re-gathers.
@@ -118,8 +121,8 @@ TEST(Communication, SequenceParallelTradesAllReduceForGatherAndScatter) {
 
 TEST(Communication, PipelineSendsOneActivationPerMicrobatchPerBoundary) {
   const Estimate e = estimate(testing::scenario(testing::default_doc()));
-  const Collective* fw = find(e, Group::pp, CollectiveOp::send_recv, "activations (forward)");
-  const Collective* bw = find(e, Group::pp, CollectiveOp::send_recv, "gradients (backward)");
+  const Collective* fw = find(e, Group::pp, CollectiveOp::send_recv, Traffic::activations_forward);
+  const Collective* bw = find(e, Group::pp, CollectiveOp::send_recv, Traffic::gradients_backward);
   // The busiest GPU is the last stage: it sends gradients back, and no activations forward.
   EXPECT_EQ(fw, nullptr);
   ASSERT_NE(bw, nullptr);
@@ -149,7 +152,7 @@ TEST(Communication, TiedEmbeddingsSyncAcrossFirstAndLastStage) {
       {"parallel", {{"pp", 2}}}};
   const Estimate e = estimate(testing::scenario(doc));
   const Collective* c =
-      find(e, Group::embedding, CollectiveOp::all_reduce, "tied embedding gradients");
+      find(e, Group::embedding, CollectiveOp::all_reduce, Traffic::tied_embedding_gradients);
   ASSERT_NE(c, nullptr);
   EXPECT_EQ(c->calls_per_step, 1);
   EXPECT_EQ(c->bytes_per_call, e.padded_vocab_size * 2048 * 2);

@@ -27,12 +27,12 @@ json cp_doc(Count tp, Count cp, Count dp, const char* comm, Count seq = 32768) {
           {"parallel", {{"tp", tp}, {"cp", cp}, {"dp", dp}, {"cp_comm", comm}, {"zero_stage", 1}}}};
 }
 
-const Collective& find(const Estimate& e, Group g, CollectiveOp op, std::string_view what) {
+const Collective& find(const Estimate& e, Group g, CollectiveOp op, Traffic what) {
   for (const Collective& c : e.communication.collectives) {
-    if (c.group == g && c.op == op && c.what == what) return c;
+    if (c.group == g && c.op == op && c.purpose == what) return c;
   }
   static const Collective none;
-  ADD_FAILURE() << "no " << what;
+  ADD_FAILURE() << "no " << to_string(what);
   return none;
 }
 
@@ -43,11 +43,10 @@ TEST(ContextParallel, RingSendsTheKvChunkCpMinusOneTimesEachWay) {
   const Estimate e = estimate(testing::scenario(cp_doc(1, 4, 2, "p2p")));
   const Bytes kv = (32768 / 4) * 2 * 8 * 128 * 2;
   const Count layers_x_mb = 32 * 4;
-  const Collective& f = find(e, Group::cp, CollectiveOp::send_recv, "cp ring: keys and values");
+  const Collective& f = find(e, Group::cp, CollectiveOp::send_recv, Traffic::cp_ring_kv);
   EXPECT_EQ(f.bytes_per_call, kv);
   EXPECT_EQ(f.calls_per_step, 3 * 2 * layers_x_mb);
-  const Collective& g =
-      find(e, Group::cp, CollectiveOp::send_recv, "cp ring: key and value gradients");
+  const Collective& g = find(e, Group::cp, CollectiveOp::send_recv, Traffic::cp_ring_kv_gradients);
   EXPECT_EQ(g.calls_per_step, 3 * layers_x_mb);
   EXPECT_EQ(g.wire_bytes_per_gpu_per_step, 3 * layers_x_mb * kv);
 }
@@ -57,11 +56,10 @@ TEST(ContextParallel, AllGatherMovesTheWholeSequencesKeysAndValues) {
   // their gradients reduce-scattered; a ring moves (cp-1)/cp of the s-token buffer per rank.
   const Estimate e = estimate(testing::scenario(cp_doc(1, 4, 2, "all_gather")));
   const Bytes kv_full = 32768 * 2 * 8 * 128 * 2;
-  const Collective& g = find(e, Group::cp, CollectiveOp::all_gather, "cp: keys and values");
+  const Collective& g = find(e, Group::cp, CollectiveOp::all_gather, Traffic::cp_kv);
   EXPECT_EQ(g.bytes_per_call, kv_full);
   EXPECT_EQ(g.wire_bytes_per_gpu_per_step, 2 * 32 * 4 * kv_full * 3 / 4);
-  const Collective& r =
-      find(e, Group::cp, CollectiveOp::reduce_scatter, "cp: key and value gradients");
+  const Collective& r = find(e, Group::cp, CollectiveOp::reduce_scatter, Traffic::cp_kv_gradients);
   EXPECT_EQ(r.calls_per_step, 32 * 4);
 }
 
@@ -103,11 +101,10 @@ TEST(ContextParallel, QueriesAreHeadsTimesHeadDimWide) {
   };
   const Estimate a2a = plan("a2a"), p2p = plan("p2p");
   const Collective& qo =
-      find(a2a, Group::cp, CollectiveOp::all_to_all, "cp all-to-all: queries and outputs");
+      find(a2a, Group::cp, CollectiveOp::all_to_all, Traffic::cp_a2a_queries_outputs);
   EXPECT_EQ(qo.bytes_per_call, q);
   EXPECT_EQ(qo.calls_per_step, 4 * layers * mbs);
-  const Collective& k =
-      find(a2a, Group::cp, CollectiveOp::all_to_all, "cp all-to-all: keys and values");
+  const Collective& k = find(a2a, Group::cp, CollectiveOp::all_to_all, Traffic::cp_a2a_kv);
   EXPECT_EQ(k.bytes_per_call, kv / 2);
   EXPECT_EQ(k.calls_per_step, 4 * layers * mbs);
   const StageMemory &x = a2a.memory.stages[0], &y = p2p.memory.stages[0];
@@ -136,7 +133,8 @@ TEST(ContextParallel, ZeroShardsOverDataAndContextRanks) {
   const Estimate a = estimate(testing::scenario(cp_doc(1, 4, 2, "p2p")));
   const Estimate b = estimate(testing::scenario(cp_doc(1, 1, 8, "p2p")));
   EXPECT_EQ(a.memory.stages[0].optimizer_bytes, b.memory.stages[0].optimizer_bytes);
-  const Collective& rs = find(a, Group::dp, CollectiveOp::reduce_scatter, "gradients (layers)");
+  const Collective& rs = find(a, Group::dp, CollectiveOp::reduce_scatter,
+                              unit_traffic(UnitTraffic::gradients, ParamUnit::layers));
   EXPECT_EQ(rs.group_size, 8);
 }
 

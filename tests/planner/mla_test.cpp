@@ -115,12 +115,12 @@ TEST(Mla, TensorParallelCollectivesMoveTheLatents) {
   Count hidden_rs = 0;
   for (const Collective& c : stage_communication(s, 5)) {  // 4 MoE layers (layers 15-18)
     if (c.group != Group::tp) continue;
-    if (c.what == "attention latents (MLA)") {
+    if (c.purpose == Traffic::attention_latents) {
       latent_bytes = c.bytes_per_call;
       if (c.op == CollectiveOp::all_gather) latent_gather = c.calls_per_step;
       if (c.op == CollectiveOp::reduce_scatter) latent_rs = c.calls_per_step;
     }
-    if (c.what == "layer activations" && c.op == CollectiveOp::reduce_scatter) {
+    if (c.purpose == Traffic::layer_activations && c.op == CollectiveOp::reduce_scatter) {
       hidden_rs_bytes = c.bytes_per_call;
       hidden_rs = c.calls_per_step;
     }
@@ -146,7 +146,7 @@ TEST(Mla, ContextParallelRingCarriesEveryHeadsKeysAndValues) {
   const Scenario s = testing::scenario(d);
   Bytes ring = 0;
   for (const Collective& c : stage_communication(s, 3)) {
-    if (c.group == Group::cp && c.what == "cp ring: keys and values") ring = c.bytes_per_call;
+    if (c.group == Group::cp && c.purpose == Traffic::cp_ring_kv) ring = c.bytes_per_call;
   }
   EXPECT_EQ(ring, 2048 * (128 * 192 + 128 * 128) * 2);
 }
@@ -227,7 +227,7 @@ TEST(Mla, QueriesWithoutALatentPlan) {
   // Without a query latent the gathered input is h itself beside the kv latent and rotary key.
   Bytes lat = 0;
   for (const Collective& x : stage_communication(s, 0))
-    if (x.what == "attention latents (MLA)") lat = x.bytes_per_call;
+    if (x.purpose == Traffic::attention_latents) lat = x.bytes_per_call;
   EXPECT_EQ(lat, 4096 * (2048 + 512 + 64) * 2);
 }
 
@@ -258,7 +258,7 @@ TEST(Mtp, TheLastStageHoldsTheModuleAndAnEmbeddingCopy) {
   // The embedding copy's gradient is summed with the first stage's.
   bool summed = false;
   for (const Collective& c : stage_communication(s, 1))
-    summed |= c.group == Group::embedding && c.what == "MTP embedding gradients" &&
+    summed |= c.group == Group::embedding && c.purpose == Traffic::mtp_embedding_gradients &&
               c.bytes_per_call == word * bytes_of(s.training.grad_accumulation_dtype);
   EXPECT_TRUE(summed);
 }

@@ -35,10 +35,9 @@ Scenario planned(const json& doc) {
   return s;
 }
 
-const Collective* find(const std::vector<Collective>& cs, Group g, CollectiveOp op,
-                       std::string_view what) {
+const Collective* find(const std::vector<Collective>& cs, Group g, CollectiveOp op, Traffic what) {
   for (const Collective& c : cs)
-    if (c.group == g && c.op == op && c.what == what) return &c;
+    if (c.group == g && c.op == op && c.purpose == what) return &c;
   return nullptr;
 }
 
@@ -62,21 +61,26 @@ TEST(MoeEtp, GathersAndReduceScattersByHand) {
   EXPECT_EQ(x.expert_params, 2 * kExpert / 2);
   const auto& cs = e.communication.collectives;
   const Count m = 16 / 8;  // micro-batches per step
-  for (auto [op, what] : {std::pair{CollectiveOp::all_gather, "expert tokens (forward)"},
-                          {CollectiveOp::reduce_scatter, "expert outputs (forward)"},
-                          {CollectiveOp::all_gather, "expert output gradients (backward)"},
-                          {CollectiveOp::reduce_scatter, "expert token gradients (backward)"}}) {
+  for (auto [op, what] :
+       {std::pair{CollectiveOp::all_gather, Traffic::expert_tokens_forward},
+        {CollectiveOp::reduce_scatter, Traffic::expert_outputs_forward},
+        {CollectiveOp::all_gather, Traffic::expert_output_gradients_backward},
+        {CollectiveOp::reduce_scatter, Traffic::expert_token_gradients_backward}}) {
     const Collective* c = find(cs, Group::etp, op, what);
-    ASSERT_NE(c, nullptr) << what;
+    ASSERT_NE(c, nullptr) << to_string(what);
     EXPECT_EQ(c->group_size, 2);
     EXPECT_EQ(c->link, Link::intra_node);
-    EXPECT_EQ(c->bytes_per_call, 2 * 33554432) << what;
-    EXPECT_EQ(c->calls_per_step, 32 * m) << what;
-    EXPECT_EQ(c->wire_bytes_per_gpu_per_step, 33554432 * 32 * m) << what;
+    EXPECT_EQ(c->bytes_per_call, 2 * 33554432) << to_string(what);
+    EXPECT_EQ(c->calls_per_step, 32 * m) << to_string(what);
+    EXPECT_EQ(c->wire_bytes_per_gpu_per_step, 33554432 * 32 * m) << to_string(what);
   }
-  EXPECT_EQ(find(cs, Group::ep, CollectiveOp::all_to_all, "dispatch (forward)")->bytes_per_call,
-            33554432);
-  EXPECT_EQ(find(cs, Group::edp, CollectiveOp::all_reduce, "gradients (experts)")->group_size, 2);
+  EXPECT_EQ(
+      find(cs, Group::ep, CollectiveOp::all_to_all, Traffic::dispatch_forward)->bytes_per_call,
+      33554432);
+  EXPECT_EQ(find(cs, Group::edp, CollectiveOp::all_reduce,
+                 unit_traffic(UnitTraffic::gradients, ParamUnit::experts))
+                ->group_size,
+            2);
   // The gathers sit on the critical path with the all-to-alls.
   EXPECT_GT(e.stage_costs[0].ep_communication, 0);
   // etp with biased experts (gpt-oss) is refused at the field.
@@ -110,12 +114,14 @@ TEST(MoeZero3, ExpertsShardedAndGatheredOverEdpByHand) {
   EXPECT_EQ(sm.buffers_bytes, 2 * 2 * (kDenseLayer + kExpert) + 4 * kExpert);
   const auto& cs = e.communication.collectives;
   const Collective* g =
-      find(cs, Group::edp, CollectiveOp::all_gather, "parameters (experts, forward+backward)");
+      find(cs, Group::edp, CollectiveOp::all_gather,
+           unit_traffic(UnitTraffic::gather_forward_backward, ParamUnit::experts));
   ASSERT_NE(g, nullptr);
   EXPECT_EQ(g->group_size, 4);
   EXPECT_EQ(g->bytes_per_call, 2 * kExpert);
   EXPECT_EQ(g->calls_per_step, 2 * 32 * 1);
-  const Collective* r = find(cs, Group::edp, CollectiveOp::reduce_scatter, "gradients (experts)");
+  const Collective* r = find(cs, Group::edp, CollectiveOp::reduce_scatter,
+                             unit_traffic(UnitTraffic::gradients, ParamUnit::experts));
   ASSERT_NE(r, nullptr);
   EXPECT_EQ(r->bytes_per_call, 4 * kExpert);
   EXPECT_GT(e.stage_costs[0].zero3_gather, 0);

@@ -79,7 +79,8 @@ TEST(MoeMixed, FirstDenseLayersModelStatesByHand) {
   // entry per layer kind under the one name, calls per layer.
   Count dp_bytes = 0, dp_calls = 0;
   for (const Collective& c : stage_communication(s, 0)) {
-    if (c.group == Group::dp && c.what == "gradients (layers)") {
+    if (c.group == Group::dp &&
+        c.purpose == unit_traffic(UnitTraffic::gradients, ParamUnit::layers)) {
       dp_bytes += c.bytes_per_call * c.calls_per_step;
       dp_calls += c.calls_per_step;
     }

@@ -45,9 +45,9 @@ Scenario planned(const json& doc) {
   return s;
 }
 
-const Collective* find(const Estimate& e, Group g, CollectiveOp op, std::string_view what) {
+const Collective* find(const Estimate& e, Group g, CollectiveOp op, Traffic what) {
   for (const Collective& c : e.communication.collectives)
-    if (c.group == g && c.op == op && c.what == what) return &c;
+    if (c.group == g && c.op == op && c.purpose == what) return &c;
   return nullptr;
 }
 
@@ -119,10 +119,10 @@ TEST(MoePlan, AllToAllAndExpertReductionByHand) {
   // values: 2048 · 2 · 4096 · 2 B = 33,554,432 B per dispatch or combine; (ep − 1)/ep = 3/4 of it
   // leaves the GPU: 25,165,824 B. Per step, each of dispatch and combine, forward and backward:
   // 16 layers · 4 micro-batches = 64 calls.
-  for (const char* what :
-       {"dispatch (forward)", "combine (forward)", "combine (backward)", "dispatch (backward)"}) {
+  for (Traffic what : {Traffic::dispatch_forward, Traffic::combine_forward,
+                       Traffic::combine_backward, Traffic::dispatch_backward}) {
     const Collective* a = find(e, Group::ep, CollectiveOp::all_to_all, what);
-    ASSERT_NE(a, nullptr) << what;
+    ASSERT_NE(a, nullptr) << to_string(what);
     EXPECT_EQ(a->group_size, 4);
     EXPECT_EQ(a->bytes_per_call, 33554432);
     EXPECT_EQ(a->calls_per_step, 64);
@@ -133,7 +133,8 @@ TEST(MoePlan, AllToAllAndExpertReductionByHand) {
   // The experts' gradients, apart from the dense ones: edp = tp·dp/ep = 2; each GPU holds
   // 8/4 = 2 experts per layer, reduce-scattered once per layer (ZeRO-1) in bf16:
   // 2 · 176,160,768 · 2 B = 704,643,072 B; the edp group spans etp·ep·edp = 8 ranks, one node.
-  const Collective* g = find(e, Group::edp, CollectiveOp::reduce_scatter, "gradients (experts)");
+  const Collective* g = find(e, Group::edp, CollectiveOp::reduce_scatter,
+                             unit_traffic(UnitTraffic::gradients, ParamUnit::experts));
   ASSERT_NE(g, nullptr);
   EXPECT_EQ(g->group_size, 2);
   EXPECT_EQ(g->bytes_per_call, 704643072);
@@ -142,8 +143,9 @@ TEST(MoePlan, AllToAllAndExpertReductionByHand) {
   // No tensor-parallel MLP in a MoE layer without shared experts: under SP only attention's
   // all-gather (forward, and again in backward for its weight gradient and input) and
   // reduce-scatter remain: 3 all-gathers and 2 reduce-scatters per layer and micro-batch.
-  const Collective* ag = find(e, Group::tp, CollectiveOp::all_gather, "layer activations");
-  const Collective* rs = find(e, Group::tp, CollectiveOp::reduce_scatter, "layer activations");
+  const Collective* ag = find(e, Group::tp, CollectiveOp::all_gather, Traffic::layer_activations);
+  const Collective* rs =
+      find(e, Group::tp, CollectiveOp::reduce_scatter, Traffic::layer_activations);
   ASSERT_NE(ag, nullptr);
   ASSERT_NE(rs, nullptr);
   EXPECT_EQ(ag->calls_per_step, 3 * 16 * 4);
@@ -157,9 +159,11 @@ TEST(MoePlan, AllToAllAndExpertReductionByHand) {
   json one = doc;
   one["parallel"]["ep"] = 1;
   const Estimate e1 = estimate(planned(one));
-  EXPECT_EQ(find(e1, Group::ep, CollectiveOp::all_to_all, "dispatch (forward)"), nullptr);
+  EXPECT_EQ(find(e1, Group::ep, CollectiveOp::all_to_all, Traffic::dispatch_forward), nullptr);
   EXPECT_EQ(e1.stage_costs[0].ep_communication, 0);
-  EXPECT_EQ(find(e1, Group::edp, CollectiveOp::reduce_scatter, "gradients (experts)")->group_size,
+  EXPECT_EQ(find(e1, Group::edp, CollectiveOp::reduce_scatter,
+                 unit_traffic(UnitTraffic::gradients, ParamUnit::experts))
+                ->group_size,
             8);
 }
 

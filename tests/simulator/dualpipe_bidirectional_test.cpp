@@ -275,9 +275,9 @@ TEST(DualPipe, CommunicationIsBothDirectionsAndTheMirrorSum) {
     Count acts = 0, grads = 0, mirror_calls = 0;
     Bytes mirror = 0;
     for (const Collective& c : stage_communication(s, st)) {
-      if (c.what == "activations (forward)") acts = c.calls_per_step;
-      if (c.what == "gradients (backward)") grads = c.calls_per_step;
-      if (c.what == "mirror stage gradients (DualPipe)") {
+      if (c.purpose == Traffic::activations_forward) acts = c.calls_per_step;
+      if (c.purpose == Traffic::gradients_backward) grads = c.calls_per_step;
+      if (c.purpose == Traffic::mirror_gradients) {
         mirror_calls += c.calls_per_step;
         mirror += c.bytes_per_call * c.calls_per_step;
       }

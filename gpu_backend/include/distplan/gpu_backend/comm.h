@@ -1,7 +1,7 @@
 // Communicators: one interface, three implementations. MPI moves data between CPU ranks; NCCL
 // between GPUs (unique id shared through MPI); emulated moves nothing but keeps every call's shape
 // and byte count, so one process can stand for rank r of a layout of any size.
-// Every call records the bytes handed to it under (group, op, what): the same keys as the
+// Every call records the bytes handed to it under (group, op, traffic): the same typed keys as the
 // planner's Collective list (estimate.h). Groups follow Megatron-Core's rank order "tp-cp-dp-pp"
 // rank = tp + TP*(cp + CP*(dp + DP*pp)) (DESIGN.md, "Ranks and groups"; planner/src/layout.cpp,
 // group_link).
@@ -32,8 +32,8 @@ struct CommTotals {
 
 class CommLog {
  public:
-  using Key = std::tuple<Group, CollectiveOp, std::string>;
-  void record(Group g, CollectiveOp op, const std::string& what, Bytes bytes);
+  using Key = std::tuple<Group, CollectiveOp, Traffic>;
+  void record(Group g, CollectiveOp op, Traffic what, Bytes bytes);
   void clear() { entries_.clear(); }
   [[nodiscard]] const std::map<Key, CommTotals>& entries() const noexcept { return entries_; }
   /// Totals per (group, op) over every `what`.
@@ -67,7 +67,7 @@ struct P2POp {
   Count n = 0;
   DType dtype = DType::fp32;
   P2PTag tag;
-  std::string what;  // sends: the CommLog entry
+  Traffic what = Traffic::probe;  // sends: the CommLog entry
   std::shared_ptr<void> keep_alive;
   /// Messages between a pair match in issue order within a stream. Stream 0 is the one NCCL has
   /// (every message in one order); the V schedules and DualPipe send activations and gradients
@@ -85,9 +85,10 @@ class P2POrderError : public std::runtime_error {
 /// A communicator over one group. Buffers hold `n` elements of `dtype`. How 16-bit types are
 /// summed is the implementation's: the MPI one sums in fp32 and rounds once; NCCL's kernels add
 /// two elements at a time in fp32 and round each partial sum back to the buffer's type, so a
-/// ring's result can differ from the fp32 sum in the last bits. Counts are per rank: reduce_scatter reads n*size and writes n;
-/// all_gather reads n and writes n*size. The recorded bytes are the full buffer (n*size elements
-/// for reduce-scatter and all-gather), as the planner's bytes_per_call (docs/communication.md).
+/// ring's result can differ from the fp32 sum in the last bits. Counts are per rank: reduce_scatter
+/// reads n*size and writes n; all_gather reads n and writes n*size. The recorded bytes are the full
+/// buffer (n*size elements for reduce-scatter and all-gather), as the planner's bytes_per_call
+/// (docs/communication.md).
 class Communicator {
  public:
   Communicator(Group group, int rank, int size, CommLog* log)
@@ -97,13 +98,13 @@ class Communicator {
   [[nodiscard]] int rank() const noexcept { return rank_; }
   [[nodiscard]] int size() const noexcept { return size_; }
 
-  void all_reduce(void* data, Count n, DType dtype, ReduceOp op, const std::string& what);
-  void reduce_scatter(const void* in, void* out, Count n, DType dtype, const std::string& what);
-  void all_gather(const void* in, void* out, Count n, DType dtype, const std::string& what);
+  void all_reduce(void* data, Count n, DType dtype, ReduceOp op, Traffic what);
+  void reduce_scatter(const void* in, void* out, Count n, DType dtype, Traffic what);
+  void all_gather(const void* in, void* out, Count n, DType dtype, Traffic what);
   /// All-to-all: `in` holds size() blocks of n elements, block j for rank j; block j of `out`
   /// receives rank j's block for this rank. Recorded: the full buffer (n*size elements), the
   /// planner's bytes_per_call for all_to_all (the local tensor exchanged).
-  void all_to_all(const void* in, void* out, Count n, DType dtype, const std::string& what);
+  void all_to_all(const void* in, void* out, Count n, DType dtype, Traffic what);
   /// One step's point-to-point exchange, issued together: every send and receive of the batch is
   /// in flight at once (one NCCL group; MPI_Isend/MPI_Irecv + MPI_Waitall), so a send never waits
   /// on a receive of the same batch being posted first (docs/gpu_backend.md, "Pipeline messages").
@@ -119,7 +120,7 @@ class Communicator {
   /// routing does not change; the rows that crossed ranks are measured apart, moe_routing).
   void all_to_all_v(const void* in, const std::vector<Count>& send_counts, void* out,
                     const std::vector<Count>& recv_counts, DType dtype, Count recorded,
-                    const std::string& what);
+                    Traffic what);
   /// Each rank sends `send` (size() blocks of equal length, block r to rank r) and receives the
   /// blocks addressed to it in rank order: the row counts of an all_to_all, metadata that is not
   /// recorded (as Megatron-Core's token dispatcher exchanges its tokens_per_expert).

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "distplan/planner/spec.h"
+#include "distplan/planner/traffic.h"
 #include "distplan/planner/units.h"
 
 namespace distplan::backend::moe {
@@ -70,7 +71,7 @@ struct Exchange {
   std::function<std::vector<Count>(const std::vector<Count>& send)> counts;
   std::function<void(const T* in, const std::vector<Count>& send_rows, T* out,
                      const std::vector<Count>& recv_rows, Count width, Count token_rows,
-                     const char* what)>
+                     Traffic what)>
       rows;
 };
 /// One rank: every row stays here.

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "distplan/planner/spec.h"
+#include "distplan/planner/traffic.h"
 #include "distplan/planner/units.h"
 
 namespace distplan {
@@ -85,20 +86,18 @@ enum class Link { intra_node, inter_node };
 /// (nccl-tests' bus-bandwidth factors; docs/communication.md).
 [[nodiscard]] Bytes ring_wire_bytes(CollectiveOp op, Bytes buffer_bytes, Count group_size) noexcept;
 
-/// What DualPipe's once-per-step exchange of gradients between the two copies of a model stage
-/// is called (stage_communication lists it; the training backend records its send under it).
-inline constexpr std::string_view kMirrorGradients = "mirror stage gradients (DualPipe)";
-
 struct Collective {
   Group group = Group::dp;
   CollectiveOp op = CollectiveOp::all_reduce;
   Link link = Link::intra_node;
-  std::string_view what;  // e.g. "gradients", "layer activations (forward)"
+  Traffic purpose = Traffic::layer_activations;  // what it moves (traffic.h)
   Count group_size = 1;
   Bytes bytes_per_call = 0;  // buffer handed to the collective
   Count calls_per_step = 0;
   Bytes wire_bytes_per_gpu_per_step = 0;
   Seconds seconds_per_step = 0;  // alpha-beta time of all calls, before overlap
+  /// For display: "gradients (layers)", "activations (forward)".
+  [[nodiscard]] std::string_view what() const noexcept { return to_string(purpose); }
   bool operator==(const Collective&) const = default;
 };
 
