@@ -6,6 +6,7 @@
 #include <array>
 #include <cmath>
 #include <limits>
+#include <optional>
 
 #include "distplan/planner/check.h"
 #include "distplan/planner/checked.h"
@@ -87,8 +88,11 @@ class Estimator {
         t_(s.training),
         p_(s.parallel),
         table_(planner_layer_table(s.model, s.training)),
-        // A dense model's table is already the dense-MLP layer's: built once.
-        dense_table_(s.model.moe.enabled() ? build_layer_table(s.model, s.training) : table_),
+        // A dense model's table is already the dense-MLP layer's: built once, not copied.
+        moe_dense_table_(s.model.moe.enabled()
+                             ? std::optional<LayerTable>(build_layer_table(s.model, s.training))
+                             : std::nullopt),
+        dense_table_(moe_dense_table_ ? *moe_dense_table_ : table_),
         split_(pipeline_split(s)),
         layer_params_rank_(planner_layer_params_per_tp_rank(s.model, table_, s.parallel.tp)),
         dense_params_rank_(layer_parameters_per_tp_rank(dense_table_, s.parallel.tp)),
@@ -1555,8 +1559,9 @@ class Estimator {
   const ModelSpec& m_;
   const TrainingSpec& t_;
   const ParallelSpec& p_;
-  LayerTable table_;        // a layer (a MoE model: a MoE layer without its routed experts)
-  LayerTable dense_table_;  // a layer with the dense MLP (a MoE model's dense layers)
+  LayerTable table_;  // a layer (a MoE model: a MoE layer without its routed experts)
+  std::optional<LayerTable> moe_dense_table_;  // a MoE model's dense-MLP layer
+  const LayerTable& dense_table_;              // a layer with the dense MLP (a dense model: table_)
   PipelineSplit split_;
   std::vector<Count> layers_;                         // per stage, all chunks
   std::vector<std::vector<Count>> chunk_layers_;      // [stage][chunk], both kinds
