@@ -4,6 +4,7 @@
 #include <iterator>
 #include <memory>
 
+#include <fmt/format.h>
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -21,8 +22,11 @@ namespace {
 struct SimulateOptions {
   CommonOptions common;
   std::string trace_file;
+  double trace_limit_gib = 4.0;
   std::string schedule_file;
 };
+
+constexpr double kGiB = 1073741824.0;
 
 sim::SchedulePrograms read_schedule_file(const std::string& path) {
   // The scenario's bounded reader: the same size limit, directory and open errors.
@@ -43,6 +47,10 @@ void install_simulate(CLI::App& app) {
   cmd->add_option("--trace", opts->trace_file,
                   "Write a Chrome/Perfetto trace (open in ui.perfetto.dev) to this file")
       ->check(non_empty_path());
+  cmd->add_option("--trace-limit-gib", opts->trace_limit_gib,
+                  "Largest trace to write, GiB (default 4): a step whose trace would be larger "
+                  "is refused before it is simulated, and a trace that grows past it is removed")
+      ->check(CLI::Range(1e-6, 1e6));
   cmd->add_option("--schedule-file", opts->schedule_file,
                   "Custom schedule program (JSON or CSV, one row per stage) instead of the "
                   "scenario's schedule")
@@ -65,16 +73,42 @@ void install_simulate(CLI::App& app) {
     std::ofstream trace;
     std::unique_ptr<sim::TraceWriter> writer;
     if (so.record_trace) {
+      // Bound the file before any work (about kTraceBytesPerPass a pass); the writer holds the
+      // exact limit while it streams.
+      const double passes = static_cast<double>(s.num_microbatches()) *
+                            static_cast<double>(s.parallel.pp) *
+                            static_cast<double>(s.parallel.virtual_stages);
+      const double expected = sim::expected_trace_bytes(passes);
+      if (expected > opts->trace_limit_gib * kGiB) {
+        throw InputError(
+            "",
+            fmt::format("--trace: the trace of this step would be about {:.1f} GiB ({:.0f} "
+                        "passes, about {:.0f} bytes each), over --trace-limit-gib {:g}; "
+                        "raise the limit, or trace a step of fewer micro-batches "
+                        "(/training/global_batch_size)",
+                        expected / kGiB, passes, sim::kTraceBytesPerPass, opts->trace_limit_gib));
+      }
+      if (expected > kGiB) {
+        std::cerr << fmt::format(
+            "distplan simulate: writing a trace of about {:.1f} GiB ({:.0f} passes) to {}\n",
+            expected / kGiB, passes, opts->trace_file);
+      }
       trace.open(opts->trace_file, std::ios::binary | std::ios::trunc);
       if (!trace)
         throw InputError("", "--trace: cannot open '" + opts->trace_file + "' for writing");
-      writer = std::make_unique<sim::TraceWriter>(trace, opts->trace_file, s.parallel.pp);
+      writer = std::make_unique<sim::TraceWriter>(
+          trace, opts->trace_file, s.parallel.pp,
+          static_cast<std::uint64_t>(opts->trace_limit_gib * kGiB));
       so.trace_sink = writer.get();
     }
     sim::SimResult r;
     try {
       try {
         r = sim::simulate(s, e, so);
+      } catch (const sim::TraceTooLarge& err) {
+        throw InputError("", fmt::format("--trace: {} (--trace-limit-gib {:g}); the partial "
+                                         "trace was removed",
+                                         err.what(), opts->trace_limit_gib));
       } catch (const InputError& err) {
         if (so.program == nullptr) throw;
         throw InputError(err.path(), "schedule file '" + opts->schedule_file + "': " + err.what());

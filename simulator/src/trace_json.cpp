@@ -69,8 +69,8 @@ std::string num(double x) {
   return std::isfinite(x) ? fmt::format("{}", x) : std::string("null");
 }
 
-TraceWriter::TraceWriter(std::ostream& out, std::string name, Count stages)
-    : out_(out), name_(std::move(name)) {
+TraceWriter::TraceWriter(std::ostream& out, std::string name, Count stages, std::uint64_t max_bytes)
+    : out_(out), name_(std::move(name)), max_bytes_(max_bytes) {
   buf_.reserve(kBufferBytes + 4096);
   buf_ += "{\"traceEvents\": [\n";
   constexpr Track kTracks[] = {Track::compute, Track::send_next, Track::send_prev, Track::dp,
@@ -121,6 +121,10 @@ void TraceWriter::finish(const SimResult& r) {
 }
 
 void TraceWriter::event(const std::string& text) {
+  if (max_bytes_ > 0 && bytes() + text.size() + 2 > max_bytes_) {
+    throw TraceTooLarge(fmt::format("trace file '{}' would pass its limit of {:.3g} GiB", name_,
+                                    static_cast<double>(max_bytes_) / 1073741824.0));
+  }
   if (!first_) buf_ += ",\n";
   first_ = false;
   buf_ += text;
@@ -131,6 +135,7 @@ void TraceWriter::flush() {
   if (buf_.empty()) return;
   errno = 0;
   out_.write(buf_.data(), static_cast<std::streamsize>(buf_.size()));
+  written_ += buf_.size();
   buf_.clear();
   if (!out_) {
     const int err = errno;

@@ -83,6 +83,34 @@ TEST(SimulateTrace, StreamsTheTraceInBoundedMemory) {
 
 // A trace or stdout that cannot be written is a failure naming the path, exit 1; nothing says
 // success with the output lost.
+// The same 2^18-pass step's trace is about 0.23 GiB (936 bytes a pass, measured on it): under
+// --trace-limit-gib 0.1 it is refused before the simulation, naming its size and the option,
+// and no file is left; under the default 4 GiB it is written.
+TEST(SimulateTrace, TraceOverItsLimitIsRefusedBeforeTheWork) {
+  const TempDir dir;
+  json doc = tiny_gpt({{"tp", 1}, {"pp", 64}, {"dp", 1}, {"schedule", "1f1b"}});
+  doc["model"] = {{"num_layers", 64},       {"hidden_size", 64}, {"num_attention_heads", 4},
+                  {"ffn_hidden_size", 256}, {"vocab_size", 512}, {"max_position_embeddings", 32}};
+  doc["cluster"]["num_gpus"] = 64;
+  doc["training"]["global_batch_size"] = 4096;
+  doc["training"]["micro_batch_size"] = 1;
+  doc["costs"] = {{"forward_seconds", 1e-3}, {"backward_seconds", 2e-3}, {"p2p_seconds", 1e-4}};
+  const auto in = dir.write("big.json", doc.dump());
+  const std::string trace = (dir.path() / "t.json").string();
+  const CliResult r =
+      run_cli({"simulate", in.string(), "--trace", trace, "--trace-limit-gib", "0.1"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_TRUE(r.out.empty());
+  const std::string msg = error_object(r).value("message", "");
+  EXPECT_NE(msg.find("--trace-limit-gib 0.1"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("about 0.2 GiB (262144 passes"), std::string::npos) << msg;
+  EXPECT_FALSE(std::filesystem::exists(trace));
+  const CliResult ok = run_cli({"simulate", in.string(), "--trace", trace});
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+  const auto bytes = static_cast<double>(std::filesystem::file_size(trace));
+  EXPECT_NEAR(bytes / 262144.0, 936.0, 936.0 * 0.05);  // the constant the bound uses
+}
+
 TEST(OutputWrites, FullDeviceIsExitOneWithThePath) {
   const TempDir dir;
   const auto in = dir.write("s.json", tiny_gpt().dump());

@@ -131,6 +131,35 @@ TEST(SimulateTrace, FailedWriteThrowsNamingTheFile) {
   }
 }
 
+// A bounded writer stops at its limit: the same ZB-H1 step whose unbounded trace is N bytes
+// throws TraceTooLarge under a limit of N / 2, having held no more than the limit, and writes
+// it whole under a limit of N + 1 KiB (the closing fields are not counted against it).
+TEST(SimulateTrace, BoundedWriterStopsAtItsLimit) {
+  SimOptions o = with_costs(1, 2, 0.5, 0.25);
+  o.record_trace = true;
+  const Scenario s = pipeline(4, 8, Schedule::zb_h1);
+  const Estimate e = uniform_estimate(4, 1000);
+  std::ostringstream whole;
+  TraceWriter unbounded(whole, "whole", 4);
+  o.trace_sink = &unbounded;
+  unbounded.finish(simulate(s, e, o));
+  const auto n = static_cast<std::uint64_t>(whole.str().size());
+  ASSERT_GT(n, 4096u);
+
+  std::ostringstream half;
+  TraceWriter bounded(half, "half", 4, n / 2);
+  o.trace_sink = &bounded;
+  EXPECT_THROW((void)simulate(s, e, o), TraceTooLarge);
+  EXPECT_LE(bounded.bytes(), n / 2);
+  EXPECT_GT(bounded.bytes(), n / 4);  // it wrote up to the limit, not nothing
+
+  std::ostringstream roomy;
+  TraceWriter enough(roomy, "roomy", 4, n + 1024);
+  o.trace_sink = &enough;
+  enough.finish(simulate(s, e, o));
+  EXPECT_EQ(roomy.str(), whole.str());
+}
+
 // Golden trace: 1F1B, p = 2, m = 3, F = 0.5 s, B = 1 s, sends 0.25 s (binary fractions, so every
 // time is exact). Regenerate with DISTPLAN_UPDATE_GOLDEN=1 after an intended change, and review
 // the diff. The step is 7 s, derived by hand in docs/simulator.md ("Golden trace"): unlike GPipe,

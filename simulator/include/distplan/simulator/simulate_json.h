@@ -3,7 +3,9 @@
 // never includes JSON.
 #pragma once
 
+#include <cstdint>
 #include <ostream>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 
@@ -31,10 +33,14 @@ namespace distplan::sim {
 /// stages' track names at construction, each slice and counter as it arrives, the closing fields
 /// in finish(). Holds at most kBufferBytes of text; every write is checked and a failed one throws
 /// std::runtime_error naming `name` (the file) and the reason. The destructor never throws.
+/// `max_bytes` > 0 bounds the document: the event that would take it past throws TraceTooLarge
+/// (what was written stays; the caller removes the partial file).
 class TraceWriter final : public TraceSink {
  public:
   static constexpr std::size_t kBufferBytes = std::size_t{1} << 20;
-  TraceWriter(std::ostream& out, std::string name, Count stages);
+  TraceWriter(std::ostream& out, std::string name, Count stages, std::uint64_t max_bytes = 0);
+  /// Bytes of the document so far (written and buffered).
+  [[nodiscard]] std::uint64_t bytes() const noexcept { return written_ + buf_.size(); }
   void slice(const TraceEvent& e) override;
   void memory(const MemorySample& m) override;
   /// Writes the step's summary, closes the document and flushes the stream.
@@ -46,8 +52,26 @@ class TraceWriter final : public TraceSink {
   std::ostream& out_;
   std::string name_;
   std::string buf_;
+  std::uint64_t written_ = 0;
+  std::uint64_t max_bytes_ = 0;
   bool first_ = true;
 };
+
+/// A streamed trace reached its writer's max_bytes.
+class TraceTooLarge : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// Bytes one pass adds to a trace, about: a 64-stage 1F1B step of 4,096 micro-batches (2^18
+/// passes: the slices, the sends and the activation counter) wrote 245,438,528 bytes, 936 a pass.
+/// Other schedules write within a few tens of percent of it (more sends per pass under
+/// interleaving, fewer under zero bubble's split backward).
+inline constexpr double kTraceBytesPerPass = 936.0;
+/// The trace size of a step of `passes` passes, about (kTraceBytesPerPass).
+[[nodiscard]] inline double expected_trace_bytes(double passes) noexcept {
+  return passes * kTraceBytesPerPass;
+}
 
 /// `--format table`: step time and bubbles, and per stage busy time, idle time, peak in-flight
 /// micro-batches and activation memory (ms and GiB, labelled).
