@@ -1,5 +1,6 @@
 // distplan calibrate: fits the time assumptions to measured runs (distplan.calibration/v1), and
 // the --calibration FILE option of plan, simulate and search that applies the result.
+#include <chrono>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -140,7 +141,21 @@ void install_calibrate(CLI::App& app) {
       }
     }
     CalibrationOptions co;
-    co.step_seconds = sim::plan_step_seconds;
+    // Progress on stderr once a fit has run 5 s, then every 5 s: how many plans it has made.
+    const auto t0 = std::chrono::steady_clock::now();
+    auto next_report = t0 + std::chrono::seconds(5);
+    std::size_t plans = 0;
+    co.step_seconds = [&](const Scenario& s) {
+      ++plans;
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= next_report) {
+        std::cerr << fmt::format("distplan calibrate: {} plans of {} run{} so far ({:.0f} s)\n",
+                                 plans, runs.size(), runs.size() == 1 ? "" : "s",
+                                 std::chrono::duration<double>(now - t0).count());
+        next_report = now + std::chrono::seconds(5);
+      }
+      return sim::plan_step_seconds(s);
+    };
     co.parameters = opts->fit;
     for (const std::string& s : opts->start) apply_start(s, co.start);
     const CalibrationResult r = calibrate(runs, co);

@@ -372,6 +372,28 @@ CalibrationResult calibrate(const std::vector<CalibrationRun>& runs,
     if (!(r.measured_step_seconds > 0) || !std::isfinite(r.measured_step_seconds))
       throw InputError(r.measured_path, "the measured step time must be a positive number");
   }
+  // Bound the work before any of it (issue 29, item 12): every evaluation plans every run.
+  {
+    double total = 0, largest = -1;
+    const CalibrationRun* worst = nullptr;
+    for (const CalibrationRun& r : runs) {
+      const Scenario& s = r.scenario;
+      const double passes = static_cast<double>(s.num_microbatches()) *
+                            static_cast<double>(s.parallel.pp) *
+                            static_cast<double>(s.parallel.virtual_stages);
+      total += passes;
+      if (passes > largest) largest = passes, worst = &r;
+    }
+    if (total > options.max_total_passes) {
+      throw InputError(
+          worst->path,
+          fmt::format("the runs' steps have {:.0f} pipeline passes in all (micro-batches x "
+                      "stages x chunks; this run {:.0f}), over the {:.0f} a calibration plans: "
+                      "the fit plans every run hundreds of times. Calibrate on runs with fewer "
+                      "micro-batches per step, or fewer runs",
+                      total, largest, options.max_total_passes));
+    }
+  }
   std::vector<const CalibrationRun*> all;
   for (const CalibrationRun& r : runs) all.push_back(&r);
 

@@ -297,6 +297,36 @@ TEST(Calibrate, RefusesAParameterNoRunDependsOn) {
                  "no run's predicted step time depends on communication_efficiency");
 }
 
+// The work bound (CalibrationOptions::max_total_passes) is checked before any run is planned:
+// one pass under the runs' total refuses naming the run with the most passes, and nothing was
+// planned; at the total the fit runs.
+TEST(Calibrate, RefusesRunsOverThePassBoundBeforePlanning) {
+  const auto runs = runs_from(kLayouts, truth());
+  double total = 0, most = -1;
+  std::string worst;
+  for (const CalibrationRun& r : runs) {
+    const Scenario& s = r.scenario;
+    const double passes = static_cast<double>(s.training.global_batch_size /
+                                              (s.training.micro_batch_size * s.parallel.dp)) *
+                          static_cast<double>(s.parallel.pp * s.parallel.virtual_stages);
+    total += passes;
+    if (passes > most) most = passes, worst = r.path;
+  }
+  int plans = 0;
+  CalibrationOptions o = fit_options();
+  o.step_seconds = [&plans](const Scenario& s) {
+    ++plans;
+    return sim::plan_step_seconds(s);
+  };
+  o.leave_one_out = false;
+  o.max_total_passes = total - 1;
+  expect_refused([&] { (void)calibrate(runs, o); }, worst, "pipeline passes in all");
+  EXPECT_EQ(plans, 0);
+  o.max_total_passes = total;
+  EXPECT_NEAR(value_of(calibrate(runs, o), "compute_efficiency"), 0.43, 0.43 * 1e-6);
+  EXPECT_GT(plans, 0);
+}
+
 TEST(Calibrate, RefusesFewerRunsThanParameters) {
   const auto runs = runs_from({kLayouts[0]}, truth());
   expect_refused([&] { (void)calibrate(runs, fit_options()); }, "/runs",

@@ -95,6 +95,12 @@ struct CalibrationOptions {
   /// Leave-one-out refits every run on all the others: n fits of n - 1 runs. Above this many runs
   /// it is not computed (the note says so), so a large input cannot take minutes.
   std::size_t max_leave_one_out_runs = 200;
+  /// A fit plans every run hundreds of times (each Jacobian, each trial step, both starts, the
+  /// leave-one-out refits), and a plan walks every (micro-batch, stage, chunk) pass: runs whose
+  /// steps have more than this many passes in all are refused before any planning. 2^22 passes
+  /// plan in about 6 s on one core (sim::plan: about 1.5 us a pass), a few hundred such sweeps
+  /// would take an hour.
+  double max_total_passes = 4194304.0;
 };
 
 struct RunFit {
