@@ -705,12 +705,16 @@ SchedulePrograms scenario_program(const Scenario& s, const Estimate& e) {
 SimResult simulate(const Scenario& s, const Estimate& e, const SimOptions& opts) {
   const Count p = s.parallel.pp, v = s.parallel.virtual_stages, m = s.num_microbatches();
   // A step is simulated pass by pass; bound the work (time and memory grow linearly with it).
-  if (static_cast<double>(m) * static_cast<double>(p) * static_cast<double>(v) > kMaxPasses) {
+  const bool zb_auto = s.parallel.schedule == Schedule::zb_auto && opts.program == nullptr;
+  const double limit = zb_auto ? kMaxPasses / kZbAutoPassCost : kMaxPasses;
+  if (static_cast<double>(m) * static_cast<double>(p) * static_cast<double>(v) > limit) {
     throw InputError(
         "/training/global_batch_size",
-        fmt::format("simulating {} micro-batches x {} stages x {} chunks exceeds the {:.0f} passes "
-                    "a step may have; lower global_batch_size or raise micro_batch_size",
-                    m, p, v, kMaxPasses));
+        fmt::format(
+            "simulating {} micro-batches x {} stages x {} chunks exceeds the {:.0f} passes "
+            "a step {}may have; lower global_batch_size or raise micro_batch_size",
+            m, p, v, limit,
+            zb_auto ? "under zb_auto (whose list scheduler costs about 4 walks a pass) " : ""));
   }
   SchedulePrograms generated;
   const SchedulePrograms* prog = opts.program;

@@ -376,3 +376,33 @@ TEST(StageLinks, FollowMegatronRankOrder) {
 
 }  // namespace
 }  // namespace distplan::sim
+
+namespace distplan::sim {
+namespace {
+
+// The pass bounds hold before any work: zb_auto one micro-batch over kMaxPasses / 4 is refused at
+// global_batch_size naming its own bound (its program would take about 9 s and 0.8 GB to build),
+// and any schedule one micro-batch over kMaxPasses names the general one.
+TEST(SimulateBounds, ZbAutoAcceptsAQuarterOfThePasses) {
+  const Count p = 64, m = static_cast<Count>(kMaxPasses / kZbAutoPassCost) / p + 1;
+  const Scenario zb = pipeline(p, m, Schedule::zb_auto);
+  try {
+    (void)simulate(zb, uniform_estimate(p), with_costs(1, 2));
+    ADD_FAILURE() << "accepted";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.path(), "/training/global_batch_size");
+    EXPECT_NE(std::string(e.what()).find("4194304 passes"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("zb_auto"), std::string::npos) << e.what();
+  }
+  // Over kMaxPasses every schedule is refused, naming the general bound.
+  const Count big = static_cast<Count>(kMaxPasses) / p + 1;
+  try {
+    (void)simulate(pipeline(p, big, Schedule::one_f_one_b), uniform_estimate(p), with_costs(1, 2));
+    ADD_FAILURE() << "accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("16777216 passes"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace distplan::sim
