@@ -8,6 +8,7 @@ def plan_many(
     scenarios: Sequence[Dict[str, Any]],
     parts: Optional[Iterable[str]] = None,
     errors: Literal["raise", "return"] = "raise",
+    max_result_gib: float = 8.0,
 ) -> List[Any]: ...
 def simulate(
     scenario: Dict[str, Any], costs: Optional[Dict[str, Any]] = None

@@ -256,3 +256,28 @@ def test_ctrl_c_stops_a_long_search():
         signal.signal(signal.SIGINT, previous)
     if whole > 1.0:
         assert stopped < 0.5 * whole, (stopped, whole)
+
+
+def test_plan_many_bounds_its_answer_before_building_it(default):
+    # A million whole plan documents would be about 30 GB of Python objects: refused at once,
+    # naming the size and parts=, with nothing planned past the first block.
+    many = [default] * 1_000_000
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match=r"1000000 plans would take about \d+\.\d GiB.*parts="):
+        distplan.plan_many(many)
+    assert time.perf_counter() - t0 < 5
+    # The same bound holds what a small list of whole documents needs (about 30 KB each, measured
+    # with tracemalloc: the estimate is within a factor of 1.5 of it).
+    import tracemalloc  # noqa: PLC0415 (only this test needs it)
+    tracemalloc.start()
+    plans = distplan.plan_many([default] * 200)
+    used = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    assert len(plans) == 200
+    with pytest.raises(ValueError):
+        distplan.plan_many([default] * 200, max_result_gib=used * 0.6 / 2**30)
+    assert len(distplan.plan_many([default] * 200, max_result_gib=used * 1.5 / 2**30)) == 200
+    # parts= shrinks the answer, and the bound with it.
+    assert len(distplan.plan_many(many[:2000], parts=["time"], max_result_gib=0.01)) == 2000
+    with pytest.raises(ValueError, match="max_result_gib"):
+        distplan.plan_many([default], max_result_gib=0)
