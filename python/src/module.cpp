@@ -293,22 +293,25 @@ pyb::object simulate(pyb::handle scenario, pyb::handle costs) {
   const json doc = from_python(scenario.ptr());
   std::optional<json> costs_doc;
   if (!costs.is_none()) costs_doc = from_python(costs.ptr(), "/costs");
-  json out;
-  {
-    pyb::gil_scoped_release nogil;
-    const Scenario s = scenario_from_json(doc, {"costs"});
-    sim::SimOptions so;
-    if (doc.is_object() && doc.contains("costs")) {
-      if (costs_doc) {
-        throw InputError("/costs", "costs are given twice: in the scenario and as costs=");
-      }
-      so.costs = sim::cost_override_from_json(doc.at("costs"), "/costs");
-    } else if (costs_doc) {
-      so.costs = sim::cost_override_from_json(*costs_doc, "/costs");
-    }
-    const Estimate e = estimate(s);
-    out = sim::simulate_to_json(s, sim::simulate(s, e, so));
-  }
+  std::atomic<bool> cancel{false};
+  // Off the interpreter, answering Ctrl-C (issue 29, item 13): the walk looks at `cancel`.
+  const json out = interruptible(
+      [&doc, &costs_doc, &cancel] {
+        const Scenario s = scenario_from_json(doc, {"costs"});
+        sim::SimOptions so;
+        so.cancel = &cancel;
+        if (doc.is_object() && doc.contains("costs")) {
+          if (costs_doc) {
+            throw InputError("/costs", "costs are given twice: in the scenario and as costs=");
+          }
+          so.costs = sim::cost_override_from_json(doc.at("costs"), "/costs");
+        } else if (costs_doc) {
+          so.costs = sim::cost_override_from_json(*costs_doc, "/costs");
+        }
+        const Estimate e = estimate(s);
+        return sim::simulate_to_json(s, sim::simulate(s, e, so));
+      },
+      cancel);
   return to_object(out);
 }
 

@@ -142,6 +142,7 @@ struct Run {
   Workspace& ws;
   SimResult& out;  // trace and memory are appended when `record` (to `sink` when one is set)
   TraceSink* sink = nullptr;
+  const std::atomic<bool>* cancel = nullptr;
 
   Count p = 0, m = 0, v = 0;
   std::size_t pairs = 0;
@@ -469,7 +470,12 @@ struct Run {
     const auto P = static_cast<std::size_t>(p);
     for (std::size_t s = 0; s < P; ++s) try_start(s, 0);
     EventQueue& q = ws.queue;
+    std::uint64_t until_check = kCancelCheckEvents;
     while (!q.empty()) {
+      if (cancel != nullptr && --until_check == 0) {
+        until_check = kCancelCheckEvents;
+        if (cancel->load(std::memory_order_relaxed)) throw Cancelled();
+      }
       const Event e = q.pop();
       const std::size_t s = e.target;
       switch (e.kind) {
@@ -765,7 +771,8 @@ SimResult simulate(const Scenario& s, const Estimate& e, const SimOptions& opts)
           opts.record_trace,
           ws,
           out,
-          opts.trace_sink};
+          opts.trace_sink,
+          opts.cancel};
   run.run();
 
   bool any_comm = false;
@@ -793,7 +800,8 @@ SimResult simulate(const Scenario& s, const Estimate& e, const SimOptions& opts)
               false,
               ws,
               q,
-              nullptr};
+              nullptr,
+              opts.cancel};
     again.run();
     out.exposed_communication_seconds = std::max(0.0, out.step_seconds - q.step_seconds);
   }

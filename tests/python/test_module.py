@@ -258,6 +258,46 @@ def test_ctrl_c_stops_a_long_search():
         assert stopped < 0.5 * whole, (stopped, whole)
 
 
+def test_ctrl_c_stops_a_long_simulation():
+    """Ctrl-C inside distplan.simulate was not honoured (issue 29, item 13). A 64-stage 1F1B step
+    of 2^22 passes simulates for a few seconds; a SIGINT 0.1 s in raises from the call within a
+    fraction of that (the walk looks at its cancel flag every 65,536 events)."""
+    import signal
+
+    class Interrupted(Exception):
+        pass
+
+    def handler(signum, frame):
+        raise Interrupted()
+
+    scenario = {
+        "model": {"num_layers": 64, "hidden_size": 64, "num_attention_heads": 4,
+                  "ffn_hidden_size": 256, "vocab_size": 512, "max_position_embeddings": 32},
+        "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 64},
+        "training": {"seq_length": 32, "global_batch_size": 65536, "micro_batch_size": 1},
+        "parallel": {"tp": 1, "pp": 64, "dp": 1, "schedule": "1f1b"},
+        "costs": {"forward_seconds": 1e-3, "backward_seconds": 2e-3, "p2p_seconds": 1e-4},
+    }
+    start = time.perf_counter()
+    whole_result = distplan.simulate(scenario)
+    whole = time.perf_counter() - start
+    assert whole_result["num_microbatches"] == 65536
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        timer = threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT))
+        start = time.perf_counter()
+        timer.start()
+        with pytest.raises(Interrupted):
+            distplan.simulate(scenario)
+            time.sleep(10)  # the signal came after the simulation: it lands here instead
+        stopped = time.perf_counter() - start
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGINT, previous)
+    if whole > 1.0:
+        assert stopped < 0.5 * whole, (stopped, whole)
+
+
 def test_plan_many_bounds_its_answer_before_building_it(default):
     # A million whole plan documents would be about 30 GB of Python objects: refused at once,
     # naming the size and parts=, with nothing planned past the first block.

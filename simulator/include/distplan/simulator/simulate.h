@@ -3,8 +3,10 @@
 // docs/simulator.md gives the event model, the cost sources and the closed forms the tests check.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <optional>
+#include <stdexcept>
 #include <string_view>
 #include <vector>
 
@@ -56,7 +58,18 @@ struct SimOptions {
   bool exposed_communication = true;
   /// Gradient bucket for the overlapped DP reduction (PyTorch DDP's bucket_cap_mb = 25 default).
   Bytes grad_bucket_bytes = 25 * 1024 * 1024;
+  /// Set by another thread to stop the run (Python's Ctrl-C): checked every kCancelCheckEvents
+  /// events; simulate() then throws Cancelled.
+  const std::atomic<bool>* cancel = nullptr;
 };
+
+/// simulate() stopped at SimOptions::cancel.
+class Cancelled : public std::runtime_error {
+ public:
+  Cancelled() : std::runtime_error("the simulation was cancelled") {}
+};
+/// Events between two looks at SimOptions::cancel (about a millisecond of simulation).
+inline constexpr std::uint64_t kCancelCheckEvents = 65536;
 
 /// What a slice of the trace is.
 enum class SliceKind : std::uint8_t {
