@@ -38,6 +38,18 @@ json error_object(const CliResult& r) {
   return e.is_object() && e.contains("error") ? e.at("error") : json::object();
 }
 
+// A 64-stage 1F1B step of m = 4096 micro-batches: 2^18 passes, with given stage costs.
+json deep_pipeline_step() {
+  json doc = tiny_gpt({{"tp", 1}, {"pp", 64}, {"dp", 1}, {"schedule", "1f1b"}});
+  doc["model"] = {{"num_layers", 64},       {"hidden_size", 64}, {"num_attention_heads", 4},
+                  {"ffn_hidden_size", 256}, {"vocab_size", 512}, {"max_position_embeddings", 32}};
+  doc["cluster"]["num_gpus"] = 64;
+  doc["training"]["global_batch_size"] = 4096;
+  doc["training"]["micro_batch_size"] = 1;
+  doc["costs"] = {{"forward_seconds", 1e-3}, {"backward_seconds", 2e-3}, {"p2p_seconds", 1e-4}};
+  return doc;
+}
+
 // Runs `command` under sh with stderr captured; returns the exit code (-1 for a signal).
 int shell(const std::string& command, const TempDir& dir, std::string& err) {
   const std::string err_path = (dir.path() / "shell_stderr").string();
@@ -61,13 +73,7 @@ TEST(SimulateTrace, StreamsTheTraceInBoundedMemory) {
 #endif
 #endif
   const TempDir dir;
-  json doc = tiny_gpt({{"tp", 1}, {"pp", 64}, {"dp", 1}, {"schedule", "1f1b"}});
-  doc["model"] = {{"num_layers", 64},       {"hidden_size", 64}, {"num_attention_heads", 4},
-                  {"ffn_hidden_size", 256}, {"vocab_size", 512}, {"max_position_embeddings", 32}};
-  doc["cluster"]["num_gpus"] = 64;
-  doc["training"]["global_batch_size"] = 4096;
-  doc["training"]["micro_batch_size"] = 1;
-  doc["costs"] = {{"forward_seconds", 1e-3}, {"backward_seconds", 2e-3}, {"p2p_seconds", 1e-4}};
+  const json doc = deep_pipeline_step();
   const auto in = dir.path() / "big.json";
   std::ofstream(in) << doc.dump();
   const std::string out = (dir.path() / "out.json").string();
@@ -81,20 +87,12 @@ TEST(SimulateTrace, StreamsTheTraceInBoundedMemory) {
   EXPECT_EQ(result.at("num_microbatches").get<long long>(), 4096);
 }
 
-// A trace or stdout that cannot be written is a failure naming the path, exit 1; nothing says
-// success with the output lost.
 // The same 2^18-pass step's trace is about 0.23 GiB (936 bytes a pass, measured on it): under
 // --trace-limit-gib 0.1 it is refused before the simulation, naming its size and the option,
 // and no file is left; under the default 4 GiB it is written.
 TEST(SimulateTrace, TraceOverItsLimitIsRefusedBeforeTheWork) {
   const TempDir dir;
-  json doc = tiny_gpt({{"tp", 1}, {"pp", 64}, {"dp", 1}, {"schedule", "1f1b"}});
-  doc["model"] = {{"num_layers", 64},       {"hidden_size", 64}, {"num_attention_heads", 4},
-                  {"ffn_hidden_size", 256}, {"vocab_size", 512}, {"max_position_embeddings", 32}};
-  doc["cluster"]["num_gpus"] = 64;
-  doc["training"]["global_batch_size"] = 4096;
-  doc["training"]["micro_batch_size"] = 1;
-  doc["costs"] = {{"forward_seconds", 1e-3}, {"backward_seconds", 2e-3}, {"p2p_seconds", 1e-4}};
+  const json doc = deep_pipeline_step();
   const auto in = dir.write("big.json", doc.dump());
   const std::string trace = (dir.path() / "t.json").string();
   const CliResult r =
@@ -111,6 +109,8 @@ TEST(SimulateTrace, TraceOverItsLimitIsRefusedBeforeTheWork) {
   EXPECT_NEAR(bytes / 262144.0, 936.0, 936.0 * 0.05);  // the constant the bound uses
 }
 
+// A trace or stdout that cannot be written is a failure naming the path, exit 1; nothing says
+// success with the output lost.
 TEST(OutputWrites, FullDeviceIsExitOneWithThePath) {
   const TempDir dir;
   const auto in = dir.write("s.json", tiny_gpt().dump());

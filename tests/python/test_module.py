@@ -220,9 +220,9 @@ def test_documents_nested_without_end_are_refused_at_their_container(default):
     assert info.value.path == "/extra" + "/0" * 63
 
 
-def test_ctrl_c_stops_a_long_search():
-    """Ctrl-C inside distplan.search was not honoured (issue 29, item 13): the search ran on with
-    the interpreter released. A SIGINT now raises from the call well before the search ends."""
+def expect_ctrl_c_stops(call, delay):
+    """Times `call()` whole, then again with a SIGINT `delay` s in: the interrupt must raise from
+    the call, and (when the call takes over a second) in under half its time."""
     import signal
 
     class Interrupted(Exception):
@@ -231,6 +231,29 @@ def test_ctrl_c_stops_a_long_search():
     def handler(signum, frame):
         raise Interrupted()
 
+    start = time.perf_counter()
+    call()
+    whole = time.perf_counter() - start
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        timer = threading.Timer(delay, os.kill, (os.getpid(), signal.SIGINT))
+        start = time.perf_counter()
+        timer.start()
+        with pytest.raises(Interrupted):
+            call()
+            time.sleep(10)  # the signal came after the call: it lands here instead
+        stopped = time.perf_counter() - start
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGINT, previous)
+    if whole > 1.0:
+        assert stopped < 0.5 * whole, (stopped, whole)
+    return whole
+
+
+def test_ctrl_c_stops_a_long_search():
+    """Ctrl-C inside distplan.search was not honoured (issue 29, item 13): the search ran on with
+    the interpreter released. A SIGINT now raises from the call well before the search ends."""
     request = {
         "model": "llama3.1-405b",
         "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16384},
@@ -239,37 +262,13 @@ def test_ctrl_c_stops_a_long_search():
                                   "v_half", "dualpipe_v", "zb_auto"]},
         "search": {"threads": 1},
     }
-    start = time.perf_counter()
-    distplan.search(request)
-    whole = time.perf_counter() - start
-    previous = signal.signal(signal.SIGINT, handler)
-    try:
-        timer = threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT))
-        start = time.perf_counter()
-        timer.start()
-        with pytest.raises(Interrupted):
-            distplan.search(request)
-            time.sleep(5)  # the signal came after the search: it lands here instead
-        stopped = time.perf_counter() - start
-    finally:
-        timer.cancel()
-        signal.signal(signal.SIGINT, previous)
-    if whole > 1.0:
-        assert stopped < 0.5 * whole, (stopped, whole)
+    expect_ctrl_c_stops(lambda: distplan.search(request), 0.05)
 
 
 def test_ctrl_c_stops_a_long_simulation():
     """Ctrl-C inside distplan.simulate was not honoured (issue 29, item 13). A 64-stage 1F1B step
-    of 2^22 passes simulates for a few seconds; a SIGINT 0.1 s in raises from the call within a
+    of 2^22 passes simulates for about 2 s; a SIGINT 0.1 s in raises from the call within a
     fraction of that (the walk looks at its cancel flag every 65,536 events)."""
-    import signal
-
-    class Interrupted(Exception):
-        pass
-
-    def handler(signum, frame):
-        raise Interrupted()
-
     scenario = {
         "model": {"num_layers": 64, "hidden_size": 64, "num_attention_heads": 4,
                   "ffn_hidden_size": 256, "vocab_size": 512, "max_position_embeddings": 32},
@@ -278,24 +277,7 @@ def test_ctrl_c_stops_a_long_simulation():
         "parallel": {"tp": 1, "pp": 64, "dp": 1, "schedule": "1f1b"},
         "costs": {"forward_seconds": 1e-3, "backward_seconds": 2e-3, "p2p_seconds": 1e-4},
     }
-    start = time.perf_counter()
-    whole_result = distplan.simulate(scenario)
-    whole = time.perf_counter() - start
-    assert whole_result["num_microbatches"] == 65536
-    previous = signal.signal(signal.SIGINT, handler)
-    try:
-        timer = threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT))
-        start = time.perf_counter()
-        timer.start()
-        with pytest.raises(Interrupted):
-            distplan.simulate(scenario)
-            time.sleep(10)  # the signal came after the simulation: it lands here instead
-        stopped = time.perf_counter() - start
-    finally:
-        timer.cancel()
-        signal.signal(signal.SIGINT, previous)
-    if whole > 1.0:
-        assert stopped < 0.5 * whole, (stopped, whole)
+    expect_ctrl_c_stops(lambda: distplan.simulate(scenario), 0.1)
 
 
 def test_plan_many_bounds_its_answer_before_building_it(default):
