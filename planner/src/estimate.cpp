@@ -698,7 +698,7 @@ class Estimator {
     const Bytes act = hidden_bytes();
     // A MoE model's dense-MLP layers are layer units as well (the same names).
     const Unit* all_units[] = {&u.layer, &u.dense_layer, &u.embedding, &u.head};
-    // The units' ids (the dense-MLP layers are layer units as well).
+    // Their ids, in the order of all_units.
     static constexpr ParamUnit kUnit[] = {ParamUnit::layers, ParamUnit::layers,
                                           ParamUnit::embedding, ParamUnit::head};
     auto grads = [](int i) { return unit_traffic(UnitTraffic::gradients, kUnit[i]); };
